@@ -1,0 +1,265 @@
+#include "autograd/functions.h"
+
+#include <cmath>
+
+#include "tensor/ops.h"
+
+namespace mpitron::ag {
+
+namespace {
+Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
+bool any_grad(std::initializer_list<const Var*> vs) {
+  for (const Var* v : vs)
+    if (v->defined() && v->requires_grad()) return true;
+  return false;
+}
+}  // namespace
+
+// ---- linear -----------------------------------------------------------------------
+namespace {
+struct LinearNode final : Node {
+  Var x, w, b, y;
+  const char* name() const override { return "linear"; }
+  void backward() override {
+    const Tensor& dy = y.grad();
+    if (!dy.defined()) return;
+    GemmArgs g;
+    g.trans_b = true;
+    gemm_backward(dy, x.value(), w.value(), x.requires_grad() ? x.grad_or_zeros() : Tensor(),
+                  w.requires_grad() ? w.grad_or_zeros() : Tensor(),
+                  b.defined() && b.requires_grad() ? b.grad_or_zeros() : Tensor(), g, /*accumulate_a=*/true,
+                  /*accumulate_b=*/true);
+  }
+};
+}  // namespace
+
+Var linear(Tape& tape, const Var& x, const Var& w, const Var& b) {
+  const Tensor& xv = x.value();
+  Tensor y = Tensor::empty({xv.dim(0), w.value().dim(0)}, xv.dtype(), xv.device());
+  GemmArgs g;
+  g.trans_b = true;
+  gemm(xv, w.value(), y, g, b.defined() ? b.value() : Tensor());
+  Var out(y, any_grad({&x, &w, &b}));
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<LinearNode>();
+    n->x = x, n->w = w, n->b = b, n->y = out;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
+// ---- layernorm ----------------------------------------------------------------------
+namespace {
+struct LayerNormNode final : Node {
+  Var x, w, b, y;
+  Tensor mean, rstd;
+  const char* name() const override { return "layernorm"; }
+  void backward() override {
+    if (!y.grad().defined()) return;
+    layernorm_backward(y.grad(), x.value(), w.value(), mean, rstd, x.requires_grad() ? x.grad_or_zeros() : Tensor(),
+                       w.requires_grad() ? w.grad_or_zeros() : Tensor(),
+                       b.requires_grad() ? b.grad_or_zeros() : Tensor(), /*accumulate_dx=*/true);
+  }
+};
+}  // namespace
+
+Var layernorm(Tape& tape, const Var& x, const Var& weight, const Var& bias, float eps) {
+  const Tensor& xv = x.value();
+  const int64_t rows = xv.numel() / xv.dim(-1);
+  Tensor y = empty_like(xv);
+  Tensor mean = Tensor::empty({rows}, DType::F32, xv.device());
+  Tensor rstd = Tensor::empty({rows}, DType::F32, xv.device());
+  layernorm_forward(xv, weight.value(), bias.value(), y, mean, rstd, eps);
+  Var out(y, any_grad({&x, &weight, &bias}));
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<LayerNormNode>();
+    n->x = x, n->w = weight, n->b = bias, n->y = out, n->mean = mean, n->rstd = rstd;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
+// ---- gelu -------------------------------------------------------------------------
+namespace {
+struct GeluNode final : Node {
+  Var x, y;
+  const char* name() const override { return "gelu"; }
+  void backward() override {
+    if (!y.grad().defined() || !x.requires_grad()) return;
+    Tensor dx = empty_like(x.value());
+    gelu_backward(y.grad(), x.value(), dx);
+    axpby(1.0f, dx, 1.0f, x.grad_or_zeros());
+  }
+};
+}  // namespace
+
+Var gelu(Tape& tape, const Var& x) {
+  Tensor y = empty_like(x.value());
+  gelu_forward(x.value(), y);
+  Var out(y, x.requires_grad());
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<GeluNode>();
+    n->x = x, n->y = out;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
+// ---- add ----------------------------------------------------------------------------
+namespace {
+struct AddNode final : Node {
+  Var a, b, y;
+  const char* name() const override { return "add"; }
+  void backward() override {
+    if (!y.grad().defined()) return;
+    if (a.same(b)) {  // y = a + a
+      if (a.requires_grad()) axpby(2.0f, y.grad(), 1.0f, a.grad_or_zeros());
+      return;
+    }
+    add_backward(y.grad(), a.requires_grad() ? a.grad_or_zeros() : Tensor(),
+                 b.requires_grad() ? b.grad_or_zeros() : Tensor(), /*accumulate=*/true);
+  }
+};
+}  // namespace
+
+Var add(Tape& tape, const Var& a, const Var& b) {
+  Tensor y = empty_like(a.value());
+  add_forward(a.value(), b.value(), y);
+  Var out(y, any_grad({&a, &b}));
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<AddNode>();
+    n->a = a, n->b = b, n->y = out;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
+// ---- embedding ------------------------------------------------------------------------
+namespace {
+struct EmbeddingNode final : Node {
+  Tensor ids;
+  Var table, y;
+  const char* name() const override { return "embedding"; }
+  void backward() override {
+    if (!y.grad().defined() || !table.requires_grad()) return;
+    embedding_backward(y.grad(), ids, table.grad_or_zeros());
+  }
+};
+}  // namespace
+
+Var embedding(Tape& tape, const Tensor& ids, const Var& table) {
+  Tensor y = Tensor::empty({ids.dim(0), table.value().dim(1)}, table.value().dtype(), table.value().device());
+  embedding_forward(ids, table.value(), y);
+  Var out(y, table.requires_grad());
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<EmbeddingNode>();
+    n->ids = ids, n->table = table, n->y = out;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
+// ---- attention ------------------------------------------------------------------------
+namespace {
+struct AttentionNode final : Node {
+  Var qkv, y;
+  Tensor out, lse;
+  int64_t b = 0, t = 0, nh = 0, hd = 0;
+  float scale = 1.0f;
+  const char* name() const override { return "causal_attention"; }
+  void backward() override {
+    if (!y.grad().defined() || !qkv.requires_grad()) return;
+    const Tensor q5 = qkv.value().view({b, t, 3, nh, hd});
+    Tensor dqkv = Tensor::empty(q5.shape(), q5.dtype(), q5.device());
+    attention_backward(y.grad().view({b, t, nh, hd}), q5, out, lse, dqkv, scale);
+    axpby(1.0f, dqkv.view(qkv.shape()), 1.0f, qkv.grad_or_zeros());
+  }
+};
+}  // namespace
+
+Var causal_attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int64_t heads) {
+  const Tensor& v = qkv.value();
+  const int64_t c3 = v.dim(-1);
+  MPT_CHECK(c3 % (3 * heads) == 0, str("causal_attention: qkv width ", c3, " is not 3 × heads (", heads, ") × head dim"), "");
+  const int64_t hd = c3 / (3 * heads);
+  Tensor out = Tensor::empty({batch, seq, heads, hd}, v.dtype(), v.device());
+  Tensor lse = Tensor::empty({batch, heads, seq}, DType::F32, v.device());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  attention_forward(v.view({batch, seq, 3, heads, hd}), out, lse, scale);
+  Var y(out.view({batch * seq, heads * hd}), qkv.requires_grad());
+  if (tape.recording() && y.requires_grad()) {
+    auto n = std::make_unique<AttentionNode>();
+    n->qkv = qkv, n->y = y, n->out = out, n->lse = lse, n->b = batch, n->t = seq, n->nh = heads, n->hd = hd;
+    n->scale = scale;
+    tape.record(std::move(n));
+  }
+  return y;
+}
+
+// ---- dropout --------------------------------------------------------------------------
+namespace {
+struct DropoutNode final : Node {
+  Var x, y;
+  float p = 0;
+  uint64_t seed = 0, offset = 0;
+  const char* name() const override { return "dropout"; }
+  void backward() override {
+    if (!y.grad().defined() || !x.requires_grad()) return;
+    Tensor dx = empty_like(x.value());
+    dropout_backward(y.grad(), dx, p, seed, offset);
+    axpby(1.0f, dx, 1.0f, x.grad_or_zeros());
+  }
+};
+}  // namespace
+
+Var dropout(Tape& tape, const Var& x, float p, uint64_t seed, uint64_t offset) {
+  if (p == 0.0f) return x;
+  Tensor y = empty_like(x.value());
+  dropout_forward(x.value(), y, p, seed, offset);
+  Var out(y, x.requires_grad());
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<DropoutNode>();
+    n->x = x, n->y = out, n->p = p, n->seed = seed, n->offset = offset;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
+// ---- cross-entropy ---------------------------------------------------------------------
+namespace {
+struct CrossEntropyNode final : Node {
+  Var logits, loss;
+  Tensor targets;
+  int64_t valid = 0;
+  const char* name() const override { return "cross_entropy"; }
+  void backward() override {
+    if (!loss.grad().defined() || !logits.requires_grad()) return;
+    const float dloss = loss.grad().item() / static_cast<float>(std::max<int64_t>(valid, 1));
+    Tensor losses = Tensor::empty({logits.value().dim(0)}, DType::F32, logits.value().device());
+    Tensor dlogits = empty_like(logits.value());
+    softmax_cross_entropy(logits.value(), targets, losses, dlogits, dloss);
+    axpby(1.0f, dlogits, 1.0f, logits.grad_or_zeros());
+  }
+};
+}  // namespace
+
+Var cross_entropy(Tape& tape, const Var& logits, const Tensor& targets) {
+  const Tensor& lv = logits.value();
+  Tensor losses = Tensor::empty({lv.dim(0)}, DType::F32, lv.device());
+  softmax_cross_entropy(lv, targets, losses, Tensor(), 1.0f);
+  int64_t valid = 0;
+  for (int64_t t : targets.to_ints()) valid += (t >= 0 && t < lv.dim(1));
+  const std::vector<float> l = losses.to_floats();
+  double sum = 0;
+  for (float x : l) sum += x;
+  Tensor mean = Tensor::from_vector({static_cast<float>(sum / std::max<int64_t>(valid, 1))}, {1});
+  Var out(mean.to(lv.device()), logits.requires_grad());
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<CrossEntropyNode>();
+    n->logits = logits, n->loss = out, n->targets = targets, n->valid = valid;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
+}  // namespace mpitron::ag

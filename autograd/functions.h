@@ -1,0 +1,26 @@
+// autograd/functions.h — differentiable ops: each computes its result and, when
+// the tape records, a node whose backward accumulates into its inputs' grads.
+// Shapes follow the tensor/ headers; activations are (N, C) with N = B·T.
+#pragma once
+#include <cstdint>
+
+#include "autograd/tape.h"
+
+namespace mpitron::ag {
+
+// y (N, out) = x (N, in) · wᵀ (w: (out, in)) + b (out) — b may be undefined.
+Var linear(Tape& tape, const Var& x, const Var& w, const Var& b);
+// y (N, C) = layernorm(x) · weight + bias
+Var layernorm(Tape& tape, const Var& x, const Var& weight, const Var& bias, float eps = 1e-5f);
+Var gelu(Tape& tape, const Var& x);
+Var add(Tape& tape, const Var& a, const Var& b);
+// y (N, C) = table[ids]  (ids (N) i32/i64: a constant, not a Var)
+Var embedding(Tape& tape, const Tensor& ids, const Var& table);
+// out (B, T, NH·HD) = causal attention over qkv viewed as (B, T, 3, NH, HD)
+Var causal_attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int64_t heads);
+// Philox dropout; (seed, offset) names the mask.
+Var dropout(Tape& tape, const Var& x, float p, uint64_t seed, uint64_t offset);
+// Mean over valid positions (targets >= 0) of softmax cross-entropy: a (1) f32 Var.
+Var cross_entropy(Tape& tape, const Var& logits, const Tensor& targets);
+
+}  // namespace mpitron::ag

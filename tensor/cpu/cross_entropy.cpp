@@ -1,0 +1,38 @@
+// tensor/cpu/cross_entropy.cpp — fused softmax cross-entropy (loss and dlogits per row).
+#include <cmath>
+
+#include "tensor/cpu/common.h"
+#include "tensor/cpu/ops.h"
+
+namespace mpitron::cpu {
+
+void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses,
+                           const Tensor& dlogits, float dloss_scale, Stream) {
+  const int64_t n = logits.dim(0), v = logits.dim(1);
+  float* lp = losses.data<float>();
+  dispatch_float(logits.dtype(), "softmax_cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = static_cast<const T*>(logits.data_ptr());
+    T* dx = dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+      const T* row = x + r * v;
+      const int64_t tgt = load_index(targets, r);
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < v; ++j) mx = std::max(mx, to_f32(row[j]));
+      float sum = 0;
+      for (int64_t j = 0; j < v; ++j) sum += std::exp(to_f32(row[j]) - mx);
+      const float lse = mx + std::log(sum);
+      const bool valid = tgt >= 0 && tgt < v;
+      lp[r] = valid ? lse - to_f32(row[tgt]) : 0.0f;
+      if (!dx) continue;
+      T* drow = dx + r * v;  // may alias row: each element is read before it is written
+      for (int64_t j = 0; j < v; ++j) {
+        const float pj = std::exp(to_f32(row[j]) - lse);
+        drow[j] = from_f32<T>(valid ? dloss_scale * (pj - (j == tgt ? 1.0f : 0.0f)) : 0.0f);
+      }
+    }
+  });
+}
+
+}  // namespace mpitron::cpu

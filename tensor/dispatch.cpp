@@ -1,0 +1,395 @@
+// tensor/dispatch.cpp — the public op entry points: validate, then call the backend.
+#include <cmath>
+
+#include "tensor/cpu/ops.h"
+#include "tensor/cuda/ops.h"
+
+namespace mpitron {
+
+namespace {
+
+bool on_cuda(const Tensor& t) { return t.device().is_cuda(); }
+
+#ifdef MPITRON_WITH_CUDA
+#define MPT_BACKEND(first, fn, ...)                      \
+  do {                                                   \
+    if (on_cuda(first)) cuda::fn(__VA_ARGS__);           \
+    else cpu::fn(__VA_ARGS__);                           \
+  } while (0)
+#else
+#define MPT_BACKEND(first, fn, ...)                                                     \
+  do {                                                                                  \
+    MPT_CHECK(!on_cuda(first), str(#fn, ": CUDA tensor"), cuda_unavailable_reason());   \
+    cpu::fn(__VA_ARGS__);                                                               \
+  } while (0)
+#endif
+
+void need(bool cond, const std::string& what) {
+  if (!cond) MPT_THROW(what, "");
+}
+void need_float(const char* op, const Tensor& t, const char* name) {
+  need(t.defined(), str(op, ": ", name, " is undefined"));
+  need(is_floating(t.dtype()), str(op, ": ", name, " must be f32/bf16/f16, got ", t.describe()));
+}
+void need_index(const char* op, const Tensor& t, const char* name) {
+  need(t.defined(), str(op, ": ", name, " is undefined"));
+  need(t.dtype() == DType::I32 || t.dtype() == DType::I64,
+       str(op, ": ", name, " must be i32 or i64, got ", t.describe()));
+}
+void need_shape(const char* op, const Tensor& t, const char* name, const Shape& s) {
+  need(t.shape() == s, str(op, ": ", name, " must have shape ", shape_str(s), ", got ", t.describe()));
+}
+void need_f32(const char* op, const Tensor& t, const char* name) {
+  need(t.dtype() == DType::F32, str(op, ": ", name, " must be f32, got ", t.describe()));
+}
+// Parameter gradients may be f32 or the compute dtype.
+void need_grad_dtype(const char* op, const Tensor& g, const char* name, DType compute) {
+  if (!g.defined()) return;
+  need(g.dtype() == DType::F32 || g.dtype() == compute,
+       str(op, ": ", name, " must be f32 or ", dtype_name(compute), ", got ", g.describe()));
+}
+
+}  // namespace
+
+// ---- gemm ---------------------------------------------------------------------
+namespace {
+struct GemmDims {
+  int64_t batch, m, n, k;
+};
+GemmDims gemm_dims(const char* op, const Tensor& a, const Tensor& b, const GemmArgs& g) {
+  need(a.ndim() == 2 || a.ndim() == 3, str(op, ": a must be 2-D or 3-D, got ", a.describe()));
+  need(b.ndim() == 2 || b.ndim() == 3, str(op, ": b must be 2-D or 3-D, got ", b.describe()));
+  const int64_t ba = a.ndim() == 3 ? a.dim(0) : 1, bb = b.ndim() == 3 ? b.dim(0) : 1;
+  need(a.ndim() == 2 || b.ndim() == 2 || ba == bb,
+       str(op, ": batch sizes differ: a ", a.describe(), ", b ", b.describe()));
+  const int64_t m = g.trans_a ? a.dim(-1) : a.dim(-2), ka = g.trans_a ? a.dim(-2) : a.dim(-1);
+  const int64_t kb = g.trans_b ? b.dim(-1) : b.dim(-2), n = g.trans_b ? b.dim(-2) : b.dim(-1);
+  need(ka == kb, str(op, ": inner dimensions differ (", ka, " vs ", kb, "): a ", a.describe(),
+                     g.trans_a ? "ᵀ" : "", ", b ", b.describe(), g.trans_b ? "ᵀ" : ""));
+  return {std::max(ba, bb), m, n, ka};
+}
+Shape gemm_out_shape(const Tensor& a, const Tensor& b, const GemmDims& d) {
+  if (a.ndim() == 3 || b.ndim() == 3) return {d.batch, d.m, d.n};
+  return {d.m, d.n};
+}
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& b, const Tensor& out, const GemmArgs& args, const Tensor& bias, Stream s) {
+  const char* op = "gemm";
+  need_float(op, a, "a");
+  need_float(op, b, "b");
+  need(a.dtype() == b.dtype(), str(op, ": a and b dtypes differ: ", a.describe(), ", ", b.describe()));
+  need(out.defined(), str(op, ": out is undefined"));
+  need(out.dtype() == a.dtype() || out.dtype() == DType::F32,
+       str(op, ": out must be ", dtype_name(a.dtype()), " or f32, got ", out.describe()));
+  const GemmDims d = gemm_dims(op, a, b, args);
+  need_shape(op, out, "out", gemm_out_shape(a, b, d));
+  if (bias.defined()) {
+    need_shape(op, bias, "bias", {d.n});
+    need(bias.dtype() == out.dtype(), str(op, ": bias must have out's dtype, got ", bias.describe()));
+  }
+  check_same_device(op, {&a, &b, &out, &bias});
+  check_contiguous(op, {{&a, "a"}, {&b, "b"}, {&out, "out"}, {&bias, "bias"}});
+  MPT_BACKEND(a, gemm, a, b, out, args, bias, s);
+}
+
+void gemm_backward(const Tensor& dout, const Tensor& a, const Tensor& b, const Tensor& da, const Tensor& db,
+                   const Tensor& dbias, const GemmArgs& args, bool accumulate_a, bool accumulate_b, Stream s) {
+  const char* op = "gemm_backward";
+  need_float(op, a, "a");
+  need_float(op, b, "b");
+  need_float(op, dout, "dout");
+  need(a.dtype() == b.dtype() && dout.dtype() == a.dtype(),
+       str(op, ": a, b and dout must share a dtype: ", a.describe(), ", ", b.describe(), ", ", dout.describe()));
+  const GemmDims d = gemm_dims(op, a, b, args);
+  need_shape(op, dout, "dout", gemm_out_shape(a, b, d));
+  if (da.defined()) need_shape(op, da, "da", a.shape());
+  if (db.defined()) need_shape(op, db, "db", b.shape());
+  if (dbias.defined()) need_shape(op, dbias, "dbias", {d.n});
+  need(!da.defined() || da.dtype() == a.dtype() || da.dtype() == DType::F32,
+       str(op, ": da must be ", dtype_name(a.dtype()), " or f32, got ", da.describe()));
+  need_grad_dtype(op, db, "db", a.dtype());
+  need_grad_dtype(op, dbias, "dbias", a.dtype());
+  check_same_device(op, {&dout, &a, &b, &da, &db, &dbias});
+  check_contiguous(op, {{&dout, "dout"}, {&a, "a"}, {&b, "b"}, {&da, "da"}, {&db, "db"}, {&dbias, "dbias"}});
+  MPT_BACKEND(a, gemm_backward, dout, a, b, da, db, dbias, args, accumulate_a, accumulate_b, s);
+}
+
+// ---- layernorm -------------------------------------------------------------------
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out,
+                       const Tensor& mean, const Tensor& rstd, float eps, Stream s) {
+  const char* op = "layernorm_forward";
+  need_float(op, x, "x");
+  const int64_t c = x.dim(-1), n = x.numel() / std::max<int64_t>(c, 1);
+  need_shape(op, weight, "weight", {c});
+  need_shape(op, bias, "bias", {c});
+  need(weight.dtype() == x.dtype() && bias.dtype() == x.dtype(), str(op, ": weight and bias must have x's dtype"));
+  check_same_shape(op, x, "x", out, "out");
+  need(out.dtype() == x.dtype(), str(op, ": out must have x's dtype, got ", out.describe()));
+  need_shape(op, mean, "mean", {n});
+  need_shape(op, rstd, "rstd", {n});
+  need_f32(op, mean, "mean");
+  need_f32(op, rstd, "rstd");
+  check_same_device(op, {&x, &weight, &bias, &out, &mean, &rstd});
+  check_contiguous(op, {{&x, "x"}, {&out, "out"}, {&weight, "weight"}, {&bias, "bias"}, {&mean, "mean"}, {&rstd, "rstd"}});
+  MPT_BACKEND(x, layernorm_forward, x, weight, bias, out, mean, rstd, eps, s);
+}
+
+void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                        bool accumulate_dx, Stream s) {
+  const char* op = "layernorm_backward";
+  need_float(op, x, "x");
+  const int64_t c = x.dim(-1), n = x.numel() / std::max<int64_t>(c, 1);
+  check_same_shape(op, x, "x", dout, "dout");
+  need(dout.dtype() == x.dtype(), str(op, ": dout must have x's dtype"));
+  need_shape(op, weight, "weight", {c});
+  need_shape(op, mean, "mean", {n});
+  need_shape(op, rstd, "rstd", {n});
+  if (dx.defined()) {
+    check_same_shape(op, x, "x", dx, "dx");
+    need(dx.dtype() == x.dtype(), str(op, ": dx must have x's dtype"));
+  }
+  if (dweight.defined()) need_shape(op, dweight, "dweight", {c});
+  if (dbias.defined()) need_shape(op, dbias, "dbias", {c});
+  need_grad_dtype(op, dweight, "dweight", x.dtype());
+  need_grad_dtype(op, dbias, "dbias", x.dtype());
+  check_same_device(op, {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias});
+  check_contiguous(op, {{&dout, "dout"}, {&x, "x"}, {&dx, "dx"}, {&dweight, "dweight"}, {&dbias, "dbias"}});
+  MPT_BACKEND(x, layernorm_backward, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx, s);
+}
+
+// ---- pointwise families ------------------------------------------------------------
+namespace {
+void need_like(const char* op, const Tensor& ref, const char* rn, const Tensor& t, const char* tn) {
+  need(t.defined(), str(op, ": ", tn, " is undefined"));
+  check_same_shape(op, ref, rn, t, tn);
+  need(t.dtype() == ref.dtype(), str(op, ": ", tn, " must have ", rn, "'s dtype, got ", t.describe()));
+}
+}  // namespace
+
+void gelu_forward(const Tensor& x, const Tensor& out, Stream s) {
+  need_float("gelu_forward", x, "x");
+  need_like("gelu_forward", x, "x", out, "out");
+  check_same_device("gelu_forward", {&x, &out});
+  check_contiguous("gelu_forward", {{&x, "x"}, {&out, "out"}});
+  MPT_BACKEND(x, gelu_forward, x, out, s);
+}
+
+void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream s) {
+  need_float("gelu_backward", x, "x");
+  need_like("gelu_backward", x, "x", dout, "dout");
+  need_like("gelu_backward", x, "x", dx, "dx");
+  check_same_device("gelu_backward", {&dout, &x, &dx});
+  check_contiguous("gelu_backward", {{&x, "x"}, {&dout, "dout"}, {&dx, "dx"}});
+  MPT_BACKEND(x, gelu_backward, dout, x, dx, s);
+}
+
+void softmax_forward(const Tensor& x, const Tensor& out, Stream s) {
+  need_float("softmax_forward", x, "x");
+  need_like("softmax_forward", x, "x", out, "out");
+  check_same_device("softmax_forward", {&x, &out});
+  check_contiguous("softmax_forward", {{&x, "x"}, {&out, "out"}});
+  MPT_BACKEND(x, softmax_forward, x, out, s);
+}
+
+void softmax_backward(const Tensor& dout, const Tensor& out, const Tensor& dx, Stream s) {
+  need_float("softmax_backward", out, "out");
+  need_like("softmax_backward", out, "out", dout, "dout");
+  need_like("softmax_backward", out, "out", dx, "dx");
+  check_same_device("softmax_backward", {&dout, &out, &dx});
+  check_contiguous("softmax_backward", {{&out, "out"}, {&dout, "dout"}, {&dx, "dx"}});
+  MPT_BACKEND(out, softmax_backward, dout, out, dx, s);
+}
+
+// ---- attention ----------------------------------------------------------------------
+namespace {
+void check_attention(const char* op, const Tensor& qkv, const Tensor& out, const Tensor& lse) {
+  need_float(op, qkv, "qkv");
+  need(qkv.ndim() == 5 && qkv.dim(2) == 3, str(op, ": qkv must be (B, T, 3, NH, HD), got ", qkv.describe()));
+  const int64_t b = qkv.dim(0), t = qkv.dim(1), nh = qkv.dim(3), hd = qkv.dim(4);
+  need_shape(op, out, "out", {b, t, nh, hd});
+  need(out.dtype() == qkv.dtype(), str(op, ": out must have qkv's dtype"));
+  need_shape(op, lse, "lse", {b, nh, t});
+  need_f32(op, lse, "lse");
+}
+}  // namespace
+
+void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale, Stream s) {
+  const char* op = "attention_forward";
+  check_attention(op, qkv, out, lse);
+  check_same_device(op, {&qkv, &out, &lse});
+  check_contiguous(op, {{&qkv, "qkv"}, {&out, "out"}, {&lse, "lse"}});
+  MPT_BACKEND(qkv, attention_forward, qkv, out, lse, scale, s);
+}
+
+void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                        const Tensor& dqkv, float scale, Stream s) {
+  const char* op = "attention_backward";
+  check_attention(op, qkv, out, lse);
+  need_like(op, out, "out", dout, "dout");
+  need_like(op, qkv, "qkv", dqkv, "dqkv");
+  check_same_device(op, {&dout, &qkv, &out, &lse, &dqkv});
+  check_contiguous(op, {{&dout, "dout"}, {&qkv, "qkv"}, {&out, "out"}, {&lse, "lse"}, {&dqkv, "dqkv"}});
+  MPT_BACKEND(qkv, attention_backward, dout, qkv, out, lse, dqkv, scale, s);
+}
+
+std::string cuda_attention_backend() {
+#ifdef MPITRON_WITH_CUDA
+  return cuda::attention_backend_name();
+#else
+  return "none (built without CUDA)";
+#endif
+}
+
+void cuda_attention_force_fallback(bool on) {
+#ifdef MPITRON_WITH_CUDA
+  cuda::attention_force_fallback(on);
+#else
+  (void)on;
+#endif
+}
+
+// ---- embedding ------------------------------------------------------------------------
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate,
+                       int64_t vocab_start, Stream s) {
+  const char* op = "embedding_forward";
+  need_index(op, ids, "ids");
+  need_float(op, table, "table");
+  need(table.ndim() == 2, str(op, ": table must be (V, C), got ", table.describe()));
+  need(ids.ndim() == 1, str(op, ": ids must be 1-D (flatten the batch), got ", ids.describe()));
+  need_shape(op, out, "out", {ids.dim(0), table.dim(1)});
+  need(out.dtype() == table.dtype(), str(op, ": out must have table's dtype"));
+  check_same_device(op, {&ids, &table, &out});
+  check_contiguous(op, {{&ids, "ids"}, {&table, "table"}, {&out, "out"}});
+  MPT_BACKEND(table, embedding_forward, ids, table, out, accumulate, vocab_start, s);
+}
+
+void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dtable, int64_t vocab_start, Stream s) {
+  const char* op = "embedding_backward";
+  need_index(op, ids, "ids");
+  need_float(op, dout, "dout");
+  need(dtable.defined() && dtable.ndim() == 2, str(op, ": dtable must be (V, C), got ", dtable.describe()));
+  need(ids.ndim() == 1, str(op, ": ids must be 1-D, got ", ids.describe()));
+  need_shape(op, dout, "dout", {ids.dim(0), dtable.dim(1)});
+  need_grad_dtype(op, dtable, "dtable", dout.dtype());
+  check_same_device(op, {&dout, &ids, &dtable});
+  check_contiguous(op, {{&dout, "dout"}, {&ids, "ids"}, {&dtable, "dtable"}});
+  MPT_BACKEND(dout, embedding_backward, dout, ids, dtable, vocab_start, s);
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------
+void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses,
+                           const Tensor& dlogits, float dloss_scale, Stream s) {
+  const char* op = "softmax_cross_entropy";
+  need_float(op, logits, "logits");
+  need(logits.ndim() == 2, str(op, ": logits must be (N, V), got ", logits.describe()));
+  need_index(op, targets, "targets");
+  need_shape(op, targets, "targets", {logits.dim(0)});
+  need_shape(op, losses, "losses", {logits.dim(0)});
+  need_f32(op, losses, "losses");
+  if (dlogits.defined()) need_like(op, logits, "logits", dlogits, "dlogits");
+  check_same_device(op, {&logits, &targets, &losses, &dlogits});
+  check_contiguous(op, {{&logits, "logits"}, {&targets, "targets"}, {&losses, "losses"}, {&dlogits, "dlogits"}});
+  MPT_BACKEND(logits, softmax_cross_entropy, logits, targets, losses, dlogits, dloss_scale, s);
+}
+
+// ---- dropout ----------------------------------------------------------------------------
+void dropout_forward(const Tensor& x, const Tensor& out, float p, uint64_t seed, uint64_t offset, Stream s) {
+  const char* op = "dropout_forward";
+  need_float(op, x, "x");
+  need_like(op, x, "x", out, "out");
+  need(p >= 0.0f && p < 1.0f, str(op, ": probability ", p, " outside [0, 1)"));
+  check_same_device(op, {&x, &out});
+  check_contiguous(op, {{&x, "x"}, {&out, "out"}});
+  MPT_BACKEND(x, dropout_forward, x, out, p, seed, offset, s);
+}
+
+void dropout_backward(const Tensor& dout, const Tensor& dx, float p, uint64_t seed, uint64_t offset, Stream s) {
+  const char* op = "dropout_backward";
+  need_float(op, dout, "dout");
+  need_like(op, dout, "dout", dx, "dx");
+  need(p >= 0.0f && p < 1.0f, str(op, ": probability ", p, " outside [0, 1)"));
+  check_same_device(op, {&dout, &dx});
+  check_contiguous(op, {{&dout, "dout"}, {&dx, "dx"}});
+  MPT_BACKEND(dout, dropout_backward, dout, dx, p, seed, offset, s);
+}
+
+// ---- elementwise --------------------------------------------------------------------------
+void add_forward(const Tensor& a, const Tensor& b, const Tensor& out, Stream s) {
+  need_float("add_forward", a, "a");
+  need_like("add_forward", a, "a", b, "b");
+  need_like("add_forward", a, "a", out, "out");
+  check_same_device("add_forward", {&a, &b, &out});
+  check_contiguous("add_forward", {{&a, "a"}, {&b, "b"}, {&out, "out"}});
+  MPT_BACKEND(a, add_forward, a, b, out, s);
+}
+
+void add_backward(const Tensor& dout, const Tensor& da, const Tensor& db, bool accumulate, Stream s) {
+  need_float("add_backward", dout, "dout");
+  if (da.defined()) need_like("add_backward", dout, "dout", da, "da");
+  if (db.defined()) need_like("add_backward", dout, "dout", db, "db");
+  check_same_device("add_backward", {&dout, &da, &db});
+  check_contiguous("add_backward", {{&dout, "dout"}, {&da, "da"}, {&db, "db"}});
+  MPT_BACKEND(dout, add_backward, dout, da, db, accumulate, s);
+}
+
+void cast(const Tensor& src, const Tensor& dst, Stream s) {
+  need_float("cast", src, "src");
+  need_float("cast", dst, "dst");
+  check_same_shape("cast", src, "src", dst, "dst");
+  check_same_device("cast", {&src, &dst});
+  check_contiguous("cast", {{&src, "src"}, {&dst, "dst"}});
+  MPT_BACKEND(src, cast, src, dst, s);
+}
+
+void axpby(float alpha, const Tensor& x, float beta, const Tensor& y, Stream s) {
+  need_float("axpby", x, "x");
+  need_float("axpby", y, "y");
+  check_same_shape("axpby", x, "x", y, "y");
+  check_same_device("axpby", {&x, &y});
+  check_contiguous("axpby", {{&x, "x"}, {&y, "y"}});
+  MPT_BACKEND(x, axpby, alpha, x, beta, y, s);
+}
+
+void scale(const Tensor& x, float alpha, Stream s) {
+  need_float("scale", x, "x");
+  check_contiguous("scale", {{&x, "x"}});
+  MPT_BACKEND(x, scale, x, alpha, s);
+}
+
+// ---- optimizer and norms -------------------------------------------------------------------
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const Tensor& param_copy, const AdamWArgs& args, Stream s) {
+  const char* op = "adamw_step";
+  need(param.defined() && param.dtype() == DType::F32, str(op, ": param (master weights) must be f32, got ", param.describe()));
+  need_float(op, grad, "grad");
+  need(grad.numel() == param.numel(), str(op, ": grad ", grad.describe(), " does not match param ", param.describe()));
+  need(m.defined() && m.dtype() == DType::F32 && m.numel() == param.numel(), str(op, ": m must be f32 like param, got ", m.describe()));
+  need(v.defined() && v.dtype() == DType::F32 && v.numel() == param.numel(), str(op, ": v must be f32 like param, got ", v.describe()));
+  if (param_copy.defined()) {
+    need_float(op, param_copy, "param_copy");
+    need(param_copy.numel() == param.numel(), str(op, ": param_copy ", param_copy.describe(), " does not match param"));
+  }
+  need(args.step >= 1, str(op, ": step must start at 1, got ", args.step));
+  check_same_device(op, {&param, &grad, &m, &v, &param_copy});
+  check_contiguous(op, {{&param, "param"}, {&grad, "grad"}, {&m, "m"}, {&v, "v"}, {&param_copy, "param_copy"}});
+  MPT_BACKEND(param, adamw_step, param, grad, m, v, param_copy, args, s);
+}
+
+void sum_squares(const Tensor& x, const Tensor& out, Stream s) {
+  need_float("sum_squares", x, "x");
+  need(out.defined() && out.numel() == 1 && out.dtype() == DType::F32, str("sum_squares: out must be one f32, got ", out.describe()));
+  check_same_device("sum_squares", {&x, &out});
+  check_contiguous("sum_squares", {{&x, "x"}});
+  MPT_BACKEND(x, sum_squares, x, out, s);
+}
+
+double global_l2_norm(const std::vector<Tensor>& ts, Stream s) {
+  if (ts.empty()) return 0.0;
+  Tensor acc = Tensor::zeros({1}, DType::F32, ts.front().device(), s);
+  for (const Tensor& t : ts) sum_squares(t, acc, s);
+  return std::sqrt(static_cast<double>(acc.item()));
+}
+
+}  // namespace mpitron
