@@ -1,0 +1,384 @@
+// bench/bench_ops.cpp — per-op throughput against ceilings measured in the same run.
+//
+//   bench_ops [--json FILE] [--device cpu|cuda|all] [--min-time SECONDS] [--filter SUBSTRING]
+//
+// For every op family on the CPU (and on CUDA when a device is present) prints:
+//   op, shape, dtype, time per call, GB/s or TFLOP/s, and the fraction of the
+//   ceiling measured in this run:
+//   - bandwidth ceiling: a large contiguous copy (memcpy on the CPU, a
+//     device-to-device Tensor copy on CUDA), counting bytes read + written;
+//   - compute ceiling: cblas_sgemm called directly on a large square product
+//     (CPU); the library's bf16 gemm (cuBLASLt) on a large square product (CUDA).
+// Ceilings are measured before and after the op rows and the larger is used
+// (the machine may be shared). Memory-bound ops report GB/s of their minimum traffic (each input read once,
+// each output written once); gemm and attention report TFLOP/s (attention is
+// causal: half the dense 4·T²·HD FLOPs per head forward, 2.5x that backward).
+// A final block compares our CPU gemm with cblas_sgemm called directly on the
+// same shapes (should reach >= 80%). --json writes the same rows.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "tensor/ops.h"
+
+using namespace mpitron;
+
+namespace {
+
+struct Options {
+  std::string json, device = "all", filter;
+  double min_time = 0.15;  // seconds of timed calls per row (after one warm-up call)
+};
+
+struct Row {
+  std::string op, shape, dtype, device;
+  double ms = 0, gbps = 0, tflops = 0, fraction = 0;
+  std::string ceiling;  // "bw" or "flops"
+};
+
+// Median time per call in ms; synchronises the device around each call.
+double time_ms(Device dev, const std::function<void()>& fn, double min_time) {
+  fn();  // warm-up (allocations, BLAS thread start, cuDNN plan)
+  device_synchronize();
+  std::vector<double> ts;
+  double total = 0;
+  while ((total < min_time * 1e3 && ts.size() < 200) || ts.size() < 3) {
+    if (dev.is_cuda()) {
+      Event a, b;
+      a.record();
+      fn();
+      b.record();
+      b.synchronize();
+      ts.push_back(Event::elapsed_ms(a, b));
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      ts.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    total += ts.back();
+  }
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+Tensor randn(const Shape& s, DType dt, Device dev, uint64_t seed, float scale = 1.0f) {
+  std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& f : v) {  // xorshift: fast and good enough for benchmark inputs
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    f = scale * (static_cast<float>(x >> 40) / 16777216.0f * 2.0f - 1.0f);
+  }
+  return Tensor::from_vector(v, s, dt).to(dev);
+}
+
+size_t bytes(const Shape& s, DType dt) { return static_cast<size_t>(shape_numel(s)) * dtype_size(dt); }
+
+class Bench {
+ public:
+  Bench(Options o) : opt_(std::move(o)) {}
+
+  void ceilings(Device dev) {
+    if (dev.is_cpu()) {
+      // Bandwidth: 2 x 128 MiB memcpy split across the OpenMP threads.
+      const size_t n = size_t(128) << 20;
+      std::vector<char> src(n, 1), dst(n, 0);
+      const double ms = time_ms(dev, [&] {
+#pragma omp parallel
+        {
+          const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+          const size_t lo = n * t / nt, hi = n * (t + 1) / nt;
+          std::memcpy(dst.data() + lo, src.data() + lo, hi - lo);
+        }
+      }, opt_.min_time);
+      bw_ = std::max(bw_, 2.0 * n / (ms * 1e6));
+      // Compute: cblas_sgemm 2048^3.
+      const int m = 2048;
+      std::vector<float> a(size_t(m) * m, 0.5f), b(size_t(m) * m, 0.25f), c(size_t(m) * m);
+      const double gms = time_ms(dev, [&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, a.data(), m, b.data(), m, 0.0f, c.data(), m);
+      }, opt_.min_time);
+      flops_ = std::max(flops_, 2.0 * m * m * m / (gms * 1e9));  // TFLOP/s
+      add_raw(dev, "ceiling: memcpy", "2x128MiB", "u8", ms, 2.0 * n / (ms * 1e6), 0, "bw");
+      add_raw(dev, "ceiling: cblas_sgemm", "2048x2048x2048", "f32", gms, 0, 2.0 * m * m * m / (gms * 1e9), "flops");
+    } else {
+      const int64_t n = int64_t(512) << 20;
+      const Tensor a = Tensor::zeros({n / 4}, DType::F32, dev), b = Tensor::empty({n / 4}, DType::F32, dev);
+      const double ms = time_ms(dev, [&] { b.copy_from(a); }, opt_.min_time);
+      bw_ = std::max(bw_, 2.0 * n / (ms * 1e6));
+      const int64_t m = 8192;
+      const Tensor x = randn({m, m}, DType::BF16, dev, 1), y = randn({m, m}, DType::BF16, dev, 2);
+      const Tensor z = Tensor::empty({m, m}, DType::BF16, dev);
+      const double gms = time_ms(dev, [&] { gemm(x, y, z); }, opt_.min_time);
+      flops_ = std::max(flops_, 2.0 * m * m * m / (gms * 1e9));
+      add_raw(dev, "ceiling: device copy", "2x512MiB", "u8", ms, 2.0 * n / (ms * 1e6), 0, "bw");
+      add_raw(dev, "ceiling: gemm bf16", "8192x8192x8192", "bf16", gms, 0, 2.0 * m * m * m / (gms * 1e9), "flops");
+    }
+  }
+
+  // A memory-bound row: `traffic` bytes per call.
+  void mem(Device dev, const std::string& op, const std::string& shape, DType dt, size_t traffic,
+           const std::function<void()>& fn) {
+    if (skip(op)) return;
+    const double ms = time_ms(dev, fn, opt_.min_time);
+    add_raw(dev, op, shape, dtype_name(dt), ms, traffic / (ms * 1e6), 0, "bw");
+  }
+  // A compute-bound row: `flop` per call.
+  void compute(Device dev, const std::string& op, const std::string& shape, DType dt, double flop,
+               const std::function<void()>& fn) {
+    if (skip(op)) return;
+    const double ms = time_ms(dev, fn, opt_.min_time);
+    add_raw(dev, op, shape, dtype_name(dt), ms, 0, flop / (ms * 1e9), "flops");
+  }
+
+  void ops(Device dev) {
+    // GPT-2 small-like sizes on the CPU, GPT-2 medium-like on CUDA.
+    const bool gpu = dev.is_cuda();
+    const int64_t tok = gpu ? 8192 : 1024, c = gpu ? 1024 : 768, v = gpu ? 50304 : 50304;
+    const int64_t xent_rows = gpu ? 8192 : 128, bsz = gpu ? 8 : 1, t = gpu ? 1024 : 256, nh = gpu ? 16 : 12, hd = 64;
+    const std::vector<DType> dts = gpu ? std::vector<DType>{DType::BF16, DType::F32} : std::vector<DType>{DType::F32, DType::BF16};
+    for (DType dt : dts) {
+      const bool lowp = dt != DType::F32;
+      // gemm: the linear layers of an MLP, y = x·Wᵀ + b.
+      for (auto [m, n, k] : {std::array<int64_t, 3>{tok, 4 * c, c}, std::array<int64_t, 3>{tok, c, 4 * c}}) {
+        const Tensor x = randn({m, k}, dt, dev, 1), w = randn({n, k}, dt, dev, 2), bias = randn({n}, dt, dev, 3);
+        const Tensor y = Tensor::empty({m, n}, dt, dev);
+        GemmArgs g;
+        g.trans_b = true;
+        const std::string sh = str(m, "x", n, "x", k);
+        compute(dev, "gemm fwd x·Wᵀ+b", sh, dt, 2.0 * m * n * k, [&] { gemm(x, w, y, g, bias); });
+        const Tensor dx = Tensor::empty({m, k}, dt, dev), dw = Tensor::zeros({n, k}, DType::F32, dev),
+                     db = Tensor::zeros({n}, DType::F32, dev);
+        compute(dev, "gemm bwd (dx, dW, db)", sh, dt, 4.0 * m * n * k, [&] { gemm_backward(y, x, w, dx, dw, db, g); });
+      }
+      {
+        const Tensor x = randn({tok, c}, dt, dev, 4), w = randn({c}, dt, dev, 5), b = randn({c}, dt, dev, 6);
+        const Tensor y = Tensor::empty({tok, c}, dt, dev), mean = Tensor::empty({tok}, DType::F32, dev),
+                     rstd = Tensor::empty({tok}, DType::F32, dev);
+        const std::string sh = str(tok, "x", c);
+        mem(dev, "layernorm fwd", sh, dt, 2 * bytes({tok, c}, dt), [&] { layernorm_forward(x, w, b, y, mean, rstd); });
+        const Tensor dx = Tensor::empty({tok, c}, dt, dev), dw = Tensor::zeros({c}, DType::F32, dev),
+                     dbb = Tensor::zeros({c}, DType::F32, dev);
+        mem(dev, "layernorm bwd", sh, dt, 3 * bytes({tok, c}, dt),
+            [&] { layernorm_backward(y, x, w, mean, rstd, dx, dw, dbb); });
+      }
+      {
+        const Shape s{tok, 4 * c};
+        const Tensor x = randn(s, dt, dev, 7, 3), y = Tensor::empty(s, dt, dev), dx = Tensor::empty(s, dt, dev);
+        const std::string sh = str(tok, "x", 4 * c);
+        mem(dev, "gelu fwd", sh, dt, 2 * bytes(s, dt), [&] { gelu_forward(x, y); });
+        mem(dev, "gelu bwd", sh, dt, 3 * bytes(s, dt), [&] { gelu_backward(y, x, dx); });
+        mem(dev, "dropout fwd p=0.1", sh, dt, 2 * bytes(s, dt), [&] { dropout_forward(x, y, 0.1f, 1, 0); });
+        mem(dev, "add (residual)", sh, dt, 3 * bytes(s, dt), [&] { add_forward(x, y, dx); });
+        const Tensor o = Tensor::empty(s, lowp ? DType::F32 : DType::BF16, dev);
+        mem(dev, str("cast ", dtype_name(dt), "->", dtype_name(o.dtype())), sh, dt, bytes(s, dt) + bytes(s, o.dtype()),
+            [&] { cast(x, o); });
+        const Tensor acc = Tensor::zeros({1}, DType::F32, dev);
+        mem(dev, "sum_squares", sh, dt, bytes(s, dt), [&] { sum_squares(x, acc); });
+      }
+      {
+        const Shape s{bsz * nh * t, t};
+        const Tensor x = randn(s, dt, dev, 8, 4), y = Tensor::empty(s, dt, dev), dx = Tensor::empty(s, dt, dev);
+        const std::string sh = str(bsz * nh * t, "x", t);
+        mem(dev, "softmax fwd", sh, dt, 2 * bytes(s, dt), [&] { softmax_forward(x, y); });
+        mem(dev, "softmax bwd", sh, dt, 3 * bytes(s, dt), [&] { softmax_backward(y, y, dx); });
+      }
+      {
+        const Tensor qkv = randn({bsz, t, 3, nh, hd}, dt, dev, 9), out = Tensor::empty({bsz, t, nh, hd}, dt, dev);
+        const Tensor lse = Tensor::empty({bsz, nh, t}, DType::F32, dev), dqkv = Tensor::empty({bsz, t, 3, nh, hd}, dt, dev);
+        const double f = 2.0 * bsz * nh * double(t) * t * hd;  // causal: half of 4·T²·HD
+        const std::string sh = str("B", bsz, " T", t, " NH", nh, " HD", hd);
+        compute(dev, "attention fwd", sh, dt, f, [&] { attention_forward(qkv, out, lse, 0.125f); });
+        compute(dev, "attention bwd", sh, dt, 2.5 * f, [&] { attention_backward(out, qkv, out, lse, dqkv, 0.125f); });
+      }
+      {
+        std::vector<int64_t> ids(static_cast<size_t>(tok));
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7919) % v);
+        const Tensor tid = Tensor::from_ints(ids, {tok}).to(dev), table = randn({v, c}, dt, dev, 10);
+        const Tensor out = Tensor::empty({tok, c}, dt, dev), dtab = Tensor::zeros({v, c}, DType::F32, dev);
+        const std::string sh = str("N", tok, " V", v, " C", c);
+        mem(dev, "embedding fwd", sh, dt, 2 * bytes({tok, c}, dt), [&] { embedding_forward(tid, table, out); });
+        mem(dev, "embedding bwd", sh, dt, bytes({tok, c}, dt) + 2 * bytes({tok, c}, DType::F32),
+            [&] { embedding_backward(out, tid, dtab); });
+      }
+      {
+        std::vector<int64_t> tg(static_cast<size_t>(xent_rows));
+        for (size_t i = 0; i < tg.size(); ++i) tg[i] = static_cast<int64_t>((i * 104729) % v);
+        const Tensor targets = Tensor::from_ints(tg, {xent_rows}).to(dev), logits = randn({xent_rows, v}, dt, dev, 11, 4);
+        const Tensor losses = Tensor::empty({xent_rows}, DType::F32, dev), dl = Tensor::empty({xent_rows, v}, dt, dev);
+        const std::string sh = str(xent_rows, "x", v);
+        mem(dev, "softmax_xent fwd+bwd", sh, dt, 2 * bytes({xent_rows, v}, dt),
+            [&] { softmax_cross_entropy(logits, targets, losses, dl, 1.0f / xent_rows); });
+      }
+      if (!lowp || gpu) {  // the optimizer always runs on f32 master weights
+        const int64_t n = gpu ? int64_t(350) << 20 : int64_t(16) << 20;
+        const Tensor p = randn({n}, DType::F32, dev, 12), g = randn({n}, dt, dev, 13),
+                     m = Tensor::zeros({n}, DType::F32, dev), vv = Tensor::zeros({n}, DType::F32, dev),
+                     pc = Tensor::empty({n}, DType::BF16, dev);
+        AdamWArgs a;
+        mem(dev, "adamw (+bf16 copy)", str(n), dt, 6 * bytes({n}, DType::F32) + bytes({n}, dt) + bytes({n}, DType::BF16),
+            [&] { adamw_step(p, g, m, vv, pc, a); });
+      }
+    }
+  }
+
+  // Our CPU gemm vs cblas_sgemm called directly on the same shapes and transposes.
+  void gemm_vs_blas() {
+    struct Case {
+      int64_t m, n, k;
+      bool ta, tb;
+    };
+    for (const Case& cs : {Case{1024, 3072, 768, false, true}, Case{1024, 768, 3072, false, true},
+                           Case{768, 3072, 1024, true, false}, Case{1000, 1000, 1000, false, false}}) {
+      const Tensor a = randn(cs.ta ? Shape{cs.k, cs.m} : Shape{cs.m, cs.k}, DType::F32, Device::cpu(), 20);
+      const Tensor b = randn(cs.tb ? Shape{cs.n, cs.k} : Shape{cs.k, cs.n}, DType::F32, Device::cpu(), 21);
+      const Tensor c = Tensor::empty({cs.m, cs.n}, DType::F32);
+      GemmArgs g;
+      g.trans_a = cs.ta;
+      g.trans_b = cs.tb;
+      const float *pa = a.data<float>(), *pb = b.data<float>();
+      float* pc = c.data<float>();
+      const int lda = static_cast<int>(a.dim(1)), ldb = static_cast<int>(b.dim(1));
+      const double f = 2.0 * cs.m * cs.n * cs.k;
+      // Interleave the two so clock and thermal drift hit both alike.
+      double ours = 1e30, blas = 1e30;
+      for (int rep = 0; rep < 3; ++rep) {
+        ours = std::min(ours, time_ms(Device::cpu(), [&] { gemm(a, b, c, g); }, opt_.min_time / 3));
+        blas = std::min(blas, time_ms(Device::cpu(), [&] {
+          cblas_sgemm(CblasRowMajor, cs.ta ? CblasTrans : CblasNoTrans, cs.tb ? CblasTrans : CblasNoTrans,
+                      static_cast<int>(cs.m), static_cast<int>(cs.n), static_cast<int>(cs.k), 1.0f, pa, lda, pb, ldb,
+                      0.0f, pc, static_cast<int>(cs.n));
+        }, opt_.min_time / 3));
+      }
+      const std::string sh = str(cs.m, "x", cs.n, "x", cs.k, cs.ta ? " aT" : "", cs.tb ? " bT" : "");
+      vs_.push_back({sh, f / (ours * 1e9), f / (blas * 1e9), blas / ours});
+    }
+  }
+
+  void print_and_save() const {
+    std::printf("\n%-6s %-26s %-22s %-6s %10s %10s %10s %8s\n", "device", "op", "shape", "dtype", "ms", "GB/s",
+                "TFLOP/s", "of ceil");
+    for (const Row& r : rows_) {
+      std::printf("%-6s %-26s %-22s %-6s %10.3f %10s %10s %7.1f%%\n", r.device.c_str(), r.op.c_str(), r.shape.c_str(),
+                  r.dtype.c_str(), r.ms, r.gbps > 0 ? str_fixed(r.gbps, 2).c_str() : "-",
+                  r.tflops > 0 ? str_fixed(r.tflops, 4).c_str() : "-", 100.0 * r.fraction);
+    }
+    std::printf("\nCPU gemm vs cblas_sgemm called directly (f32, same shapes; target >= 80%%)\n");
+    std::printf("%-26s %12s %12s %8s %s\n", "shape", "ours TFLOP/s", "blas TFLOP/s", "ratio", "");
+    for (const auto& v : vs_)
+      std::printf("%-26s %12.4f %12.4f %7.1f%% %s\n", v.shape.c_str(), v.ours, v.blas, 100 * v.ratio,
+                  v.ratio >= 0.8 ? "ok" : "BELOW 80%");
+    if (opt_.json.empty()) return;
+    nlohmann::json j;
+    j["ceilings"] = {{"cpu_bw_gbps", cpu_bw_}, {"cpu_sgemm_tflops", cpu_flops_}};
+    for (const Row& r : rows_)
+      j["rows"].push_back({{"device", r.device}, {"op", r.op}, {"shape", r.shape}, {"dtype", r.dtype}, {"ms", r.ms},
+                           {"gbps", r.gbps}, {"tflops", r.tflops}, {"fraction_of_ceiling", r.fraction},
+                           {"ceiling", r.ceiling}});
+    for (const auto& v : vs_)
+      j["gemm_vs_blas"].push_back({{"shape", v.shape}, {"ours_tflops", v.ours}, {"blas_tflops", v.blas},
+                                   {"ratio", v.ratio}, {"ok", v.ratio >= 0.8}});
+    std::ofstream(opt_.json) << j.dump(2) << "\n";
+    std::printf("\nwrote %s\n", opt_.json.c_str());
+  }
+
+  // Ceilings are measured before and after the op rows (the machine may be shared);
+  // each row's fraction is of the larger of the two measurements.
+  void begin_device(Device dev) {
+    bw_ = flops_ = 0;
+    first_row_ = rows_.size();
+    ceilings(dev);
+  }
+  void end_device(Device dev) {
+    ceilings(dev);
+    for (size_t i = first_row_; i < rows_.size(); ++i)
+      rows_[i].fraction = rows_[i].ceiling == "bw" ? rows_[i].gbps / bw_ : rows_[i].tflops / flops_;
+    if (dev.is_cpu()) cpu_bw_ = bw_, cpu_flops_ = flops_;
+  }
+
+ private:
+  struct Vs {
+    std::string shape;
+    double ours, blas, ratio;
+  };
+  static std::string str_fixed(double x, int prec) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.*f", prec, x);
+    return b;
+  }
+  bool skip(const std::string& op) const { return !opt_.filter.empty() && op.find(opt_.filter) == std::string::npos; }
+  void add_raw(Device dev, const std::string& op, const std::string& shape, const std::string& dt, double ms,
+               double gbps, double tflops, const std::string& ceil) {
+    rows_.push_back(Row{op, shape, dt, dev.name(), ms, gbps, tflops, 0, ceil});
+    std::fprintf(stderr, "  %-6s %-26s %-22s %-5s %9.3f ms\n", dev.name().c_str(), op.c_str(), shape.c_str(), dt.c_str(), ms);
+  }
+
+  Options opt_;
+  double bw_ = 0, flops_ = 0, cpu_bw_ = 0, cpu_flops_ = 0;  // GB/s, TFLOP/s
+  size_t first_row_ = 0;
+  std::vector<Row> rows_;
+  std::vector<Vs> vs_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_ops: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--json") opt.json = next();
+    else if (a == "--device") opt.device = next();
+    else if (a == "--min-time") opt.min_time = std::stod(next());
+    else if (a == "--filter") opt.filter = next();
+    else {
+      std::fprintf(stderr, "usage: bench_ops [--json FILE] [--device cpu|cuda|all] [--min-time S] [--filter OP]\n");
+      return a == "--help" || a == "-h" ? 0 : 2;
+    }
+  }
+  try {
+    Bench b(opt);
+    std::fprintf(stderr, "bench_ops: %d OpenMP threads\n", omp_get_max_threads());
+    if (opt.device != "cuda") {
+      b.begin_device(Device::cpu());
+      b.ops(Device::cpu());
+      b.end_device(Device::cpu());
+      b.gemm_vs_blas();
+    }
+    if (opt.device != "cpu") {
+      if (cuda_available()) {
+        b.begin_device(Device::cuda(0));
+        b.ops(Device::cuda(0));
+        b.end_device(Device::cuda(0));
+      } else {
+        std::printf("SKIPPED cuda: %s\n", cuda_unavailable_reason().c_str());
+      }
+    }
+    b.print_and_save();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_ops: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,173 @@
+// tests/tensor/test_attention.cpp — causal self-attention over fused QKV, forward/backward.
+//
+// Reference: a float64 implementation written here (scores, causal mask,
+// max-subtracted softmax, P·V, lse). Backward: float64 central differences of
+// that forward on small shapes (loss Σ dout ⊙ out; lse carries no gradient),
+// and the closed-form float64 backward (dV = Pᵀ·dO, dS = P ⊙ (dO·Vᵀ − rowsum),
+// dQ = s·dS·K, dK = s·dSᵀ·Q) on the larger ones. On CUDA the cuDNN path and the
+// forced cuBLAS fallback are both checked against the reference and each other.
+#include "tests/tensor/op_harness.h"
+
+using namespace mpitron;
+using namespace mpitron::test;
+
+namespace {
+
+struct AttnDims {
+  int64_t b, t, nh, hd;
+};
+Shape qkv_shape(const AttnDims& d) { return {d.b, d.t, 3, d.nh, d.hd}; }
+Shape out_shape(const AttnDims& d) { return {d.b, d.t, d.nh, d.hd}; }
+std::string dims_str(const AttnDims& d) { return str("B=", d.b, " T=", d.t, " NH=", d.nh, " HD=", d.hd); }
+
+size_t qkv_at(const AttnDims& d, int64_t b, int64_t t, int which, int64_t h, int64_t e) {
+  return static_cast<size_t>((((b * d.t + t) * 3 + which) * d.nh + h) * d.hd + e);
+}
+size_t out_at(const AttnDims& d, int64_t b, int64_t t, int64_t h, int64_t e) {
+  return static_cast<size_t>(((b * d.t + t) * d.nh + h) * d.hd + e);
+}
+
+// Causal attention probabilities P (T, T) of one (batch, head); row i has i+1 entries.
+std::vector<double> probs(const AttnDims& d, const std::vector<double>& qkv, int64_t b, int64_t h, double scale,
+                          std::vector<double>* lse) {
+  std::vector<double> p(static_cast<size_t>(d.t * d.t), 0.0);
+  for (int64_t i = 0; i < d.t; ++i) {
+    double mx = -INFINITY;
+    for (int64_t j = 0; j <= i; ++j) {
+      double s = 0;
+      for (int64_t e = 0; e < d.hd; ++e) s += qkv[qkv_at(d, b, i, 0, h, e)] * qkv[qkv_at(d, b, j, 1, h, e)];
+      p[i * d.t + j] = s * scale;
+      mx = std::max(mx, s * scale);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j <= i; ++j) sum += (p[i * d.t + j] = std::exp(p[i * d.t + j] - mx));
+    for (int64_t j = 0; j <= i; ++j) p[i * d.t + j] /= sum;
+    if (lse) (*lse)[static_cast<size_t>((b * d.nh + h) * d.t + i)] = mx + std::log(sum);
+  }
+  return p;
+}
+
+std::vector<double> ref_attention(const AttnDims& d, const std::vector<double>& qkv, double scale,
+                                  std::vector<double>* lse = nullptr) {
+  std::vector<double> out(static_cast<size_t>(d.b * d.t * d.nh * d.hd), 0.0);
+  if (lse) lse->assign(static_cast<size_t>(d.b * d.nh * d.t), 0.0);
+  for (int64_t b = 0; b < d.b; ++b)
+    for (int64_t h = 0; h < d.nh; ++h) {
+      const std::vector<double> p = probs(d, qkv, b, h, scale, lse);
+      for (int64_t i = 0; i < d.t; ++i)
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t e = 0; e < d.hd; ++e) out[out_at(d, b, i, h, e)] += p[i * d.t + j] * qkv[qkv_at(d, b, j, 2, h, e)];
+    }
+  return out;
+}
+
+std::vector<double> ref_attention_backward(const AttnDims& d, const std::vector<double>& qkv,
+                                           const std::vector<double>& dout, double scale) {
+  std::vector<double> g(qkv.size(), 0.0);
+  for (int64_t b = 0; b < d.b; ++b)
+    for (int64_t h = 0; h < d.nh; ++h) {
+      const std::vector<double> p = probs(d, qkv, b, h, scale, nullptr);
+      for (int64_t i = 0; i < d.t; ++i) {
+        std::vector<double> dp(static_cast<size_t>(i + 1));
+        double rowsum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double s = 0;
+          for (int64_t e = 0; e < d.hd; ++e) {
+            s += dout[out_at(d, b, i, h, e)] * qkv[qkv_at(d, b, j, 2, h, e)];
+            g[qkv_at(d, b, j, 2, h, e)] += p[i * d.t + j] * dout[out_at(d, b, i, h, e)];  // dV
+          }
+          dp[j] = s;
+          rowsum += s * p[i * d.t + j];
+        }
+        for (int64_t j = 0; j <= i; ++j) {
+          const double ds = p[i * d.t + j] * (dp[j] - rowsum) * scale;
+          for (int64_t e = 0; e < d.hd; ++e) {
+            g[qkv_at(d, b, i, 0, h, e)] += ds * qkv[qkv_at(d, b, j, 1, h, e)];  // dQ
+            g[qkv_at(d, b, j, 1, h, e)] += ds * qkv[qkv_at(d, b, i, 0, h, e)];  // dK
+          }
+        }
+      }
+    }
+  return g;
+}
+
+struct AttnResult {
+  Tensor out, lse, dqkv;
+};
+
+AttnResult run(Device dev, DType dt, const AttnDims& d, double scale, bool fd, uint64_t seed, const std::string& tag = "") {
+  Rng rng(seed);
+  const Input qkv = rand_input(rng, qkv_shape(d), dt, dev, -1.5, 1.5);
+  const Input dout = rand_input(rng, out_shape(d), dt, dev, -1, 1);
+  Out out = make_out(out_shape(d), dt, dev), lse = make_out({d.b, d.nh, d.t}, DType::F32, dev);
+  attention_forward(qkv.t, out.t, lse.t, static_cast<float>(scale));
+  std::vector<double> lref;
+  const std::vector<double> oref = ref_attention(d, qkv.v, scale, &lref);
+  const std::string name = case_name(dev, dt, str("attention ", dims_str(d), " scale=", scale, tag));
+  check_out(name + " out", out, oref, tol(dt, Kind::Attention));
+  check_out(name + " lse", lse, lref, tol(dt == DType::F32 ? dt : DType::F16, Kind::Attention));
+
+  Out dqkv = make_out(qkv_shape(d), dt, dev);
+  attention_backward(dout.t, qkv.t, out.t, lse.t, dqkv.t, static_cast<float>(scale));
+  const std::vector<double> gref =
+      fd ? fd_grad(qkv.v, [&](const std::vector<double>& x) { return ref_attention(d, x, scale); }, dout.v)
+         : ref_attention_backward(d, qkv.v, dout.v, scale);
+  check_out(name + " dqkv", dqkv, gref, tol(dt, Kind::Attention));
+  return {out.t, lse.t, dqkv.t};
+}
+
+}  // namespace
+
+TEST_CASE("attention vs float64 reference and finite differences: every dtype") {
+  uint64_t seed = 4000;
+  for (Device dev : test_devices())
+    for (DType dt : float_dtypes()) {
+      run(dev, dt, {1, 1, 1, 8}, 1 / std::sqrt(8.0), true, ++seed);
+      run(dev, dt, {2, 7, 2, 8}, 1 / std::sqrt(8.0), true, ++seed);
+      run(dev, dt, {1, 13, 3, 16}, 1 / std::sqrt(16.0), true, ++seed);
+      run(dev, dt, {1, 37, 1, 8}, 0.3, true, ++seed);
+      if (dev.is_cpu()) run(dev, dt, {1, 5, 2, 3}, 0.7, true, ++seed);  // head dims cuDNN does not take
+    }
+}
+
+TEST_CASE("attention: moderately large (closed-form f64 backward)") {
+  uint64_t seed = 4100;
+  for (Device dev : test_devices())
+    for (DType dt : float_dtypes()) run(dev, dt, {2, 127, 4, 64}, 0.125, false, ++seed);
+}
+
+TEST_CASE("attention on CUDA: cuDNN and the forced cuBLAS fallback agree") {
+  if (!cuda_available()) return;  // the file's SKIPPED line says why
+  uint64_t seed = 4200;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (AttnDims d : {AttnDims{2, 37, 2, 64}, AttnDims{1, 128, 4, 128}, AttnDims{3, 7, 1, 32}}) {
+      ++seed;
+      cuda_attention_force_fallback(false);
+      const std::string first = cuda_attention_backend();
+      const AttnResult a = run(Device::cuda(0), dt, d, 1 / std::sqrt(double(d.hd)), false, seed, " [" + first + "]");
+      cuda_attention_force_fallback(true);
+      CHECK(cuda_attention_backend() == "cublas");
+      const AttnResult b = run(Device::cuda(0), dt, d, 1 / std::sqrt(double(d.hd)), false, seed, " [cublas]");
+      cuda_attention_force_fallback(false);
+      MESSAGE("attention backend without forcing: " << first);
+      const std::string name = case_name(Device::cuda(0), dt, str("attention ", dims_str(d), " cudnn vs cublas"));
+      check_close(name + " out", a.out, values(b.out), tol(dt, Kind::Attention));
+      check_close(name + " dqkv", a.dqkv, values(b.dqkv), tol(dt, Kind::Attention));
+    }
+}
+
+TEST_CASE("attention: invalid arguments throw naming the op") {
+  const Tensor qkv = Tensor::zeros({1, 4, 3, 2, 8}, DType::F32), out = Tensor::zeros({1, 4, 2, 8}, DType::F32);
+  const Tensor lse = Tensor::zeros({1, 2, 4}, DType::F32);
+  check_throws_naming("attention_forward", [&] { attention_forward(Tensor::zeros({1, 4, 2, 2, 8}, DType::F32), out, lse, 1); },
+                      "qkv not (B,T,3,NH,HD)");
+  check_throws_naming("attention_forward", [&] { attention_forward(qkv, Tensor::zeros({1, 4, 2, 7}, DType::F32), lse, 1); },
+                      "out shape");
+  check_throws_naming("attention_forward", [&] { attention_forward(qkv, out, Tensor::zeros({1, 2, 4}, DType::BF16), 1); },
+                      "lse dtype");
+  check_throws_naming("attention_forward", [&] { attention_forward(qkv, Tensor::zeros({1, 4, 2, 8}, DType::BF16), lse, 1); },
+                      "out dtype");
+  check_throws_naming("attention_backward", [&] {
+    attention_backward(out, qkv, out, lse, Tensor::zeros({1, 4, 3, 2, 7}, DType::F32), 1);
+  }, "dqkv shape");
+}
