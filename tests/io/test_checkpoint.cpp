@@ -1,0 +1,278 @@
+// tests/io/test_checkpoint.cpp — the checkpoint protocol in one process:
+// commit visibility, crash leftovers, corruption and truncation detection with
+// fallback, keep_last, hyperslab tiling checks, and h5py reading our files.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/checkpoint.h"
+#include "io/crc32c.h"
+#include "tests/io/io_test_util.h"
+
+using namespace mpitron;
+using namespace mpitron::io;
+using mpitron::test::ScratchDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The tensors of a toy "model" whose values depend on `seed`.
+struct Toy {
+  Tensor w, b, emb, half, step, ids;
+  explicit Toy(float seed) {
+    std::vector<float> v(6 * 10), bv(10), ev(4 * 3), hv(5);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = seed + 0.01f * static_cast<float>(i);
+    for (size_t i = 0; i < bv.size(); ++i) bv[i] = -seed * static_cast<float>(i);
+    for (size_t i = 0; i < ev.size(); ++i) ev[i] = seed * 0.5f + static_cast<float>(i);
+    for (size_t i = 0; i < hv.size(); ++i) hv[i] = seed / (1.0f + static_cast<float>(i));
+    w = Tensor::from_vector(v, {6, 10});
+    b = Tensor::from_vector(bv, {10});
+    emb = Tensor::from_vector(ev, {4, 3}, DType::BF16);
+    half = Tensor::from_vector(hv, {5}, DType::F16);
+    step = Tensor::from_ints({static_cast<int64_t>(seed * 1000)}, {1}, DType::I64);
+    ids = Tensor::from_ints({1, 2, 3, 65535}, {4}, DType::U16);
+  }
+};
+
+void write_toy(CheckpointWriter& w, const Toy& t) {
+  // w in two row blocks (as two TP ranks would), the rest whole.
+  w.add_tensor("layers/0/w", {6, 10}, DType::F32, t.w.slice(0, 0, 6), {0, 0});
+  w.add_tensor("layers/0/b", {10}, DType::F32, t.b);
+  w.add_tensor("emb", {4, 3}, DType::BF16, t.emb);
+  w.add_tensor("half", {5}, DType::F16, t.half);
+  w.add_tensor("step", {1}, DType::I64, t.step);
+  w.add_tensor("ids", {4}, DType::U16, t.ids);
+  w.set_attr_json("flags", {{"num_layers", 1}, {"seed", 1234}});
+  w.set_attr_int("consumed_train_samples", 640);
+}
+
+std::string save_toy(const std::string& dir, int64_t iteration, float seed, int keep_last = 0) {
+  CheckpointWriter w;
+  w.begin(dir, iteration);
+  write_toy(w, Toy(seed));
+  return w.commit(keep_last);
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+}
+
+void check_toy(const CheckpointReader& r, float seed) {
+  Toy t(seed);
+  CHECK(same_bytes(r.read("layers/0/w"), t.w));
+  CHECK(same_bytes(r.read("layers/0/b"), t.b));
+  CHECK(same_bytes(r.read("emb"), t.emb));
+  CHECK(same_bytes(r.read("half"), t.half));
+  CHECK(same_bytes(r.read("step"), t.step));
+  CHECK(same_bytes(r.read("ids"), t.ids));
+}
+
+std::string tracker(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / kTrackerFileName);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+std::string h5_path(const std::string& dir, int64_t it) {
+  return (fs::path(dir) / iteration_dir_name(it) / kCheckpointFileName).string();
+}
+
+void flip_byte(const std::string& path, int64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f);
+  f.seekg(offset);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(offset);
+  f.write(&c, 1);
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: save, find latest, read back tensors and attributes") {
+  ScratchDir dir("ckpt_basic");
+  CHECK_FALSE(CheckpointReader::open_latest(dir.path()).found());  // nothing saved yet
+  const std::string final_dir = save_toy(dir.path(), 100, 1.5f);
+  CHECK(final_dir == dir / "iter_0000100");
+  CHECK(tracker(dir.path()) == "100");
+  CHECK_FALSE(fs::exists(dir / "iter_0000100.tmp"));
+
+  CheckpointReader r = CheckpointReader::open_latest(dir.path());
+  REQUIRE(r.found());
+  CHECK(r.iteration() == 100);
+  CHECK(r.attr_string(kAttrFormat) == kCheckpointFormat);
+  CHECK(r.attr_int(kAttrVersion) == 1);
+  CHECK(r.attr_int(kAttrIteration) == 100);
+  CHECK(r.attr_int("consumed_train_samples") == 640);
+  CHECK(r.attr_json("flags")["seed"] == 1234);
+  check_toy(r, 1.5f);
+  const auto ts = r.tensors();
+  REQUIRE(ts.size() == 6);
+  CHECK(ts[0].name == "emb");
+  CHECK(ts[0].type == ElemType::BF16);
+  CHECK(r.tensor_info("layers/0/w").shape == Shape{6, 10});
+  // A hyperslab read (what a TP rank does on load).
+  Tensor part = r.read("layers/0/w", {2, 5}, {3, 5});
+  CHECK(same_bytes(part, Toy(1.5f).w.slice(0, 2, 5).slice(1, 5, 10).contiguous()));
+  // The stored checksum is CRC-32C of the whole tensor's bytes.
+  Tensor w = Toy(1.5f).w;
+  CHECK(r.file().attr_int("layers/0/w", kAttrDatasetCrc) == crc32c(w.data_ptr(), w.nbytes()));
+}
+
+TEST_CASE("checkpoint: nothing changes until commit; an uncommitted .tmp is ignored") {
+  ScratchDir dir("ckpt_commit");
+  save_toy(dir.path(), 10, 1.0f);
+  {
+    CheckpointWriter w;
+    w.begin(dir.path(), 20);
+    write_toy(w, Toy(2.0f));
+    CHECK(fs::exists(dir / "iter_0000020.tmp/model_optim_rng.h5"));
+    CHECK_FALSE(fs::exists(dir / "iter_0000020"));
+    CHECK(tracker(dir.path()) == "10");
+    CHECK(CheckpointReader::open_latest(dir.path()).iteration() == 10);
+    // "crash": the writer goes away without commit()
+  }
+  CHECK(fs::exists(dir / "iter_0000020.tmp"));
+  CHECK(CheckpointReader::list_iterations(dir.path()) == std::vector<int64_t>{10});
+  CheckpointReader r = CheckpointReader::open_latest(dir.path());
+  CHECK(r.iteration() == 10);
+  check_toy(r, 1.0f);
+  // A later save of the same iteration replaces the leftover and commits.
+  save_toy(dir.path(), 20, 2.0f);
+  CHECK_FALSE(fs::exists(dir / "iter_0000020.tmp"));
+  CHECK(tracker(dir.path()) == "20");
+  check_toy(CheckpointReader::open_latest(dir.path()), 2.0f);
+  // Saving an iteration again replaces it.
+  save_toy(dir.path(), 20, 3.0f);
+  check_toy(CheckpointReader::open_latest(dir.path()), 3.0f);
+}
+
+TEST_CASE("checkpoint: a flipped data byte is a checksum error naming dataset and file; load falls back") {
+  ScratchDir dir("ckpt_flip");
+  save_toy(dir.path(), 1, 1.0f);
+  save_toy(dir.path(), 2, 2.0f);
+  const std::string path = h5_path(dir.path(), 2);
+  int64_t off = -1;
+  {
+    Hdf5File f = Hdf5File::open(path);
+    off = f.data_file_offset("layers/0/w");
+  }
+  REQUIRE(off > 0);
+  flip_byte(path, off + 37);
+  std::string e = error_of([&] { CheckpointReader::open_iteration(dir.path(), 2); });
+  CHECK(e.find("checksum mismatch in dataset 'layers/0/w'") != std::string::npos);
+  CHECK(e.find(path) != std::string::npos);
+  // Opened without verification, verify(name) finds it, and only there.
+  CheckpointReader r = CheckpointReader::open_iteration(dir.path(), 2, MPI_COMM_NULL, false);
+  CHECK_THROWS_WITH_AS(r.verify("layers/0/w"), doctest::Contains("checksum mismatch"), Error);
+  CHECK_NOTHROW(r.verify("layers/0/b"));
+  // The loader skips it with a warning and takes iteration 1.
+  CheckpointReader l = CheckpointReader::open_latest(dir.path());
+  CHECK(l.iteration() == 1);
+  check_toy(l, 1.0f);
+}
+
+TEST_CASE("checkpoint: a truncated file is a clear error; load falls back to the previous one") {
+  ScratchDir dir("ckpt_trunc");
+  save_toy(dir.path(), 1, 1.0f);
+  for (int64_t cut : {int64_t{1}, int64_t{-1}}) {  // lose the last byte; lose half the file
+    CAPTURE(cut);
+    save_toy(dir.path(), 2, 2.0f);
+    const std::string path = h5_path(dir.path(), 2);
+    const auto size = static_cast<int64_t>(fs::file_size(path));
+    fs::resize_file(path, static_cast<uintmax_t>(cut > 0 ? size - cut : size / 2));
+    std::string e = error_of([&] { CheckpointReader::open_iteration(dir.path(), 2); });
+    CHECK(e.find(path) != std::string::npos);
+    CHECK(e.find("truncated") != std::string::npos);
+    CheckpointReader l = CheckpointReader::open_latest(dir.path());
+    CHECK(l.iteration() == 1);
+    check_toy(l, 1.0f);
+  }
+  // Every checkpoint broken: a clear error, not a silent fresh start.
+  fs::resize_file(h5_path(dir.path(), 1), 100);
+  std::string e = error_of([&] { CheckpointReader::open_latest(dir.path()); });
+  CHECK(e.find("no intact checkpoint") != std::string::npos);
+}
+
+TEST_CASE("checkpoint: tracker file missing, garbage, or naming a missing directory") {
+  ScratchDir dir("ckpt_tracker");
+  save_toy(dir.path(), 5, 5.0f);
+  save_toy(dir.path(), 7, 7.0f);
+  fs::remove(dir / kTrackerFileName);
+  CHECK(CheckpointReader::read_tracker(dir.path()) == -1);
+  CHECK(CheckpointReader::open_latest(dir.path()).iteration() == 7);
+  { std::ofstream(dir / kTrackerFileName) << "release\n"; }
+  CHECK(CheckpointReader::open_latest(dir.path()).iteration() == 7);
+  { std::ofstream(dir / kTrackerFileName) << "9\n"; }  // no iter_0000009
+  CHECK(CheckpointReader::open_latest(dir.path()).iteration() == 7);
+  { std::ofstream(dir / kTrackerFileName) << "5\n"; }  // the tracker wins over a newer directory
+  CHECK(CheckpointReader::open_latest(dir.path()).iteration() == 5);
+}
+
+TEST_CASE("checkpoint: keep_last removes older committed checkpoints only after the commit") {
+  ScratchDir dir("ckpt_keep");
+  for (int64_t it : {10, 20, 30}) save_toy(dir.path(), it, static_cast<float>(it), 2);
+  { CheckpointWriter w; w.begin(dir.path(), 25); }  // a stale crash leftover, older than the next save
+  save_toy(dir.path(), 40, 40.0f, 2);
+  CHECK(CheckpointReader::list_iterations(dir.path()) == std::vector<int64_t>{30, 40});
+  CHECK_FALSE(fs::exists(dir / "iter_0000025.tmp"));
+  check_toy(CheckpointReader::open_latest(dir.path()), 40.0f);
+}
+
+TEST_CASE("checkpoint: commit refuses hyperslabs that do not tile a tensor") {
+  ScratchDir dir("ckpt_tiling");
+  Toy t(1.0f);
+  {
+    CheckpointWriter w;
+    w.begin(dir.path(), 3);
+    w.add_tensor("w", {6, 10}, DType::F32, t.w.slice(0, 0, 4).contiguous(), {0, 0});  // rows 4-5 never written
+    CHECK_THROWS_WITH_AS(w.commit(), doctest::Contains("dataset 'w': no rank wrote bytes [160, 240)"), Error);
+  }
+  CHECK_FALSE(fs::exists(dir / "iter_0000003"));
+  CHECK_FALSE(fs::exists(dir / kTrackerFileName));
+  // A tensor nobody wrote at all.
+  {
+    CheckpointWriter w;
+    w.begin(dir.path(), 4);
+    w.add_tensor("b", {10}, DType::F32, t.b);
+    w.add_tensor("nobody", {2, 3}, DType::F32, Tensor());
+    CHECK_THROWS_WITH_AS(w.commit(), doctest::Contains("dataset 'nobody': no rank wrote bytes [0, 24)"), Error);
+  }
+  CHECK(CheckpointReader::list_iterations(dir.path()).empty());
+}
+
+TEST_CASE("checkpoint: h5py reads every tensor and recomputes every checksum") {
+  ScratchDir dir("ckpt_h5py");
+  save_toy(dir.path(), 42, 4.25f);
+  Toy t(4.25f);
+  nlohmann::json want;
+  auto add = [&](const std::string& name, const Tensor& x) {
+    nlohmann::json vals = nlohmann::json::array();
+    if (is_floating(x.dtype()))
+      for (float v : x.to_floats()) vals.push_back(v);
+    else
+      for (int64_t v : x.to_ints()) vals.push_back(v);
+    want[name] = {{"dtype", dtype_name(x.dtype())}, {"shape", x.shape()}, {"values", vals}};
+  };
+  add("layers/0/w", t.w);
+  add("layers/0/b", t.b);
+  add("emb", t.emb);
+  add("half", t.half);
+  add("step", t.step);
+  add("ids", t.ids);
+  { std::ofstream(dir / "expected.json") << want.dump(); }
+  mpitron::test::run_python_check("h5py_check.py", h5_path(dir.path(), 42) + " " + (dir / "expected.json"), "h5py");
+}
