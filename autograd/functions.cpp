@@ -226,37 +226,46 @@ Var dropout(Tape& tape, const Var& x, float p, uint64_t seed, uint64_t offset) {
 }
 
 // ---- cross-entropy ---------------------------------------------------------------------
+// Fused classifier: when the tape records, forward computes the losses AND the
+// logits gradient of the mean loss in one pass (no second read of the logits
+// in backward); backward only scales it by the incoming gradient.
 namespace {
 struct CrossEntropyNode final : Node {
   Var logits, loss;
-  Tensor targets;
-  int64_t valid = 0;
+  Tensor dlogits;  // d(mean loss)/d(logits), logits' dtype
   const char* name() const override { return "cross_entropy"; }
   void backward() override {
     if (!loss.grad().defined() || !logits.requires_grad()) return;
-    const float dloss = loss.grad().item() / static_cast<float>(std::max<int64_t>(valid, 1));
-    Tensor losses = Tensor::empty({logits.value().dim(0)}, DType::F32, logits.value().device());
-    Tensor dlogits = empty_like(logits.value());
-    softmax_cross_entropy(logits.value(), targets, losses, dlogits, dloss);
-    axpby(1.0f, dlogits, 1.0f, logits.grad_or_zeros());
+    const float seed = loss.grad().item();
+    if (!logits.grad().defined()) {
+      if (seed != 1.0f) scale(dlogits, seed);
+      Var(logits).set_grad(dlogits);
+    } else {
+      axpby(seed, dlogits, 1.0f, logits.grad());
+    }
+    dlogits = Tensor();
   }
 };
 }  // namespace
 
 Var cross_entropy(Tape& tape, const Var& logits, const Tensor& targets) {
   const Tensor& lv = logits.value();
-  Tensor losses = Tensor::empty({lv.dim(0)}, DType::F32, lv.device());
-  softmax_cross_entropy(lv, targets, losses, Tensor(), 1.0f);
   int64_t valid = 0;
   for (int64_t t : targets.to_ints()) valid += (t >= 0 && t < lv.dim(1));
-  const std::vector<float> l = losses.to_floats();
+  const float inv = 1.0f / static_cast<float>(std::max<int64_t>(valid, 1));
+  const bool record = tape.recording() && logits.requires_grad();
+  Tensor losses = Tensor::empty({lv.dim(0)}, DType::F32, lv.device());
+  // In place: the logits are not needed after the loss (the head's backward
+  // reads its input and weight), so their buffer receives the gradient.
+  Tensor dlogits = record ? lv : Tensor();
+  softmax_cross_entropy(lv, targets, losses, dlogits, inv);
   double sum = 0;
-  for (float x : l) sum += x;
-  Tensor mean = Tensor::from_vector({static_cast<float>(sum / std::max<int64_t>(valid, 1))}, {1});
+  for (float x : losses.to_floats()) sum += x;
+  Tensor mean = Tensor::from_vector({static_cast<float>(sum * inv)}, {1});
   Var out(mean.to(lv.device()), logits.requires_grad());
-  if (tape.recording() && out.requires_grad()) {
+  if (record) {
     auto n = std::make_unique<CrossEntropyNode>();
-    n->logits = logits, n->loss = out, n->targets = targets, n->valid = valid;
+    n->logits = logits, n->loss = out, n->dlogits = dlogits;
     tape.record(std::move(n));
   }
   return out;

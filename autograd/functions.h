@@ -21,6 +21,8 @@ Var causal_attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int
 // Philox dropout; (seed, offset) names the mask.
 Var dropout(Tape& tape, const Var& x, float p, uint64_t seed, uint64_t offset);
 // Mean over valid positions (targets >= 0) of softmax cross-entropy: a (1) f32 Var.
+// When the tape records, the logits' buffer is overwritten IN PLACE by the
+// gradient of the mean loss (fused classifier): do not read the logits after.
 Var cross_entropy(Tape& tape, const Var& logits, const Tensor& targets);
 
 }  // namespace mpitron::ag

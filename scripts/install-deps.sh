@@ -15,7 +15,7 @@ debs=(
   libopenblas-dev
   libpcre2-dev
   nlohmann-json3-dev
-  python3 python3-numpy python3-h5py
+  python3 python3-numpy python3-h5py python3-pip
 )
 
 missing=()
@@ -30,6 +30,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# TensorBoard's own reader checks our event files in the io tests.
+/usr/bin/python3 -c "import tensorboard" 2>/dev/null || \
+  /usr/bin/python3 -m pip install -q --break-system-packages tensorboard 2>&1 | grep -v -i "warning" || true
+
 if [ "${MPITRON_DEPS_REFERENCE:-0}" = 1 ]; then
   refs=(python3-torch python3-pip python3-venv)
   miss=()
@@ -39,8 +43,8 @@ if [ "${MPITRON_DEPS_REFERENCE:-0}" = 1 ]; then
   if [ ${#miss[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${miss[@]}" >/dev/null
   fi
-  /usr/bin/python3 -c "import tokenizers, tiktoken, tensorboard" 2>/dev/null || \
-    /usr/bin/python3 -m pip install -q --break-system-packages tokenizers tiktoken tensorboard
+  /usr/bin/python3 -c "import tokenizers, tiktoken" 2>/dev/null || \
+    /usr/bin/python3 -m pip install -q --break-system-packages tokenizers tiktoken
 fi
 
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then

@@ -1,0 +1,52 @@
+// pretrain_gpt — train a GPT on Megatron .bin/.idx data (Megatron-LM's flags).
+//   pretrain_gpt --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256
+//     --micro-batch-size 8 --global-batch-size 16 --train-iters 1000 --lr 6e-4
+//     --data-path data/shakespeare_text_document --save ckpt --tensorboard-dir tb
+// Run pretrain_gpt --help for every flag.
+#include <mpi.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/tokenizer.h"
+#include "model/arguments.h"
+#include "model/gpt_data.h"
+#include "model/trainer.h"
+
+using namespace mpitron;
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  set_process_rank(world > 1 ? rank : -1);
+  int rc = 0;
+  try {
+    MPT_CHECK(world == 1, str("pretrain_gpt was started on ", world, " ranks; this build trains on one process"),
+              "run it without mpirun (or with -np 1) until the parallel runtime lands");
+    TrainArgs args;
+    if (parse_train_args(argc, argv, args)) {
+      if (args.vocab_file.empty()) args.vocab_file = data::Tokenizer::default_vocab_file();
+      if (args.merge_file.empty()) args.merge_file = data::Tokenizer::default_merges_file();
+      data::Tokenizer tok(args.vocab_file, args.merge_file);
+      args.model.vocab_size = tok.vocab_size();
+      args.model.padded_vocab_size = data::padded_vocab_size(tok.vocab_size(), static_cast<int>(args.tensor_model_parallel_size),
+                                                             static_cast<int>(args.make_vocab_size_divisible_by));
+      Trainer trainer(args, make_gpt_data(args, tok.vocab_size()));
+      const TrainSummary s = trainer.run();
+      log_info("done: ", s.iterations, " iterations; train loss ", s.first_loss, " -> ", s.last_loss,
+               s.valid_loss > 0 ? str("; validation loss ", s.valid_loss, " (perplexity ", s.valid_ppl, ")") : "");
+      if (!s.checkpoint_dir.empty()) log_info("checkpoint: ", s.checkpoint_dir);
+      if (!args.tensorboard_dir.empty()) log_info("tensorboard events and metrics.jsonl: ", args.tensorboard_dir);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    rc = 1;
+  }
+  MPI_Finalize();
+  return rc;
+}

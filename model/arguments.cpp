@@ -1,0 +1,180 @@
+#include "model/arguments.h"
+
+#include <boost/program_options.hpp>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace po = boost::program_options;
+
+namespace mpitron {
+
+namespace {
+
+po::options_description describe_flags(TrainArgs& a, std::string& config_file, std::vector<std::string>& rampup) {
+  po::options_description model("Model"), train("Training"), lr("Learning rate"), prec("Mixed precision"),
+      data("Data"), log("Logging and evaluation"), ckpt("Checkpoints"), misc("Other");
+  GPTConfig& m = a.model;
+  model.add_options()
+      ("num-layers", po::value(&m.num_layers)->required(), "transformer blocks")
+      ("hidden-size", po::value(&m.hidden_size)->required(), "residual stream width C")
+      ("ffn-hidden-size", po::value(&m.ffn_hidden_size), "MLP width (default 4 × hidden)")
+      ("num-attention-heads", po::value(&m.num_attention_heads)->required(), "attention heads")
+      ("seq-length", po::value(&m.seq_length)->required(), "tokens per sample")
+      ("max-position-embeddings", po::value(&m.max_position_embeddings), "position table rows (default seq-length)")
+      ("init-method-std", po::value(&m.init_method_std)->default_value(0.02f), "weight init std")
+      ("hidden-dropout", po::value(&m.hidden_dropout)->default_value(0.1f), "dropout after embeddings and blocks")
+      ("attention-dropout", po::value(&m.attention_dropout)->default_value(0.0f), "must be 0 (fused attention)")
+      ("layernorm-epsilon", po::value(&m.layernorm_epsilon)->default_value(1e-5f), "layernorm epsilon")
+      ("make-vocab-size-divisible-by", po::value(&a.make_vocab_size_divisible_by)->default_value(128), "vocab padding");
+  train.add_options()
+      ("micro-batch-size", po::value(&a.micro_batch_size)->default_value(1), "samples per forward/backward")
+      ("global-batch-size", po::value(&a.global_batch_size), "samples per optimizer step (default micro × dp)")
+      ("rampup-batch-size", po::value(&rampup)->multitoken(), "START INCREMENT SAMPLES")
+      ("train-iters", po::value(&a.train_iters), "optimizer steps to run (or --train-samples)")
+      ("train-samples", po::value(&a.train_samples), "samples to train on (or --train-iters)")
+      ("clip-grad", po::value(&a.optim.clip_grad)->default_value(1.0f), "max global gradient norm (0: off)")
+      ("weight-decay", po::value(&a.optim.weight_decay)->default_value(0.01f), "AdamW weight decay")
+      ("adam-beta1", po::value(&a.optim.beta1)->default_value(0.9f), "AdamW beta1")
+      ("adam-beta2", po::value(&a.optim.beta2)->default_value(0.999f), "AdamW beta2")
+      ("adam-eps", po::value(&a.optim.eps)->default_value(1e-8f), "AdamW epsilon")
+      ("recompute-activations", po::bool_switch(&a.recompute_activations), "recompute each block in backward")
+      ("seed", po::value(&a.seed)->default_value(1234), "random seed");
+  lr.add_options()
+      ("lr", po::value(&a.lr)->required(), "peak learning rate")
+      ("min-lr", po::value(&a.min_lr)->default_value(0.0f), "learning rate floor")
+      ("lr-decay-style", po::value(&a.lr_decay_style)->default_value("linear"), "constant | linear | cosine")
+      ("lr-decay-iters", po::value(&a.lr_decay_iters), "decay length in iterations (default: train iters)")
+      ("lr-decay-samples", po::value(&a.lr_decay_samples), "decay length in samples (default: train samples)")
+      ("lr-warmup-fraction", po::value(&a.lr_warmup_fraction), "warmup as a fraction of the decay length")
+      ("lr-warmup-iters", po::value(&a.lr_warmup_iters), "warmup iterations")
+      ("lr-warmup-samples", po::value(&a.lr_warmup_samples), "warmup samples");
+  prec.add_options()
+      ("fp16", po::bool_switch(&a.fp16), "fp16 compute with dynamic loss scaling")
+      ("bf16", po::bool_switch(&a.bf16), "bf16 compute, fp32 master weights")
+      ("loss-scale", po::value(&a.scaler.constant), "static loss scale (fp16)")
+      ("initial-loss-scale", po::value(&a.scaler.initial_scale)->default_value(4294967296.0f, "2^32"), "dynamic scale start")
+      ("min-loss-scale", po::value(&a.scaler.min_scale)->default_value(1.0f), "dynamic scale floor")
+      ("loss-scale-window", po::value(&a.scaler.window)->default_value(1000), "clean steps before doubling")
+      ("hysteresis", po::value(&a.scaler.hysteresis)->default_value(2), "overflows before halving");
+  data.add_options()
+      ("data-path", po::value(&a.data_path)->multitoken()->composing(), "PREFIX, or W1 PREFIX1 W2 PREFIX2 …")
+      ("split", po::value(&a.split)->default_value("969, 30, 1"), "train, valid, test weights")
+      ("vocab-file", po::value(&a.vocab_file), "GPT-2 vocab json (default: bundled)")
+      ("merge-file", po::value(&a.merge_file), "GPT-2 merges (default: bundled)")
+      ("tokenizer-type", po::value(&a.tokenizer_type)->default_value("GPT2BPETokenizer"), "GPT2BPETokenizer");
+  log.add_options()
+      ("log-interval", po::value(&a.log_interval)->default_value(100), "iterations between log lines")
+      ("eval-interval", po::value(&a.eval_interval)->default_value(1000), "iterations between evaluations")
+      ("eval-iters", po::value(&a.eval_iters)->default_value(100), "batches per evaluation")
+      ("exit-interval", po::value(&a.exit_interval), "exit after an iteration divisible by this")
+      ("tensorboard-dir", po::value(&a.tensorboard_dir), "write TensorBoard events here")
+      ("metrics-file", po::value(&a.metrics_file), "JSONL metrics (default <tensorboard-dir>/metrics.jsonl)");
+  ckpt.add_options()
+      ("save", po::value(&a.save), "checkpoint directory to save to")
+      ("load", po::value(&a.load), "checkpoint directory to resume from")
+      ("save-interval", po::value(&a.save_interval), "iterations between checkpoints")
+      ("no-load-optim", po::bool_switch(&a.no_load_optim), "do not load optimizer state")
+      ("no-load-rng", po::bool_switch(&a.no_load_rng), "do not load RNG state")
+      ("finetune", po::bool_switch(&a.finetune), "load weights only; reset iteration and optimizer");
+  misc.add_options()
+      ("device", po::value(&a.device)->default_value("auto"), "auto | cpu | cuda")
+      ("tensor-model-parallel-size", po::value(&a.tensor_model_parallel_size)->default_value(1), "TP size")
+      ("pipeline-model-parallel-size", po::value(&a.pipeline_model_parallel_size)->default_value(1), "PP size")
+      ("config", po::value(&config_file), "file of `flag = value` lines (command line wins)")
+      ("help,h", "print this help");
+  po::options_description all("pretrain_gpt: train a GPT on Megatron .bin/.idx data");
+  all.add(model).add(train).add(lr).add(prec).add(data).add(log).add(ckpt).add(misc);
+  return all;
+}
+
+void need(bool ok, const std::string& what, const std::string& hint = "") {
+  if (!ok) MPT_THROW(what, hint);
+}
+
+}  // namespace
+
+bool parse_train_args(int argc, char** argv, TrainArgs& a) {
+  std::string config_file;
+  std::vector<std::string> rampup_tokens;
+  po::options_description desc = describe_flags(a, config_file, rampup_tokens);
+  const po::options_description& parse_desc = desc;
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(parse_desc).run(), vm);
+    if (vm.count("help")) {
+      std::cout << desc << "\n";
+      return false;
+    }
+    if (vm.count("config")) {
+      const std::string file = vm["config"].as<std::string>();
+      std::ifstream f(file);
+      need(f.good(), str("--config: cannot open ", file), "check the path");
+      po::store(po::parse_config_file(f, parse_desc), vm);
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    MPT_THROW(str("pretrain_gpt: ", e.what()), "run pretrain_gpt --help for the flags mpitron supports");
+  }
+
+  nlohmann::json flags;
+  for (const auto& [k, v] : vm) {
+    const auto& val = v.value();
+    if (auto p = boost::any_cast<int64_t>(&val)) flags[k] = *p;
+    else if (auto p = boost::any_cast<float>(&val)) flags[k] = *p;
+    else if (auto p = boost::any_cast<uint64_t>(&val)) flags[k] = *p;
+    else if (auto p = boost::any_cast<bool>(&val)) flags[k] = *p;
+    else if (auto p = boost::any_cast<std::string>(&val)) flags[k] = *p;
+    else if (auto p = boost::any_cast<std::vector<std::string>>(&val)) flags[k] = *p;
+  }
+  a.flags_json = flags.dump();
+
+  GPTConfig& m = a.model;
+  if (!vm.count("max-position-embeddings")) m.max_position_embeddings = m.seq_length;
+  for (const std::string& t : rampup_tokens) a.rampup_batch_size.push_back(std::stoll(t));
+  need(a.rampup_batch_size.empty() || a.rampup_batch_size.size() == 3,
+       "--rampup-batch-size takes three numbers: START INCREMENT SAMPLES", "e.g. --rampup-batch-size 16 16 1000");
+
+  need(!(a.fp16 && a.bf16), "--fp16 and --bf16 were both given", "pick one");
+  need(!vm.count("loss-scale") || a.fp16, "--loss-scale only applies with --fp16", "add --fp16 or drop --loss-scale");
+  m.compute_dtype = a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32;
+  need(a.tokenizer_type == "GPT2BPETokenizer",
+       str("--tokenizer-type ", a.tokenizer_type, " is not supported"), "use GPT2BPETokenizer");
+  need(a.tensor_model_parallel_size == 1 && a.pipeline_model_parallel_size == 1,
+       str("--tensor-model-parallel-size ", a.tensor_model_parallel_size, " / --pipeline-model-parallel-size ",
+           a.pipeline_model_parallel_size, ": model parallelism is not available in this build of pretrain_gpt"),
+       "run with both sizes 1 (data parallelism over MPI ranks is the parallel runtime's job)");
+  need(a.device == "auto" || a.device == "cpu" || a.device == "cuda", str("--device ", a.device, " unknown"),
+       "use auto, cpu or cuda");
+  need((a.train_iters > 0) != (a.train_samples > 0), "give exactly one of --train-iters and --train-samples", "");
+  need(a.micro_batch_size >= 1, str("--micro-batch-size must be >= 1, got ", a.micro_batch_size));
+  if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * a.data_parallel_size;
+  need(a.global_batch_size % (a.micro_batch_size * a.data_parallel_size) == 0,
+       str("--global-batch-size (", a.global_batch_size, ") is not divisible by --micro-batch-size (", a.micro_batch_size,
+           ") × data-parallel size (", a.data_parallel_size, ")"),
+       "make the global batch a multiple of micro batch × data-parallel size");
+  need(!a.data_path.empty(), "--data-path is required", "point it at a preprocessed prefix (see preprocess_data)");
+  need(a.log_interval >= 1 && a.eval_interval >= 1 && a.eval_iters >= 0, "--log-interval and --eval-interval must be >= 1");
+  need(a.save_interval == 0 || !a.save.empty(), "--save-interval given without --save", "add --save DIR");
+  if (a.uses_samples()) {
+    need(!vm.count("lr-decay-iters") && !vm.count("lr-warmup-iters"),
+         "--train-samples runs count the schedule in samples: use --lr-decay-samples / --lr-warmup-samples", "");
+  } else {
+    need(!vm.count("lr-decay-samples") && !vm.count("lr-warmup-samples"),
+         "--train-iters runs count the schedule in iterations: use --lr-decay-iters / --lr-warmup-iters", "");
+    need(a.rampup_batch_size.empty(), "--rampup-batch-size requires --train-samples (as in Megatron)",
+         "give the run length with --train-samples");
+  }
+  const int warmups = (vm.count("lr-warmup-fraction") > 0) + (vm.count("lr-warmup-iters") > 0) +
+                      (vm.count("lr-warmup-samples") > 0);
+  need(warmups <= 1, "give at most one of --lr-warmup-fraction, --lr-warmup-iters, --lr-warmup-samples", "");
+  need(!vm.count("lr-warmup-fraction") || (a.lr_warmup_fraction >= 0 && a.lr_warmup_fraction <= 1),
+       str("--lr-warmup-fraction must be in [0, 1], got ", a.lr_warmup_fraction));
+  need(!(a.finetune && a.load.empty()), "--finetune needs --load", "");
+  m.validate();
+  return true;
+}
+
+}  // namespace mpitron

@@ -1,0 +1,72 @@
+// model/arguments.h — pretrain_gpt's flags, with Megatron-LM's names.
+//
+// Every flag listed in `pretrain_gpt --help` works; flags Megatron has that
+// mpitron does not (yet) are unknown options and rejected by the parser with
+// the flag's name. Impossible combinations are rejected naming the flags.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/optimizer.h"
+#include "model/schedule.h"
+
+namespace mpitron {
+
+struct TrainArgs {
+  GPTConfig model;
+  OptimizerConfig optim;
+  LossScalerConfig scaler;
+  // batch
+  int64_t micro_batch_size = 1;            // --micro-batch-size
+  int64_t global_batch_size = 0;           // --global-batch-size (default: micro × dp)
+  std::vector<int64_t> rampup_batch_size;  // --rampup-batch-size START INCR SAMPLES
+  // length of the run (exactly one of the two)
+  int64_t train_iters = 0;                 // --train-iters
+  int64_t train_samples = 0;               // --train-samples
+  // learning rate
+  float lr = 1e-4f;                        // --lr
+  float min_lr = 0.0f;                     // --min-lr
+  std::string lr_decay_style = "linear";   // --lr-decay-style
+  int64_t lr_decay_iters = 0;              // --lr-decay-iters (default: train iters)
+  int64_t lr_decay_samples = 0;            // --lr-decay-samples (default: train samples)
+  float lr_warmup_fraction = -1;           // --lr-warmup-fraction
+  int64_t lr_warmup_iters = 0;             // --lr-warmup-iters
+  int64_t lr_warmup_samples = 0;           // --lr-warmup-samples
+  // precision and memory
+  bool fp16 = false, bf16 = false;         // --fp16 / --bf16
+  bool recompute_activations = false;      // --recompute-activations
+  // data
+  std::vector<std::string> data_path;      // --data-path [W1] P1 [W2 P2 ...]
+  std::string split = "969, 30, 1";        // --split
+  std::string vocab_file, merge_file;      // --vocab-file / --merge-file (default: bundled GPT-2)
+  std::string tokenizer_type = "GPT2BPETokenizer";
+  int64_t make_vocab_size_divisible_by = 128;
+  uint64_t seed = 1234;                    // --seed
+  // logging, evaluation, exit
+  int64_t log_interval = 100;              // --log-interval
+  int64_t eval_interval = 1000;            // --eval-interval
+  int64_t eval_iters = 100;                // --eval-iters
+  int64_t exit_interval = 0;               // --exit-interval: stop after an iteration divisible by it
+  std::string tensorboard_dir;             // --tensorboard-dir
+  std::string metrics_file;                // --metrics-file (JSONL; default <tensorboard-dir>/metrics.jsonl)
+  // checkpoints
+  std::string save, load;                  // --save / --load
+  int64_t save_interval = 0;               // --save-interval
+  bool no_load_optim = false, no_load_rng = false, finetune = false;
+  // placement
+  std::string device = "auto";             // --device: auto | cpu | cuda
+  // parallel layout (only 1 is accepted until the parallel runtime lands)
+  int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
+
+  std::string flags_json;                  // every flag as given, for checkpoints
+  int64_t data_parallel_size = 1;
+  bool uses_samples() const { return train_samples > 0; }
+};
+
+// Parse argv (and --config FILE, `flag = value` lines). Throws mpitron::Error on
+// bad flags. Returns false when --help was printed.
+bool parse_train_args(int argc, char** argv, TrainArgs& out);
+
+}  // namespace mpitron

@@ -1,0 +1,50 @@
+// model/checkpointing.h — what a GPT training checkpoint holds, on top of io/checkpoint.h.
+//
+// Datasets (global shapes; see docs/checkpoint-format.md):
+//   model/<param>              f32 master weights, e.g. model/layers.0.attn.qkv.weight (3C, C)
+//   optim/exp_avg/<param>      f32 Adam first moment
+//   optim/exp_avg_sq/<param>   f32 Adam second moment
+// Root attributes: iteration, consumed_train_samples, consumed_valid_samples,
+// optimizer_steps, skipped_iterations, flags (JSON), tokenizer, vocab_size,
+// padded_vocab_size, model_config (JSON), lr_schedule (JSON), loss_scaler (JSON),
+// rng (JSON: the seed; every random stream is a pure function of it and of
+// the iteration, so this is the whole RNG state of every rank).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "model/gpt.h"
+#include "model/optimizer.h"
+
+namespace mpitron {
+
+struct TrainState {
+  int64_t iteration = 0;
+  int64_t consumed_train_samples = 0;
+  int64_t consumed_valid_samples = 0;
+  int64_t skipped_iterations = 0;
+  uint64_t seed = 1234;
+};
+
+struct SaveInfo {
+  std::string dir;
+  double seconds = 0;
+  double bytes = 0;
+};
+
+SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const AdamWOptimizer& opt,
+                         const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
+                         const std::string& lr_schedule_json, int keep_last = 0);
+
+struct LoadOptions {
+  bool load_optim = true;   // false: --no-load-optim / --finetune
+  bool load_rng = true;     // false: --no-load-rng
+  bool finetune = false;    // weights only; iteration and samples start at 0
+};
+
+// Loads the newest intact checkpoint of load_dir into model/opt/scaler/st.
+// Returns false (and changes nothing) when load_dir holds no checkpoint.
+bool load_checkpoint(const std::string& load_dir, GPT& model, AdamWOptimizer& opt, LossScaler& scaler,
+                     TrainState& st, const LoadOptions& o, SaveInfo* info = nullptr);
+
+}  // namespace mpitron

@@ -1,0 +1,322 @@
+#include "model/trainer.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/log.h"
+#include "core/timer.h"
+#include "io/metrics_jsonl.h"
+#include "io/tensorboard.h"
+#include "model/gpt.h"
+#include "model/optimizer.h"
+#include "model/schedule.h"
+
+namespace mpitron {
+
+std::vector<int64_t> samples_per_split(const TrainArgs& a) {
+  const int64_t iters = a.uses_samples() ? (a.train_samples + a.global_batch_size - 1) / a.global_batch_size
+                                         : a.train_iters;
+  const int64_t train = a.uses_samples() ? a.train_samples : a.train_iters * a.global_batch_size;
+  const int64_t evals = iters / a.eval_interval + 1;
+  return {train, evals * a.eval_iters * a.global_batch_size, a.eval_iters * a.global_batch_size};
+}
+
+namespace {
+
+// Peak FLOP/s that MFU is measured against: the H100 datasheet for bf16/fp16
+// on CUDA (989 TFLOP/s dense), else a sgemm measured now on this CPU.
+double peak_flops(const Device& d, DType t, std::string& what) {
+  if (d.is_cuda()) {
+    what = t == DType::F32 ? "H100 tf32 dense 494.5 TFLOP/s" : "H100 bf16 dense 989 TFLOP/s";
+    return t == DType::F32 ? 494.5e12 : 989e12;
+  }
+  const int n = 1024;
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  Timer timer;
+  const int reps = 4;
+  for (int i = 0; i < reps; ++i)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  const double f = 2.0 * n * n * n * reps / timer.seconds();
+  what = str("sgemm measured on this CPU ", static_cast<int>(f / 1e9), " GFLOP/s");
+  return f;
+}
+
+std::string sci(double v, int prec = 6) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*E", prec, v);
+  return buf;
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  TrainArgs args;
+  std::shared_ptr<SampleSource> data;
+  Device device;
+  std::unique_ptr<GPT> model;
+  std::unique_ptr<AdamWOptimizer> opt;
+  LossScaler scaler;
+  std::unique_ptr<LRSchedule> lr;
+  std::unique_ptr<BatchRampup> rampup;
+  TrainState st;
+  std::unique_ptr<io::TensorBoardWriter> tb;
+  std::unique_ptr<io::MetricsJsonl> metrics;
+  std::string peak_what;
+  double peak = 0;
+  int64_t total_iters = 0;
+
+  // (mbs, T) inputs and targets of the micro-batch that starts at sample `first` of `split`.
+  void micro_batch(int split, int64_t first, Tensor& in, Tensor& tgt) {
+    const int64_t mbs = args.micro_batch_size, T = args.model.seq_length;
+    const int64_t n = data->num_samples(split);
+    MPT_CHECK(n > 0, str("the ", split == 0 ? "train" : split == 1 ? "valid" : "test", " split has no samples"),
+              "check --split and --data-path");
+    in = Tensor::empty({mbs, T}, DType::I32);
+    tgt = Tensor::empty({mbs, T}, DType::I32);
+    std::vector<int32_t> buf(static_cast<size_t>(T + 1));
+    for (int64_t b = 0; b < mbs; ++b) {
+      data->sample(split, (first + b) % n, buf.data());
+      std::copy(buf.begin(), buf.end() - 1, in.data<int32_t>() + b * T);
+      std::copy(buf.begin() + 1, buf.end(), tgt.data<int32_t>() + b * T);
+    }
+  }
+
+  // Dropout seed of micro-batch k of an iteration: a pure function of (seed, iteration, k).
+  uint64_t dropout_seed(int64_t iteration, int64_t k) const {
+    return st.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(k);
+  }
+
+  int64_t schedule_step() const {  // iterations, or samples for --train-samples runs
+    return args.uses_samples() ? st.consumed_train_samples : st.iteration;
+  }
+
+  std::string lr_json() const {
+    const LRScheduleConfig& c = lr->config();
+    return nlohmann::json{{"lr", c.lr}, {"min_lr", c.min_lr}, {"style", c.style}, {"warmup_steps", c.warmup_steps},
+                          {"decay_steps", c.decay_steps}, {"unit", args.uses_samples() ? "samples" : "iterations"},
+                          {"step", schedule_step()}}
+        .dump();
+  }
+
+  double evaluate(int split, int64_t iters, int64_t* consumed) {
+    Tape tape;
+    NoGradGuard guard(tape);
+    double sum = 0;
+    int64_t count = 0;
+    const int64_t gbs = args.global_batch_size, mbs = args.micro_batch_size;
+    for (int64_t it = 0; it < iters; ++it) {
+      for (int64_t k = 0; k < gbs / mbs; ++k) {
+        Tensor in, tgt;
+        micro_batch(split, *consumed + k * mbs, in, tgt);
+        ForwardOptions o;
+        o.train = false;
+        sum += model->forward(tape, in, tgt, o).value().item();
+        ++count;
+      }
+      *consumed += gbs;
+    }
+    return count ? sum / static_cast<double>(count) : 0.0;
+  }
+
+  void report_eval(const char* what, double loss) {
+    const double ppl = std::exp(std::min(loss, 20.0));
+    log_info("-----------------------------------------------------------------------------------------------");
+    log_info(" ", what, " | lm loss value: ", sci(loss), " | lm loss PPL: ", sci(ppl), " |");
+    log_info("-----------------------------------------------------------------------------------------------");
+    if (tb) {
+      tb->add_scalar("lm-loss-validation/lm loss", loss, st.iteration);
+      tb->add_scalar("lm-loss-validation/lm loss ppl", ppl, st.iteration);
+    }
+    if (metrics) metrics->log_json(st.iteration, {{"valid_loss", loss}, {"valid_ppl", ppl}});
+  }
+
+  SaveInfo save() {
+    const SaveInfo s = save_checkpoint(args.save, *model, *opt, scaler, st, args.flags_json, lr_json());
+    log_info("saved checkpoint at iteration ", st.iteration, " to ", s.dir, " (", sci(s.bytes / 1e9, 3), " GB in ",
+             sci(s.seconds, 3), " s, ", sci(s.bytes / 1e9 / std::max(s.seconds, 1e-9), 3), " GB/s)");
+    return s;
+  }
+};
+
+Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.args = args;
+  m.data = std::move(data);
+  if (args.device == "cuda" || (args.device == "auto" && cuda_available())) {
+    MPT_CHECK(cuda_available(), "--device cuda: no usable GPU", cuda_unavailable_reason());
+    m.device = Device::cuda(0);
+  } else {
+    m.device = Device::cpu();
+  }
+  const TrainArgs& a = m.args;
+  m.st.seed = a.seed;
+  m.model = std::make_unique<GPT>(a.model, m.device);
+  m.model->init_weights(a.seed);
+  m.opt = std::make_unique<AdamWOptimizer>(m.model->params(), a.optim);
+  if (a.fp16) m.scaler = LossScaler(a.scaler);
+  m.total_iters = a.uses_samples() ? (a.train_samples + a.global_batch_size - 1) / a.global_batch_size : a.train_iters;
+  LRScheduleConfig lc;
+  lc.lr = a.lr;
+  lc.min_lr = a.min_lr;
+  lc.style = a.lr_decay_style;
+  const int64_t total = a.uses_samples() ? a.train_samples : a.train_iters;
+  lc.decay_steps = a.uses_samples() ? (a.lr_decay_samples ? a.lr_decay_samples : total)
+                                    : (a.lr_decay_iters ? a.lr_decay_iters : total);
+  if (a.lr_warmup_fraction >= 0) lc.warmup_steps = static_cast<int64_t>(a.lr_warmup_fraction * lc.decay_steps);
+  else lc.warmup_steps = a.uses_samples() ? a.lr_warmup_samples : a.lr_warmup_iters;
+  MPT_CHECK(lc.warmup_steps <= lc.decay_steps,
+            str("warmup (", lc.warmup_steps, ") is longer than the decay (", lc.decay_steps, ")"),
+            "shorten --lr-warmup-* or lengthen --lr-decay-*");
+  m.lr = std::make_unique<LRSchedule>(lc);
+  if (a.rampup_batch_size.size() == 3)
+    m.rampup = std::make_unique<BatchRampup>(a.rampup_batch_size[0], a.rampup_batch_size[1], a.rampup_batch_size[2],
+                                             a.global_batch_size, a.micro_batch_size, a.data_parallel_size);
+  else
+    m.rampup = std::make_unique<BatchRampup>(a.global_batch_size, a.micro_batch_size, a.data_parallel_size);
+  if (!a.tensorboard_dir.empty()) m.tb = std::make_unique<io::TensorBoardWriter>(a.tensorboard_dir);
+  std::string mf = a.metrics_file;
+  if (mf.empty() && !a.tensorboard_dir.empty()) mf = a.tensorboard_dir + "/metrics.jsonl";
+  if (!mf.empty()) m.metrics = std::make_unique<io::MetricsJsonl>(mf);
+  m.peak = peak_flops(m.device, a.model.compute_dtype, m.peak_what);
+}
+
+Trainer::~Trainer() = default;
+GPT& Trainer::model() { return *impl_->model; }
+
+TrainSummary Trainer::run() {
+  Impl& m = *impl_;
+  const TrainArgs& a = m.args;
+  TrainSummary sum;
+  const GPTConfig& c = a.model;
+  log_info("mpitron pretrain_gpt: ", c.num_layers, " layers, hidden ", c.hidden_size, ", heads ", c.num_attention_heads,
+           ", seq ", c.seq_length, ", vocab ", c.padded_vocab_size, " (padded from ", c.vocab_size, "), ",
+           c.num_parameters(), " parameters, ", dtype_name(c.compute_dtype), " on ", m.device.name(),
+           a.recompute_activations ? ", recompute" : "");
+  log_info("FLOPs per token ", sci(c.flops_per_token(), 3), " (6·matmul params + 6·L·T·C; docs/flops.md); MFU vs ",
+           m.peak_what);
+
+  if (!a.load.empty()) {
+    LoadOptions lo;
+    lo.load_optim = !a.no_load_optim;
+    lo.load_rng = !a.no_load_rng;
+    lo.finetune = a.finetune;
+    SaveInfo li;
+    if (load_checkpoint(a.load, *m.model, *m.opt, m.scaler, m.st, lo, &li))
+      log_info("loaded checkpoint ", li.dir, " at iteration ", m.st.iteration, " (", sci(li.bytes / 1e9, 3), " GB in ",
+               sci(li.seconds, 3), " s, ", sci(li.bytes / 1e9 / std::max(li.seconds, 1e-9), 3), " GB/s)");
+    else
+      log_warn("--load ", a.load, ": no checkpoint there, starting from scratch");
+  }
+
+  Timer interval_timer;
+  int64_t interval_iters = 0, interval_tokens = 0, interval_skipped = 0, interval_nan = 0;
+  double interval_loss = 0;
+  int64_t interval_loss_n = 0;
+  bool first_logged = false;
+  while (m.st.iteration < m.total_iters) {
+    const int64_t gbs = m.rampup->global_batch(m.st.consumed_train_samples);
+    const int64_t n_micro = gbs / (a.micro_batch_size * a.data_parallel_size);
+    const float lr = m.lr->lr_at(m.schedule_step());
+    const float scale = m.scaler.scale();
+    m.model->params().zero_grad();
+    double loss_sum = 0;
+    for (int64_t k = 0; k < n_micro; ++k) {
+      Tensor in, tgt;
+      m.micro_batch(0, m.st.consumed_train_samples + k * a.micro_batch_size, in, tgt);
+      Tape tape;
+      ForwardOptions o;
+      o.recompute = a.recompute_activations;
+      o.dropout_seed = m.dropout_seed(m.st.iteration, k);
+      Var loss = m.model->forward(tape, in, tgt, o);
+      loss_sum += loss.value().item();
+      tape.backward(loss, scale / static_cast<float>(n_micro));
+    }
+    const StepResult r = m.opt->step(lr, scale);
+    m.scaler.update(r.skipped);
+    const double loss = loss_sum / static_cast<double>(n_micro);
+    const bool nan_loss = !std::isfinite(loss);
+    m.st.iteration += 1;
+    m.st.consumed_train_samples += gbs;
+    if (r.skipped) m.st.skipped_iterations += 1;
+    interval_skipped += r.skipped;
+    interval_nan += nan_loss;
+    if (!r.skipped && !nan_loss) {
+      interval_loss += loss;
+      ++interval_loss_n;
+    }
+    ++interval_iters;
+    interval_tokens += gbs * c.seq_length;
+    sum.losses.push_back(loss);
+
+    if (m.st.iteration % a.log_interval == 0 || m.st.iteration == m.total_iters) {
+      const double secs = interval_timer.seconds();
+      const double ms = 1e3 * secs / static_cast<double>(interval_iters);
+      const double tps = static_cast<double>(interval_tokens) / secs;
+      const double flops = tps * c.flops_per_token();
+      const double avg = interval_loss_n ? interval_loss / static_cast<double>(interval_loss_n) : NAN;
+      char line[768];
+      std::snprintf(line, sizeof line,
+                    " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
+                    "learning rate: %.6E | global batch size: %5lld | lm loss: %.6E | loss scale: %.1f | "
+                    "grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: %3lld | "
+                    "tokens/s: %.0f | TFLOP/s: %.4f | MFU: %.2f%% |",
+                    static_cast<long long>(m.st.iteration), static_cast<long long>(m.total_iters),
+                    static_cast<long long>(m.st.consumed_train_samples), ms, lr, static_cast<long long>(gbs), avg,
+                    scale, r.grad_norm, static_cast<long long>(interval_skipped), static_cast<long long>(interval_nan),
+                    tps, flops / 1e12, 100.0 * flops / m.peak);
+      log_info(line);
+      if (m.tb) {
+        m.tb->add_scalar("lm-loss-training/lm loss", avg, m.st.iteration);
+        m.tb->add_scalar("learning-rate/learning-rate", lr, m.st.iteration);
+        m.tb->add_scalar("batch-size/batch-size", static_cast<double>(gbs), m.st.iteration);
+        m.tb->add_scalar("loss-scale/loss-scale", scale, m.st.iteration);
+        m.tb->add_scalar("grad-norm/grad-norm", r.grad_norm, m.st.iteration);
+        m.tb->add_scalar("throughput/tokens-per-second", tps, m.st.iteration);
+        m.tb->flush();
+      }
+      if (m.metrics)
+        m.metrics->log_json(m.st.iteration, {{"consumed_samples", m.st.consumed_train_samples},
+                                             {"lm_loss", avg}, {"lr", lr}, {"global_batch_size", gbs},
+                                             {"loss_scale", scale}, {"grad_norm", r.grad_norm},
+                                             {"skipped_iterations", interval_skipped}, {"nan_iterations", interval_nan},
+                                             {"ms_per_iteration", ms}, {"tokens_per_second", tps},
+                                             {"tflops", flops / 1e12}, {"mfu", flops / m.peak}});
+      if (!first_logged) sum.first_loss = avg;
+      first_logged = true;
+      sum.last_loss = avg;
+      sum.tokens_per_second = tps;
+      interval_iters = interval_tokens = interval_skipped = interval_nan = interval_loss_n = 0;
+      interval_loss = 0;
+      interval_timer.reset();
+    }
+    if (a.eval_iters > 0 && m.st.iteration % a.eval_interval == 0 && m.st.iteration != m.total_iters) {
+      const double vl = m.evaluate(1, a.eval_iters, &m.st.consumed_valid_samples);
+      m.report_eval(str("validation loss at iteration ", m.st.iteration).c_str(), vl);
+      interval_timer.reset();
+    }
+    if (a.save_interval > 0 && m.st.iteration % a.save_interval == 0) {
+      sum.checkpoint_dir = m.save().dir;
+      interval_timer.reset();
+    }
+    if (a.exit_interval > 0 && m.st.iteration % a.exit_interval == 0) {
+      log_info("exiting at iteration ", m.st.iteration, " (--exit-interval ", a.exit_interval, ")");
+      break;
+    }
+  }
+  if (!a.save.empty() && (sum.checkpoint_dir.empty() || a.save_interval == 0 || m.st.iteration % a.save_interval != 0))
+    sum.checkpoint_dir = m.save().dir;
+  if (a.eval_iters > 0) {
+    const double vl = m.evaluate(1, a.eval_iters, &m.st.consumed_valid_samples);
+    m.report_eval(str("validation loss at the end of training (iteration ", m.st.iteration, ")").c_str(), vl);
+    sum.valid_loss = vl;
+    sum.valid_ppl = std::exp(std::min(vl, 20.0));
+  }
+  sum.iterations = m.st.iteration;
+  return sum;
+}
+
+}  // namespace mpitron

@@ -1,0 +1,52 @@
+// model/trainer.h — the training loop (library code; apps/pretrain_gpt is a thin main).
+//
+// One iteration = one optimizer step over the global batch: num_micro_batches
+// forward/backward passes accumulate f32 gradients (each micro-batch's loss is
+// scaled by loss_scale / num_micro_batches), then clipping, AdamW, LR schedule
+// and (fp16) the loss scaler. Logging, evaluation and checkpoints follow
+// Megatron's intervals and line shapes.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/arguments.h"
+#include "model/checkpointing.h"
+
+namespace mpitron {
+
+// Where samples come from: split 0 train, 1 valid, 2 test; each sample is
+// seq_length + 1 tokens (inputs [:-1], targets [1:]).
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual int64_t num_samples(int split) const = 0;
+  virtual void sample(int split, int64_t index, int32_t* tokens) const = 0;
+};
+
+struct TrainSummary {
+  double first_loss = 0, last_loss = 0;  // train loss at the first and last logged iterations
+  double valid_loss = 0, valid_ppl = 0;  // the final evaluation
+  int64_t iterations = 0;
+  std::string checkpoint_dir;
+  double tokens_per_second = 0;
+  std::vector<double> losses;  // per iteration (lm loss)
+};
+
+class Trainer {
+ public:
+  Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data);
+  ~Trainer();
+  TrainSummary run();
+  GPT& model();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Samples the run needs per split: train, valid, test (Megatron's formula).
+std::vector<int64_t> samples_per_split(const TrainArgs& a);
+
+}  // namespace mpitron
