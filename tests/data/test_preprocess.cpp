@@ -1,0 +1,177 @@
+// tests/data/test_preprocess.cpp — the preprocess_data and merge_datasets apps,
+// run as built (<build>/apps/): output independent of --workers and chunking,
+// ids equal the tokenizer's (+ eod), bad lines fail or are skipped with their
+// line number, unsupported Megatron flags are refused, merges match.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "data/indexed_dataset.h"
+#include "data/tokenizer.h"
+#include "tests/data/data_test_util.h"
+
+using namespace mpitron;
+using namespace mpitron::data;
+using namespace mpitron::testing;
+
+namespace {
+
+std::string app(const std::string& name) {
+  std::string p = app_path(name);
+  REQUIRE_MESSAGE(!p.empty(), name << " not found under <build>/apps: build it (cmake --build <build> --target "
+                                   << name << ") before running this test");
+  return p;
+}
+
+const Tokenizer& gpt2() {
+  static Tokenizer tok(source_path("assets/gpt2/gpt2-vocab.json"), source_path("assets/gpt2/gpt2-merges.txt"));
+  return tok;
+}
+
+// A JSONL mixing LAMBADA texts, WikiText lines (some empty → empty documents),
+// a second key, a list-of-sentences value, and one line longer than small chunks.
+std::vector<std::string> make_corpus(const std::string& path) {
+  std::vector<std::string> lambada = split_lines(read_all(source_path("assets/text/lambada_test.jsonl")));
+  std::vector<std::string> wiki = split_lines(read_all(source_path("assets/text/wikitext-2.test.txt")));
+  std::vector<std::string> texts;
+  std::string out;
+  for (size_t i = 0; i < 300; ++i) {
+    std::string t = nlohmann::json::parse(lambada[i]).at("text").get<std::string>();
+    if (i % 3 == 1) t = wiki[i];
+    if (i == 150) t = std::string(5000, 'x') + " long line";
+    texts.push_back(t);
+    nlohmann::json j = {{"text", t}, {"title", "doc " + std::to_string(i)}, {"id", static_cast<int>(i)}};
+    out += j.dump() + "\n";
+  }
+  write_all(path, out);
+  return texts;
+}
+
+std::string run_pp(const std::string& args, int* rc) {
+  std::string out;
+  *rc = run_command(app("preprocess_data") + " " + args, &out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("preprocess_data: byte-identical output at --workers 1 and 3, ids equal the tokenizer's") {
+  TempDir dir("pp");
+  std::vector<std::string> texts = make_corpus(dir / "corpus.jsonl");
+  int rc = 0;
+  std::string out1 = run_pp(str("--input ", dir / "corpus.jsonl", " --output-prefix ", dir / "w1",
+                                " --json-keys text title --append-eod --workers 1 --log-interval 100"), &rc);
+  REQUIRE_MESSAGE(rc == 0, out1);
+  CHECK(out1.find("docs/s") != std::string::npos);  // progress lines
+  std::string out3 = run_pp(str("--input ", dir / "corpus.jsonl", " --output-prefix ", dir / "w3",
+                                " --json-keys text title --append-eod --workers 3 --chunk-mb 0.004"), &rc);
+  REQUIRE_MESSAGE(rc == 0, out3);
+  for (const char* key : {"text", "title"}) {
+    CHECK(read_all(dir / str("w1_", key, "_document.bin")) == read_all(dir / str("w3_", key, "_document.bin")));
+    CHECK(read_all(dir / str("w1_", key, "_document.idx")) == read_all(dir / str("w3_", key, "_document.idx")));
+  }
+  IndexedDataset ds(dir / "w1_text_document");
+  CHECK(ds.dtype() == DType::U16);
+  REQUIRE(ds.document_count() == static_cast<int64_t>(texts.size()));
+  Encoder enc(gpt2());
+  int64_t seq = 0;
+  for (size_t d = 0; d < texts.size(); ++d) {
+    std::vector<int32_t> expect = enc.encode(texts[d]);
+    const int64_t nseq = ds.document_indices()[d + 1] - ds.document_indices()[d];
+    if (expect.empty()) {  // empty text: an empty document, no eod (Megatron)
+      CHECK(nseq == 0);
+      continue;
+    }
+    expect.push_back(gpt2().eod());
+    REQUIRE(nseq == 1);
+    std::vector<int32_t> got;
+    ds.get(seq++).append_to(got);
+    CHECK_MESSAGE(got == expect, "document " << d);
+  }
+}
+
+TEST_CASE("preprocess_data: bad lines fail with their line number, or are skipped and counted") {
+  TempDir dir("ppbad");
+  std::string lines = std::string(R"({"text": "good one"})") + "\n" +  // 1
+                      R"({"text": "good two"})" + "\n" +                // 2
+                      R"({"text": "unterminated)" + "\n" +              // 3 bad JSON
+                      R"({"body": "no text key"})" + "\n" +             // 4 missing key
+                      "{\"text\": \"bad \xff byte\"}\n" +               // 5 invalid UTF-8
+                      R"({"text": 42})" + "\n" +                        // 6 not a string
+                      "\n" +                                            // 7 blank: skipped
+                      R"({"text": "good three"})" + "\n";               // 8
+  write_all(dir / "bad.jsonl", lines);
+  int rc = 0;
+  std::string out = run_pp(str("--input ", dir / "bad.jsonl", " --output-prefix ", dir / "f"), &rc);
+  CHECK(rc != 0);
+  CHECK_MESSAGE(out.find("bad.jsonl:3: bad JSON") != std::string::npos, out);
+  CHECK(out.find("--on-error skip") != std::string::npos);
+
+  out = run_pp(str("--input ", dir / "bad.jsonl", " --output-prefix ", dir / "s", " --on-error skip --workers 2"),
+               &rc);
+  REQUIRE_MESSAGE(rc == 0, out);
+  CHECK_MESSAGE(out.find("skipped 4 bad lines") != std::string::npos, out);
+  for (const char* needle : {":3: bad JSON", ":4: missing key 'text'", ":5: invalid UTF-8 at byte 14",
+                             ":6: key 'text' is not a string", "skipped 1 blank lines"})
+    CHECK_MESSAGE(out.find(needle) != std::string::npos, needle << " not in:\n" << out);
+  IndexedDataset ds(dir / "s_text_document");
+  CHECK(ds.document_count() == 3);
+  std::vector<int32_t> got;
+  ds.get(2).append_to(got);
+  CHECK(gpt2().decode(got) == "good three");
+}
+
+TEST_CASE("preprocess_data: Megatron flags that are not built are refused clearly") {
+  TempDir dir("ppflags");
+  write_all(dir / "in.jsonl", "{\"text\": \"x\"}\n");
+  const std::string base = str("--input ", dir / "in.jsonl", " --output-prefix ", dir / "o ");
+  int rc = 0;
+  std::string out = run_pp(base + "--split-sentences", &rc);
+  CHECK(rc != 0);
+  CHECK(out.find("--split-sentences is not built") != std::string::npos);
+  out = run_pp(base + "--keep-newlines", &rc);
+  CHECK(out.find("--keep-newlines is not built") != std::string::npos);
+  out = run_pp(base + "--tokenizer-type GPTSentencePieceTokenizer", &rc);
+  CHECK(rc != 0);
+  CHECK(out.find("GPTSentencePieceTokenizer is not built") != std::string::npos);
+  out = run_pp(base + "--on-error maybe", &rc);
+  CHECK(rc != 0);
+  out = run_pp(base + "--vocab-file /nonexistent/v.json", &rc);
+  CHECK(rc != 0);
+  CHECK(out.find("/nonexistent/v.json") != std::string::npos);
+  out = run_pp(base + "--tokenizer-type GPT2BPETokenizer --partitions 1 --dataset-impl mmap", &rc);
+  CHECK_MESSAGE(rc == 0, out);
+}
+
+TEST_CASE("merge_datasets: directory or prefixes; dtypes must match") {
+  TempDir dir("merge");
+  std::filesystem::create_directories(dir / "in");
+  for (const char* f : {"mcore_uint16", "mcore_merged"})
+    for (const char* ext : {".bin", ".idx"})
+      write_all(dir / str("in/", f, ext), read_all(source_path(str("tests/data/interop/", f, ext))));
+  std::string out;
+  int rc = run_command(str(app("merge_datasets"), " --input ", dir / "in", " --output-prefix ", dir / "m"), &out);
+  REQUIRE_MESSAGE(rc == 0, out);
+  {
+    IndexedDatasetWriter w(dir / "expect", DType::U16);
+    w.add_index(dir / "in/mcore_merged");  // name order: mcore_merged < mcore_uint16
+    w.add_index(dir / "in/mcore_uint16");
+    w.finalize();
+  }
+  CHECK(read_all(dir / "m.bin") == read_all(dir / "expect.bin"));
+  CHECK(read_all(dir / "m.idx") == read_all(dir / "expect.idx"));
+  // Prefixes: uint16 twice equals megatron-core's own merge.
+  rc = run_command(str(app("merge_datasets"), " --input ", dir / "in/mcore_uint16", " ", dir / "in/mcore_uint16",
+                       " --output-prefix ", dir / "m2"),
+                   &out);
+  REQUIRE_MESSAGE(rc == 0, out);
+  CHECK(read_all(dir / "m2.idx") == read_all(source_path("tests/data/interop/mcore_merged.idx")));
+  CHECK(read_all(dir / "m2.bin") == read_all(source_path("tests/data/interop/mcore_merged.bin")));
+  rc = run_command(str(app("merge_datasets"), " --input ", dir / "in/mcore_uint16", " ",
+                       source_path("tests/data/interop/mcore_int32"), " --output-prefix ", dir / "m3"),
+                   &out);
+  CHECK(rc != 0);
+  CHECK_MESSAGE(out.find("int32") != std::string::npos, out);
+  CHECK_FALSE(std::filesystem::exists(dir / "m3.bin"));
+}
