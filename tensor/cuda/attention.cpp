@@ -1,0 +1,252 @@
+// tensor/cuda/attention.cpp — causal self-attention on CUDA: cuDNN fused flash
+// attention (graph API through the header-only cudnn-frontend), with the
+// cuBLAS + softmax path of attention_fallback.cu behind it.
+//
+//   qkv (B, T, 3, NH, HD), out (B, T, NH, HD), lse (B, NH, T) f32, C = NH·HD
+//   cuDNN sees Q, K, V as strided (B, NH, T, HD) views of the packed qkv:
+//     strides (T·3C, HD, 3C, 1), K at +C elements, V at +2C;
+//   O and dO as (B, NH, T, HD) with strides (T·C, HD, C, 1); dQ/dK/dV like Q/K/V
+//   inside dqkv; the softmax statistics (B, NH, T, 1) f32 are our lse
+//   (natural-log logsumexp of the scaled, masked scores — the fallback's too,
+//   so a cuDNN forward and a fallback backward, or the reverse, agree).
+//
+// Which path runs (per call):
+//   cuDNN when the build has it (MPITRON_WITH_CUDNN), the dtype is bf16/f16,
+//   cuda_attention_force_fallback(false) (initially true when the environment
+//   has MPITRON_ATTENTION=cublas), the pointers are 16-byte aligned, and
+//   cuDNN accepts the graph for this shape (checked once per shape and cached:
+//   e.g. HD must be a multiple of 8 and ≤ 128/256 depending on the GPU/cuDNN).
+//   Otherwise the fallback.
+// Built graphs are cached by (device, B, T, NH, HD, dtype, scale, fwd/bwd); the
+// cuDNN workspace comes from the caching allocator. Compiled by the host
+// compiler (the frontend is plain C++), so kernels live in the .cu files.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+#include "core/log.h"
+#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/internal.h"
+#include "tensor/cuda/ops.h"
+
+#ifdef MPITRON_WITH_CUDNN
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+#endif
+
+namespace mpitron::cuda {
+
+namespace {
+// MPITRON_ATTENTION=cublas starts with the fallback forced (e.g. to rule cuDNN out).
+bool env_forces_fallback() {
+  const char* e = std::getenv("MPITRON_ATTENTION");
+  return e && std::strcmp(e, "cublas") == 0;
+}
+std::atomic<bool> g_force_fallback{env_forces_fallback()};
+}  // namespace
+
+std::string attention_backend_name() {
+#ifdef MPITRON_WITH_CUDNN
+  return g_force_fallback.load() ? "cublas" : "cudnn";
+#else
+  return "cublas";
+#endif
+}
+
+void attention_force_fallback(bool on) { g_force_fallback.store(on); }
+
+#ifdef MPITRON_WITH_CUDNN
+namespace {
+namespace fe = cudnn_frontend;
+
+#define MPT_CUDNN_CHECK(expr)                                                                  \
+  do {                                                                                         \
+    const cudnnStatus_t st_ = (expr);                                                          \
+    if (st_ != CUDNN_STATUS_SUCCESS)                                                           \
+      MPT_THROW(::mpitron::str("cuDNN error ", cudnnGetErrorString(st_), " in ", #expr),       \
+                "check that libcudnn.so.9 matches the headers; MPITRON_ATTENTION=cublas avoids cuDNN"); \
+  } while (0)
+
+// Tensor uids in the variant packs.
+enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+cudnnHandle_t cudnn_handle(int device) {
+  static std::mutex mu;
+  static std::map<int, cudnnHandle_t> handles;  // process lifetime (no teardown-order issues)
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  cudnnHandle_t h = nullptr;
+  MPT_CUDNN_CHECK(cudnnCreate(&h));
+  handles[device] = h;
+  return h;
+}
+
+struct GraphEntry {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace = 0;
+  bool ok = false;
+  std::string why;  // when !ok: what cuDNN said
+};
+
+using GraphKey = std::tuple<int, bool, int64_t, int64_t, int64_t, int64_t, int, uint32_t>;
+
+// Builds (or finds) the fwd/bwd SDPA graph for this shape. Never throws for an
+// unsupported configuration: returns an entry with ok = false instead.
+std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward, int64_t B, int64_t T, int64_t NH,
+                                       int64_t HD, DType dt, float scale) {
+  static std::mutex mu;
+  static auto* cache = new std::map<GraphKey, std::shared_ptr<GraphEntry>>();
+  uint32_t scale_bits;
+  std::memcpy(&scale_bits, &scale, 4);
+  const GraphKey key{device, forward, B, T, NH, HD, static_cast<int>(dt), scale_bits};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache->find(key);
+  if (it != cache->end()) return it->second;
+
+  auto e = std::make_shared<GraphEntry>();
+  const int64_t C = NH * HD;
+  const std::vector<int64_t> dims{B, NH, T, HD};
+  const std::vector<int64_t> qkv_strides{T * 3 * C, HD, 3 * C, 1}, o_strides{T * C, HD, C, 1};
+  const std::vector<int64_t> stat_dims{B, NH, T, 1}, stat_strides{NH * T, T, 1, 1};
+  try {
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(dt == DType::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto tensor = [&](const char* name, int64_t uid, const std::vector<int64_t>& d, const std::vector<int64_t>& st) {
+      return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(d).set_stride(st));
+    };
+    auto Q = tensor("Q", kQ, dims, qkv_strides);
+    auto K = tensor("K", kK, dims, qkv_strides);
+    auto V = tensor("V", kV, dims, qkv_strides);
+    if (forward) {
+      auto opts = fe::graph::SDPA_attributes()
+                      .set_name("sdpa")
+                      .set_generate_stats(true)
+                      .set_causal_mask(true)
+                      .set_attn_scale(scale);
+      auto [O, Stats] = g->sdpa(Q, K, V, opts);
+      O->set_output(true).set_dim(dims).set_stride(o_strides).set_uid(kO);
+      Stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim(stat_dims).set_stride(stat_strides).set_uid(
+          kStats);
+    } else {
+      auto O = tensor("O", kO, dims, o_strides);
+      auto dO = tensor("dO", kDO, dims, o_strides);
+      auto Stats = g->tensor(fe::graph::Tensor_attributes()
+                                 .set_name("Stats")
+                                 .set_uid(kStats)
+                                 .set_dim(stat_dims)
+                                 .set_stride(stat_strides)
+                                 .set_data_type(fe::DataType_t::FLOAT));
+      auto opts = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_causal_mask(true).set_attn_scale(
+          scale);
+      auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opts);
+      dQ->set_output(true).set_dim(dims).set_stride(qkv_strides).set_uid(kDQ);
+      dK->set_output(true).set_dim(dims).set_stride(qkv_strides).set_uid(kDK);
+      dV->set_output(true).set_dim(dims).set_stride(qkv_strides).set_uid(kDV);
+    }
+    fe::error_t st = g->validate();
+    if (st.is_good()) st = g->build_operation_graph(h);
+    if (st.is_good()) st = g->create_execution_plans({fe::HeurMode_t::A});
+    if (st.is_good()) st = g->check_support(h);
+    if (st.is_good()) st = g->build_plans(h);
+    if (st.is_good()) st = g->get_workspace_size(e->workspace);
+    if (st.is_good()) {
+      e->graph = std::move(g);
+      e->ok = true;
+    } else {
+      e->why = st.get_message();
+    }
+  } catch (const std::exception& ex) {
+    e->ok = false;
+    e->why = ex.what();
+  }
+  if (!e->ok)
+    log_warn(str("attention: cuDNN ", forward ? "forward" : "backward", " unavailable for B=", B, " T=", T,
+                 " NH=", NH, " HD=", HD, " ", dtype_name(dt), " (", e->why, "); using the cuBLAS path"));
+  cache->emplace(key, e);
+  return e;
+}
+
+bool cudnn_eligible(DType dt, std::initializer_list<const void*> ptrs) {
+  if (g_force_fallback.load() || dt == DType::F32) return false;
+  for (const void* p : ptrs)
+    if (!aligned16(p)) return false;
+  return true;
+}
+
+void execute(const GraphEntry& e, cudnnHandle_t h, int device, std::unordered_map<int64_t, void*>& pack, Stream s) {
+  Scratch ws(device, static_cast<size_t>(e.workspace), s);
+  MPT_CUDNN_CHECK(cudnnSetStream(h, stream_of(s)));
+  fe::error_t st = e.graph->execute(h, pack, ws.get());
+  if (st.is_bad())
+    MPT_THROW(str("cuDNN attention failed to execute: ", st.get_message()),
+              "cuda_attention_force_fallback(true) uses the cuBLAS path");
+}
+}  // namespace
+#endif  // MPITRON_WITH_CUDNN
+
+// out = softmax(Q·Kᵀ·scale, causal)·V, lse = its row statistics (attention.h)
+void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale, Stream s) {
+#ifdef MPITRON_WITH_CUDNN
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), NH = qkv.dim(3), HD = qkv.dim(4), C = NH * HD;
+  const size_t es = dtype_size(qkv.dtype());
+  char* q = static_cast<char*>(qkv.data_ptr());
+  if (B * T * NH > 0 && cudnn_eligible(qkv.dtype(), {q, q + C * es, q + 2 * C * es, out.data_ptr()})) {
+    DeviceGuard g(qkv);
+    const int dev = qkv.device().index;
+    const cudnnHandle_t h = cudnn_handle(dev);
+    const auto e = sdpa_graph(dev, h, true, B, T, NH, HD, qkv.dtype(), scale);
+    if (e->ok) {
+      std::unordered_map<int64_t, void*> pack{{kQ, q},
+                                              {kK, q + C * es},
+                                              {kV, q + 2 * C * es},
+                                              {kO, out.data_ptr()},
+                                              {kStats, lse.data_ptr()}};
+      execute(*e, h, dev, pack, s);
+      return;
+    }
+  }
+#endif
+  attention_forward_fallback(qkv, out, lse, scale, s);
+}
+
+// dqkv (B, T, 3, NH, HD) = gradients of Q, K, V (overwritten)
+void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                        const Tensor& dqkv, float scale, Stream s) {
+#ifdef MPITRON_WITH_CUDNN
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), NH = qkv.dim(3), HD = qkv.dim(4), C = NH * HD;
+  const size_t es = dtype_size(qkv.dtype());
+  char* q = static_cast<char*>(qkv.data_ptr());
+  char* dq = static_cast<char*>(dqkv.data_ptr());
+  if (B * T * NH > 0 && cudnn_eligible(qkv.dtype(), {q, q + C * es, q + 2 * C * es, out.data_ptr(), dout.data_ptr(),
+                                                     dq, dq + C * es, dq + 2 * C * es})) {
+    DeviceGuard g(qkv);
+    const int dev = qkv.device().index;
+    const cudnnHandle_t h = cudnn_handle(dev);
+    const auto e = sdpa_graph(dev, h, false, B, T, NH, HD, qkv.dtype(), scale);
+    if (e->ok) {
+      std::unordered_map<int64_t, void*> pack{{kQ, q},
+                                              {kK, q + C * es},
+                                              {kV, q + 2 * C * es},
+                                              {kO, out.data_ptr()},
+                                              {kDO, dout.data_ptr()},
+                                              {kStats, lse.data_ptr()},
+                                              {kDQ, dq},
+                                              {kDK, dq + C * es},
+                                              {kDV, dq + 2 * C * es}};
+      execute(*e, h, dev, pack, s);
+      return;
+    }
+  }
+#endif
+  attention_backward_fallback(dout, qkv, out, lse, dqkv, scale, s);
+}
+
+}  // namespace mpitron::cuda

@@ -1,0 +1,120 @@
+// tensor/cuda/cross_entropy.cu — fused softmax cross-entropy over the vocabulary.
+//   logits (N, V) f32/bf16/f16; targets (N) i32/i64 (< 0 or >= V: ignored)
+//   losses (N) f32 = logsumexp(logits[n]) − logits[n, t_n]   (0 when ignored)
+//   dlogits (N, V) logits' dtype, may BE logits (in place), optional:
+//     dloss_scale · (softmax(logits[n]) − onehot(t_n))       (0 when ignored)
+// One block per row, two reads of the row: pass 1 an online (max, Σexp) per
+// thread merged across the block; pass 2 writes the gradient. No probability
+// tensor. In place is safe: the target logit is read in pass 1, and in pass 2
+// every element is read and then written by the same thread.
+#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/map.cuh"
+#include "tensor/cuda/ops.h"
+
+namespace mpitron::cuda {
+
+namespace {
+constexpr int kThreads = 512;
+
+__device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, float s2) {
+  const float nm = fmaxf(m, m2);
+  if (nm == -INFINITY) return;
+  s = (m == -INFINITY ? 0.0f : s * expf(m - nm)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - nm));
+  m = nm;
+}
+
+template <typename T, typename I, int V>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_kernel(const T* logits, const I* targets, float* losses, T* dlogits, int64_t vocab,
+                         float dloss_scale) {
+  __shared__ float sh_m[32], sh_s[32];
+  __shared__ float sh_target_logit;
+  const int64_t row = blockIdx.x;
+  const T* xr = logits + row * vocab;
+  const int64_t t = static_cast<int64_t>(targets[row]);
+  const bool valid = t >= 0 && t < vocab;
+
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < vocab; c += static_cast<int64_t>(blockDim.x) * V) {
+    float u[V];
+    load_f<V>(xr + c, u);
+    float cm = u[0];
+#pragma unroll
+    for (int k = 1; k < V; ++k) cm = fmaxf(cm, u[k]);
+    float cs = 0.0f;
+    if (cm != -INFINITY) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) cs += expf(u[k] - cm);
+    }
+    merge_max_sum(m, s, cm, cs);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    merge_max_sum(m, s, m2, s2);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sh_m[warp] = m;
+    sh_s[warp] = s;
+  }
+  if (threadIdx.x == 0) sh_target_logit = valid ? to_float(xr[t]) : 0.0f;
+  __syncthreads();
+  if (warp == 0) {
+    const int nwarps = blockDim.x >> 5;
+    m = lane < nwarps ? sh_m[lane] : -INFINITY;
+    s = lane < nwarps ? sh_s[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+      merge_max_sum(m, s, m2, s2);
+    }
+    if (lane == 0) {
+      sh_m[0] = m + logf(s);  // logsumexp
+    }
+  }
+  __syncthreads();
+  const float lse = sh_m[0];
+  if (threadIdx.x == 0) losses[row] = valid ? lse - sh_target_logit : 0.0f;
+  if (!dlogits) return;
+
+  T* dr = dlogits + row * vocab;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < vocab; c += static_cast<int64_t>(blockDim.x) * V) {
+    float u[V];
+    load_f<V>(xr + c, u);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float p = expf(u[k] - lse);
+      u[k] = valid ? dloss_scale * (p - (c + k == t ? 1.0f : 0.0f)) : 0.0f;
+    }
+    store_f<V>(dr + c, u);
+  }
+}
+}  // namespace
+
+void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& losses, const Tensor& dlogits,
+                           float dloss_scale, Stream s) {
+  DeviceGuard g(logits);
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  if (rows == 0) return;
+  const cudaStream_t st = stream_of(s);
+  MPT_DISPATCH_DEV_FLOAT(logits.dtype(), "softmax_cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    MPT_DISPATCH_INDEX(targets.dtype(), "softmax_cross_entropy", [&](auto itag) {
+      using I = decltype(itag);
+      const T* px = static_cast<const T*>(logits.data_ptr());
+      T* pd = dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr;
+      const I* pt = static_cast<const I*>(targets.data_ptr());
+      float* pl = static_cast<float*>(losses.data_ptr());
+      if (vocab % kMapVec == 0 && vec_aligned(px, sizeof(T)) && vec_aligned(pd, sizeof(T)))
+        cross_entropy_kernel<T, I, kMapVec>
+            <<<static_cast<unsigned>(rows), kThreads, 0, st>>>(px, pt, pl, pd, vocab, dloss_scale);
+      else
+        cross_entropy_kernel<T, I, 1><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(px, pt, pl, pd, vocab,
+                                                                                       dloss_scale);
+    });
+  });
+  MPT_KERNEL_CHECK("softmax_cross_entropy");
+}
+
+}  // namespace mpitron::cuda
