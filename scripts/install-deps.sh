@@ -12,7 +12,7 @@ debs=(
   libhdf5-openmpi-dev hdf5-tools
   libboost-program-options-dev
   doctest-dev
-  libopenblas-dev
+  libopenblas-openmp-dev
   libpcre2-dev
   nlohmann-json3-dev
   python3 python3-numpy python3-h5py python3-pip

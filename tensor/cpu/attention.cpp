@@ -1,14 +1,44 @@
 // tensor/cpu/attention.cpp — causal scaled-dot-product attention (the reference path).
 //
-// qkv (B, T, 3, NH, HD), out (B, T, NH, HD), lse (B, NH, T). Forward walks one
-// query row at a time with a numerically safe softmax; backward recomputes the
-// probabilities from lse (as flash attention does) instead of storing them.
+// qkv (B, T, 3, NH, HD), out (B, T, NH, HD), lse (B, NH, T). Per (batch, head)
+// the scores S = Q·Kᵀ (T, T) and the products P·V, dO·Vᵀ, dS·K, dSᵀ·Q, Pᵀ·dO
+// are BLAS sgemm calls on strided views of the packed qkv (leading dimension
+// 3C); softmax, masking and the elementwise backward run OpenMP-parallel over
+// rows. Backward recomputes P from lse (as flash attention does) instead of
+// storing it.
+#include <cblas.h>
+
 #include <cmath>
 
 #include "tensor/cpu/common.h"
 #include "tensor/cpu/ops.h"
+#include "tensor/cpu/vecmath.h"
 
 namespace mpitron::cpu {
+
+namespace {
+
+// C (m, n, ldc) = alpha · op(A) · op(B) + beta · C, row-major.
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
+
+// P (T, T) = causal softmax of S (in place) given each row's lse; zero above the diagonal.
+void probs_from_lse(float* s, const float* lse, int64_t T) {
+#pragma omp parallel for schedule(static) if (T >= 64)
+  for (int64_t i = 0; i < T; ++i) {
+    float* row = s + i * T;
+    const float l = lse[i];
+#pragma omp simd
+    for (int64_t j = 0; j <= i; ++j) row[j] = fast_exp(row[j] - l);
+    for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+  }
+}
+
+}  // namespace
 
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale, Stream) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), NH = qkv.dim(3), HD = qkv.dim(4), C = NH * HD;
@@ -17,35 +47,28 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
   const float* x = fin.get();
   float* o = fout.get();
   float* l = lse.data<float>();
-  const int64_t rows = B * NH * T;
-#pragma omp parallel
-  {
-    std::vector<float> p(static_cast<size_t>(T)), acc(static_cast<size_t>(HD));
-#pragma omp for schedule(dynamic, 8)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t b = r / (NH * T), h = (r / T) % NH, i = r % T;
-      const float* q = x + (b * T + i) * 3 * C + h * HD;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j <= i; ++j) {
-        const float* k = x + (b * T + j) * 3 * C + C + h * HD;
-        float s = 0;
-        for (int64_t d = 0; d < HD; ++d) s += q[d] * k[d];
-        p[j] = s * scale;
-        mx = std::max(mx, p[j]);
+  std::vector<float> s(static_cast<size_t>(T * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h) {
+      const float* q = x + b * T * 3 * C + h * HD;
+      float* lrow = l + (b * NH + h) * T;
+      sgemm(false, true, T, T, HD, scale, q, 3 * C, q + C, 3 * C, 0.0f, s.data(), T);  // S = Q·Kᵀ·scale
+#pragma omp parallel for schedule(static) if (T >= 64)
+      for (int64_t i = 0; i < T; ++i) {
+        float* row = s.data() + i * T;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        float sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j <= i; ++j) sum += (row[j] = fast_exp(row[j] - mx));
+        const float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+        for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+        lrow[i] = mx + std::log(sum);
       }
-      float sum = 0;
-      for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j <= i; ++j) {
-        const float* v = x + (b * T + j) * 3 * C + 2 * C + h * HD;
-        for (int64_t d = 0; d < HD; ++d) acc[d] += p[j] * v[d];
-      }
-      const float inv = 1.0f / sum;
-      float* orow = o + (b * T + i) * C + h * HD;
-      for (int64_t d = 0; d < HD; ++d) orow[d] = acc[d] * inv;
-      l[(b * NH + h) * T + i] = mx + std::log(sum);
+      sgemm(false, false, T, HD, T, 1.0f, s.data(), T, q + 2 * C, 3 * C, 0.0f, o + b * T * C + h * HD, C);  // O = P·V
     }
-  }
   fout.commit();
 }
 
@@ -57,54 +80,29 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   const float *x = fin.get(), *o = fo.get(), *dO = fd.get();
   const float* l = lse.data<float>();
   float* dx = fdq.get();
-#pragma omp parallel
-  {
-    std::vector<float> dk(static_cast<size_t>(T * HD)), dv(static_cast<size_t>(T * HD));
-    std::vector<float> p(static_cast<size_t>(T)), dq(static_cast<size_t>(HD));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < B * NH; ++bh) {
-      const int64_t b = bh / NH, h = bh % NH;
-      std::fill(dk.begin(), dk.end(), 0.0f);
-      std::fill(dv.begin(), dv.end(), 0.0f);
+  std::vector<float> p(static_cast<size_t>(T * T)), dp(static_cast<size_t>(T * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h) {
+      const float* q = x + b * T * 3 * C + h * HD;
+      const float* doh = dO + b * T * C + h * HD;
+      const float* oh = o + b * T * C + h * HD;
+      float* dq = dx + b * T * 3 * C + h * HD;
+      sgemm(false, true, T, T, HD, scale, q, 3 * C, q + C, 3 * C, 0.0f, p.data(), T);  // S
+      probs_from_lse(p.data(), l + (b * NH + h) * T, T);                                // P
+      sgemm(false, true, T, T, HD, 1.0f, doh, C, q + 2 * C, 3 * C, 0.0f, dp.data(), T);  // dP = dO·Vᵀ
+#pragma omp parallel for schedule(static) if (T >= 64)
       for (int64_t i = 0; i < T; ++i) {
-        const float* q = x + (b * T + i) * 3 * C + h * HD;
-        const float* doi = dO + (b * T + i) * C + h * HD;
-        const float* oi = o + (b * T + i) * C + h * HD;
-        const float li = l[(b * NH + h) * T + i];
-        float Di = 0;
-        for (int64_t d = 0; d < HD; ++d) Di += doi[d] * oi[d];
-        std::fill(dq.begin(), dq.end(), 0.0f);
-        for (int64_t j = 0; j <= i; ++j) {
-          const float* k = x + (b * T + j) * 3 * C + C + h * HD;
-          const float* v = x + (b * T + j) * 3 * C + 2 * C + h * HD;
-          float s = 0, dp = 0;
-          for (int64_t d = 0; d < HD; ++d) {
-            s += q[d] * k[d];
-            dp += doi[d] * v[d];
-          }
-          const float pij = std::exp(s * scale - li);
-          const float ds = pij * (dp - Di) * scale;
-          float* dkj = dk.data() + j * HD;
-          float* dvj = dv.data() + j * HD;
-          for (int64_t d = 0; d < HD; ++d) {
-            dq[d] += ds * k[d];
-            dkj[d] += ds * q[d];
-            dvj[d] += pij * doi[d];
-          }
-        }
-        float* dqi = dx + (b * T + i) * 3 * C + h * HD;
-        for (int64_t d = 0; d < HD; ++d) dqi[d] = dq[d];
+        float d = 0;
+        for (int64_t e = 0; e < HD; ++e) d += doh[i * C + e] * oh[i * C + e];
+        float* dprow = dp.data() + i * T;
+        const float* prow = p.data() + i * T;
+#pragma omp simd
+        for (int64_t j = 0; j < T; ++j) dprow[j] = prow[j] * (dprow[j] - d) * scale;  // dS (0 where P is 0)
       }
-      for (int64_t j = 0; j < T; ++j) {
-        float* dkj = dx + (b * T + j) * 3 * C + C + h * HD;
-        float* dvj = dx + (b * T + j) * 3 * C + 2 * C + h * HD;
-        for (int64_t d = 0; d < HD; ++d) {
-          dkj[d] = dk[j * HD + d];
-          dvj[d] = dv[j * HD + d];
-        }
-      }
+      sgemm(false, false, T, HD, T, 1.0f, dp.data(), T, q + C, 3 * C, 0.0f, dq, 3 * C);         // dQ = dS·K
+      sgemm(true, false, T, HD, T, 1.0f, dp.data(), T, q, 3 * C, 0.0f, dq + C, 3 * C);          // dK = dSᵀ·Q
+      sgemm(true, false, T, HD, T, 1.0f, p.data(), T, doh, C, 0.0f, dq + 2 * C, 3 * C);         // dV = Pᵀ·dO
     }
-  }
   fdq.commit();
 }
 

@@ -3,6 +3,7 @@
 
 #include "tensor/cpu/common.h"
 #include "tensor/cpu/ops.h"
+#include "tensor/cpu/vecmath.h"
 
 namespace mpitron::cpu {
 
@@ -19,18 +20,23 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, const Te
       const T* row = x + r * v;
       const int64_t tgt = load_index(targets, r);
       float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < v; ++j) mx = std::max(mx, to_f32(row[j]));
       float sum = 0;
-      for (int64_t j = 0; j < v; ++j) sum += std::exp(to_f32(row[j]) - mx);
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < v; ++j) sum += fast_exp(to_f32(row[j]) - mx);
       const float lse = mx + std::log(sum);
       const bool valid = tgt >= 0 && tgt < v;
       lp[r] = valid ? lse - to_f32(row[tgt]) : 0.0f;
       if (!dx) continue;
       T* drow = dx + r * v;  // may alias row: each element is read before it is written
-      for (int64_t j = 0; j < v; ++j) {
-        const float pj = std::exp(to_f32(row[j]) - lse);
-        drow[j] = from_f32<T>(valid ? dloss_scale * (pj - (j == tgt ? 1.0f : 0.0f)) : 0.0f);
+      if (!valid) {
+        for (int64_t j = 0; j < v; ++j) drow[j] = from_f32<T>(0.0f);
+        continue;
       }
+#pragma omp simd
+      for (int64_t j = 0; j < v; ++j) drow[j] = from_f32<T>(dloss_scale * fast_exp(to_f32(row[j]) - lse));
+      drow[tgt] = from_f32<T>(to_f32(drow[tgt]) - dloss_scale);
     }
   });
 }

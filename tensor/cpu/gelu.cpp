@@ -1,8 +1,14 @@
 // tensor/cpu/gelu.cpp — GELU (tanh approximation) forward and backward.
+//
+// With u = √(2/π)(x + 0.044715x³) and s = sigmoid(2u) = (1 + tanh u)/2:
+//   gelu(x)  = x·s
+//   gelu'(x) = s + 2·x·s·(1 − s)·du/dx
+// which avoids the cancellation of 1 + tanh(u) for very negative x.
 #include <cmath>
 
 #include "tensor/cpu/common.h"
 #include "tensor/cpu/ops.h"
+#include "tensor/cpu/vecmath.h"
 
 namespace mpitron::cpu {
 
@@ -17,10 +23,10 @@ void gelu_forward(const Tensor& x, const Tensor& out, Stream) {
     using T = decltype(tag);
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* op = static_cast<T*>(out.data_ptr());
-#pragma omp parallel for schedule(static) if (n > 16384)
+#pragma omp parallel for simd schedule(static) if (n > 16384)
     for (int64_t i = 0; i < n; ++i) {
       const float v = to_f32(xp[i]);
-      op[i] = from_f32<T>(0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + kCoef * v * v * v))));
+      op[i] = from_f32<T>(v * fast_sigmoid(2.0f * kSqrt2OverPi * (v + kCoef * v * v * v)));
     }
   });
 }
@@ -32,13 +38,13 @@ void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream
     const T* xp = static_cast<const T*>(x.data_ptr());
     const T* dp = static_cast<const T*>(dout.data_ptr());
     T* dxp = static_cast<T*>(dx.data_ptr());
-#pragma omp parallel for schedule(static) if (n > 16384)
+#pragma omp parallel for simd schedule(static) if (n > 16384)
     for (int64_t i = 0; i < n; ++i) {
       const float v = to_f32(xp[i]);
       const float u = kSqrt2OverPi * (v + kCoef * v * v * v);
-      const float t = std::tanh(u);
+      const float sg = fast_sigmoid(2.0f * u);
       const float du = kSqrt2OverPi * (1.0f + 3.0f * kCoef * v * v);
-      const float grad = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+      const float grad = sg + 2.0f * v * sg * (1.0f - sg) * du;
       dxp[i] = from_f32<T>(to_f32(dp[i]) * grad);
     }
   });

@@ -3,6 +3,7 @@
 
 #include "tensor/cpu/common.h"
 #include "tensor/cpu/ops.h"
+#include "tensor/cpu/vecmath.h"
 
 namespace mpitron::cpu {
 
@@ -18,9 +19,11 @@ void softmax_forward(const Tensor& x, const Tensor& out, Stream) {
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < n; ++r) {
         float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
         for (int64_t j = 0; j < c; ++j) mx = std::max(mx, to_f32(xp[r * c + j]));
         float s = 0;
-        for (int64_t j = 0; j < c; ++j) s += (e[j] = std::exp(to_f32(xp[r * c + j]) - mx));
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < c; ++j) s += (e[j] = fast_exp(to_f32(xp[r * c + j]) - mx));
         const float inv = 1.0f / s;
         for (int64_t j = 0; j < c; ++j) op[r * c + j] = from_f32<T>(e[j] * inv);
       }
