@@ -11,6 +11,7 @@ deps:
 	./scripts/install-deps.sh
 
 $(BUILD)/CMakeCache.txt:
+	./scripts/install-cudnn-frontend.sh
 	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
 
 configure: $(BUILD)/CMakeCache.txt
@@ -18,8 +19,12 @@ configure: $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# Train a small GPT on the bundled tiny Shakespeare and show the loss falling.
+demo:
+	./scripts/demo.sh
 
 bench: build
 	$(BUILD)/bench/bench_ops

@@ -146,6 +146,8 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
        str("--tensor-model-parallel-size ", a.tensor_model_parallel_size, " / --pipeline-model-parallel-size ",
            a.pipeline_model_parallel_size, ": model parallelism is not available in this build of pretrain_gpt"),
        "run with both sizes 1 (data parallelism over MPI ranks is the parallel runtime's job)");
+  need(a.lr_decay_style == "constant" || a.lr_decay_style == "linear" || a.lr_decay_style == "cosine",
+       str("--lr-decay-style ", a.lr_decay_style, " is not supported"), "use constant, linear or cosine");
   need(a.device == "auto" || a.device == "cpu" || a.device == "cuda", str("--device ", a.device, " unknown"),
        "use auto, cpu or cuda");
   need((a.train_iters > 0) != (a.train_samples > 0), "give exactly one of --train-iters and --train-samples", "");

@@ -48,7 +48,8 @@ if [ "${MPITRON_DEPS_REFERENCE:-0}" = 1 ]; then
 fi
 
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-  :
+  # cuDNN's header-only C++ frontend (PyPI nvidia-cudnn-frontend) for flash attention.
+  "$(dirname "$0")/install-cudnn-frontend.sh"
 else
   echo "install-deps: no CUDA toolkit found (nvcc). The build will be CPU-only;"
   echo "              install the CUDA toolkit and re-run cmake to build the CUDA backend."
