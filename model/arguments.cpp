@@ -78,7 +78,11 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("save-interval", po::value(&a.save_interval), "iterations between checkpoints")
       ("no-load-optim", po::bool_switch(&a.no_load_optim), "do not load optimizer state")
       ("no-load-rng", po::bool_switch(&a.no_load_rng), "do not load RNG state")
-      ("finetune", po::bool_switch(&a.finetune), "load weights only; reset iteration and optimizer");
+      ("finetune", po::bool_switch(&a.finetune), "load weights only; reset iteration and optimizer")
+      ("keep-last", po::value(&a.keep_last)->default_value(0), "keep only the newest N checkpoints (0: all)")
+      ("exit-signal-handler", po::bool_switch(&a.exit_signal_handler),
+       "on SIGTERM or SIGUSR1 finish the step, save (--save) and exit 0")
+      ("exit-duration-in-mins", po::value(&a.exit_duration_in_mins), "save and exit after this many minutes");
   misc.add_options()
       ("device", po::value(&a.device)->default_value("auto"), "auto | cpu | cuda")
       ("tensor-model-parallel-size", po::value(&a.tensor_model_parallel_size)->default_value(1), "TP size")
@@ -175,6 +179,8 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(!vm.count("lr-warmup-fraction") || (a.lr_warmup_fraction >= 0 && a.lr_warmup_fraction <= 1),
        str("--lr-warmup-fraction must be in [0, 1], got ", a.lr_warmup_fraction));
   need(!(a.finetune && a.load.empty()), "--finetune needs --load", "");
+  need(a.keep_last >= 0, str("--keep-last must be >= 0, got ", a.keep_last));
+  need(a.keep_last == 0 || !a.save.empty(), "--keep-last given without --save", "add --save DIR");
   m.validate();
   return true;
 }

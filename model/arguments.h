@@ -55,6 +55,9 @@ struct TrainArgs {
   std::string save, load;                  // --save / --load
   int64_t save_interval = 0;               // --save-interval
   bool no_load_optim = false, no_load_rng = false, finetune = false;
+  int64_t keep_last = 0;                   // --keep-last N: keep only the newest N checkpoints (0: all)
+  bool exit_signal_handler = false;        // --exit-signal-handler: SIGTERM/SIGUSR1 → save and exit 0
+  double exit_duration_in_mins = 0;        // --exit-duration-in-mins: save and exit after this long
   // placement
   std::string device = "auto";             // --device: auto | cpu | cuda
   // parallel layout (only 1 is accepted until the parallel runtime lands)

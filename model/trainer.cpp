@@ -1,6 +1,7 @@
 #include "model/trainer.h"
 
 #include <cblas.h>
+#include <csignal>
 
 #include <cmath>
 #include <cstdio>
@@ -44,6 +45,11 @@ double peak_flops(const Device& d, DType t, std::string& what) {
   what = str("sgemm measured on this CPU ", static_cast<int>(f / 1e9), " GFLOP/s");
   return f;
 }
+
+// Set by SIGTERM / SIGUSR1 (what Slurm sends before a job's time runs out)
+// under --exit-signal-handler; the loop checks it after every step.
+volatile std::sig_atomic_t g_exit_signal = 0;
+extern "C" void on_exit_signal(int sig) { g_exit_signal = sig; }
 
 std::string sci(double v, int prec = 6) {
   char buf[64];
@@ -135,7 +141,8 @@ struct Trainer::Impl {
   }
 
   SaveInfo save() {
-    const SaveInfo s = save_checkpoint(args.save, *model, *opt, scaler, st, args.flags_json, lr_json());
+    const SaveInfo s = save_checkpoint(args.save, *model, *opt, scaler, st, args.flags_json, lr_json(),
+                                       static_cast<int>(args.keep_last));
     log_info("saved checkpoint at iteration ", st.iteration, " to ", s.dir, " (", sci(s.bytes / 1e9, 3), " GB in ",
              sci(s.seconds, 3), " s, ", sci(s.bytes / 1e9 / std::max(s.seconds, 1e-9), 3), " GB/s)");
     return s;
@@ -212,6 +219,12 @@ TrainSummary Trainer::run() {
       log_warn("--load ", a.load, ": no checkpoint there, starting from scratch");
   }
 
+  if (a.exit_signal_handler) {
+    std::signal(SIGTERM, on_exit_signal);
+    std::signal(SIGUSR1, on_exit_signal);
+  }
+  Timer run_timer;
+  reset_peak_memory(m.device);
   Timer interval_timer;
   int64_t interval_iters = 0, interval_tokens = 0, interval_skipped = 0, interval_nan = 0;
   double interval_loss = 0;
@@ -263,11 +276,12 @@ TrainSummary Trainer::run() {
                     " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
                     "learning rate: %.6E | global batch size: %5lld | lm loss: %.6E | loss scale: %.1f | "
                     "grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: %3lld | "
-                    "tokens/s: %.0f | TFLOP/s: %.4f | MFU: %.2f%% |",
+                    "tokens/s: %.0f | TFLOP/s: %.4f | MFU: %.2f%% | peak memory (MB): %.1f |",
                     static_cast<long long>(m.st.iteration), static_cast<long long>(m.total_iters),
                     static_cast<long long>(m.st.consumed_train_samples), ms, lr, static_cast<long long>(gbs), avg,
                     scale, r.grad_norm, static_cast<long long>(interval_skipped), static_cast<long long>(interval_nan),
-                    tps, flops / 1e12, 100.0 * flops / m.peak);
+                    tps, flops / 1e12, 100.0 * flops / m.peak,
+                    static_cast<double>(memory_stats(m.device).peak_bytes) / 1e6);
       log_info(line);
       if (m.tb) {
         m.tb->add_scalar("lm-loss-training/lm loss", avg, m.st.iteration);
@@ -306,10 +320,21 @@ TrainSummary Trainer::run() {
       log_info("exiting at iteration ", m.st.iteration, " (--exit-interval ", a.exit_interval, ")");
       break;
     }
+    if (g_exit_signal) {
+      log_info("exiting at iteration ", m.st.iteration, " on signal ", static_cast<int>(g_exit_signal),
+               a.save.empty() ? " (no --save: nothing saved)" : ", after saving");
+      sum.signalled = true;
+      break;
+    }
+    if (a.exit_duration_in_mins > 0 && run_timer.seconds() / 60.0 > a.exit_duration_in_mins) {
+      log_info("exiting at iteration ", m.st.iteration, " after ", run_timer.seconds() / 60.0,
+               " minutes (--exit-duration-in-mins ", a.exit_duration_in_mins, ")");
+      break;
+    }
   }
   if (!a.save.empty() && (sum.checkpoint_dir.empty() || a.save_interval == 0 || m.st.iteration % a.save_interval != 0))
     sum.checkpoint_dir = m.save().dir;
-  if (a.eval_iters > 0) {
+  if (a.eval_iters > 0 && !sum.signalled) {
     const double vl = m.evaluate(1, a.eval_iters, &m.st.consumed_valid_samples);
     m.report_eval(str("validation loss at the end of training (iteration ", m.st.iteration, ")").c_str(), vl);
     sum.valid_loss = vl;

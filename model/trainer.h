@@ -32,6 +32,7 @@ struct TrainSummary {
   std::string checkpoint_dir;
   double tokens_per_second = 0;
   std::vector<double> losses;  // per iteration (lm loss)
+  bool signalled = false;      // stopped by SIGTERM/SIGUSR1 (--exit-signal-handler)
 };
 
 class Trainer {

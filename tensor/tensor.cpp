@@ -1,5 +1,6 @@
 #include "tensor/tensor.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <sstream>
 
@@ -37,6 +38,28 @@ Shape contiguous_strides(const Shape& shape) {
   return st;
 }
 
+namespace {
+// Bytes of live CPU tensor storage (the CPU analogue of the caching allocator's stats).
+std::atomic<int64_t> g_cpu_current{0}, g_cpu_peak{0};
+void cpu_track(int64_t delta) {
+  const int64_t now = g_cpu_current.fetch_add(delta) + delta;
+  int64_t peak = g_cpu_peak.load();
+  while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace
+
+MemoryStats memory_stats(Device d) {
+  if (d.is_cpu()) return {g_cpu_current.load(), g_cpu_peak.load()};
+  const AllocatorStats st = cuda_caching_allocator(d.index).stats();
+  return {static_cast<int64_t>(st.current_bytes), static_cast<int64_t>(st.peak_bytes)};
+}
+
+void reset_peak_memory(Device d) {
+  if (d.is_cpu()) g_cpu_peak.store(g_cpu_current.load());
+  else cuda_caching_allocator(d.index).reset_peak();
+}
+
 Storage::~Storage() {
   if (deleter && ptr) deleter(ptr);
 }
@@ -56,7 +79,12 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, Stream s) {
     const size_t bytes = (std::max<size_t>(st->bytes, 1) + 63) / 64 * 64;
     st->ptr = std::aligned_alloc(64, bytes);
     MPT_CHECK(st->ptr, str("out of host memory allocating ", st->bytes, " bytes"), "");
-    st->deleter = [](void* p) { std::free(p); };
+    const int64_t tracked = static_cast<int64_t>(bytes);
+    cpu_track(tracked);
+    st->deleter = [tracked](void* p) {
+      std::free(p);
+      cpu_track(-tracked);
+    };
   } else {
     CachingAllocator& a = cuda_caching_allocator(device.index);
     st->ptr = a.allocate(st->bytes, s);

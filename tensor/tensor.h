@@ -98,6 +98,15 @@ class Tensor {
 
 Shape contiguous_strides(const Shape& shape);
 
+// Tensor memory on a device: live bytes and the peak since the last reset
+// (CPU: every Tensor::empty; CUDA: the caching allocator's live blocks).
+struct MemoryStats {
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
+};
+MemoryStats memory_stats(Device d);
+void reset_peak_memory(Device d);
+
 // Precondition checks shared by the ops (they throw with the op name in the message).
 void check_same_shape(const char* op, const Tensor& a, const char* an, const Tensor& b, const char* bn);
 void check_same_device(const char* op, std::initializer_list<const Tensor*> ts);

@@ -1,0 +1,343 @@
+#include "model/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/philox.h"
+#include "tensor/ops.h"
+
+namespace mpitron {
+
+namespace {
+const GemmArgs kLinear{false, true, 1.0f, 0.0f};  // y = x · Wᵀ
+
+Tensor ids_tensor(const std::vector<int64_t>& v, Device d) {
+  return Tensor::from_ints(v, {static_cast<int64_t>(v.size())}, DType::I32).to(d);
+}
+}  // namespace
+
+void SamplingParams::validate() const {
+  MPT_CHECK(std::isfinite(temperature) && temperature >= 0.0f, str("temperature must be >= 0, got ", temperature),
+            "use 0 (or greedy) for argmax decoding, 1 for the model's distribution");
+  MPT_CHECK(top_k >= 0, str("top_k must be >= 0, got ", top_k), "0 disables top-k");
+  MPT_CHECK(top_p >= 0.0f && top_p <= 1.0f, str("top_p must be in [0, 1], got ", top_p), "0 disables top-p");
+}
+
+// ---------------------------------------------------------------------------
+// KV cache decoder
+
+KVCacheDecoder::KVCacheDecoder(GPT& model, int64_t batch, int64_t max_len, bool force_ops_attention)
+    : model_(model), batch_(batch), tmax_(max_len), force_ops_(force_ops_attention) {
+  const GPTConfig& c = model.config();
+  MPT_CHECK(batch >= 1, str("generation batch must be >= 1, got ", batch), "");
+  MPT_CHECK(max_len >= 1 && max_len <= c.max_position_embeddings,
+            str("KV cache length ", max_len, " must be in [1, max_position_embeddings = ", c.max_position_embeddings, "]"),
+            "ask for fewer tokens");
+  len_.assign(static_cast<size_t>(batch), 0);
+  const Shape cache{batch, c.num_attention_heads, max_len, c.head_dim()};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    blocks_.push_back(BlockParams::from(model.params(), str("layers.", l, ".")));
+    k_cache_.push_back(Tensor::zeros(cache, c.compute_dtype, model.device()));
+    v_cache_.push_back(Tensor::zeros(cache, c.compute_dtype, model.device()));
+  }
+}
+
+std::vector<float> KVCacheDecoder::prefill(int64_t b, const std::vector<int32_t>& prompt) {
+  const GPTConfig& c = model_.config();
+  const int64_t T = static_cast<int64_t>(prompt.size());
+  MPT_CHECK(b >= 0 && b < batch_, str("sequence ", b, " outside the batch of ", batch_), "");
+  MPT_CHECK(T >= 1 && T <= tmax_, str("prompt of ", T, " tokens does not fit the KV cache of ", tmax_, " positions"),
+            "shorten the prompt");
+  std::vector<int64_t> ids(prompt.begin(), prompt.end()), pos(static_cast<size_t>(T));
+  std::iota(pos.begin(), pos.end(), int64_t{0});
+  Tensor x = Tensor::empty({T, c.hidden_size}, c.compute_dtype, model_.device());
+  embedding_forward(ids_tensor(ids, model_.device()), model_.params().var("wte").value(), x);
+  embedding_forward(ids_tensor(pos, model_.device()), model_.params().var("wpe").value(), x, true);
+  Tensor h = run_layers(x, {b}, {0}, true);
+  len_[static_cast<size_t>(b)] = T;
+  return head_logits(h.slice(0, T - 1, T));
+}
+
+std::vector<float> KVCacheDecoder::step(const std::vector<int64_t>& rows, const std::vector<int32_t>& tokens) {
+  const GPTConfig& c = model_.config();
+  const int64_t n = static_cast<int64_t>(rows.size());
+  MPT_CHECK(n >= 1 && tokens.size() == rows.size(), str("step: ", rows.size(), " rows but ", tokens.size(), " tokens"), "");
+  std::vector<int64_t> ids(tokens.begin(), tokens.end()), pos;
+  std::vector<bool> seen(static_cast<size_t>(batch_), false);
+  for (int64_t b : rows) {
+    MPT_CHECK(b >= 0 && b < batch_ && !seen[static_cast<size_t>(b)], str("step: row ", b, " invalid or repeated"), "");
+    seen[static_cast<size_t>(b)] = true;
+    const int64_t p = len_[static_cast<size_t>(b)];
+    MPT_CHECK(p >= 1, str("step: sequence ", b, " was not prefilled"), "call prefill first");
+    MPT_CHECK(p < tmax_, str("step: sequence ", b, " already holds ", p, " tokens, the KV cache's capacity"), "");
+    pos.push_back(p);
+  }
+  Tensor x = Tensor::empty({n, c.hidden_size}, c.compute_dtype, model_.device());
+  embedding_forward(ids_tensor(ids, model_.device()), model_.params().var("wte").value(), x);
+  embedding_forward(ids_tensor(pos, model_.device()), model_.params().var("wpe").value(), x, true);
+  Tensor h = run_layers(x, rows, pos, false);
+  for (int64_t b : rows) ++len_[static_cast<size_t>(b)];
+  return head_logits(h);
+}
+
+Tensor KVCacheDecoder::run_layers(Tensor x, const std::vector<int64_t>& rows, const std::vector<int64_t>& pos,
+                                  bool prefill) {
+  const GPTConfig& c = model_.config();
+  const int64_t n = x.dim(0), C = c.hidden_size, F = c.ffn(), NH = c.num_attention_heads, HD = c.head_dim();
+  const DType dt = c.compute_dtype;
+  const Device dev = model_.device();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const float eps = c.layernorm_epsilon;
+  Tensor mean = Tensor::empty({n}, DType::F32, dev), rstd = Tensor::empty({n}, DType::F32, dev);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const BlockParams& p = blocks_[l];
+    Tensor ln = Tensor::empty({n, C}, dt, dev);
+    layernorm_forward(x, p.ln1_w.value(), p.ln1_b.value(), ln, mean, rstd, eps);
+    Tensor qkv = Tensor::empty({n, 3 * C}, dt, dev);
+    gemm(ln, p.qkv_w.value(), qkv, kLinear, p.qkv_b.value());
+    const Tensor q5 = qkv.view({n, 3, NH, HD});
+    Tensor att = Tensor::empty({n, C}, dt, dev);
+    if (prefill) {  // one sequence, positions [0, n)
+      const int64_t b = rows[0];
+      Tensor lse = Tensor::empty({1, NH, n}, DType::F32, dev);
+      attention_forward(qkv.view({1, n, 3, NH, HD}), att.view({1, n, NH, HD}), lse, scale);
+      k_cache_[l].select(0, b).slice(1, 0, n).copy_from(q5.select(1, 1).transpose(0, 1));
+      v_cache_[l].select(0, b).slice(1, 0, n).copy_from(q5.select(1, 2).transpose(0, 1));
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t b = rows[static_cast<size_t>(i)], t = pos[static_cast<size_t>(i)];
+        k_cache_[l].select(0, b).select(1, t).copy_from(q5.select(0, i).select(0, 1));
+        v_cache_[l].select(0, b).select(1, t).copy_from(q5.select(0, i).select(0, 2));
+      }
+      cached_attention(qkv, att, static_cast<int64_t>(l), rows, pos);
+    }
+    Tensor proj = Tensor::empty({n, C}, dt, dev);
+    gemm(att, p.proj_w.value(), proj, kLinear, p.proj_b.value());
+    Tensor x2 = Tensor::empty({n, C}, dt, dev);
+    add_forward(x, proj, x2);
+    layernorm_forward(x2, p.ln2_w.value(), p.ln2_b.value(), ln, mean, rstd, eps);
+    Tensor fc = Tensor::empty({n, F}, dt, dev);
+    gemm(ln, p.fc_w.value(), fc, kLinear, p.fc_b.value());
+    gelu_forward(fc, fc);
+    gemm(fc, p.mproj_w.value(), proj, kLinear, p.mproj_b.value());
+    Tensor y = Tensor::empty({n, C}, dt, dev);
+    add_forward(x2, proj, y);
+    x = y;
+  }
+  Tensor out = Tensor::empty({n, C}, dt, dev);
+  layernorm_forward(x, model_.params().var("lnf.weight").value(), model_.params().var("lnf.bias").value(), out, mean,
+                    rstd, eps);
+  return out;
+}
+
+void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int64_t layer,
+                                      const std::vector<int64_t>& rows, const std::vector<int64_t>& pos) {
+  const GPTConfig& c = model_.config();
+  const int64_t n = qkv.dim(0), NH = c.num_attention_heads, HD = c.head_dim(), C = c.hidden_size;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const Tensor& kc = k_cache_[static_cast<size_t>(layer)];
+  const Tensor& vc = v_cache_[static_cast<size_t>(layer)];
+  if (!force_ops_ && model_.device().is_cpu() && qkv.dtype() == DType::F32) {
+    // Direct loop: row i, head h attends over the (L, HD) block of its cache.
+    const float* q = qkv.data<float>();
+    const float* K = kc.data<float>();
+    const float* V = vc.data<float>();
+    float* o = att.data<float>();
+    const int64_t tmax = tmax_;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < NH; ++h) {
+        const int64_t b = rows[static_cast<size_t>(i)], L = pos[static_cast<size_t>(i)] + 1;
+        const float* qi = q + i * 3 * C + h * HD;
+        const float* kb = K + (b * NH + h) * tmax * HD;
+        const float* vb = V + (b * NH + h) * tmax * HD;
+        std::vector<float> s(static_cast<size_t>(L));
+        float mx = -INFINITY;
+        for (int64_t t = 0; t < L; ++t) {
+          float d = 0.0f;
+          for (int64_t e = 0; e < HD; ++e) d += qi[e] * kb[t * HD + e];
+          s[static_cast<size_t>(t)] = d * scale;
+          mx = std::max(mx, s[static_cast<size_t>(t)]);
+        }
+        float sum = 0.0f;
+        for (int64_t t = 0; t < L; ++t) sum += (s[static_cast<size_t>(t)] = std::exp(s[static_cast<size_t>(t)] - mx));
+        float* oi = o + i * C + h * HD;
+        for (int64_t e = 0; e < HD; ++e) oi[e] = 0.0f;
+        for (int64_t t = 0; t < L; ++t) {
+          const float w = s[static_cast<size_t>(t)] / sum;
+          for (int64_t e = 0; e < HD; ++e) oi[e] += w * vb[t * HD + e];
+        }
+      }
+    return;
+  }
+  // Tensor ops only (any device / dtype).
+  const Tensor q5 = qkv.view({n, 3, NH, HD});
+  const Tensor o3 = att.view({n, NH, HD});
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = rows[static_cast<size_t>(i)], L = pos[static_cast<size_t>(i)] + 1;
+    const Tensor k = kc.select(0, b).slice(1, 0, L).contiguous();  // (NH, L, HD)
+    const Tensor v = vc.select(0, b).slice(1, 0, L).contiguous();
+    const Tensor qi = q5.select(0, i).select(0, 0).view({NH, 1, HD});
+    Tensor scores = Tensor::empty({NH, 1, L}, qkv.dtype(), qkv.device());
+    gemm(qi, k, scores, GemmArgs{false, true, scale, 0.0f});
+    Tensor probs = Tensor::empty({NH, 1, L}, qkv.dtype(), qkv.device());
+    softmax_forward(scores, probs);
+    gemm(probs, v, o3.select(0, i).view({NH, 1, HD}), GemmArgs{});
+  }
+}
+
+std::vector<float> KVCacheDecoder::head_logits(const Tensor& h) {
+  const GPTConfig& c = model_.config();
+  const int64_t n = h.dim(0), Vp = c.padded_vocab_size, V = c.vocab_size;
+  Tensor logits = Tensor::empty({n, Vp}, c.compute_dtype, model_.device());
+  gemm(h.contiguous(), model_.params().var("wte").value(), logits, kLinear);
+  const std::vector<float> all = logits.to_floats();
+  std::vector<float> out(static_cast<size_t>(n * V));
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(all.begin() + i * Vp, V, out.begin() + i * V);
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Sampling
+
+int32_t sample_token(const float* logits, int64_t n, const SamplingParams& p, uint64_t stream, uint64_t step,
+                     float* logprob) {
+  MPT_CHECK(n >= 1, "sample_token: empty logits", "");
+  int32_t chosen = 0;
+  if (p.is_greedy()) {
+    for (int64_t i = 1; i < n; ++i)
+      if (logits[i] > logits[chosen]) chosen = static_cast<int32_t>(i);
+  } else {
+    const double inv_t = 1.0 / static_cast<double>(p.temperature);
+    std::vector<int32_t> idx(static_cast<size_t>(n));
+    std::iota(idx.begin(), idx.end(), 0);
+    const auto desc = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    int64_t keep = n;
+    if (p.top_k > 0 && p.top_k < n) {
+      keep = p.top_k;
+      std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), desc);
+    } else {
+      std::sort(idx.begin(), idx.end(), desc);
+    }
+    // Probabilities (unnormalised) of the kept candidates, in descending order.
+    std::vector<double> w(static_cast<size_t>(keep));
+    const double mx = static_cast<double>(logits[idx[0]]) * inv_t;
+    double total = 0;
+    for (int64_t i = 0; i < keep; ++i)
+      total += (w[static_cast<size_t>(i)] = std::exp(static_cast<double>(logits[idx[static_cast<size_t>(i)]]) * inv_t - mx));
+    if (p.top_p > 0.0f) {
+      double cum = 0;
+      int64_t k = 0;
+      while (k < keep && (k == 0 || cum <= static_cast<double>(p.top_p))) cum += w[static_cast<size_t>(k++)] / total;
+      keep = k;
+      total = 0;
+      for (int64_t i = 0; i < keep; ++i) total += w[static_cast<size_t>(i)];
+    }
+    const double u = static_cast<double>(philox_uniform(p.seed, stream, step)) * total;
+    double cum = 0;
+    chosen = idx[static_cast<size_t>(keep - 1)];
+    for (int64_t i = 0; i < keep; ++i) {
+      cum += w[static_cast<size_t>(i)];
+      if (u < cum) {
+        chosen = idx[static_cast<size_t>(i)];
+        break;
+      }
+    }
+  }
+  if (logprob) {
+    double mx = logits[0];
+    for (int64_t i = 1; i < n; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(logits[i]) - mx);
+    *logprob = static_cast<float>(static_cast<double>(logits[chosen]) - mx - std::log(s));
+  }
+  return chosen;
+}
+
+// ---------------------------------------------------------------------------
+// Generation
+
+GenerateOutput generate(GPT& model, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& o) {
+  o.sampling.validate();
+  const GPTConfig& c = model.config();
+  const int64_t B = static_cast<int64_t>(prompts.size()), P = c.max_position_embeddings, V = c.vocab_size;
+  MPT_CHECK(o.max_new_tokens >= 0, str("max_new_tokens must be >= 0, got ", o.max_new_tokens), "");
+  GenerateOutput out;
+  out.tokens.resize(static_cast<size_t>(B));
+  out.generated.resize(static_cast<size_t>(B));
+  out.logprobs.resize(static_cast<size_t>(B));
+  std::vector<int64_t> limit(static_cast<size_t>(B));  // total tokens sequence b may reach
+  int64_t tmax = 1;
+  for (int64_t b = 0; b < B; ++b) {
+    auto& ctx = out.tokens[static_cast<size_t>(b)];
+    ctx = prompts[static_cast<size_t>(b)].empty() ? std::vector<int32_t>{o.eod} : prompts[static_cast<size_t>(b)];
+    const int64_t T = static_cast<int64_t>(ctx.size());
+    for (int32_t t : ctx)
+      MPT_CHECK(t >= 0 && t < V, str("prompt ", b, " holds token id ", t, " outside the vocabulary [0, ", V, ")"), "");
+    MPT_CHECK(T < P || o.max_new_tokens == 0,
+              str("prompt ", b, " has ", T, " tokens; the model's max_position_embeddings is ", P,
+                  " and one position is needed per new token"),
+              "shorten the prompt");
+    out.prompt_lengths.push_back(T);
+    limit[static_cast<size_t>(b)] = std::min(T + o.max_new_tokens, P);
+    tmax = std::max(tmax, limit[static_cast<size_t>(b)]);
+  }
+  if (B == 0 || o.max_new_tokens == 0) return out;
+
+  KVCacheDecoder dec(model, B, tmax, o.force_ops_attention);
+  std::vector<bool> done(static_cast<size_t>(B), false);
+  const auto take = [&](int64_t b, const float* logits) {
+    auto& gen = out.generated[static_cast<size_t>(b)];
+    float lp = 0;
+    const int32_t tok = sample_token(logits, V, o.sampling, static_cast<uint64_t>(b), gen.size(), &lp);
+    gen.push_back(tok);
+    out.logprobs[static_cast<size_t>(b)].push_back(lp);
+    out.tokens[static_cast<size_t>(b)].push_back(tok);
+    const int64_t total = static_cast<int64_t>(out.tokens[static_cast<size_t>(b)].size());
+    if ((o.stop_at_eod && tok == o.eod) || static_cast<int64_t>(gen.size()) >= o.max_new_tokens ||
+        total >= limit[static_cast<size_t>(b)])
+      done[static_cast<size_t>(b)] = true;
+  };
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<float> logits = dec.prefill(b, out.tokens[static_cast<size_t>(b)]);
+    take(b, logits.data());
+  }
+  for (;;) {
+    std::vector<int64_t> rows;
+    std::vector<int32_t> toks;
+    for (int64_t b = 0; b < B; ++b)
+      if (!done[static_cast<size_t>(b)]) {
+        rows.push_back(b);
+        toks.push_back(out.tokens[static_cast<size_t>(b)].back());
+      }
+    if (rows.empty()) break;
+    const std::vector<float> logits = dec.step(rows, toks);
+    for (size_t i = 0; i < rows.size(); ++i) take(rows[i], logits.data() + static_cast<int64_t>(i) * V);
+  }
+  return out;
+}
+
+std::vector<int32_t> generate_full_recompute(GPT& model, const std::vector<int32_t>& prompt, int64_t max_new_tokens,
+                                             int32_t eod, bool stop_at_eod) {
+  const GPTConfig& c = model.config();
+  std::vector<int32_t> seq = prompt.empty() ? std::vector<int32_t>{eod} : prompt;
+  std::vector<int32_t> gen;
+  while (static_cast<int64_t>(gen.size()) < max_new_tokens &&
+         static_cast<int64_t>(seq.size()) < c.max_position_embeddings) {
+    const int64_t T = static_cast<int64_t>(seq.size());
+    const Tensor logits = model.logits(Tensor::from_ints(std::vector<int64_t>(seq.begin(), seq.end()), {1, T}));
+    const std::vector<float> last = logits.slice(0, T - 1, T).to_floats();
+    SamplingParams greedy;
+    greedy.greedy = true;
+    const int32_t tok = sample_token(last.data(), c.vocab_size, greedy, 0, 0);
+    gen.push_back(tok);
+    seq.push_back(tok);
+    if (stop_at_eod && tok == eod) break;
+  }
+  return gen;
+}
+
+}  // namespace mpitron
