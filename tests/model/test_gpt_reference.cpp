@@ -173,3 +173,42 @@ TEST_CASE("gradient accumulation over two micro-batches matches PyTorch") {
     CHECK_MESSAGE(e < 1e-4, p.name, " accumulated gradient relative error ", e);
   }
 }
+
+// The bf16 path on the GPU against the same fp32 PyTorch reference. Bounds:
+// bf16 keeps 8 significant bits (unit roundoff 2^-9 ≈ 0.2%); weights,
+// activations and activation gradients are each rounded once per op and about
+// ten ops feed every value of this 2-layer model, so per-element errors of a
+// few 0.2% are expected and relative L2 errors of ~1% are normal: we allow 2%
+// for logits and the loss, 5% for every gradient tensor (gradients go through
+// twice as many roundings), and 2% for each of the 10 AdamW-step losses.
+TEST_CASE("bf16 on CUDA matches the fp32 PyTorch reference within bf16 bounds") {
+  if (!cuda_available()) {
+    MESSAGE("SKIPPED cuda: ", cuda_unavailable_reason());
+    return;
+  }
+  const auto j = config();
+  GPTConfig cfg = model_config(j);
+  cfg.compute_dtype = DType::BF16;
+  GPT model(cfg, Device::cuda(0));
+  {
+    const std::vector<float> w = read_bin<float>("weights.bin");
+    model.params().values().copy_from(Tensor::from_vector(w, {model.params().numel()}, DType::BF16).to(Device::cuda(0)));
+  }
+  const int64_t B = j["batch"]["B"], T = j["batch"]["T"];
+  const std::vector<int32_t> tok = read_bin<int32_t>("tokens.bin");
+  Tensor in, tgt;
+  split_batch(tok.data(), B, T, in, tgt);
+  const std::vector<float> ref_logits = read_bin<float>("logits.bin"), logits = model.logits(in).to_floats();
+  CHECK(rel_err(logits.data(), ref_logits.data(), static_cast<int64_t>(logits.size())) < 2e-2);
+  Tape tape;
+  model.params().zero_grad();
+  Var loss = model.forward(tape, in, tgt, ForwardOptions{false, 0, true});
+  const double ref_loss = j["loss"];
+  CHECK(std::abs(loss.value().item() - ref_loss) / ref_loss < 2e-2);
+  tape.backward(loss);
+  const std::vector<float> ref_grads = read_bin<float>("grads.bin"), grads = model.params().grads().to_floats();
+  for (const ParamInfo& p : model.params().infos()) {
+    const double e = rel_err(grads.data() + p.offset, ref_grads.data() + p.offset, p.numel());
+    CHECK_MESSAGE(e < 5e-2, p.name, " bf16 gradient relative error ", e);
+  }
+}
