@@ -104,6 +104,7 @@ struct BlockNode final : Node {
   Var x, y;
   BlockActs acts;
   uint64_t seed = 0, offset = 0;
+  std::function<void()> grads_ready;
   const char* name() const override { return "transformer_block"; }
   bool supports_recompute() const override { return true; }
   void release_saved() override { acts.release(); }
@@ -112,6 +113,10 @@ struct BlockNode final : Node {
     block_forward(shape, params, x.value(), scratch, acts, seed, offset);
   }
   void backward() override {
+    backward_impl();
+    if (grads_ready) grads_ready();
+  }
+  void backward_impl() {
     if (!y.grad().defined()) return;
     const Tensor& xv = x.value();
     if (!x.requires_grad()) {
@@ -132,13 +137,14 @@ struct BlockNode final : Node {
 }  // namespace
 
 Var block(Tape& tape, const BlockShape& s, const BlockParams& p, const Var& x, uint64_t seed, uint64_t offset,
-          bool recompute) {
+          bool recompute, std::function<void()> grads_ready) {
   const Tensor& xv = x.value();
   Var y(Tensor::empty(xv.shape(), xv.dtype(), xv.device()), true);
   auto node = std::make_unique<BlockNode>();
   block_forward(s, p, xv, y.value(), node->acts, seed, offset);
   if (!tape.recording()) return y;
   node->shape = s, node->params = p, node->x = x, node->y = y, node->seed = seed, node->offset = offset;
+  node->grads_ready = std::move(grads_ready);
   tape.record(std::move(node), recompute);
   return y;
 }

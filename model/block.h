@@ -14,6 +14,7 @@
 // Dropout masks are named by (seed, offset): the same in recompute.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "autograd/tape.h"
@@ -53,7 +54,9 @@ void block_backward(const BlockShape& s, const BlockParams& p, const Tensor& x, 
                     const Tensor& dx, const BlockActs& a, uint64_t seed, uint64_t offset);
 
 // The block as one tape node; with recompute it keeps only x and replays the forward.
+// grads_ready (may be empty) is called after the node's backward: the block's
+// parameter gradients are final for this micro-batch.
 Var block(Tape& tape, const BlockShape& s, const BlockParams& p, const Var& x, uint64_t seed, uint64_t offset,
-          bool recompute);
+          bool recompute, std::function<void()> grads_ready = {});
 
 }  // namespace mpitron

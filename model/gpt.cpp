@@ -68,9 +68,16 @@ Var GPT::trunk(Tape& tape, const Tensor& tokens, const ForwardOptions& opt) {
   const uint64_t nc = static_cast<uint64_t>(N * cfg_.hidden_size);
   x = ag::dropout(tape, x, p, opt.dropout_seed, 0);
   const BlockShape s{B, T, cfg_.hidden_size, cfg_.num_attention_heads, cfg_.ffn(), p, cfg_.layernorm_epsilon};
-  for (int64_t l = 0; l < cfg_.num_layers; ++l)
+  constexpr size_t kParamsPerBlock = 12, kFirstBlockParam = 2;  // after wte, wpe (see the constructor)
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    std::function<void()> ready;
+    if (opt.grads_ready) {
+      const size_t first = kFirstBlockParam + kParamsPerBlock * static_cast<size_t>(l);
+      ready = [cb = opt.grads_ready, first] { cb(first, first + kParamsPerBlock); };
+    }
     x = block(tape, s, blocks_[static_cast<size_t>(l)], x, opt.dropout_seed, nc * (1 + 2 * static_cast<uint64_t>(l)),
-              opt.recompute);
+              opt.recompute, std::move(ready));
+  }
   return ag::layernorm(tape, x, params_.var("lnf.weight"), params_.var("lnf.bias"), cfg_.layernorm_epsilon);
 }
 

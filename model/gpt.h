@@ -11,6 +11,7 @@
 // The qkv rows are Q (C rows), then K, then V, heads contiguous in each.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "autograd/tape.h"
 #include "model/block.h"
@@ -23,6 +24,11 @@ struct ForwardOptions {
   bool recompute = false;     // --recompute-activations: whole-block recompute
   uint64_t dropout_seed = 0;  // names every dropout mask of this micro-batch
   bool train = true;          // false: no dropout
+  // Called during backward when the gradients of parameters [first, end) (indices
+  // in ParamSet order) are final for this micro-batch: data parallelism starts
+  // reducing their bucket while backward continues. Parameters never reported
+  // (embeddings, final LN) are final when Tape::backward returns.
+  std::function<void(size_t first, size_t end)> grads_ready;
 };
 
 class GPT {

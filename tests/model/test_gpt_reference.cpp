@@ -71,6 +71,12 @@ double rel_err(const float* a, const float* b, int64_t n) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
+ForwardOptions opts(bool recompute) {
+  ForwardOptions o;
+  o.recompute = recompute;
+  return o;
+}
+
 void load_weights(GPT& m, const std::string& file) {
   const std::vector<float> w = read_bin<float>(file);
   REQUIRE(static_cast<int64_t>(w.size()) == m.params().numel());
@@ -98,7 +104,7 @@ TEST_CASE("GPT forward/backward matches PyTorch (fp32, CPU)") {
   // Loss and gradients
   Tape tape;
   model.params().zero_grad();
-  Var loss = model.forward(tape, in, tgt, ForwardOptions{false, 0, true});
+  Var loss = model.forward(tape, in, tgt, opts(false));
   const double ref_loss = j["loss"];
   CHECK(std::abs(loss.value().item() - ref_loss) / ref_loss < 1e-5);
   tape.backward(loss);
@@ -135,7 +141,7 @@ TEST_CASE("10 AdamW steps with clipping match PyTorch; recompute changes nothing
       split_batch(tok.data() + step * B * (T + 1), B, T, in, tgt);
       model.params().zero_grad();
       Tape tape;
-      Var loss = model.forward(tape, in, tgt, ForwardOptions{recompute, 0, true});
+      Var loss = model.forward(tape, in, tgt, opts(recompute));
       tape.backward(loss);
       const StepResult r = opt.step(lr, 1.0f);
       const double rl = losses_ref["losses"][step], rn = losses_ref["grad_norms_before_clip"][step];
@@ -161,7 +167,7 @@ TEST_CASE("gradient accumulation over two micro-batches matches PyTorch") {
     Tensor in, tgt;
     split_batch(tok.data() + mb * B * (T + 1), B, T, in, tgt);
     Tape tape;
-    Var loss = model.forward(tape, in, tgt, ForwardOptions{false, 0, true});
+    Var loss = model.forward(tape, in, tgt, opts(false));
     total += loss.value().item() / 2.0;
     tape.backward(loss, 0.5f);
   }
@@ -202,7 +208,7 @@ TEST_CASE("bf16 on CUDA matches the fp32 PyTorch reference within bf16 bounds") 
   CHECK(rel_err(logits.data(), ref_logits.data(), static_cast<int64_t>(logits.size())) < 2e-2);
   Tape tape;
   model.params().zero_grad();
-  Var loss = model.forward(tape, in, tgt, ForwardOptions{false, 0, true});
+  Var loss = model.forward(tape, in, tgt, opts(false));
   const double ref_loss = j["loss"];
   CHECK(std::abs(loss.value().item() - ref_loss) / ref_loss < 2e-2);
   tape.backward(loss);
