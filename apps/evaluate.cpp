@@ -1,0 +1,388 @@
+// evaluate — zero-shot evaluation of a checkpoint, as Megatron-LM's
+// tasks/main.py --task WIKITEXT103 | LAMBADA (tasks/zeroshot_gpt/).
+//   evaluate --task WIKITEXT2 --valid-data assets/text/wikitext-2.test.txt --load ckpt
+//            --seq-length 1024 --overlapping-eval 32
+//   evaluate --task LAMBADA --valid-data assets/text/lambada_test.jsonl --load ckpt --strict-lambada
+// What is computed (docs/generate-eval.md has the details and the deviations):
+//  WIKITEXT2 / WIKITEXT103 (the same computation; Megatron names only the latter):
+//    raw = the whole file; num_original_tokens = len(raw.strip().split(" ")) — Megatron counts
+//    the space-separated words of the RAW text, before detokenising; the text is detokenised
+//    with the WikiText rules (wikitext_detokenize) and tokenised (num_tokenized_tokens ids).
+//    Windows of seq_length+1 tokens start every overlapping_eval tokens (default 32 as in
+//    Megatron; --overlapping-eval = seq_length means disjoint windows); window 0 scores all its targets, a later window only its last
+//    overlapping_eval targets, so every target is scored exactly once with up to
+//    seq_length − overlapping_eval tokens of extra context.
+//    avg loss = Σ loss / (num_tokenized_tokens − 1), ppl = exp(avg loss),
+//    adjusted ppl = exp(Σ loss / (num_original_tokens − 1)) (word-level perplexity; the
+//    exponent is capped at 20 as in Megatron), token ratio = (ntok − 1) / (norig − 1).
+//  LAMBADA (JSON lines with a "text" field): accuracy of greedy last-word prediction. An
+//    example is correct when the argmax at every target position equals the target token.
+//    non-strict (default): the whole text is tokenised and the target is its last token;
+//    --strict-lambada: the target is the last whitespace-separated word, tokenised as
+//    " " + word, after the text before it (stripped) — a multi-token word must be
+//    predicted entirely.
+// Losses and argmaxes use the first vocab_size logits (padded vocabulary rows excluded).
+// Runs on one process (the parallel runtime is not built yet).
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <mpi.h>
+#include <pcre2.h>
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "data/tokenizer.h"
+#include "model/inference_load.h"
+#include "tensor/ops.h"
+
+using namespace mpitron;
+namespace po = boost::program_options;
+
+namespace {
+
+struct Args {
+  std::string task, valid_data, load, vocab_file, merge_file, results_json;
+  int64_t seq_length = 0, overlapping_eval = 32, micro_batch_size = 1;
+  bool strict_lambada = false;
+};
+
+bool parse(int argc, char** argv, Args& a) {
+  int64_t tp = 1, pp = 1;
+  po::options_description d("evaluate: WikiText perplexity and LAMBADA accuracy of a checkpoint");
+  d.add_options()("help,h", "print this help")
+      ("task", po::value(&a.task)->required(), "WIKITEXT2, WIKITEXT103 or LAMBADA")
+      ("valid-data", po::value(&a.valid_data)->required(), "the evaluation file (raw WikiText .txt, or LAMBADA .jsonl)")
+      ("load", po::value(&a.load)->required(), "checkpoint directory (pretrain_gpt --save, or convert_checkpoint output)")
+      ("seq-length", po::value(&a.seq_length), "tokens per window (default: the checkpoint's seq_length)")
+      ("overlapping-eval", po::value(&a.overlapping_eval), "WikiText: window stride in tokens (default 32, as Megatron; = seq-length: no overlap)")
+      ("strict-lambada", po::bool_switch(&a.strict_lambada), "LAMBADA: the target is the whole last word")
+      ("micro-batch-size", po::value(&a.micro_batch_size), "WikiText: full windows per forward (default 1)")
+      ("vocab-file", po::value(&a.vocab_file), "GPT-2 vocab (default: bundled assets/gpt2)")
+      ("merge-file", po::value(&a.merge_file), "GPT-2 merges (default: bundled assets/gpt2)")
+      ("results-json", po::value(&a.results_json), "also write the results as JSON to this file")
+      ("tensor-model-parallel-size", po::value(&tp), "must be 1 (the parallel runtime is not built yet)")
+      ("pipeline-model-parallel-size", po::value(&pp), "must be 1 (the parallel runtime is not built yet)");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, d), vm);
+    if (vm.count("help")) {
+      std::cout << d << "\n";
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    MPT_THROW(str("evaluate: ", e.what()), "run evaluate --help for the flags it supports");
+  }
+  MPT_CHECK(tp == 1 && pp == 1,
+            str("--tensor-model-parallel-size ", tp, " / --pipeline-model-parallel-size ", pp, ": evaluate runs on one process"),
+            "pass 1 (or leave them out); checkpoints are stored unsharded, so any checkpoint loads on one process");
+  MPT_CHECK(a.task == "WIKITEXT2" || a.task == "WIKITEXT103" || a.task == "LAMBADA",
+            str("--task ", a.task, " is not supported"), "use WIKITEXT2, WIKITEXT103 or LAMBADA");
+  MPT_CHECK(a.micro_batch_size >= 1, str("--micro-batch-size must be >= 1, got ", a.micro_batch_size), "");
+  return true;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  MPT_CHECK(f.good(), str("cannot open ", path), "check --valid-data");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  size_t pos = 0;
+  while ((pos = s.find(from, pos)) != std::string::npos) {
+    s.replace(pos, from.size(), to);
+    pos += to.size();
+  }
+}
+
+// Python re.sub(pattern, repl, s) with PCRE2 (UTF + UCP); repl uses $1 for a group.
+void regex_sub(std::string& s, const char* pattern, const char* repl) {
+  int err = 0;
+  PCRE2_SIZE erroff = 0;
+  pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                                 &err, &erroff, nullptr);
+  MPT_CHECK(re != nullptr, str("detokenizer: bad pattern ", pattern), "");
+  std::string out(s.size() + 64, '\0');
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    PCRE2_SIZE n = out.size();
+    const int rc = pcre2_substitute(re, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), 0,
+                                    PCRE2_SUBSTITUTE_GLOBAL | PCRE2_SUBSTITUTE_OVERFLOW_LENGTH, nullptr, nullptr,
+                                    reinterpret_cast<PCRE2_SPTR>(repl), PCRE2_ZERO_TERMINATED,
+                                    reinterpret_cast<PCRE2_UCHAR*>(out.data()), &n);
+    if (rc == PCRE2_ERROR_NOMEMORY) {
+      out.resize(n + 1);
+      continue;
+    }
+    pcre2_code_free(re);
+    MPT_CHECK(rc >= 0, str("detokenizer: substitution with ", pattern, " failed (", rc, ")"), "");
+    out.resize(n);
+    s = out;
+    return;
+  }
+  pcre2_code_free(re);
+  MPT_THROW("detokenizer: substitution buffer", "");
+}
+
+// The WikiText detokeniser of Megatron's tasks/zeroshot_gpt/detokenizer.py, rule by rule.
+std::string wikitext_detokenize(std::string s) {
+  replace_all(s, "s '", "s'");                       // contractions
+  regex_sub(s, "/' [0-9]/", "/'[0-9]/");            // (a literal pattern in Megatron, kept as is)
+  replace_all(s, " @-@ ", "-");                      // number separators
+  replace_all(s, " @,@ ", ",");
+  replace_all(s, " @.@ ", ".");
+  for (const char* p : {":", ";", ".", "!", "?", ","}) replace_all(s, str(" ", p, " "), str(p, " "));  // punctuation
+  regex_sub(s, "\\(\\s*([^\\)]*?)\\s*\\)", "($1)");  // brackets and quotes: no inner padding
+  regex_sub(s, "\\[\\s*([^\\]]*?)\\s*\\]", "[$1]");
+  regex_sub(s, "{\\s*([^}]*?)\\s*}", "{$1}");
+  regex_sub(s, "\"\\s*([^\"]*?)\\s*\"", "\"$1\"");
+  regex_sub(s, "'\\s*([^']*?)\\s*'", "'$1'");
+  replace_all(s, "= = = =", "====");                 // headings
+  replace_all(s, "= = =", "===");
+  replace_all(s, "= =", "==");
+  replace_all(s, " \xC2\xB0 ", "\xC2\xB0");          // degree sign
+  replace_all(s, " \n", "\n");
+  replace_all(s, "\n ", "\n");
+  replace_all(s, " N ", " 1 ");
+  replace_all(s, " 's", "'s");
+  return s;
+}
+
+// Python's str.isspace() for the code point starting at s[i]; sets len to its UTF-8 length.
+bool py_space(const std::string& s, size_t i, size_t& len) {
+  const auto u = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = u(i);
+  len = 1;
+  if (c < 0x80) return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f);
+  uint32_t cp = 0;
+  if ((c & 0xe0) == 0xc0 && i + 1 < s.size()) cp = ((c & 0x1fu) << 6) | (u(i + 1) & 0x3fu), len = 2;
+  else if ((c & 0xf0) == 0xe0 && i + 2 < s.size()) cp = ((c & 0x0fu) << 12) | ((u(i + 1) & 0x3fu) << 6) | (u(i + 2) & 0x3fu), len = 3;
+  else if ((c & 0xf8) == 0xf0) len = 4;
+  return cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202f || cp == 0x205f || cp == 0x3000;
+}
+
+// Python's s.strip() and s.split() (whitespace as str.isspace()).
+std::string py_strip(const std::string& s) {
+  size_t b = 0, len = 0;
+  while (b < s.size() && py_space(s, b, len)) b += len;
+  size_t e = b, i = b;
+  while (i < s.size()) {
+    const bool sp = py_space(s, i, len);
+    i += len;
+    if (!sp) e = i;
+  }
+  return s.substr(b, e - b);
+}
+std::string py_last_word(const std::string& s) {
+  std::string last, cur;
+  size_t i = 0, len = 0;
+  while (i < s.size()) {
+    if (py_space(s, i, len)) {
+      if (!cur.empty()) last = cur;
+      cur.clear();
+    } else {
+      cur.append(s, i, len);
+    }
+    i += len;
+  }
+  return cur.empty() ? last : cur;
+}
+
+// Per-token losses (n) of targets given inputs, over the first vocab_size logits.
+// tokens: (B, T) windows; returns B·T losses, row-major.
+std::vector<float> token_losses(GPT& model, const std::vector<int64_t>& in, const std::vector<int64_t>& tgt, int64_t B,
+                                int64_t T) {
+  const int64_t V = model.config().vocab_size;
+  Tensor logits = model.logits(Tensor::from_ints(in, {B, T}));
+  if (logits.dim(1) != V) logits = logits.slice(1, 0, V).contiguous();
+  Tensor losses = Tensor::empty({B * T}, DType::F32, logits.device());
+  softmax_cross_entropy(logits, Tensor::from_ints(tgt, {B * T}).to(logits.device()), losses, Tensor(), 1.0f);
+  return losses.to_floats();
+}
+
+nlohmann::json eval_wikitext(GPT& model, const data::Tokenizer& tok, const Args& a, int64_t seq, int64_t overlap) {
+  const std::string raw = read_file(a.valid_data);
+  // Megatron: len(entire_data.strip().split(" ")) on the raw text.
+  const std::string stripped = py_strip(raw);
+  int64_t num_original = 1;
+  for (char c : stripped) num_original += c == ' ';
+  auto enc = tok.make_encoder();
+  const std::vector<int32_t> ids = enc->encode(wikitext_detokenize(raw));
+  const int64_t ntok = static_cast<int64_t>(ids.size());
+  MPT_CHECK(ntok >= 2, str(a.valid_data, " holds ", ntok, " tokens: nothing to evaluate"), "");
+  MPT_CHECK(num_original >= 2, str(a.valid_data, " holds fewer than 2 words"), "");
+  const int64_t targets = ntok - 1;
+  const int64_t nwin = std::max<int64_t>((std::max<int64_t>(targets - overlap, 0) + overlap - 1) / overlap + 1, 1);
+  double total = 0;
+  int64_t scored = 0;
+  Timer timer;
+  for (int64_t w0 = 0; w0 < nwin;) {
+    // Batch consecutive windows of the same length.
+    const auto win_len = [&](int64_t w) { return std::min(seq, targets - w * overlap); };  // targets in window w
+    const int64_t T = win_len(w0);
+    int64_t B = 0;
+    while (w0 + B < nwin && B < a.micro_batch_size && win_len(w0 + B) == T && T > 0) ++B;
+    if (T <= 0) {  // only padding (cannot happen with the window count above; kept for safety)
+      ++w0;
+      continue;
+    }
+    std::vector<int64_t> in, tgt;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t s = (w0 + b) * overlap;
+      for (int64_t t = 0; t < T; ++t) {
+        in.push_back(ids[static_cast<size_t>(s + t)]);
+        tgt.push_back(ids[static_cast<size_t>(s + t + 1)]);
+      }
+    }
+    const std::vector<float> losses = token_losses(model, in, tgt, B, T);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t w = w0 + b;
+      // Megatron: pad_mask[:-overlap] = 0 for every window but the first (when overlapping).
+      const int64_t first = (overlap != seq && w != 0) ? seq - overlap : 0;
+      for (int64_t t = first; t < T; ++t) total += losses[static_cast<size_t>(b * T + t)];
+      scored += std::max<int64_t>(T - first, 0);
+    }
+    w0 += B;
+  }
+  const double avg = total / static_cast<double>(ntok - 1);
+  const double ratio = static_cast<double>(ntok - 1) / static_cast<double>(num_original - 1);
+  nlohmann::json r = {{"task", a.task},
+                      {"seq_length", seq},
+                      {"overlapping_eval", overlap},
+                      {"num_original_tokens", num_original},
+                      {"num_tokenized_tokens", ntok},
+                      {"windows", nwin},
+                      {"scored_targets", scored},
+                      {"total_loss", total},
+                      {"avg_loss", avg},
+                      {"ppl", std::exp(std::min(20.0, avg))},
+                      {"adjusted_ppl", std::exp(std::min(20.0, avg * ratio))},
+                      {"token_ratio", ratio},
+                      {"seconds", timer.seconds()}};
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "validation results on %s | avg loss: %.4E | ppl: %.4E | adjusted ppl: %.4E | token ratio: %.6f |",
+                a.task.c_str(), avg, r["ppl"].get<double>(), r["adjusted_ppl"].get<double>(), ratio);
+  log_info(line);
+  return r;
+}
+
+nlohmann::json eval_lambada(GPT& model, const data::Tokenizer& tok, const Args& a, int64_t seq) {
+  std::ifstream f(a.valid_data);
+  MPT_CHECK(f.good(), str("cannot open ", a.valid_data), "check --valid-data");
+  auto enc = tok.make_encoder();
+  const int64_t V = model.config().vocab_size;
+  nlohmann::json examples = nlohmann::json::array();
+  int64_t correct = 0, n = 0, lineno = 0;
+  Timer timer;
+  std::string line;
+  while (std::getline(f, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    std::string text;
+    try {
+      text = nlohmann::json::parse(line).at("text").get<std::string>();
+    } catch (const nlohmann::json::exception& e) {
+      MPT_THROW(str(a.valid_data, ":", lineno, ": not a JSON object with a \"text\" string: ", e.what()), "");
+    }
+    std::vector<int32_t> ctx, target;
+    if (a.strict_lambada) {
+      const std::string last = py_last_word(text);
+      MPT_CHECK(!last.empty(), str(a.valid_data, ":", lineno, ": empty text"), "");
+      ctx = enc->encode(py_strip(text.substr(0, text.rfind(last))));
+      target = enc->encode(" " + last);
+    } else {
+      ctx = enc->encode(text);
+      MPT_CHECK(ctx.size() >= 2, str(a.valid_data, ":", lineno, ": fewer than 2 tokens"), "");
+      target = {ctx.back()};
+      ctx.pop_back();
+    }
+    MPT_CHECK(!ctx.empty(), str(a.valid_data, ":", lineno, ": no context before the last word"), "");
+    std::vector<int64_t> seqv(ctx.begin(), ctx.end());
+    seqv.insert(seqv.end(), target.begin(), target.end() - 1);
+    const int64_t T = static_cast<int64_t>(seqv.size());
+    MPT_CHECK(T <= seq, str(a.valid_data, ":", lineno, ": ", T + 1, " tokens exceed --seq-length ", seq, " + 1"),
+              "raise --seq-length (up to the model's max_position_embeddings)");
+    const std::vector<float> logits = model.logits(Tensor::from_ints(seqv, {1, T})).to_floats();
+    const int64_t Vp = model.config().padded_vocab_size;
+    std::vector<int32_t> pred;
+    for (size_t j = 0; j < target.size(); ++j) {
+      const float* row = logits.data() + (static_cast<int64_t>(ctx.size()) - 1 + static_cast<int64_t>(j)) * Vp;
+      int32_t best = 0;
+      for (int64_t v = 1; v < V; ++v)
+        if (row[v] > row[best]) best = static_cast<int32_t>(v);
+      pred.push_back(best);
+    }
+    const bool ok = pred == target;
+    correct += ok;
+    ++n;
+    examples.push_back({{"context_len", ctx.size()}, {"target", target}, {"pred", pred}, {"correct", ok}});
+  }
+  MPT_CHECK(n > 0, str(a.valid_data, " holds no examples"), "");
+  const double acc = static_cast<double>(correct) / static_cast<double>(n);
+  log_info("validation results on LAMBADA", a.strict_lambada ? " (strict)" : "", " | number correct: ", correct,
+           ", total: ", n, ", accuracy: ", acc * 100.0, " %");
+  return {{"task", a.task}, {"strict", a.strict_lambada}, {"accuracy", acc}, {"correct", correct},
+          {"total", n},     {"examples", examples},       {"seconds", timer.seconds()}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  set_process_rank(world > 1 ? rank : -1);
+  int rc = 0;
+  try {
+    MPT_CHECK(world == 1, str("evaluate was started on ", world, " ranks; it runs on one process"),
+              "run it without mpirun (or with -np 1)");
+    Args a;
+    if (parse(argc, argv, a)) {
+      if (a.vocab_file.empty()) a.vocab_file = data::Tokenizer::default_vocab_file();
+      if (a.merge_file.empty()) a.merge_file = data::Tokenizer::default_merges_file();
+      data::Tokenizer tok(a.vocab_file, a.merge_file);
+      const Device dev = cuda_available() ? Device::cuda(0) : Device::cpu();
+      InferenceModel m = load_model_for_inference(a.load, dev);
+      const GPTConfig& c = m.model->config();
+      MPT_CHECK(c.vocab_size == tok.vocab_size(),
+                str("the checkpoint's vocab_size ", c.vocab_size, " differs from the tokenizer's ", tok.vocab_size()),
+                "pass the --vocab-file/--merge-file the model was trained with");
+      log_info("loaded ", m.dir, " (", c.num_layers, " layers, hidden ", c.hidden_size, ") on ", dev.name());
+      const int64_t seq = a.seq_length > 0 ? a.seq_length : c.seq_length;
+      MPT_CHECK(seq <= c.max_position_embeddings,
+                str("--seq-length ", seq, " exceeds the model's max_position_embeddings ", c.max_position_embeddings), "");
+      nlohmann::json r;
+      if (a.task == "LAMBADA") {
+        r = eval_lambada(*m.model, tok, a, seq);
+      } else {
+        const int64_t overlap = std::min(a.overlapping_eval, seq);
+        MPT_CHECK(overlap >= 1, str("--overlapping-eval must be >= 1, got ", a.overlapping_eval), "");
+        r = eval_wikitext(*m.model, tok, a, seq, overlap);
+      }
+      r["checkpoint"] = m.dir;
+      if (!a.results_json.empty()) {
+        std::ofstream o(a.results_json);
+        o << r.dump() << "\n";
+        MPT_CHECK(o.good(), str("cannot write ", a.results_json), "");
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    rc = 1;
+  }
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,170 @@
+// generate_text — sample text from a checkpoint (Megatron's tools/generate_samples_gpt.py flags).
+//   generate_text --load ckpt --sample-input-file prompts.txt --out-seq-length 64 --top_p 0.9 --genfile out.jsonl
+//   generate_text --load ckpt --num-samples 4 --temperature 0.8 --top_k 40 --seed 7
+//   generate_text --load ckpt            (stdin a terminal: interactive prompts; otherwise one prompt per stdin line)
+// --out-seq-length is the number of NEW tokens per prompt (Megatron's meaning), capped by the
+// model's max_position_embeddings. Decoding uses the KV cache of model/generate.h; sampling
+// with the same --seed gives the same text. --greedy (or --top_k 1, or --temperature 0) is argmax.
+// Output: one JSON object per sample, {"prompt", "text" (generated only), "tokens" (generated
+// ids), "finished" (stopped at <|endoftext|>)}, written to --genfile or stdout.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/tokenizer.h"
+#include "model/generate.h"
+#include "model/inference_load.h"
+
+using namespace mpitron;
+namespace po = boost::program_options;
+
+namespace {
+
+struct Args {
+  std::string load, sample_input_file, genfile, vocab_file, merge_file;
+  int64_t num_samples = 0, out_seq_length = 64, micro_batch_size = 8;
+  SamplingParams sampling;
+};
+
+bool parse(int argc, char** argv, Args& a) {
+  int64_t tp = 1, pp = 1;
+  po::options_description d("generate_text: sample from a GPT checkpoint");
+  d.add_options()("help,h", "print this help")
+      ("load", po::value(&a.load)->required(), "checkpoint directory (pretrain_gpt --save, or convert_checkpoint output)")
+      ("sample-input-file", po::value(&a.sample_input_file), "prompts, one per line (empty line: unconditional)")
+      ("num-samples", po::value(&a.num_samples), "unconditional samples (no prompt file)")
+      ("out-seq-length", po::value(&a.out_seq_length), "new tokens per sample (default 64)")
+      ("temperature", po::value(&a.sampling.temperature), "logits / temperature (default 1.0; 0: greedy)")
+      ("top_k", po::value(&a.sampling.top_k), "sample among the k most likely tokens (default 0: all)")
+      ("top_p", po::value(&a.sampling.top_p), "nucleus sampling threshold (default 0: off)")
+      ("greedy", po::bool_switch(&a.sampling.greedy), "argmax decoding")
+      ("seed", po::value(&a.sampling.seed), "Philox seed of the sampling (default 1234)")
+      ("micro-batch-size", po::value(&a.micro_batch_size), "prompts decoded together (default 8)")
+      ("genfile", po::value(&a.genfile), "write the samples as JSON lines here (default: stdout)")
+      ("vocab-file", po::value(&a.vocab_file), "GPT-2 vocab (default: bundled assets/gpt2)")
+      ("merge-file", po::value(&a.merge_file), "GPT-2 merges (default: bundled assets/gpt2)")
+      ("tensor-model-parallel-size", po::value(&tp), "must be 1 (the parallel runtime is not built yet)")
+      ("pipeline-model-parallel-size", po::value(&pp), "must be 1 (the parallel runtime is not built yet)");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, d), vm);
+    if (vm.count("help")) {
+      std::cout << d << "\n";
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    MPT_THROW(str("generate_text: ", e.what()), "run generate_text --help for the flags it supports");
+  }
+  MPT_CHECK(tp == 1 && pp == 1, "generate_text runs on one process: tensor/pipeline parallel sizes must be 1",
+            "checkpoints are stored unsharded, so any checkpoint loads on one process");
+  MPT_CHECK(a.sample_input_file.empty() || a.num_samples == 0, "--sample-input-file and --num-samples exclude each other",
+            "pass one of them");
+  MPT_CHECK(a.out_seq_length >= 1, str("--out-seq-length must be >= 1, got ", a.out_seq_length), "");
+  MPT_CHECK(a.micro_batch_size >= 1, str("--micro-batch-size must be >= 1, got ", a.micro_batch_size), "");
+  a.sampling.validate();
+  return true;
+}
+
+class Generator {
+ public:
+  Generator(const Args& a, GPT& model, const data::Tokenizer& tok, std::ostream& out)
+      : a_(a), model_(model), tok_(tok), enc_(tok.make_encoder()), out_(out) {}
+
+  // Generates for prompts (strings) and writes one JSON line each.
+  void run(const std::vector<std::string>& prompts) {
+    std::vector<std::vector<int32_t>> ids;
+    for (const std::string& p : prompts) ids.push_back(enc_->encode(p));
+    GenerateOptions o;
+    o.max_new_tokens = a_.out_seq_length;
+    o.eod = tok_.eod();
+    o.sampling = a_.sampling;
+    o.sampling.seed = a_.sampling.seed + batches_++;  // each batch its own streams, reproducibly
+    const GenerateOutput g = generate(model_, ids, o);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto& gen = g.generated[i];
+      const bool finished = !gen.empty() && gen.back() == tok_.eod();
+      const std::vector<int32_t> shown(gen.begin(), gen.end() - (finished ? 1 : 0));
+      nlohmann::json j = {{"prompt", prompts[i]}, {"text", tok_.decode(shown)}, {"tokens", gen}, {"finished", finished}};
+      out_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    }
+    out_.flush();
+  }
+
+ private:
+  const Args& a_;
+  GPT& model_;
+  const data::Tokenizer& tok_;
+  std::unique_ptr<data::Encoder> enc_;
+  std::ostream& out_;
+  uint64_t batches_ = 0;
+};
+
+void run(const Args& a) {
+  data::Tokenizer tok(a.vocab_file.empty() ? data::Tokenizer::default_vocab_file() : a.vocab_file,
+                      a.merge_file.empty() ? data::Tokenizer::default_merges_file() : a.merge_file);
+  const Device dev = cuda_available() ? Device::cuda(0) : Device::cpu();
+  InferenceModel m = load_model_for_inference(a.load, dev);
+  MPT_CHECK(m.model->config().vocab_size == tok.vocab_size(),
+            str("the checkpoint's vocab_size ", m.model->config().vocab_size, " differs from the tokenizer's ",
+                tok.vocab_size()), "pass the --vocab-file/--merge-file the model was trained with");
+  std::fprintf(stderr, "loaded %s on %s\n", m.dir.c_str(), dev.name().c_str());  // stdout may carry the samples
+  std::ofstream file;
+  if (!a.genfile.empty()) {
+    file.open(a.genfile);
+    MPT_CHECK(file.good(), str("cannot create --genfile ", a.genfile), "");
+  }
+  Generator g(a, *m.model, tok, a.genfile.empty() ? std::cout : file);
+  const auto batched = [&](const std::vector<std::string>& all) {
+    for (size_t i = 0; i < all.size(); i += static_cast<size_t>(a.micro_batch_size))
+      g.run(std::vector<std::string>(all.begin() + static_cast<std::ptrdiff_t>(i),
+                                     all.begin() + static_cast<std::ptrdiff_t>(std::min(all.size(), i + static_cast<size_t>(a.micro_batch_size)))));
+  };
+  if (a.num_samples > 0) {
+    batched(std::vector<std::string>(static_cast<size_t>(a.num_samples), ""));
+  } else if (!a.sample_input_file.empty()) {
+    std::ifstream f(a.sample_input_file);
+    MPT_CHECK(f.good(), str("cannot open --sample-input-file ", a.sample_input_file), "");
+    std::vector<std::string> prompts;
+    for (std::string line; std::getline(f, line);) prompts.push_back(line);
+    batched(prompts);
+  } else if (isatty(STDIN_FILENO)) {
+    for (;;) {
+      std::fprintf(stderr, "Context prompt (stop to exit) >>> ");
+      std::string line;
+      if (!std::getline(std::cin, line) || line == "stop") break;
+      g.run({line});
+    }
+  } else {
+    std::vector<std::string> prompts;
+    for (std::string line; std::getline(std::cin, line);) prompts.push_back(line);
+    batched(prompts);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rc = 0;
+  try {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPT_CHECK(world == 1, "generate_text runs on one process", "run it without mpirun");
+    Args a;
+    if (parse(argc, argv, a)) run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    rc = 1;
+  }
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,45 @@
+// Helpers shared by the tests/apps suites: temp dirs, running the built apps.
+#pragma once
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace apps_test {
+
+inline const std::string kSource = MPITRON_SOURCE_DIR;
+
+// A fresh directory under the system temp dir, removed by the destructor.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& tag) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / ("mpitron_" + tag + "_XXXXXX")).string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+inline std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs a built app (the tests' working directory is the build dir: apps/<name>) with a
+// shell command line; stdout+stderr go to log. Returns the exit status.
+inline int run_app(const std::string& name, const std::string& args, const std::string& log) {
+  const std::string cmd = "OMP_NUM_THREADS=1 apps/" + name + " " + args + " > " + log + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+}
+
+}  // namespace apps_test
