@@ -1,0 +1,128 @@
+// parallel/data_parallel.h — data-parallel gradient reduction in contiguous
+// buckets, overlapped with backward (Megatron's DistributedDataParallel).
+//
+// The gradients of all parameters live in ONE flat f32 buffer (model/params.h).
+// Buckets are contiguous slices of it, formed by walking the parameters in
+// REVERSE order (the order backward completes them) and closing a bucket once
+// it holds >= bucket_size elements. Each bucket is reduced by one async
+// collective as soon as every parameter in it was marked ready, while backward
+// goes on with earlier layers:
+//   - AllReduce:     in place on the bucket (plain DDP), averaged over dp;
+//   - ReduceScatter: to the owner of each element under a contiguous ShardLayout
+//                    (ZeRO), written (or added) into a shard-sized tensor.
+// Buckets launch strictly in bucket order on every rank (a bucket that becomes
+// ready before its predecessor waits for it), so all ranks issue the same
+// collectives in the same order even if readiness order differed.
+//
+// The logic knows nothing of autograd: the model calls mark_ready(i) when
+// parameter i's gradient is final for this backward, on_backward_done() after
+// the tape finished, and wait_all() before the optimizer reads gradients.
+//
+// Averaging: each bucket is multiplied by 1/dp BEFORE the collective (as
+// Megatron's gradient_scaling_factor), so sums of large scaled gradients do
+// not overflow. With the MPI backend, nonblocking collectives progress only
+// inside MPI calls: mark_ready() therefore test()s launched buckets.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace mpitron {
+
+// One parameter's slice of the flat buffers, in ParamSet order.
+struct FlatParam {
+  int64_t offset = 0;         // elements into the flat value/grad buffers
+  int64_t numel = 0;
+  bool weight_decay = true;   // false for biases and layernorm parameters
+};
+
+// Contiguous shards of a flat buffer of `numel` elements over `ranks` ranks:
+// rank r owns [begin(r), end(r)), each of shard = ceil(numel / ranks) elements
+// except the last ones (padding: the last rank's shard is short, or empty).
+struct ShardLayout {
+  int64_t numel = 0;
+  int ranks = 1;
+  ShardLayout() = default;
+  ShardLayout(int64_t n, int r) : numel(n), ranks(r) {}
+  int64_t shard() const { return ranks > 0 ? (numel + ranks - 1) / ranks : 0; }  // padded shard size
+  int64_t begin(int r) const { return std::min<int64_t>(numel, r * shard()); }
+  int64_t end(int r) const { return std::min<int64_t>(numel, (r + 1) * shard()); }
+  int64_t size(int r) const { return end(r) - begin(r); }
+};
+
+enum class GradReduce { AllReduce, ReduceScatter };
+
+struct DDPConfig {
+  int64_t bucket_size = 40000000;    // --ddp-bucket-size: elements per bucket (Megatron: 40M); 0 = one bucket
+  bool overlap_grad_reduce = true;   // --overlap-grad-reduce: launch as soon as ready (else all at on_backward_done)
+  bool average = true;               // divide by the dp size (Megatron averages gradients over dp)
+};
+
+class GradBuckets {
+ public:
+  struct Bucket {
+    int64_t begin = 0, end = 0;   // element range of the flat grad buffer
+    std::vector<size_t> params;   // parameter indices in it
+    int pending = 0;              // params not yet marked ready in this backward
+    bool launched = false;
+    WorkPtr work;
+    Tensor scratch;               // ReduceScatter with accumulate: the received piece
+  };
+
+  // All-reduce mode. grads: (N) f32 flat gradient buffer (host or device, as
+  // `dp` expects); params: every parameter's slice, in ParamSet order.
+  GradBuckets(const Tensor& grads, std::vector<FlatParam> params, Communicator& dp, const DDPConfig& cfg);
+  // Reduce-scatter mode (ZeRO): every element goes to its owner under `shards`
+  // (shards.ranks == dp.size()); this rank's piece of a bucket lands in
+  // shard_grads (shards.size(rank) f32) at (element - shards.begin(rank)),
+  // overwritten, or added when `accumulate`.
+  GradBuckets(const Tensor& grads, std::vector<FlatParam> params, Communicator& dp, const DDPConfig& cfg,
+              const ShardLayout& shards, const Tensor& shard_grads, bool accumulate);
+  ~GradBuckets();
+  GradBuckets(const GradBuckets&) = delete;
+  GradBuckets& operator=(const GradBuckets&) = delete;
+
+  // Start of a backward. reduce = false (a micro-batch whose gradients are only
+  // accumulated locally, Megatron's no_sync): mark_ready/on_backward_done do nothing.
+  void begin_backward(bool reduce = true);
+  // Parameter i's gradient is final for this backward. Launches its bucket
+  // (and any ready successors) when it completes. Marking twice throws.
+  void mark_ready(size_t param_index);
+  // Backward finished: launches every bucket not launched yet (parameters never
+  // marked, e.g. unused in this step, are reduced as they are), in bucket order.
+  void on_backward_done();
+  // Wait for every launched bucket; afterwards the gradients are reduced.
+  void wait_all();
+
+  size_t num_buckets() const { return buckets_.size(); }
+  const Bucket& bucket(size_t i) const { return buckets_[i]; }
+  GradReduce mode() const { return mode_; }
+  // Inside a backward that reduces (between begin_backward(true) and on_backward_done()).
+  bool reducing() const { return reducing_; }
+  // Which bucket holds parameter i.
+  size_t bucket_of(size_t param_index) const { return param_bucket_[param_index]; }
+
+ private:
+  void build(const DDPConfig& cfg);
+  void launch_ready();
+  void launch(Bucket& b);
+  void finish(Bucket& b);
+
+  Tensor grads_;
+  std::vector<FlatParam> params_;
+  Communicator& dp_;
+  DDPConfig cfg_;
+  GradReduce mode_;
+  ShardLayout shards_;
+  Tensor shard_grads_;
+  bool accumulate_ = false;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> param_bucket_;
+  std::vector<char> marked_;
+  size_t next_launch_ = 0;
+  bool reducing_ = false;  // inside a backward that reduces
+};
+
+}  // namespace mpitron

@@ -1,0 +1,169 @@
+#include "parallel/zero.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "tensor/adamw.h"
+#include "tensor/elementwise.h"
+#include "tensor/norm.h"
+
+namespace mpitron {
+
+std::string MemoryReport::to_string() const {
+  const auto gb = [](int64_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f GB", static_cast<double>(b) / 1e9);
+    return std::string(buf);
+  };
+  return str("weights ", gb(weights), " | gradients ", gb(gradients), " | gradient scratch ", gb(grad_scratch),
+             " | master weights ", gb(master_weights), " | moments ", gb(moments), " | total ", gb(total()));
+}
+
+MemoryReport zero_memory_estimate(int64_t numel, DType values, int dp, int stage) {
+  MPT_CHECK(stage >= 0 && stage <= 2, str("--zero-stage ", stage, " is not 0, 1 or 2"), "");
+  MPT_CHECK(dp >= 1, str("data-parallel size ", dp, " must be >= 1"), "");
+  const int64_t shard = stage == 0 ? numel : ShardLayout(numel, dp).size(0);
+  MemoryReport r;
+  r.weights = numel * static_cast<int64_t>(dtype_size(values));
+  // Stage 2's shard is the owned slice of the full buffer; the rest of it is
+  // scratch zeroed after every micro-batch (reclaimable, see zero.h).
+  r.gradients = 4 * (stage == 2 ? shard : numel);
+  r.grad_scratch = stage == 2 ? 4 * (numel - shard) : 0;
+  r.master_weights = values == DType::F32 ? 0 : 4 * shard;
+  r.moments = 2 * 4 * shard;
+  return r;
+}
+
+ZeroOptimizer::ZeroOptimizer(const Tensor& values, const Tensor& grads, std::vector<FlatParam> params,
+                             Communicator& dp, const ZeroConfig& cfg, Communicator* norm_group)
+    : values_(values), grads_(grads), params_(std::move(params)), dp_(dp), norm_group_(norm_group), cfg_(cfg) {
+  MPT_CHECK(cfg.stage == 1 || cfg.stage == 2, str("--zero-stage ", cfg.stage, " is not 1 or 2"),
+            "use 1 (--use-distributed-optimizer) or 2; without ZeRO use AdamWOptimizer with GradBuckets");
+  MPT_CHECK(values.defined() && grads.defined() && values.numel() == grads.numel() && values.ndim() == 1 &&
+                values.is_contiguous() && grads.dtype() == DType::F32,
+            str("ZeRO optimizer needs flat (N) values and (N) f32 grads, got ",
+                values.defined() ? values.describe() : "undefined", " and ",
+                grads.defined() ? grads.describe() : "undefined"),
+            "");
+  layout_ = ShardLayout(values.numel(), dp.size());
+  const int64_t b = shard_begin(), n = shard_end() - shard_begin();
+  const Device dev = values.device();
+  separate_master_ = values.dtype() != DType::F32;
+  master_ = separate_master_ ? values.flat_range(b, n).to(DType::F32) : values.flat_range(b, n);
+  m_ = Tensor::zeros({n}, DType::F32, dev);
+  v_ = Tensor::zeros({n}, DType::F32, dev);
+  // Both stages reduce in place into the grad buffer's own slice (no extra memory).
+  shard_grads_ = grads.flat_range(b, n);
+  for (const FlatParam& p : params_) {
+    const bool decay = p.weight_decay && cfg.weight_decay != 0.0f;
+    if (!segments_.empty() && segments_.back().decay == decay && segments_.back().end == p.offset)
+      segments_.back().end = p.offset + p.numel;
+    else
+      segments_.push_back({p.offset, p.offset + p.numel, decay});
+  }
+  // Sums, not averages: with stage 2 the owned slice already holds the reduced
+  // sum of earlier micro-batches, which a 1/dp pre-scale would shrink again.
+  // The 1/dp is folded into AdamW's grad_scale (and the norm) instead.
+  DDPConfig ddp = cfg.ddp;
+  ddp.average = false;
+  buckets_ = std::make_unique<GradBuckets>(grads, params_, dp, ddp, layout_, shard_grads_, false);
+}
+
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+void ZeroOptimizer::zero_grad() {
+  buckets_->wait_all();
+  reduced_ = false;
+  grads_.zero();
+}
+
+void ZeroOptimizer::begin_micro_batch(bool last) { buckets_->begin_backward(cfg_.stage == 2 || last); }
+
+void ZeroOptimizer::on_backward_done() {
+  reduced_ = reduced_ || buckets_->reducing();
+  buckets_->on_backward_done();
+  if (cfg_.stage == 2) {
+    buckets_->wait_all();
+    // Keep the owned slice (the running sum); the rest was this micro-batch's scratch.
+    const int64_t b = shard_begin(), e = shard_end();
+    if (b > 0) grads_.flat_range(0, b).zero();
+    if (e < grads_.numel()) grads_.flat_range(e, grads_.numel() - e).zero();
+  }
+}
+
+std::vector<int64_t> ZeroOptimizer::counts() const {
+  std::vector<int64_t> c(static_cast<size_t>(dp_.size()));
+  for (int r = 0; r < dp_.size(); ++r) c[static_cast<size_t>(r)] = layout_.size(r);
+  return c;
+}
+
+void ZeroOptimizer::all_gather_values() {
+  const int64_t b = shard_begin(), n = shard_end() - shard_begin();
+  dp_.all_gather_v(values_.flat_range(b, n), values_, counts());
+}
+
+ZeroStepResult ZeroOptimizer::step(float lr, float loss_scale) {
+  if (!reduced_) {
+    buckets_->begin_backward(true);
+    buckets_->on_backward_done();
+  }
+  buckets_->wait_all();
+  reduced_ = false;
+  ZeroStepResult r;
+  // Global norm: every element is owned by exactly one dp rank.
+  Tensor sq = Tensor::zeros({1}, DType::F32, shard_grads_.device());
+  if (shard_grads_.numel() > 0) sum_squares(shard_grads_, sq);
+  dp_.all_reduce(sq, ReduceOp::Sum);
+  if (norm_group_) norm_group_->all_reduce(sq, ReduceOp::Sum);
+  const double scaled_norm = std::sqrt(static_cast<double>(sq.item()));
+  const double unscale = static_cast<double>(loss_scale) * dp_.size();  // the shard holds dp-summed gradients
+  r.grad_norm = scaled_norm / unscale;
+  if (!std::isfinite(scaled_norm)) {
+    r.skipped = true;
+    return r;
+  }
+  double grad_scale = 1.0 / unscale;
+  if (cfg_.clip_grad > 0) {
+    const double coef = cfg_.clip_grad / (r.grad_norm + 1e-6);
+    if (coef < 1.0) grad_scale *= coef;
+  }
+  ++step_;
+  AdamWArgs a;
+  a.lr = lr;
+  a.beta1 = cfg_.beta1;
+  a.beta2 = cfg_.beta2;
+  a.eps = cfg_.eps;
+  a.grad_scale = static_cast<float>(grad_scale);
+  a.step = step_;
+  const int64_t sb = shard_begin(), se = shard_end();
+  for (const Segment& s : segments_) {
+    const int64_t lo = std::max(s.begin, sb), hi = std::min(s.end, se);
+    if (hi <= lo) continue;
+    a.weight_decay = s.decay ? cfg_.weight_decay : 0.0f;
+    const int64_t off = lo - sb, n = hi - lo;
+    adamw_step(master_.flat_range(off, n), shard_grads_.flat_range(off, n), m_.flat_range(off, n),
+               v_.flat_range(off, n), separate_master_ ? values_.flat_range(lo, n) : Tensor(), a);
+  }
+  all_gather_values();
+  return r;
+}
+
+void ZeroOptimizer::sync_values_from_master() {
+  if (separate_master_) cast(master_, values_.flat_range(shard_begin(), shard_end() - shard_begin()));
+  all_gather_values();
+}
+
+MemoryReport ZeroOptimizer::memory_report() const {
+  MemoryReport r = zero_memory_estimate(values_.numel(), values_.dtype(), dp_.size(), cfg_.stage);
+  // This rank's actual shard (the estimate reports the largest).
+  const int64_t n = shard_end() - shard_begin();
+  r.master_weights = separate_master_ ? 4 * n : 0;
+  r.moments = 8 * n;
+  if (cfg_.stage == 2) {
+    r.gradients = 4 * n;
+    r.grad_scratch = 4 * (values_.numel() - n);
+  }
+  return r;
+}
+
+}  // namespace mpitron

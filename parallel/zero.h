@@ -1,0 +1,138 @@
+// parallel/zero.h — the distributed optimizer: ZeRO-1 / ZeRO-2 AdamW over the
+// flat parameter buffer (--use-distributed-optimizer, --zero-stage 1|2).
+//
+// Every dp rank keeps the whole compute-dtype value buffer (N) but owns only a
+// contiguous shard [begin, end) of the optimizer state (ShardLayout: shard =
+// ceil(N / dp), the last shard short):
+//   master (shard) f32   — a view of the values when they are f32 (as AdamWOptimizer)
+//   m, v   (shard) f32
+// One step:
+//   1. gradients are reduce-scattered (averaged over dp) to their owners in
+//      buckets (GradBuckets, overlapped with backward);
+//   2. the global grad norm = sqrt(all-reduce over dp [and the model-parallel
+//      group, when given] of each shard's Σg²); non-finite → step skipped on
+//      every rank; clipping as torch.nn.utils.clip_grad_norm_;
+//   3. AdamW (tensor/adamw.h adamw_step) on each weight-decay segment
+//      intersecting the shard, writing the new master and compute-dtype copy;
+//   4. the values are all-gathered in place (all_gather_v: the shards are uneven).
+// The math equals AdamWOptimizer on the dp-averaged gradients up to the f32
+// summation order of the reductions (tests/parallel/test_zero.cpp: 1e-6 rel).
+//
+// Gradients are reduced as SUMS into the owned slice of the flat f32 grad
+// buffer itself (in place: no shard buffer), and the 1/dp of the average is
+// folded into AdamW's grad_scale and the norm.
+// Stage 1: gradients accumulate over micro-batches in the full buffer and are
+// reduce-scattered once, during the last micro-batch's backward.
+// Stage 2: every micro-batch's gradients are reduce-scattered right after its
+// backward (added into the owned slice, which holds the running sum), then the
+// rest of the buffer is zeroed: between micro-batches the only gradient state
+// is the shard, and the non-owned part is scratch for one backward.
+// Memory: ParamSet owns ONE full f32 grad buffer, so today both stages hold
+// 4·N gradient bytes; MemoryReport splits stage 2's into `gradients` (the
+// shard, 4·N/dp) and `grad_scratch` (the rest: what a bucket-sized scratch
+// would save once ParamSet can release its grad buffer between micro-batches).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/data_parallel.h"
+
+namespace mpitron {
+
+struct ZeroConfig {
+  int stage = 1;                      // --zero-stage: 1 (= --use-distributed-optimizer) or 2
+  float beta1 = 0.9f;                 // --adam-beta1
+  float beta2 = 0.999f;               // --adam-beta2
+  float eps = 1e-8f;                  // --adam-eps
+  float weight_decay = 0.01f;         // --weight-decay (only parameters with FlatParam::weight_decay)
+  float clip_grad = 1.0f;             // --clip-grad: max global L2 norm; 0 disables
+  DDPConfig ddp;                      // bucket size, overlap (averaging is always on)
+};
+
+struct ZeroStepResult {
+  double grad_norm = 0;  // global L2 norm of the unscaled, dp-averaged gradients, before clipping
+  bool skipped = false;  // gradients were not finite: parameters unchanged on every rank
+};
+
+// Bytes per rank of the model and optimizer state (the trainer adds activations).
+struct MemoryReport {
+  int64_t weights = 0;         // compute-dtype parameter values (the full replica)
+  int64_t gradients = 0;       // persistent f32 gradients (stage 0/1: full buffer; stage 2: the shard)
+  int64_t grad_scratch = 0;    // stage 2: the non-owned rest of the f32 buffer (one micro-batch's scratch)
+  int64_t master_weights = 0;  // f32 master copy (0 when the values are f32: shared)
+  int64_t moments = 0;         // Adam m and v
+  int64_t total() const { return weights + gradients + grad_scratch + master_weights + moments; }
+  std::string to_string() const;  // "weights 1.2 GB | gradients …"
+};
+// What a rank holds for `numel` parameters of dtype `values` over dp ranks at
+// `stage` (0 = plain data parallel with full optimizer state on every rank).
+// The largest shard is reported (rank 0's).
+MemoryReport zero_memory_estimate(int64_t numel, DType values, int dp, int stage);
+
+class ZeroOptimizer {
+ public:
+  // values: (N) compute dtype, grads: (N) f32 (ParamSet's flat buffers, same
+  // device as dp expects); params: every parameter's slice in ParamSet order.
+  // norm_group: when given (the model-parallel group with TP/PP), the squared
+  // norm is also summed over it. Collective over dp.
+  ZeroOptimizer(const Tensor& values, const Tensor& grads, std::vector<FlatParam> params, Communicator& dp,
+                const ZeroConfig& cfg, Communicator* norm_group = nullptr);
+  ~ZeroOptimizer();
+
+  // ---- hooks the trainer calls around each micro-batch ----
+  // Zero the gradient buffer (start of a step).
+  void zero_grad();
+  // Before micro-batch k's backward; last = k is the step's last micro-batch.
+  void begin_micro_batch(bool last);
+  // From backward: parameter i's gradient is final for this micro-batch.
+  void mark_ready(size_t param_index) { buckets_->mark_ready(param_index); }
+  // After the tape finished. Stage 2: waits for this micro-batch's reductions
+  // (summed into the owned slice) and zeroes the rest of the buffer.
+  void on_backward_done();
+
+  // Waits for outstanding reductions (when no hook ran since zero_grad(), first
+  // reduces the whole accumulated buffer, so hook-less use is correct, just not
+  // overlapped), then one AdamW update with learning rate
+  // lr (gradients divided by loss_scale), then all-gathers the values.
+  ZeroStepResult step(float lr, float loss_scale);
+
+  // ---- state (checkpoints: a rank writes/reads its hyperslab [shard_begin, shard_end)) ----
+  const ShardLayout& layout() const { return layout_; }
+  int64_t shard_begin() const { return layout_.begin(dp_.rank()); }
+  int64_t shard_end() const { return layout_.end(dp_.rank()); }
+  const Tensor& master_shard() const { return master_; }      // (shard) f32
+  const Tensor& exp_avg_shard() const { return m_; }          // (shard) f32
+  const Tensor& exp_avg_sq_shard() const { return v_; }       // (shard) f32
+  const Tensor& grad_shard() const { return shard_grads_; }   // (shard) f32 dp-SUM, valid after step()
+  int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t s) { step_ = s; }
+  // After loading master shards: round them into the values and all-gather.
+  void sync_values_from_master();
+  MemoryReport memory_report() const;
+  const ZeroConfig& config() const { return cfg_; }
+  GradBuckets& buckets() { return *buckets_; }
+
+ private:
+  struct Segment {
+    int64_t begin, end;  // flat-buffer elements
+    bool decay;
+  };
+  void all_gather_values();
+  std::vector<int64_t> counts() const;
+
+  Tensor values_, grads_;
+  std::vector<FlatParam> params_;
+  Communicator& dp_;
+  Communicator* norm_group_;
+  ZeroConfig cfg_;
+  ShardLayout layout_;
+  bool separate_master_ = false;
+  Tensor master_, m_, v_, shard_grads_;
+  std::vector<Segment> segments_;
+  std::unique_ptr<GradBuckets> buckets_;
+  int64_t step_ = 0;
+  bool reduced_ = false;  // a reduction ran since zero_grad() (else step() reduces the buffer itself)
+};
+
+}  // namespace mpitron

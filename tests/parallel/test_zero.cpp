@@ -1,0 +1,240 @@
+// tests/parallel/test_zero.cpp — ZeRO-1 and ZeRO-2 AdamW over 2/4 real ranks
+// against a single-process AdamWOptimizer (model/optimizer.h) fed the
+// dp-averaged gradients, for a ParamSet of several parameters with mixed
+// weight decay whose shards cut through parameters and decay segments; two
+// micro-batches per step, loss scaling and gradient clipping included.
+// mpitron-test: np=2,4
+// mpitron-test: timeout=300
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "core/device.h"
+#include "model/optimizer.h"
+#include "model/params.h"
+#include "parallel/zero.h"
+
+using namespace mpitron;
+
+namespace {
+int wrank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int wsize() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// 117 elements: with 4 ranks, shards of 30 (the last 27) cut through w1, w2, emb.
+void declare(ParamSet& p) {
+  p.add("w1", {5, 7}, true);
+  p.add("b1", {7}, false);
+  p.add("ln", {7}, false);
+  p.add("w2", {7, 3}, true);
+  p.add("b2", {3}, false);
+  p.add("emb", {11, 4}, true);
+}
+std::vector<FlatParam> flat(const ParamSet& p) {
+  std::vector<FlatParam> v;
+  for (const ParamInfo& i : p.infos()) v.push_back({i.offset, i.numel(), i.weight_decay});
+  return v;
+}
+// Initial values: magnitudes in [0.5, 1.5), mixed signs (relative errors stay meaningful).
+std::vector<float> init_values(int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    v[static_cast<size_t>(i)] = (i % 3 == 0 ? -1.f : 1.f) * (0.5f + static_cast<float>((i * 37) % 100) / 100.f);
+  return v;
+}
+// Rank r's (unscaled) gradient of element i at step s, micro-batch k.
+float grad(int r, int s, int k, int64_t i) {
+  const uint32_t h = static_cast<uint32_t>(r * 7919 + s * 1543 + k * 613 + i * 104729 + 11) * 2654435761u;
+  return (static_cast<float>(h >> 8) / 16777216.0f - 0.5f) * (1.0f + static_cast<float>(s));
+}
+double max_rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  double m = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    m = std::max(m, std::fabs(static_cast<double>(got[i]) - want[i]) / std::fabs(static_cast<double>(want[i])));
+  return m;
+}
+
+struct Case {
+  int stage;
+  DType dtype;
+  bool hooks;           // drive begin_micro_batch/mark_ready/on_backward_done (else only step)
+  int64_t bucket_size;
+  Device device = Device::cpu();
+};
+
+void run_case(const Case& cs) {
+  const int r = wrank(), n = wsize();
+  const int steps = 4, micro = 2;
+  const float loss_scale = 8.0f;  // gradients arrive multiplied by it
+  OptimizerConfig oc;
+  oc.weight_decay = 0.1f;
+  oc.clip_grad = 1.5f;  // clips in the later steps (gradients grow with s)
+  const float lrs[steps] = {1e-2f, 2e-2f, 5e-3f, 1e-2f};
+
+  // The reference: one process, averaged gradients.
+  ParamSet ref;
+  declare(ref);
+  ref.allocate(cs.dtype, Device::cpu());
+  const int64_t N = ref.numel();
+  ref.values().copy_from(Tensor::from_vector(init_values(N), {N}, cs.dtype));
+  AdamWOptimizer ropt(ref, oc);
+
+  ParamSet mine;
+  declare(mine);
+  mine.allocate(cs.dtype, cs.device);
+  mine.values().copy_from(Tensor::from_vector(init_values(N), {N}, cs.dtype).to(cs.device));
+  CommOptions co;
+  co.name = "dp";
+  // Device tensors: NCCL with one GPU per rank, else MPI staged through host.
+  co.force_mpi_for_device = cuda_device_count() < n;
+  auto dp = make_communicator(MPI_COMM_WORLD, cs.device, co);
+  ZeroConfig zc;
+  zc.stage = cs.stage;
+  zc.beta1 = oc.beta1;
+  zc.beta2 = oc.beta2;
+  zc.eps = oc.eps;
+  zc.weight_decay = oc.weight_decay;
+  zc.clip_grad = oc.clip_grad;
+  zc.ddp.bucket_size = cs.bucket_size;
+  ZeroOptimizer zopt(mine.values(), mine.grads(), flat(mine), *dp, zc);
+  CHECK(zopt.shard_begin() == ShardLayout(N, n).begin(r));
+
+  for (int s = 0; s < steps; ++s) {
+    // Reference gradient: Σ over micro-batches of the mean over ranks, times the loss scale.
+    std::vector<float> avg(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) {
+      double t = 0;
+      for (int k = 0; k < micro; ++k)
+        for (int q = 0; q < n; ++q) t += grad(q, s, k, i);
+      avg[static_cast<size_t>(i)] = static_cast<float>(loss_scale * t / n);
+    }
+    ref.zero_grad();
+    ref.grads().copy_from(Tensor::from_vector(avg, {N}));
+    const StepResult want = ropt.step(lrs[s], loss_scale);
+
+    zopt.zero_grad();
+    for (int k = 0; k < micro; ++k) {
+      if (cs.hooks) zopt.begin_micro_batch(k == micro - 1);
+      // "Backward": accumulate this micro-batch's gradient, parameters completing last-first.
+      std::vector<float> g = mine.grads().to_floats();
+      for (int64_t i = 0; i < N; ++i) g[static_cast<size_t>(i)] += loss_scale * grad(r, s, k, i);
+      mine.grads().copy_from(Tensor::from_vector(g, {N}).to(cs.device));
+      if (cs.hooks) {
+        for (size_t p = mine.infos().size(); p-- > 0;) zopt.mark_ready(p);
+        zopt.on_backward_done();
+      }
+    }
+    const ZeroStepResult got = zopt.step(lrs[s], loss_scale);
+    INFO("stage ", cs.stage, " dtype ", dtype_name(cs.dtype), " hooks ", cs.hooks, " bucket ", cs.bucket_size,
+         " step ", s, " rank ", r, " np ", n);
+    CHECK_FALSE(got.skipped);
+    CHECK(std::fabs(got.grad_norm - want.grad_norm) <= 1e-6 * want.grad_norm);
+    // Every rank holds the full, updated replica.
+    const double err = max_rel_err(mine.values().to_floats(), ref.values().to_floats());
+    if (cs.dtype == DType::F32)
+      CHECK(err <= 1e-6);
+    else
+      CHECK(err <= 1.0 / 128);  // one bf16 ulp: masters within 1e-6 may round to neighbours
+    // The owned slice of the f32 master, and the moments.
+    const int64_t b = zopt.shard_begin(), len = zopt.shard_end() - b;
+    const auto slice = [&](const Tensor& t) { return t.flat_range(b, len).to_floats(); };
+    CHECK(max_rel_err(zopt.master_shard().to_floats(), slice(ropt.master())) <= 1e-6);
+    CHECK(max_rel_err(zopt.exp_avg_sq_shard().to_floats(), slice(ropt.exp_avg_sq())) <= 1e-5);
+  }
+  CHECK(zopt.steps_taken() == steps);
+}
+}  // namespace
+
+TEST_CASE("zero: ZeRO-1 and ZeRO-2 AdamW == single-process AdamW on the averaged gradients") {
+  int up = 0;
+  MPI_Initialized(&up);
+  REQUIRE(up);
+  for (int stage : {1, 2})
+    for (int64_t bucket : {int64_t{0}, int64_t{10}}) run_case({stage, DType::F32, true, bucket});
+  run_case({1, DType::F32, false, 16});  // no hooks: step() reduces the accumulated buffer itself
+  run_case({2, DType::F32, false, 16});
+  run_case({1, DType::BF16, true, 16});  // separate f32 master
+  run_case({2, DType::BF16, true, 16});
+}
+
+TEST_CASE("zero cuda: ZeRO-1/2 on device tensors == single-process AdamW on the host") {
+  const int r = wrank(), n = wsize();
+  if (!cuda_available()) {
+    if (r == 0) std::printf("SKIPPED cuda: %s\n", cuda_unavailable_reason().c_str());
+    return;
+  }
+  cuda_set_device(r % cuda_device_count());
+  const Device dev = Device::cuda(cuda_current_device());
+  if (r == 0)
+    std::printf("zero cuda: %s backend\n", cuda_device_count() >= n ? "nccl" : "mpi staged through host");
+  for (int stage : {1, 2}) {
+    run_case({stage, DType::F32, true, 10, dev});
+    run_case({stage, DType::BF16, true, 16, dev});
+  }
+}
+
+TEST_CASE("zero: a non-finite gradient on one rank skips the step on every rank") {
+  const int r = wrank(), n = wsize();
+  ParamSet p;
+  declare(p);
+  p.allocate(DType::F32, Device::cpu());
+  const int64_t N = p.numel();
+  p.values().copy_from(Tensor::from_vector(init_values(N), {N}));
+  auto dp = make_mpi_communicator(MPI_COMM_WORLD);
+  ZeroConfig zc;
+  zc.stage = 1;
+  ZeroOptimizer z(p.values(), p.grads(), flat(p), *dp, zc);
+  z.zero_grad();
+  std::vector<float> g(static_cast<size_t>(N), 0.25f);
+  if (r == n - 1) g[3] = std::numeric_limits<float>::infinity();  // owned by rank 0
+  p.grads().copy_from(Tensor::from_vector(g, {N}));
+  const ZeroStepResult res = z.step(1e-2f, 1.0f);
+  CHECK(res.skipped);
+  CHECK(p.values().to_floats() == init_values(N));
+  CHECK(z.steps_taken() == 0);
+}
+
+TEST_CASE("zero: memory accounting per rank") {
+  const int n = wsize();
+  // 1e9 bf16 parameters over 8 ranks.
+  const MemoryReport s0 = zero_memory_estimate(1000000000, DType::BF16, 8, 0);
+  const MemoryReport s1 = zero_memory_estimate(1000000000, DType::BF16, 8, 1);
+  const MemoryReport s2 = zero_memory_estimate(1000000000, DType::BF16, 8, 2);
+  CHECK(s0.weights == 2000000000);
+  CHECK(s0.gradients == 4000000000);
+  CHECK(s0.master_weights == 4000000000);
+  CHECK(s0.moments == 8000000000);
+  CHECK(s1.gradients == 4000000000);
+  CHECK(s1.master_weights == 500000000);
+  CHECK(s1.moments == 1000000000);
+  CHECK(s2.gradients == 500000000);
+  CHECK(s2.grad_scratch == 3500000000);  // the non-owned rest of the one f32 buffer
+  CHECK(s2.total() == s1.total());       // same bytes today; the scratch is what ZeRO-2 could give back
+  CHECK(s1.total() < s0.total());
+  // f32 values: the master is the values.
+  CHECK(zero_memory_estimate(100, DType::F32, 4, 1).master_weights == 0);
+  // A live optimizer reports its own shard (the last one is short).
+  ParamSet p;
+  declare(p);
+  p.allocate(DType::F32, Device::cpu());
+  auto dp = make_mpi_communicator(MPI_COMM_WORLD);
+  ZeroConfig zc;
+  ZeroOptimizer z(p.values(), p.grads(), flat(p), *dp, zc);
+  const MemoryReport m = z.memory_report();
+  const int64_t shard = z.shard_end() - z.shard_begin();
+  CHECK(shard == ShardLayout(117, n).size(wrank()));
+  CHECK(m.weights == 117 * 4);
+  CHECK(m.gradients == 117 * 4);
+  CHECK(m.moments == 8 * shard);
+  CHECK(m.master_weights == 0);
+  CHECK(m.to_string().find("moments") != std::string::npos);
+}
