@@ -14,6 +14,7 @@
 #include "model/arguments.h"
 #include "model/gpt_data.h"
 #include "model/trainer.h"
+#include "parallel/grid.h"
 
 using namespace mpitron;
 
@@ -26,17 +27,46 @@ int main(int argc, char** argv) {
   set_process_rank(world > 1 ? rank : -1);
   int rc = 0;
   try {
-    MPT_CHECK(world == 1, str("pretrain_gpt was started on ", world, " ranks; this build trains on one process"),
-              "run it without mpirun (or with -np 1) until the parallel runtime lands");
     TrainArgs args;
+    // Tensor and pipeline parallelism are not in the trainer yet (parse rejects
+    // sizes > 1), so every rank is a data-parallel rank.
+    args.data_parallel_size = world;
     if (parse_train_args(argc, argv, args)) {
+      Grid grid(MPI_COMM_WORLD, GridConfig{1, 1, true});
+      const bool gpu = args.device == "cuda" || (args.device == "auto" && cuda_available());
+      const Device device = gpu ? Device::cuda(std::max(0, grid.device_index())) : Device::cpu();
+      CommOptions co;
+      co.name = "dp";
+      co.force_mpi_for_device = args.force_mpi_for_device;
+      std::unique_ptr<Communicator> dp;
+      ParallelContext par;
+      if (world > 1) {
+        dp = make_communicator(grid.dp_comm(), device, co);
+        par.dp_comm = grid.dp_comm();
+        par.dp = dp.get();
+        par.dp_rank = grid.dp_rank();
+        par.dp_size = grid.dp_size();
+        log_info("data parallel over ", world, " ranks", args.zero_stage ? str(", ZeRO stage ", args.zero_stage) : "");
+      }
       if (args.vocab_file.empty()) args.vocab_file = data::Tokenizer::default_vocab_file();
       if (args.merge_file.empty()) args.merge_file = data::Tokenizer::default_merges_file();
       data::Tokenizer tok(args.vocab_file, args.merge_file);
       args.model.vocab_size = tok.vocab_size();
       args.model.padded_vocab_size = data::padded_vocab_size(tok.vocab_size(), static_cast<int>(args.tensor_model_parallel_size),
                                                              static_cast<int>(args.make_vocab_size_divisible_by));
-      Trainer trainer(args, make_gpt_data(args, tok.vocab_size()));
+      // Rank 0 builds the index caches first; the others then load them.
+      std::shared_ptr<SampleSource> data;
+      if (rank == 0) {
+        try {
+          data = make_gpt_data(args, tok.vocab_size());
+        } catch (...) {
+          MPI_Barrier(MPI_COMM_WORLD);
+          throw;
+        }
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (rank != 0) data = make_gpt_data(args, tok.vocab_size());
+      Trainer trainer(args, data, par);
       const TrainSummary s = trainer.run();
       log_info("done: ", s.iterations, " iterations; train loss ", s.first_loss, " -> ", s.last_loss,
                s.valid_loss > 0 ? str("; validation loss ", s.valid_loss, " (perplexity ", s.valid_ppl, ")") : "");

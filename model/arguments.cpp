@@ -85,6 +85,11 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("exit-duration-in-mins", po::value(&a.exit_duration_in_mins), "save and exit after this many minutes");
   misc.add_options()
       ("device", po::value(&a.device)->default_value("auto"), "auto | cpu | cuda")
+      ("use-distributed-optimizer", po::bool_switch(), "shard optimizer state over data-parallel ranks (ZeRO-1)")
+      ("zero-stage", po::value(&a.zero_stage)->default_value(0), "0: replicated, 1: shard optimizer state, 2: also gradients")
+      ("ddp-bucket-size", po::value(&a.ddp_bucket_size)->default_value(40000000), "gradient bucket size (elements)")
+      ("no-overlap-grad-reduce", po::bool_switch(), "reduce gradients after backward instead of during it")
+      ("force-mpi-for-device", po::bool_switch(&a.force_mpi_for_device), "MPI (host-staged) instead of NCCL for GPU tensors")
       ("tensor-model-parallel-size", po::value(&a.tensor_model_parallel_size)->default_value(1), "TP size")
       ("pipeline-model-parallel-size", po::value(&a.pipeline_model_parallel_size)->default_value(1), "PP size")
       ("config", po::value(&config_file), "file of `flag = value` lines (command line wins)")
@@ -134,6 +139,13 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     else if (auto p = boost::any_cast<std::vector<std::string>>(&val)) flags[k] = *p;
   }
   a.flags_json = flags.dump();
+
+  if (vm.count("use-distributed-optimizer") && vm["use-distributed-optimizer"].as<bool>()) {
+    if (a.zero_stage == 0) a.zero_stage = 1;
+  }
+  need(a.zero_stage >= 0 && a.zero_stage <= 2, str("--zero-stage must be 0, 1 or 2, got ", a.zero_stage));
+  if (vm.count("no-overlap-grad-reduce") && vm["no-overlap-grad-reduce"].as<bool>()) a.overlap_grad_reduce = false;
+  need(a.ddp_bucket_size >= 0, str("--ddp-bucket-size must be >= 0, got ", a.ddp_bucket_size));
 
   GPTConfig& m = a.model;
   if (!vm.count("max-position-embeddings")) m.max_position_embeddings = m.seq_length;

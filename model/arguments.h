@@ -63,8 +63,14 @@ struct TrainArgs {
   // parallel layout (only 1 is accepted until the parallel runtime lands)
   int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
 
+  // data parallelism (dp = MPI ranks / (tp · pp))
+  int64_t zero_stage = 0;                  // --zero-stage 1|2 (--use-distributed-optimizer = 1)
+  int64_t ddp_bucket_size = 40000000;      // --ddp-bucket-size: elements per gradient bucket
+  bool overlap_grad_reduce = true;         // --no-overlap-grad-reduce turns it off
+  bool force_mpi_for_device = false;       // --force-mpi-for-device: MPI (host-staged) for GPU tensors
+
   std::string flags_json;                  // every flag as given, for checkpoints
-  int64_t data_parallel_size = 1;
+  int64_t data_parallel_size = 1;          // set by the caller before parsing (MPI world size)
   bool uses_samples() const { return train_samples > 0; }
 };
 

@@ -25,21 +25,32 @@ nlohmann::json config_json(const GPTConfig& c) {
 SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const AdamWOptimizer& opt,
                          const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
                          const std::string& lr_schedule_json, int keep_last) {
+  return save_checkpoint(save_dir, model, OptimState{opt.master(), opt.exp_avg(), opt.exp_avg_sq(), opt.steps_taken()},
+                         scaler, st, flags_json, lr_schedule_json, keep_last, MPI_COMM_NULL);
+}
+
+SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const OptimState& opt,
+                         const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
+                         const std::string& lr_schedule_json, int keep_last, MPI_Comm comm) {
   Timer timer;
+  int rank = 0;
+  if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &rank);
   io::CheckpointWriter w;
-  w.begin(save_dir, st.iteration);
+  w.begin(save_dir, st.iteration, comm);
   const ParamSet& ps = model.params();
   double bytes = 0;
   for (const ParamInfo& p : ps.infos()) {
-    const auto slice = [&](const Tensor& flat) { return flat.flat_range(p.offset, p.numel()).view(p.shape); };
-    w.add_tensor("model/" + p.name, p.shape, DType::F32, slice(opt.master()));
-    w.add_tensor("optim/exp_avg/" + p.name, p.shape, DType::F32, slice(opt.exp_avg()));
-    w.add_tensor("optim/exp_avg_sq/" + p.name, p.shape, DType::F32, slice(opt.exp_avg_sq()));
+    const auto slice = [&](const Tensor& flat) {
+      return rank == 0 ? flat.flat_range(p.offset, p.numel()).view(p.shape) : Tensor();
+    };
+    w.add_tensor("model/" + p.name, p.shape, DType::F32, slice(opt.master));
+    w.add_tensor("optim/exp_avg/" + p.name, p.shape, DType::F32, slice(opt.exp_avg));
+    w.add_tensor("optim/exp_avg_sq/" + p.name, p.shape, DType::F32, slice(opt.exp_avg_sq));
     bytes += 3.0 * 4.0 * static_cast<double>(p.numel());
   }
   w.set_attr_int("consumed_train_samples", st.consumed_train_samples);
   w.set_attr_int("consumed_valid_samples", st.consumed_valid_samples);
-  w.set_attr_int("optimizer_steps", opt.steps_taken());
+  w.set_attr_int("optimizer_steps", opt.steps);
   w.set_attr_int("skipped_iterations", st.skipped_iterations);
   w.set_attr_string("flags", flags_json);
   w.set_attr_string("tokenizer", "GPT2BPETokenizer");
@@ -60,10 +71,24 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Ad
   return info;
 }
 
-bool load_checkpoint(const std::string& load_dir, GPT& model, AdamWOptimizer& opt, LossScaler& scaler, TrainState& st,
-                     const LoadOptions& o, SaveInfo* info) {
+bool load_checkpoint(const std::string& load_dir, GPT& model, AdamWOptimizer& opt, LossScaler& scaler,
+                     TrainState& st, const LoadOptions& o, SaveInfo* info) {
+  OptimState full;
+  if (!load_checkpoint(load_dir, model, full, scaler, st, o, info, MPI_COMM_NULL)) return false;
+  opt.master().copy_from(full.master.to(opt.master().device()));
+  if (full.exp_avg.defined()) {
+    opt.exp_avg().copy_from(full.exp_avg.to(opt.exp_avg().device()));
+    opt.exp_avg_sq().copy_from(full.exp_avg_sq.to(opt.exp_avg_sq().device()));
+  }
+  if (o.load_optim && !o.finetune) opt.set_steps_taken(full.steps);
+  opt.sync_values_from_master();
+  return true;
+}
+
+bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, LossScaler& scaler, TrainState& st,
+                     const LoadOptions& o, SaveInfo* info, MPI_Comm comm) {
   Timer timer;
-  io::CheckpointReader r = io::CheckpointReader::open_latest(load_dir);
+  io::CheckpointReader r = io::CheckpointReader::open_latest(load_dir, comm);
   if (!r.found()) return false;
   const GPTConfig& c = model.config();
   const nlohmann::json saved = r.attr_json("model_config");
@@ -75,6 +100,10 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, AdamWOptimizer& op
   }
   const ParamSet& ps = model.params();
   double bytes = 0;
+  const bool with_optim = o.load_optim && !o.finetune;
+  opt.master = Tensor::empty({ps.numel()}, DType::F32);
+  opt.exp_avg = with_optim ? Tensor::empty({ps.numel()}, DType::F32) : Tensor();
+  opt.exp_avg_sq = with_optim ? Tensor::empty({ps.numel()}, DType::F32) : Tensor();
   for (const ParamInfo& p : ps.infos()) {
     const auto slice = [&](const Tensor& flat) { return flat.flat_range(p.offset, p.numel()).view(p.shape); };
     const std::string name = "model/" + p.name;
@@ -82,22 +111,24 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, AdamWOptimizer& op
     const io::TensorInfo ti = r.tensor_info(name);
     MPT_CHECK(ti.shape == p.shape, str("checkpoint tensor ", name, " is ", shape_str(ti.shape), ", model expects ",
                                        shape_str(p.shape)), "use the model flags the checkpoint was trained with");
-    slice(opt.master()).copy_from(r.read(name).to(DType::F32).to(opt.master().device()));
+    slice(opt.master).copy_from(r.read(name).to(DType::F32));
     bytes += 4.0 * static_cast<double>(p.numel());
-    if (o.load_optim && !o.finetune) {
-      slice(opt.exp_avg()).copy_from(r.read("optim/exp_avg/" + p.name).to(opt.exp_avg().device()));
-      slice(opt.exp_avg_sq()).copy_from(r.read("optim/exp_avg_sq/" + p.name).to(opt.exp_avg_sq().device()));
+    if (with_optim) {
+      slice(opt.exp_avg).copy_from(r.read("optim/exp_avg/" + p.name));
+      slice(opt.exp_avg_sq).copy_from(r.read("optim/exp_avg_sq/" + p.name));
       bytes += 8.0 * static_cast<double>(p.numel());
     }
   }
-  opt.sync_values_from_master();
+  // The compute-dtype values are the master weights rounded (bitwise the same
+  // as the run that saved them, which rounded the same f32 values).
+  model.params().values().copy_from(opt.master.to(model.params().values().dtype()).to(model.device()));
   if (!o.finetune) {
     st.iteration = r.iteration();
     st.consumed_train_samples = r.attr_int("consumed_train_samples");
     st.consumed_valid_samples = r.attr_int("consumed_valid_samples");
     st.skipped_iterations = r.attr_int("skipped_iterations");
     if (o.load_optim) {
-      opt.set_steps_taken(r.attr_int("optimizer_steps"));
+      opt.steps = r.attr_int("optimizer_steps");
       const nlohmann::json ls = r.attr_json("loss_scaler");
       if (scaler.enabled() && ls.value("enabled", false))
         scaler.set_state({ls.at("scale").get<float>(), ls.at("growth_tracker").get<int64_t>(),

@@ -10,6 +10,8 @@
 // rng (JSON: the seed; every random stream is a pure function of it and of
 // the iteration, so this is the whole RNG state of every rank).
 #pragma once
+#include <mpi.h>
+
 #include <cstdint>
 #include <string>
 
@@ -26,12 +28,26 @@ struct TrainState {
   uint64_t seed = 1234;
 };
 
+// The optimizer state as full flat f32 buffers (numel each, ParamSet order).
+// With ZeRO the trainer gathers the shards into these before saving and takes
+// its shard out of them after loading.
+struct OptimState {
+  Tensor master, exp_avg, exp_avg_sq;
+  int64_t steps = 0;
+};
+
 struct SaveInfo {
   std::string dir;
   double seconds = 0;
   double bytes = 0;
 };
 
+// Collective over comm (MPI_COMM_NULL: one process). Rank 0 of comm writes the
+// tensors (the state is identical on every rank after a gather); the other
+// ranks take part in the collective HDF5 calls with nothing to write.
+SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const OptimState& opt,
+                         const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
+                         const std::string& lr_schedule_json, int keep_last = 0, MPI_Comm comm = MPI_COMM_NULL);
 SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const AdamWOptimizer& opt,
                          const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
                          const std::string& lr_schedule_json, int keep_last = 0);
@@ -44,6 +60,11 @@ struct LoadOptions {
 
 // Loads the newest intact checkpoint of load_dir into model/opt/scaler/st.
 // Returns false (and changes nothing) when load_dir holds no checkpoint.
+// Reads the state into `opt` (full flat host f32 tensors; exp_avg/exp_avg_sq
+// undefined when the optimizer state is not loaded) and the model's values.
+// Every rank reads (collective over comm for the file open).
+bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, LossScaler& scaler, TrainState& st,
+                     const LoadOptions& o, SaveInfo* info = nullptr, MPI_Comm comm = MPI_COMM_NULL);
 bool load_checkpoint(const std::string& load_dir, GPT& model, AdamWOptimizer& opt, LossScaler& scaler,
                      TrainState& st, const LoadOptions& o, SaveInfo* info = nullptr);
 

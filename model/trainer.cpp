@@ -14,6 +14,8 @@
 #include "model/gpt.h"
 #include "model/optimizer.h"
 #include "model/schedule.h"
+#include "parallel/data_parallel.h"
+#include "parallel/zero.h"
 
 namespace mpitron {
 
@@ -64,7 +66,10 @@ struct Trainer::Impl {
   std::shared_ptr<SampleSource> data;
   Device device;
   std::unique_ptr<GPT> model;
-  std::unique_ptr<AdamWOptimizer> opt;
+  ParallelContext par;
+  std::unique_ptr<AdamWOptimizer> opt;       // replicated optimizer (no ZeRO)
+  std::unique_ptr<GradBuckets> buckets;      // dp > 1 without ZeRO: all-reduce buckets
+  std::unique_ptr<ZeroOptimizer> zero;       // --use-distributed-optimizer / --zero-stage
   LossScaler scaler;
   std::unique_ptr<LRSchedule> lr;
   std::unique_ptr<BatchRampup> rampup;
@@ -74,6 +79,65 @@ struct Trainer::Impl {
   std::string peak_what;
   double peak = 0;
   int64_t total_iters = 0;
+
+  // Sum of v over the dp group (identity on one process).
+  double dp_sum(double v) const {
+    if (par.dp_comm == MPI_COMM_NULL) return v;
+    double out = 0;
+    MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, par.dp_comm);
+    return out;
+  }
+  // Micro-batch k of the global batch starting at `consumed`: this rank's slice
+  // (Megatron's sampler: each chunk of mbs·dp samples is split by dp rank).
+  int64_t micro_first(int64_t consumed, int64_t k) const {
+    return consumed + (k * par.dp_size + par.dp_rank) * args.micro_batch_size;
+  }
+
+  std::vector<FlatParam> flat_params() const {
+    std::vector<FlatParam> v;
+    for (const ParamInfo& p : model->params().infos()) v.push_back({p.offset, p.numel(), p.weight_decay});
+    return v;
+  }
+
+  // The full optimizer state on every rank (ZeRO: gathered from the shards).
+  OptimState full_state() {
+    if (!zero) return {opt->master(), opt->exp_avg(), opt->exp_avg_sq(), opt->steps_taken()};
+    const ShardLayout& lay = zero->layout();
+    std::vector<int64_t> counts(static_cast<size_t>(lay.ranks));
+    for (int r = 0; r < lay.ranks; ++r) counts[static_cast<size_t>(r)] = lay.size(r);
+    auto gather = [&](const Tensor& shard) {
+      Tensor full = Tensor::empty({lay.numel}, DType::F32, shard.device());
+      par.dp->all_gather_v(shard, full, counts);
+      return full;
+    };
+    return {gather(zero->master_shard()), gather(zero->exp_avg_shard()), gather(zero->exp_avg_sq_shard()),
+            zero->steps_taken()};
+  }
+
+  // After load_checkpoint: install the full state (ZeRO: this rank's shard of it).
+  void install_state(const OptimState& s, bool with_optim) {
+    if (!zero) {
+      opt->master().copy_from(s.master.to(opt->master().device()));
+      if (with_optim) {
+        opt->exp_avg().copy_from(s.exp_avg.to(opt->exp_avg().device()));
+        opt->exp_avg_sq().copy_from(s.exp_avg_sq.to(opt->exp_avg_sq().device()));
+        opt->set_steps_taken(s.steps);
+      }
+      opt->sync_values_from_master();
+      return;
+    }
+    const int64_t b = zero->shard_begin(), n = zero->shard_end() - b;
+    auto take = [&](const Tensor& full, const Tensor& shard) {
+      if (n > 0) shard.copy_from(full.flat_range(b, n).to(shard.device()));
+    };
+    take(s.master, zero->master_shard());
+    if (with_optim) {
+      take(s.exp_avg, zero->exp_avg_shard());
+      take(s.exp_avg_sq, zero->exp_avg_sq_shard());
+      zero->set_steps_taken(s.steps);
+    }
+    zero->sync_values_from_master();
+  }
 
   // (mbs, T) inputs and targets of the micro-batch that starts at sample `first` of `split`.
   void micro_batch(int split, int64_t first, Tensor& in, Tensor& tgt) {
@@ -115,9 +179,9 @@ struct Trainer::Impl {
     int64_t count = 0;
     const int64_t gbs = args.global_batch_size, mbs = args.micro_batch_size;
     for (int64_t it = 0; it < iters; ++it) {
-      for (int64_t k = 0; k < gbs / mbs; ++k) {
+      for (int64_t k = 0; k < gbs / (mbs * par.dp_size); ++k) {
         Tensor in, tgt;
-        micro_batch(split, *consumed + k * mbs, in, tgt);
+        micro_batch(split, micro_first(*consumed, k), in, tgt);
         ForwardOptions o;
         o.train = false;
         sum += model->forward(tape, in, tgt, o).value().item();
@@ -125,7 +189,8 @@ struct Trainer::Impl {
       }
       *consumed += gbs;
     }
-    return count ? sum / static_cast<double>(count) : 0.0;
+    const double total = dp_sum(sum), n = dp_sum(static_cast<double>(count));
+    return n > 0 ? total / n : 0.0;
   }
 
   void report_eval(const char* what, double loss) {
@@ -141,21 +206,27 @@ struct Trainer::Impl {
   }
 
   SaveInfo save() {
-    const SaveInfo s = save_checkpoint(args.save, *model, *opt, scaler, st, args.flags_json, lr_json(),
-                                       static_cast<int>(args.keep_last));
+    const SaveInfo s = save_checkpoint(args.save, *model, full_state(), scaler, st, args.flags_json, lr_json(),
+                                       static_cast<int>(args.keep_last), par.dp_comm);
     log_info("saved checkpoint at iteration ", st.iteration, " to ", s.dir, " (", sci(s.bytes / 1e9, 3), " GB in ",
              sci(s.seconds, 3), " s, ", sci(s.bytes / 1e9 / std::max(s.seconds, 1e-9), 3), " GB/s)");
     return s;
   }
 };
 
-Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data) : impl_(std::make_unique<Impl>()) {
+Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, ParallelContext par)
+    : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.args = args;
+  m.par = par;
+  MPT_CHECK(par.dp_size == args.data_parallel_size,
+            str("the trainer runs on ", par.dp_size, " data-parallel ranks but the flags were checked for ",
+                args.data_parallel_size), "this is a bug in the caller of Trainer");
+  MPT_CHECK(par.dp_size == 1 || par.dp, "data parallelism needs a dp communicator", "");
   m.data = std::move(data);
   if (args.device == "cuda" || (args.device == "auto" && cuda_available())) {
     MPT_CHECK(cuda_available(), "--device cuda: no usable GPU", cuda_unavailable_reason());
-    m.device = Device::cuda(0);
+    m.device = Device::cuda(std::max(0, cuda_current_device()));  // the grid bound this rank's GPU
   } else {
     m.device = Device::cpu();
   }
@@ -163,7 +234,28 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data) : im
   m.st.seed = a.seed;
   m.model = std::make_unique<GPT>(a.model, m.device);
   m.model->init_weights(a.seed);
-  m.opt = std::make_unique<AdamWOptimizer>(m.model->params(), a.optim);
+  if (a.zero_stage > 0) {
+    ZeroConfig zc;
+    zc.stage = static_cast<int>(a.zero_stage);
+    zc.beta1 = a.optim.beta1;
+    zc.beta2 = a.optim.beta2;
+    zc.eps = a.optim.eps;
+    zc.weight_decay = a.optim.weight_decay;
+    zc.clip_grad = a.optim.clip_grad;
+    zc.ddp.bucket_size = a.ddp_bucket_size;
+    zc.ddp.overlap_grad_reduce = a.overlap_grad_reduce;
+    MPT_CHECK(par.dp, "--use-distributed-optimizer / --zero-stage need the data-parallel runtime (pretrain_gpt sets it up)", "");
+    m.zero = std::make_unique<ZeroOptimizer>(m.model->params().values(), m.model->params().grads(), m.flat_params(),
+                                             *par.dp, zc);
+  } else {
+    m.opt = std::make_unique<AdamWOptimizer>(m.model->params(), a.optim);
+    if (par.dp_size > 1) {
+      DDPConfig dc;
+      dc.bucket_size = a.ddp_bucket_size;
+      dc.overlap_grad_reduce = a.overlap_grad_reduce;
+      m.buckets = std::make_unique<GradBuckets>(m.model->params().grads(), m.flat_params(), *par.dp, dc);
+    }
+  }
   if (a.fp16) m.scaler = LossScaler(a.scaler);
   m.total_iters = a.uses_samples() ? (a.train_samples + a.global_batch_size - 1) / a.global_batch_size : a.train_iters;
   LRScheduleConfig lc;
@@ -212,7 +304,10 @@ TrainSummary Trainer::run() {
     lo.load_rng = !a.no_load_rng;
     lo.finetune = a.finetune;
     SaveInfo li;
-    if (load_checkpoint(a.load, *m.model, *m.opt, m.scaler, m.st, lo, &li))
+    OptimState loaded;
+    const bool found = load_checkpoint(a.load, *m.model, loaded, m.scaler, m.st, lo, &li, m.par.dp_comm);
+    if (found) m.install_state(loaded, lo.load_optim && !lo.finetune);
+    if (found)
       log_info("loaded checkpoint ", li.dir, " at iteration ", m.st.iteration, " (", sci(li.bytes / 1e9, 3), " GB in ",
                sci(li.seconds, 3), " s, ", sci(li.bytes / 1e9 / std::max(li.seconds, 1e-9), 3), " GB/s)");
     else
@@ -235,20 +330,46 @@ TrainSummary Trainer::run() {
     const int64_t n_micro = gbs / (a.micro_batch_size * a.data_parallel_size);
     const float lr = m.lr->lr_at(m.schedule_step());
     const float scale = m.scaler.scale();
-    m.model->params().zero_grad();
+    if (m.zero) m.zero->zero_grad();
+    else m.model->params().zero_grad();
     double loss_sum = 0;
     for (int64_t k = 0; k < n_micro; ++k) {
+      const bool last = k == n_micro - 1;
       Tensor in, tgt;
-      m.micro_batch(0, m.st.consumed_train_samples + k * a.micro_batch_size, in, tgt);
+      m.micro_batch(0, m.micro_first(m.st.consumed_train_samples, k), in, tgt);
       Tape tape;
       ForwardOptions o;
       o.recompute = a.recompute_activations;
-      o.dropout_seed = m.dropout_seed(m.st.iteration, k);
+      // Each dp rank's masks differ (different samples), as Megatron's per-rank seeds.
+      o.dropout_seed = m.dropout_seed(m.st.iteration, k * m.par.dp_size + m.par.dp_rank);
+      if (m.zero) {
+        m.zero->begin_micro_batch(last);
+        o.grads_ready = [&m](size_t first, size_t end) {
+          for (size_t i = first; i < end; ++i) m.zero->mark_ready(i);
+        };
+      } else if (m.buckets) {
+        m.buckets->begin_backward(last);  // earlier micro-batches only accumulate (no_sync)
+        if (last)
+          o.grads_ready = [&m](size_t first, size_t end) {
+            for (size_t i = first; i < end; ++i) m.buckets->mark_ready(i);
+          };
+      }
       Var loss = m.model->forward(tape, in, tgt, o);
       loss_sum += loss.value().item();
       tape.backward(loss, scale / static_cast<float>(n_micro));
+      if (m.zero) m.zero->on_backward_done();
+      else if (m.buckets && last) m.buckets->on_backward_done();
     }
-    const StepResult r = m.opt->step(lr, scale);
+    StepResult r;
+    if (m.zero) {
+      const ZeroStepResult zr = m.zero->step(lr, scale);
+      r.grad_norm = zr.grad_norm;
+      r.skipped = zr.skipped;
+    } else {
+      if (m.buckets) m.buckets->wait_all();
+      r = m.opt->step(lr, scale);
+    }
+    loss_sum = m.dp_sum(loss_sum) / static_cast<double>(m.par.dp_size);
     m.scaler.update(r.skipped);
     const double loss = loss_sum / static_cast<double>(n_micro);
     const bool nan_loss = !std::isfinite(loss);
@@ -320,13 +441,17 @@ TrainSummary Trainer::run() {
       log_info("exiting at iteration ", m.st.iteration, " (--exit-interval ", a.exit_interval, ")");
       break;
     }
-    if (g_exit_signal) {
-      log_info("exiting at iteration ", m.st.iteration, " on signal ", static_cast<int>(g_exit_signal),
+    // Every rank must agree to stop (a signal may reach only some ranks).
+    const bool stop_signal = m.dp_sum(g_exit_signal ? 1.0 : 0.0) > 0;
+    const bool stop_time = a.exit_duration_in_mins > 0 &&
+                           m.dp_sum(run_timer.seconds() / 60.0 > a.exit_duration_in_mins ? 1.0 : 0.0) > 0;
+    if (stop_signal) {
+      log_info("exiting at iteration ", m.st.iteration, " on signal ", static_cast<int>(g_exit_signal ? g_exit_signal : SIGTERM),
                a.save.empty() ? " (no --save: nothing saved)" : ", after saving");
       sum.signalled = true;
       break;
     }
-    if (a.exit_duration_in_mins > 0 && run_timer.seconds() / 60.0 > a.exit_duration_in_mins) {
+    if (stop_time) {
       log_info("exiting at iteration ", m.st.iteration, " after ", run_timer.seconds() / 60.0,
                " minutes (--exit-duration-in-mins ", a.exit_duration_in_mins, ")");
       break;

@@ -11,8 +11,11 @@
 #include <string>
 #include <vector>
 
+#include <mpi.h>
+
 #include "model/arguments.h"
 #include "model/checkpointing.h"
+#include "parallel/communicator.h"
 
 namespace mpitron {
 
@@ -35,9 +38,18 @@ struct TrainSummary {
   bool signalled = false;      // stopped by SIGTERM/SIGUSR1 (--exit-signal-handler)
 };
 
+// Data parallelism: every rank of the dp group runs the same Trainer on its
+// slice of each global batch; gradients are averaged over dp (in buckets
+// overlapped with backward), or reduce-scattered to ZeRO shards.
+struct ParallelContext {
+  MPI_Comm dp_comm = MPI_COMM_NULL;  // the dp group (host scalars: losses, flags); NULL: one process
+  Communicator* dp = nullptr;        // gradient reduction (the device's backend)
+  int dp_rank = 0, dp_size = 1;
+};
+
 class Trainer {
  public:
-  Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data);
+  Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, ParallelContext par = {});
   ~Trainer();
   TrainSummary run();
   GPT& model();
