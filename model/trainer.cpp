@@ -12,6 +12,7 @@
 #include "io/metrics_jsonl.h"
 #include "io/tensorboard.h"
 #include "model/gpt.h"
+#include "model/memory.h"
 #include "model/optimizer.h"
 #include "model/schedule.h"
 #include "parallel/data_parallel.h"
@@ -298,6 +299,10 @@ TrainSummary Trainer::run() {
   log_info("FLOPs per token ", sci(c.flops_per_token(), 3), " (6·matmul params + 6·L·T·C; docs/flops.md); MFU vs ",
            m.peak_what);
 
+  const MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.par.dp_size, static_cast<int>(a.zero_stage),
+                                             a.recompute_activations);
+  log_info("memory per rank (estimate): ", est.to_string());
+
   if (!a.load.empty()) {
     LoadOptions lo;
     lo.load_optim = !a.no_load_optim;
@@ -420,6 +425,8 @@ TrainSummary Trainer::run() {
                                              {"skipped_iterations", interval_skipped}, {"nan_iterations", interval_nan},
                                              {"ms_per_iteration", ms}, {"tokens_per_second", tps},
                                              {"tflops", flops / 1e12}, {"mfu", flops / m.peak}});
+      sum.peak_memory_bytes = memory_stats(m.device).peak_bytes;
+      sum.estimated_memory_bytes = est.total();
       if (!first_logged) sum.first_loss = avg;
       first_logged = true;
       sum.last_loss = avg;

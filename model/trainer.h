@@ -36,6 +36,8 @@ struct TrainSummary {
   double tokens_per_second = 0;
   std::vector<double> losses;  // per iteration (lm loss)
   bool signalled = false;      // stopped by SIGTERM/SIGUSR1 (--exit-signal-handler)
+  int64_t peak_memory_bytes = 0;       // measured tensor memory peak (as of the last log line)
+  int64_t estimated_memory_bytes = 0;  // model/memory.h's estimate printed at start-up
 };
 
 // Data parallelism: every rank of the dp group runs the same Trainer on its
