@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of bench_train: the same GPT-2 training step, timed the same way.
+
+Model (as model/gpt.h): pre-LN GPT-2, token + learned position embeddings, a fused QKV
+linear (3C, C) whose rows are Q, K, V with heads contiguous, causal attention with scale
+1/sqrt(HD), GELU (tanh), LayerNorm eps 1e-5, final LayerNorm and an LM head tied to wte,
+padded vocabulary. Dropout p after the embeddings, the attention projection and the MLP
+(default 0, as bench_train).
+
+Step (as model/trainer.cpp): zero grads; for each micro-batch: forward, loss.item(),
+(loss / micro_batches).backward(); clip_grad_norm_(1.0); AdamW(lr 1e-4, betas (0.9, 0.999),
+eps 1e-8, weight decay 0.01 on matrices and embeddings, none on biases and LayerNorm).
+
+Device choices:
+  --device cpu   f32 (or --dtype bf16: CPU autocast), torch.set_num_threads(--threads)
+  --device cuda  bf16 autocast over f32 parameters (the usual PyTorch mixed precision;
+                 mpitron keeps bf16 values and an f32 master copy), attention through
+                 F.scaled_dot_product_attention(is_causal=True) (flash attention), fused AdamW,
+                 --compile for torch.compile.
+Columns and JSON keys match bench_train (bench/train_step_bench.h); FLOPs per token are
+GPTConfig::flops_per_token: 6 * N_matmul + 6 * L * T * C (docs/flops.md). Peak memory:
+CUDA torch.cuda.max_memory_allocated (peak_bytes); CPU the peak RSS (VmHWM, reset through
+/proc/self/clear_refs) minus the RSS before the model was built (rss_peak_bytes).
+
+    python3 bench/peers/torch_gpt.py --preset 124M --batch 4 --seq 256 --device cpu --threads 2
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PRESETS = {  # name: (layers, hidden, heads) — the same table as bench/train_step_bench.h
+    "tiny": (4, 256, 4),
+    "124M": (12, 768, 12),
+    "350M": (24, 1024, 16),
+    "774M": (36, 1280, 20),
+    "1.3B": (24, 2048, 16),
+    "1.5B": (48, 1600, 25),
+}
+
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+
+
+class Block(nn.Module):
+    def __init__(self, C, NH, Fd, p):
+        super().__init__()
+        self.NH, self.p = NH, p
+        self.ln1 = nn.LayerNorm(C, eps=1e-5)
+        self.qkv = nn.Linear(C, 3 * C)    # weight (3C, C): rows Q, K, V
+        self.proj = nn.Linear(C, C)
+        self.ln2 = nn.LayerNorm(C, eps=1e-5)
+        self.fc = nn.Linear(C, Fd)
+        self.mproj = nn.Linear(Fd, C)
+
+    def attention(self, x):  # x (B, T, C) -> (B, T, C)
+        B, T, C = x.shape
+        HD = C // self.NH
+        q, k, v = self.qkv(x).view(B, T, 3, self.NH, HD).permute(2, 0, 3, 1, 4)  # each (B, NH, T, HD)
+        if HAS_SDPA:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # torch < 2.0 (Debian's 1.13): explicit causal softmax
+            s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HD))
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            y = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+    def forward(self, x):
+        x = x + F.dropout(self.attention(self.ln1(x)), self.p, self.training)
+        h = F.gelu(self.fc(self.ln2(x)), approximate="tanh")
+        return x + F.dropout(self.mproj(h), self.p, self.training)
+
+
+class GPT(nn.Module):
+    def __init__(self, L, C, NH, V, P, p):
+        super().__init__()
+        self.p = p
+        self.wte = nn.Embedding(V, C)   # (V, C), also the LM head
+        self.wpe = nn.Embedding(P, C)   # (P, C)
+        self.blocks = nn.ModuleList(Block(C, NH, 4 * C, p) for _ in range(L))
+        self.lnf = nn.LayerNorm(C, eps=1e-5)
+        std, std_out = 0.02, 0.02 / math.sqrt(2 * L)
+        for name, t in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(t)
+            elif ".ln" in name or name.startswith("lnf"):
+                nn.init.ones_(t)
+            else:
+                nn.init.normal_(t, 0.0, std_out if name.endswith("proj.weight") else std)
+
+    def forward(self, idx, targets):  # idx, targets (B, T) int64 -> mean loss
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = F.dropout(self.wte(idx) + self.wpe(pos), self.p, self.training)
+        for b in self.blocks:
+            x = b(x)
+        logits = self.lnf(x) @ self.wte.weight.t()  # tied head (B, T, V)
+        return F.cross_entropy(logits.view(B * T, -1).float(), targets.reshape(-1))
+
+
+def flops_per_token(L, C, T, V):
+    """GPTConfig::flops_per_token (docs/flops.md)."""
+    Fd = 4 * C
+    matmul = L * (3 * C * C + C * C + 2 * C * Fd) + V * C
+    return 6.0 * matmul + 6.0 * L * T * C
+
+
+def num_parameters(L, C, V, P):
+    Fd = 4 * C
+    per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + Fd * C + Fd + C * Fd + C
+    return V * C + P * C + L * per_layer + 2 * C
+
+
+def rss_bytes(field):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return 1024.0 * float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
+
+
+def reset_peak_rss():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="sets --layers/--hidden/--heads and --name")
+    ap.add_argument("--name", default="")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--padded-vocab", type=int, default=50304)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--micro-batches", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default=None, help="default f32 on cpu, bf16 on cuda")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (cpu); 0: OMP_NUM_THREADS or all")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--seed", type=int, default=1234)
+    a = ap.parse_args()
+    if a.preset:
+        a.layers, a.hidden, a.heads = PRESETS[a.preset]
+        a.name = a.name or a.preset
+    a.name = a.name or f"L{a.layers}C{a.hidden}"
+    dtype = a.dtype or ("bf16" if a.device == "cuda" else "f32")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("SKIPPED torch_gpt --device cuda: torch.cuda.is_available() is False")
+        return 0
+    threads = a.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or os.cpu_count()
+    if a.device == "cpu":
+        torch.set_num_threads(threads)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False  # f32 matmuls exact, as mpitron's default
+    torch.manual_seed(a.seed)
+    dev = torch.device(a.device)
+    L, C, NH, T, B, K = a.layers, a.hidden, a.heads, a.seq, a.batch, a.micro_batches
+    V, P = a.padded_vocab, max(1024, T)
+
+    if a.device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        reset_peak_rss()
+    rss_base = rss_bytes("VmRSS")
+
+    model = GPT(L, C, NH, V, P, a.dropout).to(dev)
+    model.train()
+    decay = [t for n, t in model.named_parameters() if t.dim() >= 2]
+    no_decay = [t for n, t in model.named_parameters() if t.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
+    extra = {"fused": True} if a.device == "cuda" and "fused" in torch.optim.AdamW.__init__.__code__.co_varnames else {}
+    opt = torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, **extra)
+    fwd = model
+    if a.compile:
+        if not hasattr(torch, "compile"):
+            print(f"torch_gpt: --compile needs torch >= 2.0 (this is {torch.__version__})", file=sys.stderr)
+            return 2
+        fwd = torch.compile(model)
+
+    g = torch.Generator().manual_seed(a.seed)
+    pool = [torch.randint(0, a.vocab, (B, T + 1), generator=g) for _ in range(4)]
+    pool = [(s[:, :-1].contiguous().to(dev), s[:, 1:].contiguous().to(dev)) for s in pool]
+    autocast = torch.autocast(device_type=a.device, dtype=torch.bfloat16, enabled=(dtype == "bf16"))
+
+    times, loss_first, loss_last, mb = [], 0.0, 0.0, 0
+    for it in range(a.warmup + a.steps):
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for _ in range(K):
+            x, y = pool[mb % 4]
+            mb += 1
+            with autocast:
+                loss = fwd(x, y)
+            loss_sum += loss.item()  # the trainer reads every micro-batch's loss too
+            (loss / K).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+        ms = 1e3 * (time.perf_counter() - t0)
+        loss = loss_sum / K
+        loss_first = loss if it == 0 else loss_first
+        loss_last = loss
+        if it >= a.warmup:
+            times.append(ms)
+        print(f"  torch {a.name} step {it + 1}/{a.warmup + a.steps}: {ms:.1f} ms, loss {loss:.4f}"
+              + (" (warm-up)" if it < a.warmup else ""), file=sys.stderr, flush=True)
+
+    # CUDA: the allocator's peak of live tensor bytes (what bench_train's peak_bytes is);
+    # CPU: torch keeps no such count, so only the peak RSS above the pre-model RSS.
+    rss_peak = max(0.0, rss_bytes("VmHWM") - rss_base) if a.device == "cpu" else 0.0
+    if a.device == "cuda":
+        peak, kind = float(torch.cuda.max_memory_allocated()), "torch.cuda.max_memory_allocated"
+    else:
+        peak, kind = 0.0, "peak RSS above baseline (rss_peak_bytes)"
+    times.sort()
+    ms = times[len(times) // 2]
+    tps = K * B * T / (ms / 1e3)
+    fpt = flops_per_token(L, C, T, V)
+    row = {
+        "impl": "pytorch" + ("+compile" if a.compile else ""), "config": a.name, "device": a.device, "dtype": dtype,
+        "layers": L, "hidden": C, "heads": NH, "seq": T, "micro_batch": B, "micro_batches": K,
+        "params": num_parameters(L, C, V, P), "recompute": False, "steps": a.steps, "warmup": a.warmup,
+        "threads": threads if a.device == "cpu" else 0, "ms_per_step": ms,
+        "ms_per_step_mean": sum(times) / len(times), "tokens_per_s": tps, "tflops": tps * fpt / 1e12,
+        "peak_bytes": peak, "rss_peak_bytes": rss_peak, "memory_kind": kind, "loss_first": loss_first, "loss_last": loss_last,
+        "flops_per_token": fpt, "torch": torch.__version__, "sdpa": HAS_SDPA, "compile": a.compile,
+    }
+    print(f"{row['impl']:8s} {a.name:6s} {a.device:5s} {dtype:5s} B={B} T={T} K={K}: {ms:.1f} ms/step, "
+          f"{tps:.1f} tokens/s, {row['tflops']:.4f} TFLOP/s, peak {max(peak, rss_peak) / 2**30:.2f} GiB ({kind}), "
+          f"loss {loss_first:.3f}->{loss_last:.3f}, torch {torch.__version__}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": [row]}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
