@@ -92,6 +92,18 @@ int wait_exit(pid_t pid, double seconds) {
   return -1;
 }
 
+// Kills the child if a REQUIRE leaves the test early (no orphaned trainer).
+struct ChildGuard {
+  pid_t pid;
+  ~ChildGuard() {
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, WNOHANG) == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("SIGTERM and SIGUSR1 save a checkpoint and exit 0; --keep-last prunes after committing") {
@@ -107,6 +119,7 @@ TEST_CASE("SIGTERM and SIGUSR1 save a checkpoint and exit 0; --keep-last prunes 
                                       "--keep-last", "2"};
     if (fs::exists(save)) extra.insert(extra.end(), {"--load", save});
     const pid_t pid = start_trainer(data, log, extra);
+    ChildGuard guard{pid};
     REQUIRE(wait_for_text(log, "elapsed time per iteration", 120, 7));  // seven steps done
     kill(pid, sig);
     CHECK(wait_exit(pid, 120) == 0);
@@ -130,6 +143,7 @@ TEST_CASE("without --exit-signal-handler SIGTERM keeps its default meaning") {
   const std::string data = make_dataset(dir);
   const std::string log = (dir / "log").string();
   const pid_t pid = start_trainer(data, log, {});
+  ChildGuard guard{pid};
   REQUIRE(wait_for_text(log, "elapsed time per iteration", 120, 2));
   kill(pid, SIGTERM);
   CHECK(wait_exit(pid, 60) == 128 + SIGTERM);
