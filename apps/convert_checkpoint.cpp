@@ -8,6 +8,7 @@
 // generate_text / evaluate --load, or pretrain_gpt --load --finetune); mpitron-to-hf drops
 // the padding rows and transposes the Conv1D matrices back. Values are copied exactly
 // (F16/BF16 inputs are widened to f32; exporting with the same --dtype gives the same bits).
+#include "apps/app_main.h"
 #include <mpi.h>
 
 #include <boost/program_options.hpp>
@@ -112,18 +113,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rc = 0;
-  try {
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    MPT_CHECK(world == 1, "convert_checkpoint runs on one process", "run it without mpirun");
-    rc = run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    rc = 1;
-  }
-  MPI_Finalize();
-  return rc;
+  return run_single_process_app(argc, argv, "convert_checkpoint", [&] { return run(argc, argv); });
 }

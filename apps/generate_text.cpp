@@ -7,6 +7,7 @@
 // with the same --seed gives the same text. --greedy (or --top_k 1, or --temperature 0) is argmax.
 // Output: one JSON object per sample, {"prompt", "text" (generated only), "tokens" (generated
 // ids), "finished" (stopped at <|endoftext|>)}, written to --genfile or stdout.
+#include "apps/app_main.h"
 #include <mpi.h>
 #include <unistd.h>
 
@@ -152,19 +153,9 @@ void run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rc = 0;
-  try {
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    MPT_CHECK(world == 1, "generate_text runs on one process", "run it without mpirun");
+  return run_single_process_app(argc, argv, "generate_text", [&] {
     Args a;
     if (parse(argc, argv, a)) run(a);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    rc = 1;
-  }
-  MPI_Finalize();
-  return rc;
+    return 0;
+  });
 }

@@ -22,6 +22,7 @@
 // requests served one at a time, 10 s socket timeouts. Binds 127.0.0.1 by default;
 // --port 0 picks a free port. It prints "listening on http://HOST:PORT" on stdout once
 // ready, and exits cleanly on SIGTERM/SIGINT or after --max-requests requests.
+#include "apps/app_main.h"
 #include <arpa/inet.h>
 #include <mpi.h>
 #include <netinet/in.h>
@@ -375,18 +376,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rc = 0;
-  try {
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    MPT_CHECK(world == 1, "text_generation_server runs on one process", "run it without mpirun");
-    rc = run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    rc = 1;
-  }
-  MPI_Finalize();
-  return rc;
+  return run_single_process_app(argc, argv, "text_generation_server", [&] { return run(argc, argv); });
 }
