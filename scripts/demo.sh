@@ -5,7 +5,7 @@
 # checkpoint and logs are. Everything lands in out/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ITERS=${DEMO_ITERS:-150}
+ITERS=${DEMO_ITERS:-120}
 OUT=out/demo
 ./scripts/install-deps.sh
 
@@ -40,5 +40,5 @@ OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} "$BUILD/apps/pretrain_gpt" \
   --lr 2e-3 --min-lr 2e-4 --lr-warmup-iters 10 --lr-decay-style cosine \
   --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --hidden-dropout 0.0 \
   --data-path "$OUT/shakespeare_text_document" --split 95,5,0 \
-  --log-interval 10 --eval-interval 50 --eval-iters 4 --device "$DEVICE" \
+  --log-interval 10 --eval-interval 40 --eval-iters 4 --device "$DEVICE" \
   --save "$OUT/checkpoints" --tensorboard-dir "$OUT/tensorboard"
