@@ -283,7 +283,7 @@ nlohmann::json eval_lambada(GPT& model, const data::Tokenizer& tok, const Args& 
   auto enc = tok.make_encoder();
   const int64_t V = model.config().vocab_size;
   nlohmann::json examples = nlohmann::json::array();
-  int64_t correct = 0, n = 0, lineno = 0;
+  int64_t correct = 0, n = 0, lineno = 0, truncated = 0;
   Timer timer;
   std::string line;
   while (std::getline(f, line)) {
@@ -308,6 +308,16 @@ nlohmann::json eval_lambada(GPT& model, const data::Tokenizer& tok, const Args& 
       ctx.pop_back();
     }
     MPT_CHECK(!ctx.empty(), str(a.valid_data, ":", lineno, ": no context before the last word"), "");
+    MPT_CHECK(static_cast<int64_t>(target.size()) <= seq,
+              str(a.valid_data, ":", lineno, ": the last word alone is ", target.size(), " tokens, more than --seq-length"),
+              "raise --seq-length");
+    // A context longer than the model's window keeps its last tokens (the ones
+    // next to the word to predict), as a left-truncated prompt; counted below.
+    const int64_t room = seq - static_cast<int64_t>(target.size()) + 1;
+    if (static_cast<int64_t>(ctx.size()) > room) {
+      ctx.erase(ctx.begin(), ctx.end() - room);
+      ++truncated;
+    }
     std::vector<int64_t> seqv(ctx.begin(), ctx.end());
     seqv.insert(seqv.end(), target.begin(), target.end() - 1);
     const int64_t T = static_cast<int64_t>(seqv.size());
@@ -329,6 +339,9 @@ nlohmann::json eval_lambada(GPT& model, const data::Tokenizer& tok, const Args& 
     examples.push_back({{"context_len", ctx.size()}, {"target", target}, {"pred", pred}, {"correct", ok}});
   }
   MPT_CHECK(n > 0, str(a.valid_data, " holds no examples"), "");
+  if (truncated > 0)
+    log_warn(truncated, " of ", n, " LAMBADA contexts were longer than --seq-length ", seq,
+             " and were cut to their last tokens");
   const double acc = static_cast<double>(correct) / static_cast<double>(n);
   log_info("validation results on LAMBADA", a.strict_lambada ? " (strict)" : "", " | number correct: ", correct,
            ", total: ", n, ", accuracy: ", acc * 100.0, " %");
