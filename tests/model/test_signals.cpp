@@ -14,34 +14,12 @@
 #include <thread>
 #include <vector>
 
-#include "data/indexed_dataset.h"
+#include "tests/model/model_test_util.h"
 
 namespace fs = std::filesystem;
 using namespace mpitron;
 
 namespace {
-
-fs::path temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("mpitron_signals_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::string make_dataset(const fs::path& dir) {
-  const std::string prefix = (dir / "toy_text_document").string();
-  data::IndexedDatasetWriter w(prefix, data::DType::U16);
-  std::mt19937 rng(3);
-  std::vector<int32_t> doc;
-  for (int d = 0; d < 100; ++d) {
-    doc.resize(10 + rng() % 40);
-    for (int32_t& t : doc) t = static_cast<int32_t>(rng() % 500);
-    w.add_tokens(doc.data(), static_cast<int64_t>(doc.size()));
-    w.end_document();
-  }
-  w.finalize();
-  return prefix;
-}
 
 // Starts pretrain_gpt with `extra` flags, stdout/stderr to `log`; returns its pid.
 pid_t start_trainer(const std::string& data, const std::string& log, std::vector<std::string> extra) {
@@ -108,8 +86,8 @@ struct ChildGuard {
 
 TEST_CASE("SIGTERM and SIGUSR1 save a checkpoint and exit 0; --keep-last prunes after committing") {
   REQUIRE_MESSAGE(fs::exists("apps/pretrain_gpt"), "build pretrain_gpt first (the test runs from the build dir)");
-  const fs::path dir = temp_dir("sig");
-  const std::string data = make_dataset(dir);
+  const fs::path dir = testing::fresh_temp_dir("signals_sig");
+  const std::string data = testing::write_toy_dataset(dir, 3, 100);
   const std::string save = (dir / "ckpt").string();
   int64_t previous = 0;
   for (int sig : {SIGTERM, SIGUSR1}) {
@@ -139,8 +117,8 @@ TEST_CASE("SIGTERM and SIGUSR1 save a checkpoint and exit 0; --keep-last prunes 
 
 TEST_CASE("without --exit-signal-handler SIGTERM keeps its default meaning") {
   REQUIRE(fs::exists("apps/pretrain_gpt"));
-  const fs::path dir = temp_dir("nosig");
-  const std::string data = make_dataset(dir);
+  const fs::path dir = testing::fresh_temp_dir("signals_nosig");
+  const std::string data = testing::write_toy_dataset(dir, 3, 100);
   const std::string log = (dir / "log").string();
   const pid_t pid = start_trainer(data, log, {});
   ChildGuard guard{pid};

@@ -15,36 +15,12 @@
 #include "model/arguments.h"
 #include "model/gpt_data.h"
 #include "model/trainer.h"
+#include "tests/model/model_test_util.h"
 
 using namespace mpitron;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("mpitron_trainer_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-// 200 documents of random GPT-2 token ids (lengths 5..60), u16 as Megatron writes them.
-std::string make_dataset(const fs::path& dir) {
-  const std::string prefix = (dir / "toy_text_document").string();
-  data::IndexedDatasetWriter w(prefix, data::DType::U16);
-  std::mt19937 rng(7);
-  std::vector<int32_t> doc;
-  for (int d = 0; d < 200; ++d) {
-    doc.resize(5 + rng() % 56);
-    // A skewed distribution over a small range so the model has something to learn.
-    for (int32_t& t : doc) t = static_cast<int32_t>((rng() % 97) * (rng() % 5) + 10);
-    doc.back() = 50256;
-    w.add_tokens(doc.data(), static_cast<int64_t>(doc.size()));
-    w.end_document();
-  }
-  w.finalize();
-  return prefix;
-}
 
 TrainArgs parse(std::vector<std::string> flags) {
   std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
@@ -87,8 +63,8 @@ bool throws_naming(std::vector<std::string> flags, const std::string& needle) {
 }  // namespace
 
 TEST_CASE("resume: 20 steps straight == 10 steps + save + load + 10 steps, bitwise (f32 and bf16)") {
-  const fs::path dir = temp_dir("resume");
-  const std::string data = make_dataset(dir);
+  const fs::path dir = testing::fresh_temp_dir("trainer_resume");
+  const std::string data = testing::write_toy_dataset(dir, 7, 200);
   for (const char* precision : {"", "--bf16"}) {
     CAPTURE(precision);
     auto flags = base_flags(data, 20);
@@ -116,8 +92,8 @@ TEST_CASE("resume: 20 steps straight == 10 steps + save + load + 10 steps, bitwi
 }
 
 TEST_CASE("fp16 with dynamic loss scaling trains and counts skipped steps") {
-  const fs::path dir = temp_dir("fp16");
-  const std::string data = make_dataset(dir);
+  const fs::path dir = testing::fresh_temp_dir("trainer_fp16");
+  const std::string data = testing::write_toy_dataset(dir, 7, 200);
   auto flags = base_flags(data, 12);
   // 2^40 overflows f16 gradients at first: the scaler must back off and skip.
   flags.insert(flags.end(), {"--fp16", "--initial-loss-scale", "1099511627776", "--hysteresis", "1"});
@@ -129,8 +105,8 @@ TEST_CASE("fp16 with dynamic loss scaling trains and counts skipped steps") {
 }
 
 TEST_CASE("TensorBoard's reader parses the event files; metrics.jsonl has one line per log") {
-  const fs::path dir = temp_dir("tb");
-  const std::string data = make_dataset(dir);
+  const fs::path dir = testing::fresh_temp_dir("trainer_tb");
+  const std::string data = testing::write_toy_dataset(dir, 7, 200);
   auto flags = base_flags(data, 6);
   const std::string tb = (dir / "tb").string();
   flags.insert(flags.end(), {"--tensorboard-dir", tb});
@@ -185,7 +161,7 @@ TEST_CASE("impossible flag combinations are rejected naming the flags") {
 }
 
 TEST_CASE("a token id beyond the vocabulary is a clear error naming the file") {
-  const fs::path dir = temp_dir("vocab");
+  const fs::path dir = testing::fresh_temp_dir("trainer_vocab");
   const std::string prefix = (dir / "bad_text_document").string();
   {
     data::IndexedDatasetWriter w(prefix, data::DType::I32);

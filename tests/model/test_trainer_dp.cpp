@@ -15,6 +15,7 @@
 #include "model/arguments.h"
 #include "model/gpt_data.h"
 #include "model/trainer.h"
+#include "tests/model/model_test_util.h"
 #include "parallel/communicator.h"
 
 using namespace mpitron;
@@ -45,16 +46,7 @@ std::string make_dataset(const fs::path& dir) {
   if (world_rank() == 0) {
     fs::remove_all(dir);
     fs::create_directories(dir);
-    data::IndexedDatasetWriter w(prefix, data::DType::U16);
-    std::mt19937 rng(11);
-    std::vector<int32_t> doc;
-    for (int d = 0; d < 300; ++d) {
-      doc.resize(5 + rng() % 60);
-      for (int32_t& t : doc) t = static_cast<int32_t>((rng() % 89) * (rng() % 4) + 3);
-      w.add_tokens(doc.data(), static_cast<int64_t>(doc.size()));
-      w.end_document();
-    }
-    w.finalize();
+    testing::write_toy_dataset(dir, 11, 300);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return prefix;
