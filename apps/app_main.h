@@ -4,7 +4,9 @@
 #pragma once
 #include <mpi.h>
 
+#include <boost/program_options.hpp>
 #include <cstdio>
+#include <iostream>
 #include <exception>
 #include <functional>
 
@@ -28,6 +30,25 @@ inline int run_single_process_app(int argc, char** argv, const char* name, const
   }
   MPI_Finalize();
   return rc;
+}
+
+// Parses argv against `d` into `vm`: prints the help and returns false for
+// --help; an unknown flag, a missing required one or a bad value is an Error
+// naming the app and pointing at --help.
+inline bool parse_app_flags(int argc, char** argv, const boost::program_options::options_description& d,
+                            boost::program_options::variables_map& vm, const char* name) {
+  namespace po = boost::program_options;
+  try {
+    po::store(po::parse_command_line(argc, argv, d), vm);
+    if (vm.count("help")) {
+      std::cout << d << "\n";
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    MPT_THROW(str(name, ": ", e.what()), str("run ", name, " --help for the flags it supports"));
+  }
+  return true;
 }
 
 }  // namespace mpitron

@@ -61,16 +61,7 @@ int run(int argc, char** argv) {
       ("lm-head", po::bool_switch(&lm_head), "mpitron-to-hf: also write lm_head.weight (= wte)")
       ("hf-config-out", po::value(&hf_config_out), "mpitron-to-hf: also write HF's config.json here");
   po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, d), vm);
-    if (vm.count("help")) {
-      std::cout << d << "\n";
-      return 0;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    MPT_THROW(str("convert_checkpoint: ", e.what()), "run convert_checkpoint --help");
-  }
+  if (!parse_app_flags(argc, argv, d, vm, "convert_checkpoint")) return 0;
   MPT_CHECK(tp == 1, str("--tensor-model-parallel-size ", tp, " is not supported yet"), "pass 1");
   if (direction == "hf-to-mpitron") {
     std::string st_path = input;

@@ -24,6 +24,7 @@
 // Losses and argmaxes use the first vocab_size logits (padded vocabulary rows excluded).
 // Runs on one process (the parallel runtime is not built yet).
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include "apps/app_main.h"
 #include <mpi.h>
 #include <pcre2.h>
 
@@ -70,16 +71,7 @@ bool parse(int argc, char** argv, Args& a) {
       ("tensor-model-parallel-size", po::value(&tp), "must be 1 (the parallel runtime is not built yet)")
       ("pipeline-model-parallel-size", po::value(&pp), "must be 1 (the parallel runtime is not built yet)");
   po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, d), vm);
-    if (vm.count("help")) {
-      std::cout << d << "\n";
-      return false;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    MPT_THROW(str("evaluate: ", e.what()), "run evaluate --help for the flags it supports");
-  }
+  if (!parse_app_flags(argc, argv, d, vm, "evaluate")) return false;
   MPT_CHECK(tp == 1 && pp == 1,
             str("--tensor-model-parallel-size ", tp, " / --pipeline-model-parallel-size ", pp, ": evaluate runs on one process"),
             "pass 1 (or leave them out); checkpoints are stored unsharded, so any checkpoint loads on one process");

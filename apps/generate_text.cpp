@@ -54,16 +54,7 @@ bool parse(int argc, char** argv, Args& a) {
       ("tensor-model-parallel-size", po::value(&tp), "must be 1 (the parallel runtime is not built yet)")
       ("pipeline-model-parallel-size", po::value(&pp), "must be 1 (the parallel runtime is not built yet)");
   po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, d), vm);
-    if (vm.count("help")) {
-      std::cout << d << "\n";
-      return false;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    MPT_THROW(str("generate_text: ", e.what()), "run generate_text --help for the flags it supports");
-  }
+  if (!parse_app_flags(argc, argv, d, vm, "generate_text")) return false;
   MPT_CHECK(tp == 1 && pp == 1, "generate_text runs on one process: tensor/pipeline parallel sizes must be 1",
             "checkpoints are stored unsharded, so any checkpoint loads on one process");
   MPT_CHECK(a.sample_input_file.empty() || a.num_samples == 0, "--sample-input-file and --num-samples exclude each other",

@@ -297,16 +297,7 @@ int run(int argc, char** argv) {
       ("tensor-model-parallel-size", po::value(&tp), "must be 1 (the parallel runtime is not built yet)")
       ("pipeline-model-parallel-size", po::value(&pp), "must be 1 (the parallel runtime is not built yet)");
   po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, d), vm);
-    if (vm.count("help")) {
-      std::cout << d << "\n";
-      return 0;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    MPT_THROW(str("text_generation_server: ", e.what()), "run text_generation_server --help");
-  }
+  if (!parse_app_flags(argc, argv, d, vm, "text_generation_server")) return 0;
   MPT_CHECK(tp == 1 && pp == 1, "text_generation_server runs on one process: parallel sizes must be 1", "");
   MPT_CHECK(port >= 0 && port <= 65535, str("--port ", port, " is not a TCP port"), "");
   data::Tokenizer tok(vocab_file.empty() ? data::Tokenizer::default_vocab_file() : vocab_file,
