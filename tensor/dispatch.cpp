@@ -294,6 +294,42 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, const Te
   MPT_BACKEND(logits, softmax_cross_entropy, logits, targets, losses, dlogits, dloss_scale, s);
 }
 
+void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                               const Tensor& lse, const Tensor& target_logit, Stream s) {
+  const char* op = "cross_entropy_local_stats";
+  need_float(op, logits, "logits");
+  need(logits.ndim() == 2, str(op, ": logits must be (N, Vl), got ", logits.describe()));
+  need(vocab_start >= 0, str(op, ": vocab_start must be >= 0, got ", vocab_start));
+  need_index(op, targets, "targets");
+  need_shape(op, targets, "targets", {logits.dim(0)});
+  need(lse.defined(), str(op, ": lse is undefined"));
+  need_shape(op, lse, "lse", {logits.dim(0)});
+  need_f32(op, lse, "lse");
+  need(target_logit.defined(), str(op, ": target_logit is undefined"));
+  need_shape(op, target_logit, "target_logit", {logits.dim(0)});
+  need_f32(op, target_logit, "target_logit");
+  check_same_device(op, {&logits, &targets, &lse, &target_logit});
+  check_contiguous(op, {{&logits, "logits"}, {&targets, "targets"}, {&lse, "lse"}, {&target_logit, "target_logit"}});
+  MPT_BACKEND(logits, cross_entropy_local_stats, logits, targets, vocab_start, lse, target_logit, s);
+}
+
+void cross_entropy_grad_from_lse(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                 const Tensor& lse, const Tensor& dlogits, float scale, Stream s) {
+  const char* op = "cross_entropy_grad_from_lse";
+  need_float(op, logits, "logits");
+  need(logits.ndim() == 2, str(op, ": logits must be (N, Vl), got ", logits.describe()));
+  need(vocab_start >= 0, str(op, ": vocab_start must be >= 0, got ", vocab_start));
+  need_index(op, targets, "targets");
+  need_shape(op, targets, "targets", {logits.dim(0)});
+  need(lse.defined(), str(op, ": lse is undefined"));
+  need_shape(op, lse, "lse", {logits.dim(0)});
+  need_f32(op, lse, "lse");
+  need_like(op, logits, "logits", dlogits, "dlogits");
+  check_same_device(op, {&logits, &targets, &lse, &dlogits});
+  check_contiguous(op, {{&logits, "logits"}, {&targets, "targets"}, {&lse, "lse"}, {&dlogits, "dlogits"}});
+  MPT_BACKEND(logits, cross_entropy_grad_from_lse, logits, targets, vocab_start, lse, dlogits, scale, s);
+}
+
 // ---- dropout ----------------------------------------------------------------------------
 void dropout_forward(const Tensor& x, const Tensor& out, float p, uint64_t seed, uint64_t offset, Stream s) {
   const char* op = "dropout_forward";
