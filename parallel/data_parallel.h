@@ -36,6 +36,7 @@ struct FlatParam {
   int64_t offset = 0;         // elements into the flat value/grad buffers
   int64_t numel = 0;
   bool weight_decay = true;   // false for biases and layernorm parameters
+  bool in_norm = true;        // counted in the global grad norm (false: a model-parallel duplicate)
 };
 
 // Contiguous shards of a flat buffer of `numel` elements over `ranks` ranks:

@@ -63,6 +63,15 @@ std::string to_string(const Action& a) {
   return s;
 }
 
+std::string action_text(Op op, int mb, int chunk, int peer) {
+  Action a;
+  a.op = op;
+  a.mb = mb;
+  a.chunk = chunk;
+  a.peer = peer;
+  return to_string(a);
+}
+
 size_t Schedule::action_count() const {
   size_t n = 0;
   for (const auto& r : ranks) n += r.size();

@@ -47,6 +47,8 @@ struct Action {
 
 // "F3.1", "SA3.1>2", "RG0.0<1" (no batch brackets: see write_schedule).
 std::string to_string(const Action& a);
+// The text of the action (op, mb, chunk, peer) without building one: "SA3.1>2".
+std::string action_text(Op op, int mb, int chunk, int peer = -1);
 
 struct Schedule {
   std::string name;                        // "gpipe", "1f1b", "interleaved" or the file it came from

@@ -42,14 +42,6 @@ const char* op_name(Op op) {
   return "?";
 }
 
-std::string act_text(Op op, int mb, int chunk, int peer = -1) {
-  Action a;
-  a.op = op;
-  a.mb = mb;
-  a.chunk = chunk;
-  a.peer = peer;
-  return to_string(a);
-}
 
 class Checker {
  public:
@@ -153,34 +145,34 @@ class Checker {
           const int from = s_.rank_of_stage(st - 1);
           if (from == r) {
             if (f(a.mb, s_.chunk_of_stage(st - 1)) < 0)
-              return fail(r, i, str("F of stage ", st, " before ", act_text(Op::Forward, a.mb, s_.chunk_of_stage(st - 1)),
+              return fail(r, i, str("F of stage ", st, " before ", action_text(Op::Forward, a.mb, s_.chunk_of_stage(st - 1)),
                                     " (stage ", st - 1, ", same rank) produced its input"));
           } else if (ra(a.mb, a.chunk) < 0) {
             return fail(r, i, str("its input activation comes from stage ", st - 1, " on rank ", from, ": no ",
-                                  act_text(Op::RecvAct, a.mb, a.chunk, from), " before it"));
+                                  action_text(Op::RecvAct, a.mb, a.chunk, from), " before it"));
           }
         }
         if (a.op == Op::Backward) {
           if (f(a.mb, a.chunk) < 0)
-            return fail(r, i, str("B before its F: ", act_text(Op::Forward, a.mb, a.chunk),
+            return fail(r, i, str("B before its F: ", action_text(Op::Forward, a.mb, a.chunk),
                                   " has not run on this rank"));
           if (st < S - 1) {
             const int from = s_.rank_of_stage(st + 1);
             if (from == r) {
               if (b(a.mb, s_.chunk_of_stage(st + 1)) < 0)
-                return fail(r, i, str("B of stage ", st, " before ", act_text(Op::Backward, a.mb, s_.chunk_of_stage(st + 1)),
+                return fail(r, i, str("B of stage ", st, " before ", action_text(Op::Backward, a.mb, s_.chunk_of_stage(st + 1)),
                                       " (stage ", st + 1, ", same rank) produced its output gradient"));
             } else if (rg(a.mb, a.chunk) < 0) {
               return fail(r, i, str("its output gradient comes from stage ", st + 1, " on rank ", from, ": no ",
-                                    act_text(Op::RecvGrad, a.mb, a.chunk, from), " before it"));
+                                    action_text(Op::RecvGrad, a.mb, a.chunk, from), " before it"));
             }
           }
         }
         if (a.op == Op::SendAct && f(a.mb, a.chunk) < 0)
-          return fail(r, i, str("sends an activation not yet computed: ", act_text(Op::Forward, a.mb, a.chunk),
+          return fail(r, i, str("sends an activation not yet computed: ", action_text(Op::Forward, a.mb, a.chunk),
                                 " must come before it"));
         if (a.op == Op::SendGrad && b(a.mb, a.chunk) < 0)
-          return fail(r, i, str("sends a gradient not yet computed: ", act_text(Op::Backward, a.mb, a.chunk),
+          return fail(r, i, str("sends a gradient not yet computed: ", action_text(Op::Backward, a.mb, a.chunk),
                                 " must come before it"));
         prev = i;
         if (a.op == Op::Forward) peak = std::max(peak, ++in_flight);
@@ -215,14 +207,14 @@ class Checker {
       for (int i = 0; i < static_cast<int>(acts.size()); ++i) {
         const Action& a = acts[i];
         if (a.op == Op::Forward && b[r](a.mb, a.chunk) < 0)
-          return fail(r, i, str("has no backward: ", act_text(Op::Backward, a.mb, a.chunk),
+          return fail(r, i, str("has no backward: ", action_text(Op::Backward, a.mb, a.chunk),
                                 " is missing on this rank (every forward needs its backward in the same step)"));
       }
       for (int mb = 0; mb < m; ++mb)
         for (int c = 0; c < v; ++c)
           if (f[r](mb, c) < 0)
-            return fail_missing(r, act_text(Op::Forward, mb, c),
-                                str("rank ", r, " never runs ", act_text(Op::Forward, mb, c), " (stage ",
+            return fail_missing(r, action_text(Op::Forward, mb, c),
+                                str("rank ", r, " never runs ", action_text(Op::Forward, mb, c), " (stage ",
                                     s_.stage(r, c), " of micro-batch ", mb, ")"));
     }
     for (int r = 0; r < s_.pp; ++r) {
@@ -236,12 +228,12 @@ class Checker {
           const int src_stage = grad ? st + 1 : st - 1;
           if (!sends.count({a.peer, r, grad, a.mb, src_stage}))
             return fail(r, i, str("nothing sends it: rank ", a.peer, " has no ",
-                                  act_text(grad ? Op::SendGrad : Op::SendAct, a.mb, s_.chunk_of_stage(src_stage), r)));
+                                  action_text(grad ? Op::SendGrad : Op::SendAct, a.mb, s_.chunk_of_stage(src_stage), r)));
         } else {
           const bool grad = a.op == Op::SendGrad;
           if (!recvs.count({r, a.peer, grad, a.mb, st}))
             return fail(r, i, str("nothing receives it: rank ", a.peer, " has no ",
-                                  act_text(grad ? Op::RecvGrad : Op::RecvAct, a.mb,
+                                  action_text(grad ? Op::RecvGrad : Op::RecvAct, a.mb,
                                            s_.chunk_of_stage(grad ? st - 1 : st + 1), r)));
         }
       }

@@ -1,5 +1,7 @@
 #include "parallel/zero.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdio>
 
@@ -112,7 +114,16 @@ ZeroStepResult ZeroOptimizer::step(float lr, float loss_scale) {
   ZeroStepResult r;
   // Global norm: every element is owned by exactly one dp rank.
   Tensor sq = Tensor::zeros({1}, DType::F32, shard_grads_.device());
-  if (shard_grads_.numel() > 0) sum_squares(shard_grads_, sq);
+  bool all_counted = true;
+  for (const FlatParam& p : params_) all_counted = all_counted && p.in_norm;
+  if (all_counted) {
+    if (shard_grads_.numel() > 0) sum_squares(shard_grads_, sq);
+  } else {
+    for (const FlatParam& p : params_) {  // model-parallel duplicates count on one rank only
+      const int64_t lo = std::max(shard_begin(), p.offset), hi = std::min(shard_end(), p.offset + p.numel);
+      if (p.in_norm && hi > lo) sum_squares(shard_grads_.flat_range(lo - shard_begin(), hi - lo), sq);
+    }
+  }
   dp_.all_reduce(sq, ReduceOp::Sum);
   if (norm_group_) norm_group_->all_reduce(sq, ReduceOp::Sum);
   const double scaled_norm = std::sqrt(static_cast<double>(sq.item()));
