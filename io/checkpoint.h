@@ -16,6 +16,20 @@
 // the value does not depend on how the tensor was split, and commit() also
 // proves that the ranks' hyperslabs tile every dataset exactly.
 //
+// Loading (docs/checkpoint-format.md, "Finding the checkpoint to load"): the
+// fast, safe way is CheckpointReader::load_latest with a callback that calls
+// read_verified() with this rank's hyperslabs: the file is read once in
+// total, the bytes a rank needs are checksummed on their way into its
+// buffers, the bytes nobody needs are read by someone so that every dataset's
+// CRC is still proved, and a damaged checkpoint makes every rank fall back to
+// the previous one together. Typical use (every rank):
+//
+//   std::vector<float> w(rows * cols);               // this rank's block
+//   CheckpointReader r = CheckpointReader::load_latest(dir, comm, [&](const CheckpointReader& c) {
+//     c.read_verified({{"model/w", {{{row0, 0}, {rows, cols}}}, w.data(), ElemType::F32}});
+//   });
+//   if (!r.found()) { /* fresh start */ }           // else w holds verified values
+//
 // The model decides dataset names and extra attributes; this layer knows
 // nothing of models. Communicator: MPI_COMM_NULL (or MPI not initialised)
 // means one process and HDF5's serial driver; otherwise every call marked
@@ -23,6 +37,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
@@ -67,6 +82,12 @@ class CheckpointWriter {
   // hyperslabs must tile the dataset (identical duplicates are allowed).
   void add_tensor(const std::string& name, const Shape& global_shape, DType dtype, const Tensor& local,
                   const Shape& offset = {});
+  // Several hyperslabs of this rank in one collective call: `data` (host,
+  // `type` elements) holds the pieces back to back, in the order their
+  // elements occur in the dataset (see Hdf5File::write_pieces). The ranks'
+  // pieces must tile the dataset.
+  void add_pieces(const std::string& name, const Shape& global_shape, ElemType type,
+                  const std::vector<Hdf5File::Hyperslab>& pieces, const void* data);
   // Rank 0 of comm writes the whole tensor, the others nothing. Collective.
   void add_replicated(const std::string& name, const Tensor& whole);
   // Raw form (also f64): `count` elements of `type` at `offset`; data == nullptr: nothing.
@@ -110,6 +131,42 @@ struct TensorInfo {
   ElemType type;
 };
 
+// A checkpoint that must not be used: a stored checksum does not match the
+// data, the file is shorter than its datasets, or reading it failed. Thrown
+// by CheckpointReader::read_verified (and verify_all) with the same text on
+// every rank; CheckpointReader::load_latest catches exactly this type and
+// falls back to the previous checkpoint.
+class CheckpointDamaged : public Error {
+ public:
+  using Error::Error;
+};
+
+// One dataset's part that this rank wants (CheckpointReader::read_verified):
+// the hyperslabs `pieces` (offset, count in the dataset's global shape) land in
+// `out` back to back, each row-major, in the order of `pieces` -- the layout
+// CheckpointWriter::add_pieces writes from. `type` is the element type of
+// `out`; when it is the dataset's own type the bytes are copied raw (the fast
+// path), another numeric type is converted by HDF5 (never between a 16-bit
+// float and anything else). Pieces with a zero count are skipped; a scalar
+// dataset takes one piece with offset = count = {}. `out` is host memory that
+// must hold sum(numel(count)) elements and stay valid during the call.
+// `expect_shape`, when not empty, is the global shape the caller expects: a
+// dataset of another shape is an error (reported collectively, like every
+// request error, so no rank has to check before the collective call).
+struct ReadRequest {
+  std::string name;
+  std::vector<Hdf5File::Hyperslab> pieces;
+  void* out = nullptr;
+  ElemType type = ElemType::F32;
+  Shape expect_shape = {};
+};
+
+// Which datasets read_verified proves intact.
+enum class VerifyScope {
+  AllDatasets,        // every dataset of the file (what open_latest(verify=true) proves)
+  RequestedDatasets,  // only datasets that some rank asked for (e.g. weights only, no optimizer state)
+};
+
 class CheckpointReader {
  public:
   CheckpointReader() = default;
@@ -128,6 +185,25 @@ class CheckpointReader {
   static CheckpointReader open_iteration(const std::string& load_dir, int64_t iteration,
                                          MPI_Comm comm = MPI_COMM_NULL, bool verify = true);
 
+  // Collective: load the newest intact checkpoint with ONE pass over the data.
+  // Candidates in open_latest's order (tracker, then iter_* newest first); each
+  // is opened without the verification pass (open_iteration(verify=false):
+  // missing, truncated or foreign files are skipped with a warning, as in
+  // open_latest), then `load(reader)` runs on every rank; it is expected to
+  // call reader.read_verified(requests) ONCE, with all of this rank's
+  // requests, to fill its buffers (each call verifies its whole scope). When
+  // `load` throws CheckpointDamaged (read_verified found a bad checksum or a
+  // short file, on every rank alike) the candidate is skipped with a warning
+  // and `load` runs again on the next older one, so `load` must (re)write all
+  // of its outputs each time. Any other exception propagates at once (a model
+  // that does not match the checkpoint is not a reason to fall back). Returns
+  // the reader of the checkpoint that loaded (found() false, `load` never
+  // called, when load_dir holds no checkpoint); throws "no intact checkpoint"
+  // when checkpoints exist but none loaded. Values written by `load` may be
+  // used only after load_latest returns.
+  static CheckpointReader load_latest(const std::string& load_dir, MPI_Comm comm,
+                                      const std::function<void(const CheckpointReader&)>& load);
+
   // The tracker file's iteration; -1 when it is missing or unreadable.
   static int64_t read_tracker(const std::string& load_dir);
   // Committed iterations (iter_N directories, *.tmp ignored), ascending.
@@ -145,11 +221,37 @@ class CheckpointReader {
   Tensor read(const std::string& name, const Shape& offset, const Shape& count) const;  // host
   void read_raw(const std::string& name, const Shape& offset, const Shape& count, void* out, ElemType type) const;
 
+  // Collective (every rank of the reader's communicator calls it, each with
+  // its own list, possibly empty): reads this rank's requests into their
+  // buffers AND proves the checksums, reading the file once in total:
+  //  1. each rank reads its requests (straight from the file for contiguous
+  //     datasets, in file order, large reads; a block of whole rows is one
+  //     contiguous range) and computes CRC-32C of every contiguous range it read;
+  //  2. rank 0 gathers the ranges, picks per dataset a tiling of the ranges
+  //     (identical ranges read by several ranks -- replicas -- count once, and
+  //     must agree), and deals every byte range that NO rank read out to the
+  //     ranks in file order (balanced), which read and checksum them;
+  //  3. rank 0 joins the CRCs with crc32c_combine in global order and compares
+  //     each dataset's result with its stored mpitron_crc32c.
+  // Datasets checked: all of the file (scope AllDatasets) or only those some
+  // rank requested (RequestedDatasets). Throws CheckpointDamaged, the same
+  // text on every rank, naming dataset and file ("checksum mismatch in dataset
+  // 'NAME' of checkpoint file 'PATH': stored 0x.., computed 0x..", or a short
+  // read / read failure); the buffers' contents are then undefined. Throws a
+  // plain Error on every rank for a bad request (unknown dataset, another
+  // shape than expect_shape, hyperslab outside the shape, a type that cannot
+  // be converted), before anything is read. Returns only when
+  // every checked dataset is intact. Each call verifies its whole scope again:
+  // make ONE call with all of this rank's requests, not one per dataset.
+  void read_verified(const std::vector<ReadRequest>& requests,
+                     VerifyScope scope = VerifyScope::AllDatasets) const;
+
   // Throws (naming dataset and file) when the stored checksum does not match
-  // the data. Not collective.
+  // the data. Not collective; reads the whole dataset through HDF5.
   void verify(const std::string& name) const;
-  // Collective: every dataset verified once across the ranks; all ranks throw
-  // the same error when any fails.
+  // Collective: every dataset verified once across the ranks (read_verified
+  // with no requests: the file dealt out to the ranks in file order); all
+  // ranks throw the same CheckpointDamaged when any fails.
   void verify_all() const;
 
   bool has_attr(const std::string& key) const { return file_.has_attr("/", key); }
@@ -160,7 +262,11 @@ class CheckpointReader {
   const Hdf5File& file() const { return file_; }
 
  private:
+  const std::vector<std::string>& dataset_names() const;  // sorted; computed once
+
   Hdf5File file_;
+  mutable std::vector<std::string> names_;
+  mutable bool names_ready_ = false;
   std::string dir_;
   int64_t iteration_ = -1;
   MPI_Comm comm_ = MPI_COMM_NULL;

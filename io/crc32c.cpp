@@ -1,4 +1,5 @@
-// io/crc32c.cpp — CRC-32C: SSE4.2 instruction when the CPU has it, else slicing-by-8 tables.
+// io/crc32c.cpp — CRC-32C: SSE4.2 instruction when the CPU has it (three
+// interleaved streams), else slicing-by-8 tables.
 #include "io/crc32c.h"
 
 #include <array>
@@ -50,25 +51,6 @@ uint32_t update_portable(uint32_t c, const uint8_t* p, size_t n) {
   return c;
 }
 
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t update_sse42(uint32_t c, const uint8_t* p, size_t n) {
-  uint64_t c64 = c;
-  while (n >= 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    c64 = _mm_crc32_u64(c64, v);
-    p += 8;
-    n -= 8;
-  }
-  uint32_t c32 = static_cast<uint32_t>(c64);
-  while (n--) c32 = _mm_crc32_u8(c32, *p++);
-  return c32;
-}
-bool have_sse42() {
-  static const bool yes = __builtin_cpu_supports("sse4.2");
-  return yes;
-}
-#endif
 
 // a·b mod P in the reflected representation (bit 31 is x^0).
 uint32_t mult_mod_p(uint32_t a, uint32_t b) {
@@ -101,6 +83,63 @@ uint32_t x8n_mod_p(uint64_t n) {
   }
   return r;
 }
+
+#if defined(__x86_64__)
+// "Append n zero bytes" to a raw CRC register for one fixed n, as four byte
+// tables (the operator is linear over GF(2)).
+struct ShiftTable {
+  std::array<std::array<uint32_t, 256>, 4> t{};
+  explicit ShiftTable(uint64_t n) {
+    const uint32_t k = x8n_mod_p(n);
+    for (uint32_t b = 0; b < 256; ++b)
+      for (int j = 0; j < 4; ++j) t[j][b] = mult_mod_p(k, b << (8 * j));
+  }
+  uint32_t operator()(uint32_t c) const {
+    return t[0][c & 0xff] ^ t[1][(c >> 8) & 0xff] ^ t[2][(c >> 16) & 0xff] ^ t[3][c >> 24];
+  }
+};
+
+// The crc32 instruction has a latency of 3 cycles and a throughput of 1: three
+// independent streams over adjacent blocks run ~3x faster than one, and the
+// three registers are joined with the shift tables (as crc32c_combine does).
+constexpr size_t kStreamBlock = 8192;
+
+__attribute__((target("sse4.2"))) uint32_t update_sse42(uint32_t c, const uint8_t* p, size_t n) {
+  if (n >= 3 * kStreamBlock) {
+    static const ShiftTable shift1(kStreamBlock), shift2(2 * kStreamBlock);
+    while (n >= 3 * kStreamBlock) {
+      uint64_t a = c, b = 0, d = 0;
+      for (size_t i = 0; i < kStreamBlock; i += 8) {
+        uint64_t va, vb, vd;
+        std::memcpy(&va, p + i, 8);
+        std::memcpy(&vb, p + kStreamBlock + i, 8);
+        std::memcpy(&vd, p + 2 * kStreamBlock + i, 8);
+        a = _mm_crc32_u64(a, va);
+        b = _mm_crc32_u64(b, vb);
+        d = _mm_crc32_u64(d, vd);
+      }
+      c = shift2(static_cast<uint32_t>(a)) ^ shift1(static_cast<uint32_t>(b)) ^ static_cast<uint32_t>(d);
+      p += 3 * kStreamBlock;
+      n -= 3 * kStreamBlock;
+    }
+  }
+  uint64_t c64 = c;
+  while (n >= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c64 = _mm_crc32_u64(c64, v);
+    p += 8;
+    n -= 8;
+  }
+  uint32_t c32 = static_cast<uint32_t>(c64);
+  while (n--) c32 = _mm_crc32_u8(c32, *p++);
+  return c32;
+}
+bool have_sse42() {
+  static const bool yes = __builtin_cpu_supports("sse4.2");
+  return yes;
+}
+#endif
 
 }  // namespace
 

@@ -415,6 +415,48 @@ void Hdf5File::write_raw(const std::string& name, const Shape& offset, const Sha
             "the disk may be full; in parallel every rank must call write for the same dataset");
 }
 
+void Hdf5File::write_pieces(const std::string& name, const std::vector<Hyperslab>& pieces, const void* data,
+                            ElemType type) {
+  if (pieces.size() <= 1) {
+    const DatasetInfo info = dataset_info(name);
+    if (pieces.empty()) write_raw(name, Shape(info.shape.size(), 0), Shape(info.shape.size(), 0), nullptr, type);
+    else write_raw(name, pieces[0].offset, pieces[0].count, data, type);
+    return;
+  }
+  const ElemType stored = dataset_info(name).type;
+  check_type("write", path_, name, stored, type);
+  H5Handle ds = open_dataset(name, "write");
+  // Validate every piece with the single-hyperslab checks, then select their union.
+  hsize_t total = 0;
+  for (const Hyperslab& h : pieces) {
+    select(ds.get(), path_, name, h.offset, h.count, false, "write");
+    total += static_cast<hsize_t>(shape_numel(h.count));
+  }
+  H5Handle file_space(H5Dget_space(ds.get()), H5Sclose);
+  if (!file_space.valid()) h5_fail("write (H5Dget_space)", path_, name);
+  bool first = true;
+  for (const Hyperslab& h : pieces) {
+    if (shape_numel(h.count) == 0) continue;
+    std::vector<hsize_t> start(h.offset.begin(), h.offset.end()), cnt(h.count.begin(), h.count.end());
+    if (H5Sselect_hyperslab(file_space.get(), first ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), nullptr,
+                            cnt.data(), nullptr) < 0)
+      h5_fail("write (H5Sselect_hyperslab union)", path_, name);
+    first = false;
+  }
+  const hsize_t mem_n = std::max<hsize_t>(total, 1);
+  H5Handle mem_space(H5Screate_simple(1, &mem_n, nullptr), H5Sclose);
+  if (!mem_space.valid()) h5_fail("write (H5Screate_simple)", path_, name);
+  if (total == 0 && (H5Sselect_none(mem_space.get()) < 0 || H5Sselect_none(file_space.get()) < 0))
+    h5_fail("write (H5Sselect_none)", path_, name);
+  H5Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  if (!dxpl.valid()) h5_fail("H5Pcreate(transfer)", path_, name);
+  if (parallel_ && H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE) < 0) h5_fail("H5Pset_dxpl_mpio", path_, name);
+  const uint64_t dummy = 0;
+  if (H5Dwrite(ds.get(), mem_type(type), mem_space.get(), file_space.get(), dxpl.get(), data ? data : &dummy) < 0)
+    h5_fail(str("H5Dwrite of ", pieces.size(), " hyperslabs"), path_, name,
+            "the disk may be full; in parallel every rank must call write for the same dataset");
+}
+
 void Hdf5File::write(const std::string& name, const Shape& offset, const Tensor& local) {
   if (!local.defined()) {
     const DatasetInfo info = dataset_info(name);
@@ -455,6 +497,25 @@ int64_t Hdf5File::data_file_offset(const std::string& name) const {
   const haddr_t a = H5Dget_offset(ds.get());
   H5Eclear2(H5E_DEFAULT);
   return a == HADDR_UNDEF ? -1 : static_cast<int64_t>(a);
+}
+
+Hdf5File::RawExtent Hdf5File::raw_extent(const std::string& name) const {
+  RawExtent e;
+  e.info = dataset_info(name);
+  e.nbytes = static_cast<uint64_t>(shape_numel(e.info.shape)) * elem_size(e.info.type);
+  H5Handle ds = open_dataset(name, "raw_extent");
+  H5Handle dcpl(H5Dget_create_plist(ds.get()), H5Pclose);
+  H5Handle type(H5Dget_type(ds.get()), H5Tclose);
+  if (!dcpl.valid() || !type.valid()) h5_fail("raw_extent (H5Dget_create_plist/H5Dget_type)", path_, name);
+  const int external = H5Pget_external_count(dcpl.get());
+  if (H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS && external == 0) {
+    const haddr_t a = H5Dget_offset(ds.get());
+    if (a != HADDR_UNDEF) e.file_offset = static_cast<int64_t>(a);
+  }
+  H5Eclear2(H5E_DEFAULT);
+  e.native = H5Tequal(type.get(), mem_type(e.info.type)) > 0;
+  H5Eclear2(H5E_DEFAULT);
+  return e;
 }
 
 // ---------------------------------------------------------------- attributes
@@ -548,6 +609,27 @@ int64_t Hdf5File::attr_int(const std::string& obj, const std::string& key) const
   if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0)
     h5_fail(str("H5Aread '", key, "' as int64"), path_, obj_path(obj), "is the attribute an integer?");
   return v;
+}
+
+std::vector<std::optional<int64_t>> Hdf5File::attr_ints(const std::string& obj,
+                                                        const std::vector<std::string>& keys) const {
+  H5Handle o = open_object(obj, "read integer attributes");
+  std::vector<std::optional<int64_t>> out;
+  for (const std::string& key : keys) {
+    const htri_t e = H5Aexists(o.get(), key.c_str());
+    if (e < 0) h5_fail(str("H5Aexists '", key, "'"), path_, obj_path(obj));
+    if (e == 0) {
+      out.emplace_back();
+      continue;
+    }
+    H5Handle a(H5Aopen(o.get(), key.c_str(), H5P_DEFAULT), H5Aclose);
+    if (!a.valid()) h5_fail(str("read integer attribute '", key, "' (H5Aopen)"), path_, obj_path(obj));
+    int64_t v = 0;
+    if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0)
+      h5_fail(str("H5Aread '", key, "' as int64"), path_, obj_path(obj), "is the attribute an integer?");
+    out.emplace_back(v);
+  }
+  return out;
 }
 
 double Hdf5File::attr_double(const std::string& obj, const std::string& key) const {

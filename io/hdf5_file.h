@@ -23,6 +23,7 @@
 #include <mpi.h>
 
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,15 @@ class Hdf5File {
   // part with an empty selection. A scalar dataset takes offset = count = {}.
   void write_raw(const std::string& name, const Shape& offset, const Shape& count, const void* data,
                  ElemType type);
+  // Several hyperslabs in one collective write: `data` holds each piece's
+  // elements (row-major) back to back, in the order of `pieces`, which must be
+  // the order in which the pieces' elements occur in the dataset's row-major
+  // order (pieces sorted by position that never interleave within a row).
+  // An empty list takes part with nothing.
+  struct Hyperslab {
+    Shape offset, count;
+  };
+  void write_pieces(const std::string& name, const std::vector<Hyperslab>& pieces, const void* data, ElemType type);
   // Same, from a host (or device: copied) tensor whose shape is the count.
   // An undefined Tensor() means "nothing from this rank".
   void write(const std::string& name, const Shape& offset, const Tensor& local);
@@ -111,6 +121,20 @@ class Hdf5File {
   // storage yet. (Tests use it to corrupt data on purpose.)
   int64_t data_file_offset(const std::string& name) const;
 
+  // Where a dataset's bytes lie, for reading them without HDF5 (the verified
+  // checkpoint reader does): `file_offset` is the first data byte in the file,
+  // or -1 unless the storage is contiguous, allocated and inside this file (not
+  // chunked, not external). `native`: the bytes on disk are exactly the
+  // in-memory bytes of `info.type` on this host (so raw bytes need no
+  // conversion and their CRC is the CRC of the values).
+  struct RawExtent {
+    DatasetInfo info;
+    uint64_t nbytes = 0;  // numel x element size
+    int64_t file_offset = -1;
+    bool native = false;
+  };
+  RawExtent raw_extent(const std::string& name) const;
+
   // ---- attributes: obj "" or "/" is the file's root group, else a dataset ----
   // Writing is collective in parallel mode (same values on every rank).
   // Strings are fixed-length UTF-8; integers I64LE; doubles F64LE; JSON is a
@@ -124,6 +148,8 @@ class Hdf5File {
   std::string attr_string(const std::string& obj, const std::string& key) const;
   int64_t attr_int(const std::string& obj, const std::string& key) const;
   double attr_double(const std::string& obj, const std::string& key) const;
+  // Several integer attributes of one object with one open; absent ones are nullopt.
+  std::vector<std::optional<int64_t>> attr_ints(const std::string& obj, const std::vector<std::string>& keys) const;
   nlohmann::json attr_json(const std::string& obj, const std::string& key) const;
 
  private:

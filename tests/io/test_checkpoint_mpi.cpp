@@ -176,3 +176,199 @@ TEST_CASE("checkpoint mpi: a corrupt newest checkpoint makes every rank fall bac
   CHECK(rd.iteration() == 1);
   CHECK(same_bytes(rd.read("d"), global_tensor(4, 8, 1.0f)));
 }
+
+// ---------------------------------------------------------------- one-pass verified reads
+
+namespace {
+
+// Datasets for the read_verified tests, written in row blocks by every rank.
+//   m     40 x 30  f32   read back in column blocks (one range per row)
+//   c     30 x 50  f32   read back as flat ZeRO-like shards (partial row, rows, partial row)
+//   r      9 x 4   bf16  read whole by every rank (replicas)
+//   big 1500 x 1000 f32  read in overlapping row blocks (neighbours share 10 rows)
+//   half  20 x 20  f32   rows 0-9 read by every rank, rows 10-19 by nobody
+//   unread 20 x 20 f32   never requested
+struct RvSet {
+  Tensor m, c, r, big, half, unread;
+  explicit RvSet(float seed)
+      : m(global_tensor(40, 30, seed)),
+        c(global_tensor(30, 50, seed + 1)),
+        r(global_tensor(9, 4, seed + 2, DType::BF16)),
+        big(global_tensor(1500, 1000, seed + 3)),
+        half(global_tensor(20, 20, seed + 4)),
+        unread(global_tensor(20, 20, seed + 5)) {}
+};
+
+void save_rv(const std::string& dir, int64_t it, float seed) {
+  const int r = world_rank(), n = world_size();
+  const RvSet s(seed);
+  CheckpointWriter w;
+  w.begin(dir, it, MPI_COMM_WORLD);
+  for (auto [name, t] : {std::pair<const char*, Tensor>{"m", s.m}, {"c", s.c}, {"r", s.r}, {"big", s.big},
+                         {"half", s.half}, {"unread", s.unread}}) {
+    auto [b, e] = block(t.shape()[0], r, n);
+    w.add_tensor(name, t.shape(), t.dtype(), t.slice(0, b, e).contiguous(), {b, 0});
+  }
+  w.commit();
+}
+
+// What one rank reads, and the buffers it reads into.
+struct RvRead {
+  int64_t mb = 0, me = 0, cb = 0, ce = 0, bb = 0, be = 0;
+  std::vector<float> m, c, big, half;
+  std::vector<uint16_t> r;
+  std::vector<ReadRequest> reqs;
+  RvRead() {
+    const int k = world_rank(), n = world_size();
+    std::tie(mb, me) = block(30, k, n);  // columns of m
+    m.assign(static_cast<size_t>(40 * (me - mb)), 0.0f);
+    std::tie(cb, ce) = block(30 * 50, k, n);  // flat elements of c
+    c.assign(static_cast<size_t>(ce - cb), 0.0f);
+    auto [b0, e0] = block(1500, k, n);  // rows of big, widened by 10 on each side
+    bb = std::max<int64_t>(0, b0 - 10);
+    be = std::min<int64_t>(1500, e0 + 10);
+    big.assign(static_cast<size_t>((be - bb) * 1000), 0.0f);
+    half.assign(10 * 20, 0.0f);
+    r.assign(9 * 4, 0);
+    if (me > mb) reqs.push_back({"m", {{{0, mb}, {40, me - mb}}}, m.data(), ElemType::F32});
+    std::vector<Hdf5File::Hyperslab> cp;  // flat range [cb, ce) of a 30 x 50 array as rectangles
+    for (int64_t i = cb; i < ce;) {
+      const int64_t row = i / 50, col = i % 50;
+      if (col != 0 || ce - i < 50) {
+        const int64_t len = std::min(50 - col, ce - i);
+        cp.push_back({{row, col}, {1, len}});
+        i += len;
+      } else {
+        const int64_t rows = (ce - i) / 50;
+        cp.push_back({{row, 0}, {rows, 50}});
+        i += rows * 50;
+      }
+    }
+    reqs.push_back({"c", cp, c.data(), ElemType::F32});
+    reqs.push_back({"r", {{{0, 0}, {9, 4}}}, r.data(), ElemType::BF16});
+    reqs.push_back({"big", {{{bb, 0}, {be - bb, 1000}}}, big.data(), ElemType::F32});
+    reqs.push_back({"half", {{{0, 0}, {10, 20}}}, half.data(), ElemType::F32});
+  }
+  // The buffers hold the values of RvSet(seed).
+  bool holds(float seed) const {
+    const RvSet s(seed);
+    auto eq = [](const void* a, const Tensor& t) { return std::memcmp(a, t.data_ptr(), t.nbytes()) == 0; };
+    bool ok = eq(m.data(), s.m.slice(1, mb, me).contiguous()) && eq(r.data(), s.r) &&
+              eq(big.data(), s.big.slice(0, bb, be).contiguous()) && eq(half.data(), s.half.slice(0, 0, 10).contiguous());
+    ok = ok && std::memcmp(c.data(), s.c.data<float>() + cb, c.size() * 4) == 0;
+    return ok;
+  }
+};
+
+// The error text of fn, whether it was CheckpointDamaged, and whether every rank got the same text.
+struct RankErr {
+  std::string text;
+  bool damaged = false, same_everywhere = false;
+};
+RankErr rank_error(const std::function<void()>& fn) {
+  RankErr e;
+  try {
+    fn();
+  } catch (const CheckpointDamaged& x) {
+    e = {x.message(), true, false};
+  } catch (const Error& x) {
+    e = {x.message(), false, false};
+  }
+  unsigned long long h = std::hash<std::string>()(e.text), lo = h, hi = h;
+  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  e.same_everywhere = lo == hi;
+  return e;
+}
+
+bool all_ranks(bool v) {
+  int x = v ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return x == 1;
+}
+
+void flip_on_rank0(const std::string& path, const std::string& dataset, int64_t offset) {
+  if (world_rank() == 0) {
+    const int64_t base = Hdf5File::open(path).data_file_offset(dataset);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(base + offset);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x04);
+    f.seekp(base + offset);
+    f.write(&c, 1);
+  }
+  world_barrier();
+}
+
+}  // namespace
+
+TEST_CASE("read_verified mpi: each rank reads its own split (not the writer's); replicas; the file is verified") {
+  REQUIRE(mpi_running());
+  ScratchDir dir("rv_mpi");
+  save_rv(dir.path(), 10, 1.0f);
+  CheckpointReader rd = CheckpointReader::open_latest(dir.path(), MPI_COMM_WORLD, /*verify=*/false);
+  RvRead mine;
+  RankErr e = rank_error([&] { rd.read_verified(mine.reqs); });
+  CHECK(e.text == "");
+  CHECK(mine.holds(1.0f));
+  CHECK(all_ranks(mine.holds(1.0f)));
+  // Ranks with nothing to read take part too; verify_all is the same call with no requests.
+  const std::vector<ReadRequest> none;
+  CHECK(rank_error([&] { rd.read_verified(world_rank() == 0 ? mine.reqs : none); }).text == "");
+  CHECK(rank_error([&] { rd.verify_all(); }).text == "");
+  // A bad request on one rank is a plain error on every rank (and nobody hangs).
+  std::vector<ReadRequest> bad = mine.reqs;
+  if (world_rank() == world_size() - 1) bad.push_back({"m", {{{39, 0}, {2, 30}}}, mine.m.data(), ElemType::F32});
+  RankErr b = rank_error([&] { rd.read_verified(bad); });
+  CHECK_FALSE(b.damaged);
+  CHECK(b.same_everywhere);
+  CHECK(b.text.find("outside the dataset shape") != std::string::npos);
+}
+
+TEST_CASE("read_verified mpi: a flipped byte is found on every rank, read by one rank or by none; load falls back") {
+  REQUIRE(mpi_running());
+  ScratchDir dir("rv_mpi_flip");
+  const int n = world_size();
+  const std::string path = dir / "iter_0000002/model_optim_rng.h5";
+  struct Case {
+    const char* what;
+    const char* dataset;
+    int64_t offset;
+  };
+  for (const Case& c : {Case{"in the last rows of big, read only by the last rank", "big", 1499 * 4000 + 100},
+                        Case{"in the first row of big, read only by rank 0", "big", 8},
+                        Case{"in a column block of m", "m", 39 * 120 + 4 * (30 * (n - 1) / n)},
+                        Case{"in rows of half that nobody reads", "half", 15 * 80 + 8},
+                        Case{"in a dataset nobody reads", "unread", 0}}) {
+    CAPTURE(c.what);
+    if (world_rank() == 0) {
+      fs::remove_all(dir / "iter_0000001");
+      fs::remove_all(dir / "iter_0000002");
+    }
+    world_barrier();
+    save_rv(dir.path(), 1, 1.0f);
+    save_rv(dir.path(), 2, 2.0f);
+    flip_on_rank0(path, c.dataset, c.offset);
+
+    CheckpointReader rd = CheckpointReader::open_iteration(dir.path(), 2, MPI_COMM_WORLD, /*verify=*/false);
+    RvRead mine;
+    RankErr e = rank_error([&] { rd.read_verified(mine.reqs); });
+    CHECK(e.damaged);
+    CHECK(all_ranks(e.damaged));
+    CHECK(e.same_everywhere);
+    CHECK(e.text.find(str("checksum mismatch in dataset '", c.dataset, "' of checkpoint file '", path, "'")) !=
+          std::string::npos);
+
+    // The loader falls back to iteration 1 on every rank, through the same path.
+    int calls = 0;
+    RvRead loaded;
+    CheckpointReader l = CheckpointReader::load_latest(dir.path(), MPI_COMM_WORLD, [&](const CheckpointReader& r) {
+      ++calls;
+      r.read_verified(loaded.reqs);
+    });
+    CHECK(l.iteration() == 1);
+    CHECK(calls == 2);
+    CHECK(all_ranks(loaded.holds(1.0f)));
+  }
+}

@@ -42,3 +42,24 @@ TEST_CASE("crc32c masked (TFRecord)") {
   CHECK(crc32c_masked(0) == 0xa282ead8u);
   CHECK(crc32c_masked(0xE3069283u) == (((0xE3069283u >> 15) | (0xE3069283u << 17)) + 0xa282ead8u));
 }
+
+TEST_CASE("crc32c of long buffers (interleaved streams) equals the CRC extended in short pieces") {
+  std::vector<uint8_t> buf(3 * 8192 * 5 + 12345);
+  uint32_t x = 777;
+  for (auto& b : buf) b = static_cast<uint8_t>((x = x * 1103515245u + 12345u) >> 24);
+  for (size_t start : {size_t{0}, size_t{1}, size_t{13}}) {
+    for (size_t len : {size_t{3 * 8192 - 1}, size_t{3 * 8192}, size_t{3 * 8192 + 9}, size_t{6 * 8192 + 5},
+                       buf.size() - 13}) {
+      CAPTURE(start);
+      CAPTURE(len);
+      uint32_t pieces = 0;
+      for (size_t i = 0; i < len; i += 1000) pieces = crc32c_extend(pieces, buf.data() + start + i, std::min<size_t>(1000, len - i));
+      CHECK(crc32c(buf.data() + start, len) == pieces);
+      // Extending a non-zero CRC by a long buffer too.
+      const uint32_t head = crc32c(buf.data(), start);
+      uint32_t whole = head;
+      for (size_t i = 0; i < len; i += 1000) whole = crc32c_extend(whole, buf.data() + start + i, std::min<size_t>(1000, len - i));
+      CHECK(crc32c_extend(head, buf.data() + start, len) == whole);
+    }
+  }
+}
