@@ -14,7 +14,7 @@
 #include "model/arguments.h"
 #include "model/gpt_data.h"
 #include "model/trainer.h"
-#include "parallel/grid.h"
+#include "model/parallel_runtime.h"
 
 using namespace mpitron;
 
@@ -28,26 +28,13 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     TrainArgs args;
-    // Tensor and pipeline parallelism are not in the trainer yet (parse rejects
-    // sizes > 1), so every rank is a data-parallel rank.
-    args.data_parallel_size = world;
+    args.world_size = world;  // parsing sets dp = world / (tp x pp)
     if (parse_train_args(argc, argv, args)) {
-      Grid grid(MPI_COMM_WORLD, GridConfig{1, 1, true});
-      const bool gpu = args.device == "cuda" || (args.device == "auto" && cuda_available());
-      const Device device = gpu ? Device::cuda(std::max(0, grid.device_index())) : Device::cpu();
-      CommOptions co;
-      co.name = "dp";
-      co.force_mpi_for_device = args.force_mpi_for_device;
-      std::unique_ptr<Communicator> dp;
-      ParallelContext par;
-      if (world > 1) {
-        dp = make_communicator(grid.dp_comm(), device, co);
-        par.dp_comm = grid.dp_comm();
-        par.dp = dp.get();
-        par.dp_rank = grid.dp_rank();
-        par.dp_size = grid.dp_size();
-        log_info("data parallel over ", world, " ranks", args.zero_stage ? str(", ZeRO stage ", args.zero_stage) : "");
-      }
+      ParallelRuntime runtime(MPI_COMM_WORLD, args);
+      const ParallelContext par = runtime.context();
+      if (world > 1)
+        log_info(runtime.describe(), args.sequence_parallel ? ", sequence parallel" : "",
+                 args.zero_stage ? str(", ZeRO stage ", args.zero_stage) : "");
       if (args.vocab_file.empty()) args.vocab_file = data::Tokenizer::default_vocab_file();
       if (args.merge_file.empty()) args.merge_file = data::Tokenizer::default_merges_file();
       data::Tokenizer tok(args.vocab_file, args.merge_file);

@@ -139,21 +139,22 @@ namespace {
 struct EmbeddingNode final : Node {
   Tensor ids;
   Var table, y;
+  int64_t vocab_start = 0;
   const char* name() const override { return "embedding"; }
   void backward() override {
     if (!y.grad().defined() || !table.requires_grad()) return;
-    embedding_backward(y.grad(), ids, table.grad_or_zeros());
+    embedding_backward(y.grad(), ids, table.grad_or_zeros(), vocab_start);
   }
 };
 }  // namespace
 
-Var embedding(Tape& tape, const Tensor& ids, const Var& table) {
+Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_start) {
   Tensor y = Tensor::empty({ids.dim(0), table.value().dim(1)}, table.value().dtype(), table.value().device());
-  embedding_forward(ids, table.value(), y);
+  embedding_forward(ids, table.value(), y, false, vocab_start);
   Var out(y, table.requires_grad());
   if (tape.recording() && out.requires_grad()) {
     auto n = std::make_unique<EmbeddingNode>();
-    n->ids = ids, n->table = table, n->y = out;
+    n->ids = ids, n->table = table, n->y = out, n->vocab_start = vocab_start;
     tape.record(std::move(n));
   }
   return out;
@@ -263,12 +264,15 @@ Var cross_entropy(Tape& tape, const Var& logits, const Tensor& targets) {
   for (float x : losses.to_floats()) sum += x;
   Tensor mean = Tensor::from_vector({static_cast<float>(sum * inv)}, {1});
   Var out(mean.to(lv.device()), logits.requires_grad());
-  if (record) {
-    auto n = std::make_unique<CrossEntropyNode>();
-    n->logits = logits, n->loss = out, n->dlogits = dlogits;
-    tape.record(std::move(n));
-  }
+  if (record) record_fused_loss(tape, logits, out, dlogits);
   return out;
+}
+
+void record_fused_loss(Tape& tape, const Var& logits, const Var& loss, const Tensor& dlogits) {
+  if (!tape.recording() || !logits.requires_grad()) return;
+  auto n = std::make_unique<CrossEntropyNode>();
+  n->logits = logits, n->loss = loss, n->dlogits = dlogits;
+  tape.record(std::move(n));
 }
 
 }  // namespace mpitron::ag

@@ -14,8 +14,9 @@ Var linear(Tape& tape, const Var& x, const Var& w, const Var& b);
 Var layernorm(Tape& tape, const Var& x, const Var& weight, const Var& bias, float eps = 1e-5f);
 Var gelu(Tape& tape, const Var& x);
 Var add(Tape& tape, const Var& a, const Var& b);
-// y (N, C) = table[ids]  (ids (N) i32/i64: a constant, not a Var)
-Var embedding(Tape& tape, const Tensor& ids, const Var& table);
+// y (N, C) = table[ids − vocab_start]  (ids (N) i32/i64: a constant, not a Var); ids outside
+// the table's rows give zero rows (vocab-parallel: the table is one TP rank's slice).
+Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_start = 0);
 // out (B, T, NH·HD) = causal attention over qkv viewed as (B, T, 3, NH, HD)
 Var causal_attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int64_t heads);
 // Philox dropout; (seed, offset) names the mask.
@@ -24,5 +25,10 @@ Var dropout(Tape& tape, const Var& x, float p, uint64_t seed, uint64_t offset);
 // When the tape records, the logits' buffer is overwritten IN PLACE by the
 // gradient of the mean loss (fused classifier): do not read the logits after.
 Var cross_entropy(Tape& tape, const Var& logits, const Tensor& targets);
+// The fused classifier's tape node for any loss computed that way: `dlogits`
+// (usually the logits' own buffer) already holds d(loss)/d(logits); backward
+// scales it by loss's incoming gradient into logits' grad. Records nothing
+// when the tape is off or logits need no grad.
+void record_fused_loss(Tape& tape, const Var& logits, const Var& loss, const Tensor& dlogits);
 
 }  // namespace mpitron::ag

@@ -49,11 +49,15 @@ class Tape {
   // Seed d(loss) = seed (loss must be a single element or seed is broadcast),
   // run every node's backward in reverse, then clear the tape.
   void backward(const Var& loss, float seed = 1.0f);
+  // Seed d(output) = grad (same shape; e.g. the gradient a pipeline stage
+  // received for its output activation), then as above.
+  void backward(const Var& output, const Tensor& grad);
   // Drop every node (and what they saved) without running backward.
   void clear() { nodes_.clear(); }
   size_t size() const { return nodes_.size(); }
 
  private:
+  void run_backward();
   std::vector<std::unique_ptr<Node>> nodes_;
   bool recording_ = true;
 };

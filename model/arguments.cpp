@@ -92,6 +92,11 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("force-mpi-for-device", po::bool_switch(&a.force_mpi_for_device), "MPI (host-staged) instead of NCCL for GPU tensors")
       ("tensor-model-parallel-size", po::value(&a.tensor_model_parallel_size)->default_value(1), "TP size")
       ("pipeline-model-parallel-size", po::value(&a.pipeline_model_parallel_size)->default_value(1), "PP size")
+      ("sequence-parallel", po::bool_switch(&a.sequence_parallel), "split layernorm/dropout regions along the sequence over TP ranks")
+      ("num-layers-per-virtual-pipeline-stage", po::value(&a.num_layers_per_virtual_pipeline_stage),
+       "layers per virtual stage: interleaved 1F1B with num-layers / (PP x this) model chunks per rank")
+      ("pipeline-schedule", po::value(&a.pipeline_schedule),
+       "gpipe | 1f1b | interleaved | FILE (docs/pipeline-schedules.md); default 1f1b, interleaved with virtual stages")
       ("config", po::value(&config_file), "file of `flag = value` lines (command line wins)")
       ("help,h", "print this help");
   po::options_description all("pretrain_gpt: train a GPT on Megatron .bin/.idx data");
@@ -158,10 +163,38 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   m.compute_dtype = a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32;
   need(a.tokenizer_type == "GPT2BPETokenizer",
        str("--tokenizer-type ", a.tokenizer_type, " is not supported"), "use GPT2BPETokenizer");
-  need(a.tensor_model_parallel_size == 1 && a.pipeline_model_parallel_size == 1,
-       str("--tensor-model-parallel-size ", a.tensor_model_parallel_size, " / --pipeline-model-parallel-size ",
-           a.pipeline_model_parallel_size, ": model parallelism is not available in this build of pretrain_gpt"),
-       "run with both sizes 1 (data parallelism over MPI ranks is the parallel runtime's job)");
+  const int64_t tp = a.tensor_model_parallel_size, pp = a.pipeline_model_parallel_size;
+  need(tp >= 1 && pp >= 1, str("--tensor-model-parallel-size (", tp, ") and --pipeline-model-parallel-size (", pp,
+                               ") must be >= 1"));
+  if (a.world_size > 0) {
+    need(a.world_size % (tp * pp) == 0,
+         str("world size ", a.world_size, " is not divisible by --tensor-model-parallel-size ", tp,
+             " x --pipeline-model-parallel-size ", pp, " = ", tp * pp),
+         "launch a multiple of tp x pp ranks (data-parallel size = world / (tp x pp))");
+    a.data_parallel_size = a.world_size / (tp * pp);
+  }
+  need(m.num_attention_heads % tp == 0,
+       str("--num-attention-heads ", m.num_attention_heads, " is not divisible by --tensor-model-parallel-size ", tp));
+  need(m.ffn() % tp == 0, str("the FFN size ", m.ffn(), " is not divisible by --tensor-model-parallel-size ", tp));
+  need(!a.sequence_parallel || tp > 1, "--sequence-parallel needs --tensor-model-parallel-size > 1",
+       "drop --sequence-parallel or raise the tensor-parallel size");
+  need(!a.sequence_parallel || (a.micro_batch_size * m.seq_length) % tp == 0,
+       str("--sequence-parallel splits --micro-batch-size x --seq-length = ", a.micro_batch_size * m.seq_length,
+           " tokens over ", tp, " ranks: not divisible"));
+  if (a.num_layers_per_virtual_pipeline_stage > 0) {
+    need(pp > 1, "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
+    need(m.num_layers % (pp * a.num_layers_per_virtual_pipeline_stage) == 0,
+         str("--num-layers ", m.num_layers, " is not divisible by --pipeline-model-parallel-size ", pp,
+             " x --num-layers-per-virtual-pipeline-stage ", a.num_layers_per_virtual_pipeline_stage));
+  } else {
+    need(a.num_layers_per_virtual_pipeline_stage == 0, "--num-layers-per-virtual-pipeline-stage must be >= 1");
+    need(m.num_layers % pp == 0, str("--num-layers ", m.num_layers,
+                                     " is not divisible by --pipeline-model-parallel-size ", pp));
+  }
+  need(a.pipeline_schedule.empty() || pp > 1, "--pipeline-schedule needs --pipeline-model-parallel-size > 1");
+  need(a.zero_stage < 2 || pp == 1, "--zero-stage 2 reduce-scatters gradients per micro-batch, which pipeline "
+                                    "schedules interleave: it is not available with --pipeline-model-parallel-size > 1",
+       "use --zero-stage 1 (--use-distributed-optimizer) with pipeline parallelism");
   need(a.lr_decay_style == "constant" || a.lr_decay_style == "linear" || a.lr_decay_style == "cosine",
        str("--lr-decay-style ", a.lr_decay_style, " is not supported"), "use constant, linear or cosine");
   need(a.device == "auto" || a.device == "cpu" || a.device == "cuda", str("--device ", a.device, " unknown"),

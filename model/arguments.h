@@ -60,8 +60,17 @@ struct TrainArgs {
   double exit_duration_in_mins = 0;        // --exit-duration-in-mins: save and exit after this long
   // placement
   std::string device = "auto";             // --device: auto | cpu | cuda
-  // parallel layout (only 1 is accepted until the parallel runtime lands)
-  int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
+  // parallel layout: world = tp · dp · pp (rank order tp fastest, then dp, then pp)
+  int64_t tensor_model_parallel_size = 1;   // --tensor-model-parallel-size
+  int64_t pipeline_model_parallel_size = 1; // --pipeline-model-parallel-size
+  bool sequence_parallel = false;           // --sequence-parallel (needs tp > 1)
+  int64_t num_layers_per_virtual_pipeline_stage = 0;  // --num-layers-per-virtual-pipeline-stage (0: none)
+  std::string pipeline_schedule;            // --pipeline-schedule gpipe|1f1b|interleaved|FILE ("" = 1f1b/interleaved)
+  int64_t virtual_pipeline_stages() const {
+    return num_layers_per_virtual_pipeline_stage > 0
+               ? model.num_layers / (pipeline_model_parallel_size * num_layers_per_virtual_pipeline_stage)
+               : 1;
+  }
 
   // data parallelism (dp = MPI ranks / (tp · pp))
   int64_t zero_stage = 0;                  // --zero-stage 1|2 (--use-distributed-optimizer = 1)
@@ -70,7 +79,9 @@ struct TrainArgs {
   bool force_mpi_for_device = false;       // --force-mpi-for-device: MPI (host-staged) for GPU tensors
 
   std::string flags_json;                  // every flag as given, for checkpoints
-  int64_t data_parallel_size = 1;          // set by the caller before parsing (MPI world size)
+  int64_t world_size = 0;                  // set by the caller before parsing (MPI world size);
+                                           //   parsing sets data_parallel_size = world / (tp · pp)
+  int64_t data_parallel_size = 1;          // dp; set directly when world_size is 0
   bool uses_samples() const { return train_samples > 0; }
 };
 

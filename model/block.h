@@ -12,6 +12,16 @@
 // Invariant of the backward: parameter gradients use +=, activation
 // gradients use = (dx is accumulated into x's grad by the tape node).
 // Dropout masks are named by (seed, offset): the same in recompute.
+//
+// Tensor parallelism (BlockShape::tp, t ranks): qkv and mlp.fc are
+// column-parallel (this rank's NH/t heads and F/t features), attn.proj and
+// mlp.proj row-parallel; their partial (N, C) outputs are all-reduced (or
+// reduce-scattered to this rank's N/t rows with sequence parallelism, where
+// x, y, the layernorms, dropouts and residuals hold N/t rows and the
+// layernorm outputs are all-gathered before the column-parallel matmuls).
+// Row-parallel biases are added once (by tp rank 0, before the reduction);
+// their gradients come from the full output gradient on every rank. Dropout
+// offsets are those of the global (N, C) element, so masks equal one rank's.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -20,6 +30,7 @@
 #include "autograd/tape.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/tensor_parallel.h"
 
 namespace mpitron {
 
@@ -40,10 +51,12 @@ struct BlockActs {
 };
 
 struct BlockShape {
-  int64_t batch, seq, hidden, heads, ffn;
+  int64_t batch, seq, hidden, heads, ffn;  // global sizes (heads, ffn before the TP split)
   float dropout;
   float eps;
-  int64_t tokens() const { return batch * seq; }
+  TensorParallel tp{};
+  int64_t tokens() const { return batch * seq; }                   // N
+  int64_t local_rows() const { return tp.local_rows(tokens()); }   // rows of x and y
 };
 
 // y = block(x); fills acts. seed/offset name the two dropout masks (offset, offset + N·C).

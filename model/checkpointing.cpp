@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "core/log.h"
 #include "core/timer.h"
 #include "io/checkpoint.h"
@@ -25,29 +27,51 @@ nlohmann::json config_json(const GPTConfig& c) {
 SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const AdamWOptimizer& opt,
                          const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
                          const std::string& lr_schedule_json, int keep_last) {
-  return save_checkpoint(save_dir, model, OptimState{opt.master(), opt.exp_avg(), opt.exp_avg_sq(), opt.steps_taken()},
-                         scaler, st, flags_json, lr_schedule_json, keep_last, MPI_COMM_NULL);
+  return save_checkpoint(save_dir, model, OptimState{opt.master(), opt.exp_avg(), opt.exp_avg_sq(), 0, opt.steps_taken()},
+                         scaler, st, flags_json, lr_schedule_json, keep_last, MPI_COMM_NULL, true);
 }
+
+namespace {
+// This rank's part of parameter p in the optimizer slice [begin, end): local
+// element range [lo, hi) of p (empty when lo >= hi).
+std::pair<int64_t, int64_t> overlap(const ParamInfo& p, int64_t begin, int64_t end) {
+  return {std::max(begin, p.offset) - p.offset, std::min(end, p.offset + p.numel()) - p.offset};
+}
+std::vector<io::Hdf5File::Hyperslab> slabs(const ParamInfo& p, int64_t lo, int64_t hi) {
+  std::vector<io::Hdf5File::Hyperslab> v;
+  if (hi <= lo) return v;
+  for (const GlobalPiece& g : global_pieces(p, lo, hi)) v.push_back({g.start, g.count});
+  return v;
+}
+}  // namespace
 
 SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const OptimState& opt,
                          const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
-                         const std::string& lr_schedule_json, int keep_last, MPI_Comm comm) {
+                         const std::string& lr_schedule_json, int keep_last, MPI_Comm comm, bool writer) {
   Timer timer;
-  int rank = 0;
-  if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &rank);
   io::CheckpointWriter w;
   w.begin(save_dir, st.iteration, comm);
   const ParamSet& ps = model.params();
+  const int64_t begin = opt.begin, end = opt.begin + opt.master.numel();
+  const std::vector<float> master = opt.master.to_floats(), m = opt.exp_avg.to_floats(), v = opt.exp_avg_sq.to_floats();
   double bytes = 0;
-  for (const ParamInfo& p : ps.infos()) {
-    const auto slice = [&](const Tensor& flat) {
-      return rank == 0 ? flat.flat_range(p.offset, p.numel()).view(p.shape) : Tensor();
-    };
-    w.add_tensor("model/" + p.name, p.shape, DType::F32, slice(opt.master));
-    w.add_tensor("optim/exp_avg/" + p.name, p.shape, DType::F32, slice(opt.exp_avg));
-    w.add_tensor("optim/exp_avg_sq/" + p.name, p.shape, DType::F32, slice(opt.exp_avg_sq));
-    bytes += 3.0 * 4.0 * static_cast<double>(p.numel());
+  // Every rank declares every global tensor (collective); each writes its slabs.
+  for (const auto& [name, gshape] : GPT::global_layout(model.config())) {
+    std::vector<io::Hdf5File::Hyperslab> mine;
+    int64_t first = 0;
+    if (writer && ps.has(name) && ps.info(name).canonical) {
+      const ParamInfo& p = ps.info(name);
+      const auto [lo, hi] = overlap(p, begin, end);
+      mine = slabs(p, lo, hi);
+      first = p.offset + lo - begin;
+      if (hi > lo) bytes += 12.0 * static_cast<double>(hi - lo);
+    }
+    const bool any = !mine.empty();
+    w.add_pieces("model/" + name, gshape, io::ElemType::F32, mine, any ? master.data() + first : nullptr);
+    w.add_pieces("optim/exp_avg/" + name, gshape, io::ElemType::F32, mine, any ? m.data() + first : nullptr);
+    w.add_pieces("optim/exp_avg_sq/" + name, gshape, io::ElemType::F32, mine, any ? v.data() + first : nullptr);
   }
+  if (comm != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, comm);
   w.set_attr_int("consumed_train_samples", st.consumed_train_samples);
   w.set_attr_int("consumed_valid_samples", st.consumed_valid_samples);
   w.set_attr_int("optimizer_steps", opt.steps);
@@ -58,6 +82,11 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
   w.set_attr_int("padded_vocab_size", model.config().padded_vocab_size);
   w.set_attr_json("model_config", config_json(model.config()));
   w.set_attr_string("lr_schedule", lr_schedule_json);
+  const ModelParallel& mp = model.parallel();
+  w.set_attr_json("parallel_layout", {{"tensor_model_parallel_size", mp.tp.size},
+                                      {"pipeline_model_parallel_size", mp.pp_size},
+                                      {"virtual_pipeline_stages", mp.virtual_stages},
+                                      {"sequence_parallel", mp.tp.sequence_parallel}});
   const LossScaler::State s = scaler.state();
   w.set_attr_json("loss_scaler", {{"enabled", scaler.enabled()},
                                   {"scale", s.scale},
@@ -74,7 +103,8 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
 bool load_checkpoint(const std::string& load_dir, GPT& model, AdamWOptimizer& opt, LossScaler& scaler,
                      TrainState& st, const LoadOptions& o, SaveInfo* info) {
   OptimState full;
-  if (!load_checkpoint(load_dir, model, full, scaler, st, o, info, MPI_COMM_NULL)) return false;
+  if (!load_checkpoint(load_dir, model, full, 0, model.params().numel(), scaler, st, o, info, MPI_COMM_NULL))
+    return false;
   opt.master().copy_from(full.master.to(opt.master().device()));
   if (full.exp_avg.defined()) {
     opt.exp_avg().copy_from(full.exp_avg.to(opt.exp_avg().device()));
@@ -85,43 +115,56 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, AdamWOptimizer& op
   return true;
 }
 
-bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, LossScaler& scaler, TrainState& st,
-                     const LoadOptions& o, SaveInfo* info, MPI_Comm comm) {
+bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, int64_t begin, int64_t end,
+                     LossScaler& scaler, TrainState& st, const LoadOptions& o, SaveInfo* info, MPI_Comm comm) {
   Timer timer;
-  io::CheckpointReader r = io::CheckpointReader::open_latest(load_dir, comm);
-  if (!r.found()) return false;
   const GPTConfig& c = model.config();
-  const nlohmann::json saved = r.attr_json("model_config");
-  const nlohmann::json want = config_json(c);
-  for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "padded_vocab_size"}) {
-    MPT_CHECK(saved.at(k) == want.at(k),
-              str("checkpoint ", r.path(), " has ", k, " = ", saved.at(k).dump(), " but this run has ", want.at(k).dump()),
-              "use the model flags the checkpoint was trained with");
-  }
   const ParamSet& ps = model.params();
-  double bytes = 0;
   const bool with_optim = o.load_optim && !o.finetune;
-  opt.master = Tensor::empty({ps.numel()}, DType::F32);
-  opt.exp_avg = with_optim ? Tensor::empty({ps.numel()}, DType::F32) : Tensor();
-  opt.exp_avg_sq = with_optim ? Tensor::empty({ps.numel()}, DType::F32) : Tensor();
-  for (const ParamInfo& p : ps.infos()) {
-    const auto slice = [&](const Tensor& flat) { return flat.flat_range(p.offset, p.numel()).view(p.shape); };
-    const std::string name = "model/" + p.name;
-    MPT_CHECK(r.has_tensor(name), str("checkpoint ", r.path(), " has no tensor ", name), "was it saved by another model?");
-    const io::TensorInfo ti = r.tensor_info(name);
-    MPT_CHECK(ti.shape == p.shape, str("checkpoint tensor ", name, " is ", shape_str(ti.shape), ", model expects ",
-                                       shape_str(p.shape)), "use the model flags the checkpoint was trained with");
-    slice(opt.master).copy_from(r.read(name).to(DType::F32));
-    bytes += 4.0 * static_cast<double>(p.numel());
-    if (with_optim) {
-      slice(opt.exp_avg).copy_from(r.read("optim/exp_avg/" + p.name));
-      slice(opt.exp_avg_sq).copy_from(r.read("optim/exp_avg_sq/" + p.name));
-      bytes += 8.0 * static_cast<double>(p.numel());
+  const int64_t n = end - begin;
+  std::vector<float> values(static_cast<size_t>(ps.numel()));
+  std::vector<float> m(with_optim ? static_cast<size_t>(n) : 0), v(m.size());
+  double bytes = 0;
+  // Runs once per candidate checkpoint (newest first); a damaged one makes
+  // read_verified throw CheckpointDamaged on every rank and the next older one is tried.
+  io::CheckpointReader r = io::CheckpointReader::load_latest(load_dir, comm, [&](const io::CheckpointReader& ck) {
+    const nlohmann::json saved = ck.attr_json("model_config");
+    const nlohmann::json want = config_json(c);
+    for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "padded_vocab_size"}) {
+      MPT_CHECK(saved.at(k) == want.at(k),
+                str("checkpoint ", ck.path(), " has ", k, " = ", saved.at(k).dump(), " but this run has ", want.at(k).dump()),
+                k == std::string("padded_vocab_size")
+                    ? "the padded vocabulary depends on --make-vocab-size-divisible-by x --tensor-model-parallel-size: "
+                      "pick a --make-vocab-size-divisible-by that gives the saved size"
+                    : "use the model flags the checkpoint was trained with");
     }
-  }
+    std::vector<io::ReadRequest> reqs;
+    bytes = 0;
+    for (const ParamInfo& p : ps.infos()) {
+      reqs.push_back({"model/" + p.name, slabs(p, 0, p.numel()), values.data() + p.offset, io::ElemType::F32,
+                      p.global_shape});
+      bytes += 4.0 * static_cast<double>(p.numel());
+      if (with_optim) {
+        const auto [lo, hi] = overlap(p, begin, end);
+        if (hi > lo) {
+          const int64_t at = p.offset + lo - begin;
+          reqs.push_back({"optim/exp_avg/" + p.name, slabs(p, lo, hi), m.data() + at, io::ElemType::F32, p.global_shape});
+          reqs.push_back({"optim/exp_avg_sq/" + p.name, slabs(p, lo, hi), v.data() + at, io::ElemType::F32, p.global_shape});
+          bytes += 8.0 * static_cast<double>(hi - lo);
+        }
+      }
+    }
+    ck.read_verified(reqs, with_optim ? io::VerifyScope::AllDatasets : io::VerifyScope::RequestedDatasets);
+  });
+  if (!r.found()) return false;
+  opt.begin = begin;
+  opt.master = Tensor::from_vector(std::vector<float>(values.begin() + begin, values.begin() + end), {n});
+  opt.exp_avg = with_optim ? Tensor::from_vector(m, {n}) : Tensor();
+  opt.exp_avg_sq = with_optim ? Tensor::from_vector(v, {n}) : Tensor();
   // The compute-dtype values are the master weights rounded (bitwise the same
   // as the run that saved them, which rounded the same f32 values).
-  model.params().values().copy_from(opt.master.to(model.params().values().dtype()).to(model.device()));
+  model.params().values().copy_from(
+      Tensor::from_vector(values, {ps.numel()}).to(model.params().values().dtype()).to(model.device()));
   if (!o.finetune) {
     st.iteration = r.iteration();
     st.consumed_train_samples = r.attr_int("consumed_train_samples");
@@ -136,6 +179,7 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, L
     }
     if (o.load_rng) st.seed = r.attr_json("rng").at("seed").get<uint64_t>();
   }
+  if (comm != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, comm);
   if (info) {
     info->dir = r.dir();
     info->seconds = timer.seconds();

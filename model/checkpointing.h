@@ -28,11 +28,12 @@ struct TrainState {
   uint64_t seed = 1234;
 };
 
-// The optimizer state as full flat f32 buffers (numel each, ParamSet order).
-// With ZeRO the trainer gathers the shards into these before saving and takes
-// its shard out of them after loading.
+// The optimizer state this rank holds: elements [begin, begin + numel) of its
+// flat parameter buffer (ParamSet order), f32 — the whole buffer, or the ZeRO
+// shard. Any device.
 struct OptimState {
   Tensor master, exp_avg, exp_avg_sq;
+  int64_t begin = 0;
   int64_t steps = 0;
 };
 
@@ -42,12 +43,17 @@ struct SaveInfo {
   double bytes = 0;
 };
 
-// Collective over comm (MPI_COMM_NULL: one process). Rank 0 of comm writes the
-// tensors (the state is identical on every rank after a gather); the other
-// ranks take part in the collective HDF5 calls with nothing to write.
+// Collective over comm (every rank of the run; MPI_COMM_NULL: one process).
+// Every tensor is stored once in its GLOBAL shape (GPT::global_layout), whatever
+// the layout that saves it: each rank writes the hyperslabs of the canonical
+// parameters it holds (ParamInfo::canonical: TP slices, its pipeline stage's
+// layers) intersected with its optimizer slice (ZeRO shards). `writer` false:
+// this rank's state is a data-parallel replica of another rank's (no ZeRO,
+// dp rank > 0), it writes nothing.
 SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const OptimState& opt,
                          const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
-                         const std::string& lr_schedule_json, int keep_last = 0, MPI_Comm comm = MPI_COMM_NULL);
+                         const std::string& lr_schedule_json, int keep_last = 0, MPI_Comm comm = MPI_COMM_NULL,
+                         bool writer = true);
 SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const AdamWOptimizer& opt,
                          const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
                          const std::string& lr_schedule_json, int keep_last = 0);
@@ -58,13 +64,15 @@ struct LoadOptions {
   bool finetune = false;    // weights only; iteration and samples start at 0
 };
 
-// Loads the newest intact checkpoint of load_dir into model/opt/scaler/st.
-// Returns false (and changes nothing) when load_dir holds no checkpoint.
-// Reads the state into `opt` (full flat host f32 tensors; exp_avg/exp_avg_sq
-// undefined when the optimizer state is not loaded) and the model's values.
-// Every rank reads (collective over comm for the file open).
-bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, LossScaler& scaler, TrainState& st,
-                     const LoadOptions& o, SaveInfo* info = nullptr, MPI_Comm comm = MPI_COMM_NULL);
+// Loads the newest intact checkpoint of load_dir into model/opt/scaler/st,
+// under any layout: every rank reads the hyperslabs of its own parameters
+// (values: all of them, from the f32 master weights) and of its optimizer
+// slice [begin, end) of the flat buffer into opt (host f32; exp_avg/exp_avg_sq
+// undefined when the optimizer state is not loaded). Returns false (and
+// changes nothing) when load_dir holds no checkpoint. Collective over comm.
+bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, int64_t begin, int64_t end,
+                     LossScaler& scaler, TrainState& st, const LoadOptions& o, SaveInfo* info = nullptr,
+                     MPI_Comm comm = MPI_COMM_NULL);
 bool load_checkpoint(const std::string& load_dir, GPT& model, AdamWOptimizer& opt, LossScaler& scaler,
                      TrainState& st, const LoadOptions& o, SaveInfo* info = nullptr);
 

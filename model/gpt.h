@@ -9,14 +9,25 @@
 //   attn.qkv.bias, attn.proj.weight (C, C), attn.proj.bias, ln2.weight, ln2.bias,
 //   mlp.fc.weight (F, C), mlp.fc.bias, mlp.proj.weight (C, F), mlp.proj.bias}, lnf.weight, lnf.bias.
 // The qkv rows are Q (C rows), then K, then V, heads contiguous in each.
+//
+// Model parallelism (ModelParallel): with tensor parallelism each rank holds
+// its TP slice of the split parameters (model/tensor_parallel.h, ParamInfo::tp);
+// with pipeline parallelism the layers are cut into pp · virtual_stages equal
+// stages, stage s on pipeline rank s % pp as its local chunk s / pp. The first
+// stage holds wte and wpe, the last lnf and a copy of wte for the tied head
+// (the two copies' gradients are summed over the embedding group).
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "autograd/tape.h"
 #include "model/block.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/tensor_parallel.h"
 
 namespace mpitron {
 
@@ -31,14 +42,36 @@ struct ForwardOptions {
   std::function<void(size_t first, size_t end)> grads_ready;
 };
 
+struct ModelParallel {
+  TensorParallel tp;
+  int pp_size = 1, pp_rank = 0;
+  int virtual_stages = 1;  // model chunks per pipeline rank
+};
+
+// One model chunk of this rank: layers [first_layer, end_layer) of global stage `stage`.
+struct ChunkInfo {
+  int stage = 0;
+  int64_t first_layer = 0, end_layer = 0;
+  bool first_stage = true, last_stage = true;  // holds the embeddings / the head and loss
+};
+
 class GPT {
  public:
-  GPT(const GPTConfig& cfg, Device device);
+  GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp = {});
 
   const GPTConfig& config() const { return cfg_; }
   ParamSet& params() { return params_; }
   const ParamSet& params() const { return params_; }
   Device device() const { return device_; }
+  const ModelParallel& parallel() const { return mp_; }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  const ChunkInfo& chunk(int c) const { return chunks_[static_cast<size_t>(c)]; }
+  // The activation one chunk passes to the next for a micro-batch of `batch`
+  // samples: (B·T, C), or (B·T/t, C) with sequence parallelism; compute dtype.
+  Shape activation_shape(int64_t batch) const;
+  // The single-rank parameter list (name, global shape) in ParamSet order: the
+  // names and shapes a checkpoint holds whatever the parallel layout.
+  static std::vector<std::pair<std::string, Shape>> global_layout(const GPTConfig& cfg);
 
   // Megatron-style init from (seed): N(0, std) for matrices and embeddings,
   // std/sqrt(2L) for the two output projections of each block, zero biases,
@@ -47,17 +80,31 @@ class GPT {
 
   // tokens: (B, T) i32 and targets (B, T) i32 on any device (targets < 0 ignored).
   // Returns the mean loss (1) f32; when the tape records, backward() fills the grads.
+  // The whole model on this rank (pp == 1).
   Var forward(Tape& tape, const Tensor& tokens, const Tensor& targets, const ForwardOptions& opt);
-  // Logits (B·T, V) in the compute dtype, no loss (evaluation / generation).
+  // Local chunk c of one micro-batch. The first stage embeds `tokens`; any other
+  // takes `input` (the previous stage's activation, a leaf Var that requires
+  // grad). The last stage returns the mean loss (1) f32 (it reads `targets`);
+  // any other returns its output activation.
+  Var chunk_forward(Tape& tape, int c, const Tensor& tokens, const Tensor& targets, const Var& input,
+                    const ForwardOptions& opt);
+  // Logits (B·T, V) in the compute dtype, no loss (evaluation / generation;
+  // one rank only: tp == pp == 1).
   Tensor logits(const Tensor& tokens);
 
  private:
-  Var trunk(Tape& tape, const Tensor& tokens, const ForwardOptions& opt);  // LN_f output (N, C)
+  Var embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt);
+  Var layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt);
+  Var head_loss(Tape& tape, const Var& x, const Tensor& targets);
 
   GPTConfig cfg_;
   Device device_;
+  ModelParallel mp_;
   ParamSet params_;
-  std::vector<BlockParams> blocks_;
+  std::vector<ChunkInfo> chunks_;
+  std::vector<BlockParams> blocks_;          // indexed by layer − first layer of this rank's chunks
+  std::vector<size_t> block_first_param_;    // ParamSet index of each block's first parameter
+  std::vector<int64_t> block_layer_;         // the global layer of each block
 };
 
 }  // namespace mpitron

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "parallel/communicator.h"
 #include "tensor/ops.h"
 
 namespace mpitron {
 
-AdamWOptimizer::AdamWOptimizer(ParamSet& params, const OptimizerConfig& cfg) : params_(params), cfg_(cfg) {
+AdamWOptimizer::AdamWOptimizer(ParamSet& params, const OptimizerConfig& cfg, Communicator* norm_group)
+    : params_(params), cfg_(cfg), norm_group_(norm_group) {
   const Tensor& values = params.values();
   separate_master_ = values.dtype() != DType::F32;
   master_ = separate_master_ ? values.to(DType::F32) : values;
@@ -24,7 +26,22 @@ AdamWOptimizer::AdamWOptimizer(ParamSet& params, const OptimizerConfig& cfg) : p
 
 StepResult AdamWOptimizer::step(float lr, float loss_scale) {
   StepResult r;
-  const double scaled_norm = global_l2_norm({params_.grads()});
+  double scaled_norm;
+  bool all_canonical = true;
+  for (const ParamInfo& p : params_.infos()) all_canonical = all_canonical && p.canonical;
+  if (all_canonical && !norm_group_) {
+    scaled_norm = global_l2_norm({params_.grads()});
+  } else {
+    Tensor sq = Tensor::zeros({1}, DType::F32, params_.grads().device());
+    if (all_canonical) {
+      sum_squares(params_.grads(), sq);
+    } else {
+      for (const ParamInfo& p : params_.infos())
+        if (p.canonical) sum_squares(params_.grads().flat_range(p.offset, p.numel()), sq);
+    }
+    if (norm_group_) norm_group_->all_reduce(sq, ReduceOp::Sum);
+    scaled_norm = std::sqrt(static_cast<double>(sq.item()));
+  }
   r.grad_norm = scaled_norm / loss_scale;
   if (!std::isfinite(scaled_norm)) {
     r.skipped = true;

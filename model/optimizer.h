@@ -26,9 +26,14 @@ struct StepResult {
   bool skipped = false;  // gradients were not finite: parameters unchanged
 };
 
+class Communicator;
+
 class AdamWOptimizer {
  public:
-  AdamWOptimizer(ParamSet& params, const OptimizerConfig& cfg);
+  // norm_group: with tensor/pipeline parallelism, the model-parallel group over
+  // which the squared grad norm is summed (each rank counts only its canonical
+  // parameters, ParamInfo::canonical).
+  AdamWOptimizer(ParamSet& params, const OptimizerConfig& cfg, Communicator* norm_group = nullptr);
 
   // One update with learning rate lr; grads are divided by loss_scale.
   StepResult step(float lr, float loss_scale);
@@ -49,6 +54,7 @@ class AdamWOptimizer {
   };
   ParamSet& params_;
   OptimizerConfig cfg_;
+  Communicator* norm_group_ = nullptr;
   Tensor master_, m_, v_;
   bool separate_master_;
   std::vector<Segment> segments_;

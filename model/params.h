@@ -13,24 +13,58 @@
 
 namespace mpitron {
 
+// How one tensor-parallel rank's piece is cut out of the global parameter.
+//   axis -1: replicated (every TP rank holds the whole tensor);
+//   axis 0/1: split along rows/columns. The global axis is `parts` equal blocks
+//   (qkv: 3 blocks Q, K, V) and each block is split evenly over the TP ranks, so
+//   local block j = global rows [j·G/parts + rank·L/parts, … + L/parts).
+struct TPShard {
+  int axis = -1;
+  int parts = 1;
+  int rank = 0, size = 1;
+};
+
 struct ParamInfo {
   std::string name;  // e.g. "layers.3.attn.qkv.weight" (DESIGN.md checkpoint names)
-  Shape shape;
+  Shape shape;                // this rank's (local) shape
   int64_t offset = 0;         // in elements, into the flat buffers
   bool weight_decay = true;   // false for biases and layernorm parameters
+  Shape global_shape;         // the whole tensor (== shape unless TP-split)
+  TPShard tp;
+  int64_t global_offset = 0;  // offset in the single-rank layout (names the init's random stream)
+  // This rank is the one copy that counts (grad norm) and is saved: false for a
+  // TP-replicated parameter on tp rank > 0 and for the tied word embedding's
+  // copy on the last pipeline stage.
+  bool canonical = true;
   int64_t numel() const { return shape_numel(shape); }
 };
 
+// Global element index (row-major in global_shape) of local element `i` of p.
+int64_t global_element(const ParamInfo& p, int64_t i);
+
+// A rectangle of the global tensor whose elements, in row-major order, are
+// local elements [local_begin, local_begin + numel) of the parameter.
+struct GlobalPiece {
+  int64_t local_begin = 0;
+  Shape start, count;  // in global_shape coordinates
+  int64_t numel() const { return shape_numel(count); }
+};
+// The local elements [begin, end) of p as global rectangles, in local order.
+std::vector<GlobalPiece> global_pieces(const ParamInfo& p, int64_t begin, int64_t end);
+
 class ParamSet {
  public:
-  // Declare a parameter; call before allocate().
+  // Declare a parameter; call before allocate(). `global_shape` empty: same as shape.
   void add(const std::string& name, const Shape& shape, bool weight_decay);
+  void add(ParamInfo info);  // info.offset is assigned here
   // Create the flat value (dtype) and f32 grad buffers on `device` and the Vars.
   void allocate(DType dtype, Device device);
 
   int64_t numel() const { return total_; }
   const std::vector<ParamInfo>& infos() const { return infos_; }
   const ParamInfo& info(const std::string& name) const;
+  bool has(const std::string& name) const;
+  size_t index(const std::string& name) const;
   const Var& var(const std::string& name) const;
   const Var& var(size_t i) const { return vars_[i]; }
   const Tensor& values() const { return values_; }  // (numel) compute dtype

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
@@ -16,6 +17,8 @@
 #include "model/optimizer.h"
 #include "model/schedule.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline_exec.h"
+#include "parallel/schedule_check.h"
 #include "parallel/zero.h"
 
 namespace mpitron {
@@ -80,6 +83,48 @@ struct Trainer::Impl {
   std::string peak_what;
   double peak = 0;
   int64_t total_iters = 0;
+  std::map<int64_t, parallel::Schedule> schedules;  // pipeline schedule per micro-batch count
+
+  MPI_Comm world_comm() const { return par.world != MPI_COMM_NULL ? par.world : par.dp_comm; }
+  // Sum of v over every rank (stop decisions).
+  double world_sum(double v) const {
+    if (world_comm() == MPI_COMM_NULL) return v;
+    double out = 0;
+    MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, world_comm());
+    return out;
+  }
+  // Sum over the pipeline group: the last stage's loss reaches every stage.
+  double pp_sum(double v) const {
+    if (par.pp_comm == MPI_COMM_NULL) return v;
+    double out = 0;
+    MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, par.pp_comm);
+    return out;
+  }
+  bool pipelined() const { return par.pp_size > 1; }
+
+  // The schedule of a step with n_micro micro-batches (built, or read from
+  // --pipeline-schedule FILE, and checked once).
+  const parallel::Schedule& schedule_for(int64_t n_micro) {
+    auto it = schedules.find(n_micro);
+    if (it != schedules.end()) return it->second;
+    const std::string& name = args.pipeline_schedule;
+    const int pp = par.pp_size, v = static_cast<int>(args.virtual_pipeline_stages());
+    parallel::Schedule s;
+    if (name.empty()) {
+      s = parallel::builtin_schedule(v > 1 ? "interleaved" : "1f1b", pp, static_cast<int>(n_micro), v);
+    } else if (name == "gpipe" || name == "1f1b" || name == "interleaved") {
+      s = parallel::builtin_schedule(name, pp, static_cast<int>(n_micro), v);
+    } else {
+      s = parallel::read_schedule_file(name);
+      MPT_CHECK(s.pp == pp && s.virtual_stages == v && s.micro_batches == n_micro,
+                str("--pipeline-schedule ", name, " is for pp ", s.pp, ", ", s.virtual_stages, " virtual stages, ",
+                    s.micro_batches, " micro-batches; this run needs pp ", pp, ", ", v, " virtual stages, ", n_micro,
+                    " micro-batches (global batch / (micro batch x data-parallel size))"),
+                "write the schedule for this layout and batch, or pick a built-in (gpipe, 1f1b, interleaved)");
+    }
+    parallel::validate_schedule(s);
+    return schedules.emplace(n_micro, std::move(s)).first->second;
+  }
 
   // Sum of v over the dp group (identity on one process).
   double dp_sum(double v) const {
@@ -96,26 +141,23 @@ struct Trainer::Impl {
 
   std::vector<FlatParam> flat_params() const {
     std::vector<FlatParam> v;
-    for (const ParamInfo& p : model->params().infos()) v.push_back({p.offset, p.numel(), p.weight_decay});
+    for (const ParamInfo& p : model->params().infos()) v.push_back({p.offset, p.numel(), p.weight_decay, p.canonical});
     return v;
   }
 
-  // The full optimizer state on every rank (ZeRO: gathered from the shards).
-  OptimState full_state() {
-    if (!zero) return {opt->master(), opt->exp_avg(), opt->exp_avg_sq(), opt->steps_taken()};
-    const ShardLayout& lay = zero->layout();
-    std::vector<int64_t> counts(static_cast<size_t>(lay.ranks));
-    for (int r = 0; r < lay.ranks; ++r) counts[static_cast<size_t>(r)] = lay.size(r);
-    auto gather = [&](const Tensor& shard) {
-      Tensor full = Tensor::empty({lay.numel}, DType::F32, shard.device());
-      par.dp->all_gather_v(shard, full, counts);
-      return full;
-    };
-    return {gather(zero->master_shard()), gather(zero->exp_avg_shard()), gather(zero->exp_avg_sq_shard()),
+  // The optimizer state this rank holds (ZeRO: its shard).
+  OptimState local_state() const {
+    if (!zero) return {opt->master(), opt->exp_avg(), opt->exp_avg_sq(), 0, opt->steps_taken()};
+    return {zero->master_shard(), zero->exp_avg_shard(), zero->exp_avg_sq_shard(), zero->shard_begin(),
             zero->steps_taken()};
   }
+  // The slice [begin, end) of the flat buffer whose optimizer state this rank holds.
+  std::pair<int64_t, int64_t> state_range() const {
+    if (!zero) return {0, model->params().numel()};
+    return {zero->shard_begin(), zero->shard_end()};
+  }
 
-  // After load_checkpoint: install the full state (ZeRO: this rank's shard of it).
+  // After load_checkpoint (which set the model's values): install this rank's optimizer slice.
   void install_state(const OptimState& s, bool with_optim) {
     if (!zero) {
       opt->master().copy_from(s.master.to(opt->master().device()));
@@ -127,9 +169,9 @@ struct Trainer::Impl {
       opt->sync_values_from_master();
       return;
     }
-    const int64_t b = zero->shard_begin(), n = zero->shard_end() - b;
-    auto take = [&](const Tensor& full, const Tensor& shard) {
-      if (n > 0) shard.copy_from(full.flat_range(b, n).to(shard.device()));
+    const int64_t n = zero->shard_end() - zero->shard_begin();
+    auto take = [&](const Tensor& from, const Tensor& shard) {
+      if (n > 0) shard.copy_from(from.to(shard.device()));
     };
     take(s.master, zero->master_shard());
     if (with_optim) {
@@ -183,14 +225,18 @@ struct Trainer::Impl {
       for (int64_t k = 0; k < gbs / (mbs * par.dp_size); ++k) {
         Tensor in, tgt;
         micro_batch(split, micro_first(*consumed, k), in, tgt);
-        ForwardOptions o;
-        o.train = false;
-        sum += model->forward(tape, in, tgt, o).value().item();
+        if (pipelined()) {
+          sum += pipeline_eval(in, tgt);
+        } else {
+          ForwardOptions o;
+          o.train = false;
+          sum += model->forward(tape, in, tgt, o).value().item();
+        }
         ++count;
       }
       *consumed += gbs;
     }
-    const double total = dp_sum(sum), n = dp_sum(static_cast<double>(count));
+    const double total = dp_sum(pp_sum(sum)), n = dp_sum(static_cast<double>(count));
     return n > 0 ? total / n : 0.0;
   }
 
@@ -206,9 +252,105 @@ struct Trainer::Impl {
     if (metrics) metrics->log_json(st.iteration, {{"valid_loss", loss}, {"valid_ppl", ppl}});
   }
 
+  // ---- pipeline parallelism ----------------------------------------------------------
+  // This rank's model chunks for the pipeline executor: one tape per (micro-batch, chunk).
+  struct GPTStageRunner final : parallel::StageRunner {
+    Impl& m;
+    int64_t consumed;
+    float loss_seed;  // loss_scale / micro-batches
+    double loss_sum = 0;
+    struct Live {
+      std::unique_ptr<Tape> tape;
+      Var input, output;
+    };
+    std::map<std::pair<int, int>, Live> live;
+    std::map<int, std::pair<Tensor, Tensor>> batches;  // micro-batch → (tokens, targets)
+
+    GPTStageRunner(Impl& impl, int64_t consumed_samples, float seed)
+        : m(impl), consumed(consumed_samples), loss_seed(seed) {}
+    const std::pair<Tensor, Tensor>& batch(int mb) {
+      auto it = batches.find(mb);
+      if (it == batches.end()) {
+        Tensor in, tgt;
+        m.micro_batch(0, m.micro_first(consumed, mb), in, tgt);
+        it = batches.emplace(mb, std::make_pair(in, tgt)).first;
+      }
+      return it->second;
+    }
+    Tensor forward(int mb, int chunk, const Tensor& input) override {
+      Live& l = live[{mb, chunk}];
+      l.tape = std::make_unique<Tape>();
+      const ChunkInfo& ch = m.model->chunk(chunk);
+      if (!ch.first_stage) l.input = Var(input, true);
+      ForwardOptions o;
+      o.recompute = m.args.recompute_activations;
+      o.dropout_seed = m.dropout_seed(m.st.iteration, mb * m.par.dp_size + m.par.dp_rank);
+      const auto& [in, tgt] = batch(mb);
+      l.output = m.model->chunk_forward(*l.tape, chunk, in, tgt, l.input, o);
+      if (!ch.last_stage) return l.output.value();
+      loss_sum += l.output.value().item();
+      return Tensor();
+    }
+    Tensor backward(int mb, int chunk, const Tensor& grad_output) override {
+      auto it = live.find({mb, chunk});
+      MPT_CHECK(it != live.end(), str("pipeline backward of micro-batch ", mb, " chunk ", chunk, " before its forward"),
+                "");
+      Live l = std::move(it->second);
+      live.erase(it);
+      if (m.model->chunk(chunk).last_stage) l.tape->backward(l.output, loss_seed);
+      else l.tape->backward(l.output, grad_output);
+      if (m.model->chunk(chunk).first_stage) return Tensor();
+      return l.input.grad();
+    }
+    Tensor make_recv_buffer(int, int) override {
+      return Tensor::empty(m.model->activation_shape(m.args.micro_batch_size), m.args.model.compute_dtype, m.device);
+    }
+  };
+
+  // One training step's forward/backward over the schedule; the summed loss of
+  // its micro-batches on the last stage (0 elsewhere).
+  double pipeline_step(int64_t n_micro, float loss_seed) {
+    GPTStageRunner runner(*this, st.consumed_train_samples, loss_seed);
+    parallel::run_pipeline_schedule(schedule_for(n_micro), par.pp_rank, *par.pp, runner);
+    return runner.loss_sum;
+  }
+
+  // Forward only, stage after stage (evaluation): the loss on the last stage, 0 elsewhere.
+  double pipeline_eval(const Tensor& in, const Tensor& tgt) {
+    const int pp = par.pp_size, stages = pp * model->num_chunks();
+    double loss = 0;
+    for (int s = 0; s < stages; ++s) {
+      if (s % pp != par.pp_rank) continue;
+      Tape tape;
+      NoGradGuard guard(tape);
+      Var input;
+      if (s > 0) {
+        Tensor buf = Tensor::empty(model->activation_shape(in.dim(0)), args.model.compute_dtype, device);
+        par.pp->recv(buf, (s - 1) % pp);
+        input = Var(buf);
+      }
+      ForwardOptions o;
+      o.train = false;
+      Var out = model->chunk_forward(tape, s / pp, in, tgt, input, o);
+      if (s == stages - 1) loss = out.value().item();
+      else par.pp->send(out.value(), (s + 1) % pp);
+    }
+    return loss;
+  }
+
+  // After the last backward of a step: the tied word embedding's two copies
+  // (first and last pipeline stage) get the sum of their gradients.
+  void reduce_embedding_grads() {
+    if (!par.embedding) return;
+    const ParamSet& ps = model->params();
+    const ParamInfo& w = ps.info("wte");
+    par.embedding->all_reduce(ps.grads().flat_range(w.offset, w.numel()), ReduceOp::Sum);
+  }
+
   SaveInfo save() {
-    const SaveInfo s = save_checkpoint(args.save, *model, full_state(), scaler, st, args.flags_json, lr_json(),
-                                       static_cast<int>(args.keep_last), par.dp_comm);
+    // Every rank writes its own hyperslabs; data-parallel replicas (no ZeRO) write nothing twice.
+    const SaveInfo s = save_checkpoint(args.save, *model, local_state(), scaler, st, args.flags_json, lr_json(),
+                                       static_cast<int>(args.keep_last), world_comm(), zero || par.dp_rank == 0);
     log_info("saved checkpoint at iteration ", st.iteration, " to ", s.dir, " (", sci(s.bytes / 1e9, 3), " GB in ",
              sci(s.seconds, 3), " s, ", sci(s.bytes / 1e9 / std::max(s.seconds, 1e-9), 3), " GB/s)");
     return s;
@@ -233,7 +375,22 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   }
   const TrainArgs& a = m.args;
   m.st.seed = a.seed;
-  m.model = std::make_unique<GPT>(a.model, m.device);
+  MPT_CHECK(par.tp_size == a.tensor_model_parallel_size && par.pp_size == a.pipeline_model_parallel_size,
+            str("the trainer runs on tp ", par.tp_size, " x pp ", par.pp_size, " but the flags say tp ",
+                a.tensor_model_parallel_size, " x pp ", a.pipeline_model_parallel_size),
+            "this is a bug in the caller of Trainer");
+  MPT_CHECK(par.tp_size == 1 || par.tp, "tensor parallelism needs a tp communicator", "");
+  MPT_CHECK(par.pp_size == 1 || (par.pp && par.pp_comm != MPI_COMM_NULL), "pipeline parallelism needs a pp communicator",
+            "");
+  ModelParallel mp;
+  mp.tp.comm = par.tp;
+  mp.tp.size = par.tp_size;
+  mp.tp.rank = par.tp_rank;
+  mp.tp.sequence_parallel = a.sequence_parallel;
+  mp.pp_size = par.pp_size;
+  mp.pp_rank = par.pp_rank;
+  mp.virtual_stages = static_cast<int>(a.virtual_pipeline_stages());
+  m.model = std::make_unique<GPT>(a.model, m.device, mp);
   m.model->init_weights(a.seed);
   if (a.zero_stage > 0) {
     ZeroConfig zc;
@@ -247,9 +404,9 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
     zc.ddp.overlap_grad_reduce = a.overlap_grad_reduce;
     MPT_CHECK(par.dp, "--use-distributed-optimizer / --zero-stage need the data-parallel runtime (pretrain_gpt sets it up)", "");
     m.zero = std::make_unique<ZeroOptimizer>(m.model->params().values(), m.model->params().grads(), m.flat_params(),
-                                             *par.dp, zc);
+                                             *par.dp, zc, par.mp);
   } else {
-    m.opt = std::make_unique<AdamWOptimizer>(m.model->params(), a.optim);
+    m.opt = std::make_unique<AdamWOptimizer>(m.model->params(), a.optim, par.mp);
     if (par.dp_size > 1) {
       DDPConfig dc;
       dc.bucket_size = a.ddp_bucket_size;
@@ -282,6 +439,7 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   if (mf.empty() && !a.tensorboard_dir.empty()) mf = a.tensorboard_dir + "/metrics.jsonl";
   if (!mf.empty()) m.metrics = std::make_unique<io::MetricsJsonl>(mf);
   m.peak = peak_flops(m.device, a.model.compute_dtype, m.peak_what);
+  if (m.pipelined()) m.schedule_for(m.rampup->global_batch(0) / (a.micro_batch_size * a.data_parallel_size));
 }
 
 Trainer::~Trainer() = default;
@@ -299,8 +457,22 @@ TrainSummary Trainer::run() {
   log_info("FLOPs per token ", sci(c.flops_per_token(), 3), " (6·matmul params + 6·L·T·C; docs/flops.md); MFU vs ",
            m.peak_what);
 
+  RankShard shard;
+  shard.params = m.model->params().numel();
+  shard.tp = m.par.tp_size;
+  shard.sequence_parallel = a.sequence_parallel;
+  shard.layers_per_chunk = m.model->chunk(0).end_layer - m.model->chunk(0).first_layer;
+  shard.num_chunks = m.model->num_chunks();
+  shard.mpi_zero_staging = m.zero && m.par.dp && std::string(m.par.dp->backend()) == "mpi";
+  shard.first_stage = m.model->chunk(0).first_stage;
+  shard.last_stage = m.model->chunk(m.model->num_chunks() - 1).last_stage;
+  if (m.pipelined()) {
+    const int64_t n_micro = m.rampup->global_batch(m.st.consumed_train_samples) / (a.micro_batch_size * a.data_parallel_size);
+    for (const parallel::Action& act : m.schedule_for(n_micro).ranks[static_cast<size_t>(m.par.pp_rank)])
+      if (parallel::is_compute(act.op)) shard.compute_order.push_back({act.chunk, act.op == parallel::Op::Forward});
+  }
   const MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.par.dp_size, static_cast<int>(a.zero_stage),
-                                             a.recompute_activations);
+                                             a.recompute_activations, shard);
   log_info("memory per rank (estimate): ", est.to_string());
 
   if (!a.load.empty()) {
@@ -310,7 +482,8 @@ TrainSummary Trainer::run() {
     lo.finetune = a.finetune;
     SaveInfo li;
     OptimState loaded;
-    const bool found = load_checkpoint(a.load, *m.model, loaded, m.scaler, m.st, lo, &li, m.par.dp_comm);
+    const auto [sb, se] = m.state_range();
+    const bool found = load_checkpoint(a.load, *m.model, loaded, sb, se, m.scaler, m.st, lo, &li, m.world_comm());
     if (found) m.install_state(loaded, lo.load_optim && !lo.finetune);
     if (found)
       log_info("loaded checkpoint ", li.dir, " at iteration ", m.st.iteration, " (", sci(li.bytes / 1e9, 3), " GB in ",
@@ -338,7 +511,15 @@ TrainSummary Trainer::run() {
     if (m.zero) m.zero->zero_grad();
     else m.model->params().zero_grad();
     double loss_sum = 0;
-    for (int64_t k = 0; k < n_micro; ++k) {
+    if (m.pipelined()) {
+      loss_sum = m.pp_sum(m.pipeline_step(n_micro, scale / static_cast<float>(n_micro)));
+      m.reduce_embedding_grads();
+      if (m.buckets) {
+        m.buckets->begin_backward(true);
+        m.buckets->on_backward_done();
+      }
+    }
+    for (int64_t k = 0; k < (m.pipelined() ? 0 : n_micro); ++k) {
       const bool last = k == n_micro - 1;
       Tensor in, tgt;
       m.micro_batch(0, m.micro_first(m.st.consumed_train_samples, k), in, tgt);
@@ -390,6 +571,7 @@ TrainSummary Trainer::run() {
     ++interval_iters;
     interval_tokens += gbs * c.seq_length;
     sum.losses.push_back(loss);
+    sum.grad_norms.push_back(r.grad_norm);
 
     if (m.st.iteration % a.log_interval == 0 || m.st.iteration == m.total_iters) {
       const double secs = interval_timer.seconds();
@@ -449,9 +631,9 @@ TrainSummary Trainer::run() {
       break;
     }
     // Every rank must agree to stop (a signal may reach only some ranks).
-    const bool stop_signal = m.dp_sum(g_exit_signal ? 1.0 : 0.0) > 0;
+    const bool stop_signal = m.world_sum(g_exit_signal ? 1.0 : 0.0) > 0;
     const bool stop_time = a.exit_duration_in_mins > 0 &&
-                           m.dp_sum(run_timer.seconds() / 60.0 > a.exit_duration_in_mins ? 1.0 : 0.0) > 0;
+                           m.world_sum(run_timer.seconds() / 60.0 > a.exit_duration_in_mins ? 1.0 : 0.0) > 0;
     if (stop_signal) {
       log_info("exiting at iteration ", m.st.iteration, " on signal ", static_cast<int>(g_exit_signal ? g_exit_signal : SIGTERM),
                a.save.empty() ? " (no --save: nothing saved)" : ", after saving");

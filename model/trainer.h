@@ -35,18 +35,30 @@ struct TrainSummary {
   std::string checkpoint_dir;
   double tokens_per_second = 0;
   std::vector<double> losses;  // per iteration (lm loss)
+  std::vector<double> grad_norms;  // per iteration (before clipping)
   bool signalled = false;      // stopped by SIGTERM/SIGUSR1 (--exit-signal-handler)
   int64_t peak_memory_bytes = 0;       // measured tensor memory peak (as of the last log line)
   int64_t estimated_memory_bytes = 0;  // model/memory.h's estimate printed at start-up
 };
 
-// Data parallelism: every rank of the dp group runs the same Trainer on its
-// slice of each global batch; gradients are averaged over dp (in buckets
-// overlapped with backward), or reduce-scattered to ZeRO shards.
+// The parallel layout the trainer runs in (model/parallel_runtime.h builds it
+// from a Grid). Data parallelism: every rank of the dp group runs the same
+// Trainer on its slice of each global batch; gradients are averaged over dp (in
+// buckets overlapped with backward), or reduce-scattered to ZeRO shards.
+// Tensor parallelism splits every layer over the tp group; pipeline
+// parallelism splits the layers over the pp group and runs a schedule.
 struct ParallelContext {
   MPI_Comm dp_comm = MPI_COMM_NULL;  // the dp group (host scalars: losses, flags); NULL: one process
   Communicator* dp = nullptr;        // gradient reduction (the device's backend)
   int dp_rank = 0, dp_size = 1;
+  MPI_Comm world = MPI_COMM_NULL;    // every rank (stop decisions); NULL: dp_comm
+  int tp_rank = 0, tp_size = 1;
+  Communicator* tp = nullptr;        // tensor-parallel group (device tensors)
+  int pp_rank = 0, pp_size = 1;
+  Communicator* pp = nullptr;        // pipeline group: activations and their gradients
+  MPI_Comm pp_comm = MPI_COMM_NULL;  // the same group for host scalars (the last stage's loss)
+  Communicator* mp = nullptr;        // tp × pp (same dp rank): the grad norm's sum
+  Communicator* embedding = nullptr; // first + last pipeline stage: the tied word embedding's grads
 };
 
 class Trainer {

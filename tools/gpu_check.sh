@@ -12,6 +12,7 @@
 #             added to /, nothing of the image is overwritten), mpiexec links,
 #             LD_LIBRARY_PATH to the machine's own cuDNN / NCCL / cuBLAS / NVRTC
 #   ctest     every test of the carried CUDA build (CUDA tests included)
+#   mp_cuda   the parallel-layout equivalence test on the GPU (ranks share it through MPI)
 #   cublas    the tensor tests again with MPITRON_ATTENTION=cublas (the fallback attention)
 #   bench_ops per-op throughput on CUDA vs the measured ceilings
 #   bench_train  tiny/124M/350M/1.3B, bf16, recompute off and on
@@ -161,6 +162,9 @@ printf '%-12s %-28s %5s s\n' setup ok $(($(date +%s) - START)) >>"$SUMMARY"
 # ---- tests ------------------------------------------------------------------------------
 if [ "$PARTS" = all ] || [ "$PARTS" = tests ]; then
   step ctest 240 60 bash -c "ctest --test-dir '$RUN' --output-on-failure -j 8 --timeout 200 2>&1 | tee '$OUT/ctest.log'"
+  # Tensor/pipeline/data-parallel equivalence with device tensors: 2 and 4 ranks share the one GPU,
+  # communicating through MPI (host-staged, --force-mpi-for-device).
+  step mp_cuda 150 60 bash -c "cd '$RUN' && for np in 2 4; do MPITRON_TEST_DEVICE=cuda OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np \$np tests/model_test_trainer_mp 2>&1 | tail -4; done | tee -a '$OUT/ctest.log'"
   step cublas 90 30 bash -c "MPITRON_ATTENTION=cublas ctest --test-dir '$RUN' -R '^tensor_' --output-on-failure -j 8 --timeout 80 2>&1 | tee -a '$OUT/ctest.log' | tail -5"
 fi
 

@@ -15,7 +15,7 @@
 #include "model/arguments.h"
 #include "model/gpt_data.h"
 #include "model/trainer.h"
-#include "tests/model/model_test_util.h"
+#include "tests/model/mpi_test_util.h"
 #include "parallel/communicator.h"
 
 using namespace mpitron;
@@ -23,34 +23,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing::world_rank;
+using testing::world_size;
 
-// One directory shared by the ranks (rank 0's pid names it).
-fs::path shared_dir() {
-  int pid = static_cast<int>(::getpid());
-  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  return fs::temp_directory_path() / ("mpitron_dp_" + std::to_string(pid));
-}
+fs::path shared_dir() { return testing::shared_dir("dp"); }
 
-std::string make_dataset(const fs::path& dir) {
-  const std::string prefix = (dir / "toy_text_document").string();
-  if (world_rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    testing::write_toy_dataset(dir, 11, 300);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return prefix;
-}
+std::string make_dataset(const fs::path& dir) { return testing::make_shared_dataset(dir, 11, 300); }
 
 std::vector<std::string> flags(const std::string& data, int iters) {
   return {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",

@@ -1,0 +1,48 @@
+#include "model/parallel_runtime.h"
+
+namespace mpitron {
+
+ParallelRuntime::ParallelRuntime(MPI_Comm world, const TrainArgs& args) {
+  GridConfig gc;
+  gc.tp = static_cast<int>(args.tensor_model_parallel_size);
+  gc.pp = static_cast<int>(args.pipeline_model_parallel_size);
+  grid_ = std::make_unique<Grid>(world, gc);
+  const bool gpu = args.device == "cuda" || (args.device == "auto" && cuda_available());
+  device_ = gpu ? Device::cuda(std::max(0, grid_->device_index())) : Device::cpu();
+  auto make = [&](MPI_Comm c, const char* name) {
+    CommOptions co;
+    co.name = name;
+    co.force_mpi_for_device = args.force_mpi_for_device;
+    return make_communicator(c, device_, co);
+  };
+  // Every rank builds every group it belongs to, in the same order (collective).
+  if (grid_->dp_size() > 1) dp_ = make(grid_->dp_comm(), "dp");
+  if (grid_->tp_size() > 1) tp_ = make(grid_->tp_comm(), "tp");
+  if (grid_->pp_size() > 1) pp_ = make(grid_->pp_comm(), "pp");
+  if (grid_->tp_size() * grid_->pp_size() > 1) mp_ = make(grid_->mp_comm(), "mp");
+  if (grid_->pp_size() > 1 && grid_->in_embedding_group()) emb_ = make(grid_->embedding_comm(), "embedding");
+}
+
+ParallelContext ParallelRuntime::context() const {
+  ParallelContext c;
+  const Grid& g = *grid_;
+  c.world = g.world();
+  if (g.dp_size() > 1) c.dp_comm = g.dp_comm();
+  c.dp = dp_.get();
+  c.dp_rank = g.dp_rank();
+  c.dp_size = g.dp_size();
+  c.tp = tp_.get();
+  c.tp_rank = g.tp_rank();
+  c.tp_size = g.tp_size();
+  c.pp = pp_.get();
+  c.pp_rank = g.pp_rank();
+  c.pp_size = g.pp_size();
+  if (g.pp_size() > 1) c.pp_comm = g.pp_comm();
+  c.mp = mp_.get();
+  c.embedding = emb_.get();
+  return c;
+}
+
+std::string ParallelRuntime::describe() const { return grid_->describe(); }
+
+}  // namespace mpitron
