@@ -134,12 +134,14 @@ TEST_CASE("every parallel layout of the world gives the single-process losses an
       {2, {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", "gpipe"}},
       {2, {"--pipeline-model-parallel-size", "2"}},  // 1F1B
       {2, {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"}},
+      {2, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--recompute-activations"}},
       {4, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}},
       {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer"}},  // TP2 x DP2
       {4, {"--pipeline-model-parallel-size", "4"}},
       {4, {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"}},  // PP2 x DP2, ZeRO-1
       {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2",
            "--num-layers-per-virtual-pipeline-stage", "1"}},
+      {4, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--recompute-activations"}},
       {8, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}},  // TP2 x PP2 x DP2
       {8, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2",
            "--use-distributed-optimizer"}},
@@ -266,6 +268,11 @@ TEST_CASE("impossible layouts are rejected naming the flags") {
                        doctest::Contains("--num-layers 4 is not divisible by --pipeline-model-parallel-size 3"), Error);
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--pipeline-model-parallel-size", "2", "--zero-stage", "2"}), 2),
                        doctest::Contains("--zero-stage 2"), Error);
+  CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", "1f1b",
+                                                "--num-layers-per-virtual-pipeline-stage", "1"}), 2),
+                       doctest::Contains("1f1b has one model chunk per rank"), Error);
+  CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--pipeline-model-parallel-size", "2"}), 1),
+                       doctest::Contains("world size 1 is not divisible"), Error);
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--num-layers-per-virtual-pipeline-stage", "1"}), 1),
                        doctest::Contains("needs --pipeline-model-parallel-size > 1"), Error);
 }
