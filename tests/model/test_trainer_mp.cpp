@@ -137,6 +137,7 @@ TEST_CASE("every parallel layout of the world gives the single-process losses an
       {2, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--recompute-activations"}},
       {4, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}},
       {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer"}},  // TP2 x DP2
+      {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}},  // TP2 x DP2, buckets overlapped with backward
       {4, {"--pipeline-model-parallel-size", "4"}},
       {4, {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"}},  // PP2 x DP2, ZeRO-1
       {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2",
