@@ -265,6 +265,7 @@ struct Trainer::Impl {
     };
     std::map<std::pair<int, int>, Live> live;
     std::map<int, std::pair<Tensor, Tensor>> batches;  // micro-batch → (tokens, targets)
+    std::map<int, int> last_backward;  // chunk → the micro-batch of its last B in the schedule
 
     GPTStageRunner(Impl& impl, int64_t consumed_samples, float seed)
         : m(impl), consumed(consumed_samples), loss_seed(seed) {}
@@ -285,6 +286,18 @@ struct Trainer::Impl {
       ForwardOptions o;
       o.recompute = m.args.recompute_activations;
       o.dropout_seed = m.dropout_seed(m.st.iteration, mb * m.par.dp_size + m.par.dp_rank);
+      // The chunk's last backward makes its blocks' gradients final: the data-parallel
+      // buckets start reducing them while the schedule goes on.
+      if (last_backward.at(chunk) == mb) {
+        if (m.zero)
+          o.grads_ready = [&z = *m.zero](size_t first, size_t end) {
+            for (size_t i = first; i < end; ++i) z.mark_ready(i);
+          };
+        else if (m.buckets)
+          o.grads_ready = [&b = *m.buckets](size_t first, size_t end) {
+            for (size_t i = first; i < end; ++i) b.mark_ready(i);
+          };
+      }
       const auto& [in, tgt] = batch(mb);
       l.output = m.model->chunk_forward(*l.tape, chunk, in, tgt, l.input, o);
       if (!ch.last_stage) return l.output.value();
@@ -309,9 +322,20 @@ struct Trainer::Impl {
 
   // One training step's forward/backward over the schedule; the summed loss of
   // its micro-batches on the last stage (0 elsewhere).
+  // Data-parallel reduction: each chunk's buckets launch during its last
+  // backward; the tied embedding's copies are summed over the embedding group
+  // first and reduced with what is left when the schedule ends.
   double pipeline_step(int64_t n_micro, float loss_seed) {
+    const parallel::Schedule& sched = schedule_for(n_micro);
     GPTStageRunner runner(*this, st.consumed_train_samples, loss_seed);
-    parallel::run_pipeline_schedule(schedule_for(n_micro), par.pp_rank, *par.pp, runner);
+    for (const parallel::Action& a : sched.ranks[static_cast<size_t>(par.pp_rank)])
+      if (a.op == parallel::Op::Backward) runner.last_backward[a.chunk] = a.mb;
+    if (zero) zero->begin_micro_batch(true);
+    else if (buckets) buckets->begin_backward(true);
+    parallel::run_pipeline_schedule(sched, par.pp_rank, *par.pp, runner);
+    reduce_embedding_grads();
+    if (zero) zero->on_backward_done();
+    else if (buckets) buckets->on_backward_done();
     return runner.loss_sum;
   }
 
@@ -513,11 +537,6 @@ TrainSummary Trainer::run() {
     double loss_sum = 0;
     if (m.pipelined()) {
       loss_sum = m.pp_sum(m.pipeline_step(n_micro, scale / static_cast<float>(n_micro)));
-      m.reduce_embedding_grads();
-      if (m.buckets) {
-        m.buckets->begin_backward(true);
-        m.buckets->on_backward_done();
-      }
     }
     for (int64_t k = 0; k < (m.pipelined() ? 0 : n_micro); ++k) {
       const bool last = k == n_micro - 1;
