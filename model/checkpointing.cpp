@@ -53,23 +53,34 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
   w.begin(save_dir, st.iteration, comm);
   const ParamSet& ps = model.params();
   const int64_t begin = opt.begin, end = opt.begin + opt.master.numel();
-  const std::vector<float> master = opt.master.to_floats(), m = opt.exp_avg.to_floats(), v = opt.exp_avg_sq.to_floats();
+  // One parameter's slice at a time on the host (a device tensor is copied per
+  // slice, a host f32 tensor is written from where it lies): never a second
+  // copy of the whole optimizer state.
+  auto host_slice = [](const Tensor& t, int64_t at, int64_t n) {
+    const Tensor s = t.flat_range(at, n);
+    return s.device().is_cpu() && s.dtype() == DType::F32 && s.is_contiguous() ? s : s.to(Device::cpu()).to(DType::F32);
+  };
   double bytes = 0;
   // Every rank declares every global tensor (collective); each writes its slabs.
   for (const auto& [name, gshape] : GPT::global_layout(model.config())) {
     std::vector<io::Hdf5File::Hyperslab> mine;
-    int64_t first = 0;
+    Tensor master, m, v;  // this rank's slice of the parameter, host f32
     if (writer && ps.has(name) && ps.info(name).canonical) {
       const ParamInfo& p = ps.info(name);
       const auto [lo, hi] = overlap(p, begin, end);
       mine = slabs(p, lo, hi);
-      first = p.offset + lo - begin;
-      if (hi > lo) bytes += 12.0 * static_cast<double>(hi - lo);
+      if (hi > lo) {
+        const int64_t first = p.offset + lo - begin;
+        master = host_slice(opt.master, first, hi - lo);
+        m = host_slice(opt.exp_avg, first, hi - lo);
+        v = host_slice(opt.exp_avg_sq, first, hi - lo);
+        bytes += 12.0 * static_cast<double>(hi - lo);
+      }
     }
     const bool any = !mine.empty();
-    w.add_pieces("model/" + name, gshape, io::ElemType::F32, mine, any ? master.data() + first : nullptr);
-    w.add_pieces("optim/exp_avg/" + name, gshape, io::ElemType::F32, mine, any ? m.data() + first : nullptr);
-    w.add_pieces("optim/exp_avg_sq/" + name, gshape, io::ElemType::F32, mine, any ? v.data() + first : nullptr);
+    w.add_pieces("model/" + name, gshape, io::ElemType::F32, mine, any ? master.data_ptr() : nullptr);
+    w.add_pieces("optim/exp_avg/" + name, gshape, io::ElemType::F32, mine, any ? m.data_ptr() : nullptr);
+    w.add_pieces("optim/exp_avg_sq/" + name, gshape, io::ElemType::F32, mine, any ? v.data_ptr() : nullptr);
   }
   if (comm != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, comm);
   w.set_attr_int("consumed_train_samples", st.consumed_train_samples);
