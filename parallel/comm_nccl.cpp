@@ -222,6 +222,32 @@ class NcclCommunicator final : public Communicator {
     return finish(st);
   }
 
+  WorkPtr batch_p2p_async(const std::vector<P2POp>& ops) override {
+    if (ops.empty()) return Communicator::batch_p2p_async(ops);
+    std::vector<Tensor> keep;
+    std::string what = "batch(";
+    for (const P2POp& op : ops) {
+      check_tensor(op.send ? "send" : "recv", op.t, false);
+      check_rank(op.send ? "send" : "recv", op.peer);
+      keep.push_back(op.t);
+      what += str(keep.size() > 1 ? ", " : "", op.send ? "send " : "recv ", op.t.describe(), op.send ? " to " : " from ",
+                  op.peer);
+    }
+    auto st = start(what + ")", false, std::move(keep));
+    st->peer = ops.front().peer;
+    nccl_ok(ncclGroupStart(), "ncclGroupStart");
+    for (const P2POp& op : ops) {
+      if (op.send)
+        nccl_ok(ncclSend(op.t.data_ptr(), nccl_count(op.t), nccl_type(op.t.dtype()), op.peer, nccl_, stream_),
+                "ncclSend");
+      else
+        nccl_ok(ncclRecv(op.t.data_ptr(), nccl_count(op.t), nccl_type(op.t.dtype()), op.peer, nccl_, stream_),
+                "ncclRecv");
+    }
+    nccl_ok(ncclGroupEnd(), "ncclGroupEnd");
+    return finish(st);
+  }
+
   void barrier() override {
     // A host-side barrier of the group (what callers of barrier() want): one
     // tiny all-reduce through NCCL, so it also orders against queued NCCL work.

@@ -214,6 +214,32 @@ std::string Communicator::diagnose(const std::function<bool()>& done, const std:
   return s;
 }
 
+namespace {
+// The Works of a batch as one.
+class BatchWork final : public Work {
+ public:
+  explicit BatchWork(std::vector<WorkPtr> works) : works_(std::move(works)) {}
+  void wait() override {
+    for (auto& w : works_) w->wait();
+  }
+  bool test() override {
+    bool all = true;
+    for (auto& w : works_) all = w->test() && all;
+    return all;
+  }
+
+ private:
+  std::vector<WorkPtr> works_;
+};
+}  // namespace
+
+WorkPtr Communicator::batch_p2p_async(const std::vector<P2POp>& ops) {
+  std::vector<WorkPtr> works;
+  works.reserve(ops.size());
+  for (const P2POp& op : ops) works.push_back(op.send ? send_async(op.t, op.peer, op.tag) : recv_async(op.t, op.peer, op.tag));
+  return std::make_unique<BatchWork>(std::move(works));
+}
+
 WorkPtr Communicator::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) {
   MPT_CHECK(in.numel() == out.numel() * size_,
             str("reduce_scatter on ", describe(), ": in ", in.describe(), " must hold size x out ", out.describe()), "");

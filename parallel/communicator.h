@@ -104,6 +104,17 @@ class Communicator {
   virtual WorkPtr broadcast_async(const Tensor& t, int root) = 0;
   virtual WorkPtr send_async(const Tensor& t, int peer, int tag = 0) = 0;
   virtual WorkPtr recv_async(const Tensor& t, int peer, int tag = 0) = 0;
+  // Several sends/receives posted as one batch (torch's batch_isend_irecv, e.g.
+  // a pipeline's send_forward_recv_backward): one Work for all of them. NCCL
+  // groups them (ncclGroupStart/End), so two ranks sending to each other at
+  // once cannot deadlock; the MPI backend posts each nonblocking.
+  struct P2POp {
+    bool send = true;
+    Tensor t;
+    int peer = 0;
+    int tag = 0;
+  };
+  virtual WorkPtr batch_p2p_async(const std::vector<P2POp>& ops);
 
   // ---- sync (the async call, then wait()) ----
   void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }

@@ -248,25 +248,26 @@ class Executor {
           fail(i, "the same send/recv appears twice in one batch");
     }
     if (!comm_) fail(first, "a send/recv needs the pipeline communicator");
-    // Post every op in action order (in-order pairing per rank pair), then wait them all.
-    std::vector<WorkPtr> works;
-    works.reserve(end - first);
+    // Post every op in action order (in-order pairing per rank pair) as one
+    // batch (NCCL groups it: crossing sends cannot deadlock), then wait.
+    std::vector<Communicator::P2POp> ops;
+    ops.reserve(end - first);
     for (size_t i = first; i < end; ++i) {
       const Action& a = acts[i];
       Slot& sl = slot(a.mb, a.chunk);
       switch (a.op) {
         case Op::SendAct:
-          works.push_back(comm_->send_async(sl.out_act, a.peer, kTag));
+          ops.push_back({true, sl.out_act, a.peer, kTag});
           ++stats_.sends;
           break;
         case Op::SendGrad:
-          works.push_back(comm_->send_async(sl.out_grad, a.peer, kTag));
+          ops.push_back({true, sl.out_grad, a.peer, kTag});
           ++stats_.sends;
           break;
         case Op::RecvAct: {
           Tensor buf = runner_.make_recv_buffer(a.mb, a.chunk);
           if (!buf.defined()) fail(i, "the runner's make_recv_buffer returned an undefined tensor");
-          works.push_back(comm_->recv_async(buf, a.peer, kTag));
+          ops.push_back({false, buf, a.peer, kTag});
           hold(sl.in_act, std::move(buf));
           ++stats_.recvs;
           break;
@@ -275,7 +276,7 @@ class Executor {
           Tensor buf = runner_.make_grad_recv_buffer(a.mb, a.chunk, sl.out_meta.shape, sl.out_meta.dtype,
                                                      sl.out_meta.device);
           if (!buf.defined()) fail(i, "the runner's make_grad_recv_buffer returned an undefined tensor");
-          works.push_back(comm_->recv_async(buf, a.peer, kTag));
+          ops.push_back({false, buf, a.peer, kTag});
           hold(sl.in_grad, std::move(buf));
           ++stats_.recvs;
           break;
@@ -284,8 +285,8 @@ class Executor {
       }
     }
     ++stats_.batches;
-    for (auto& w : works) w->wait();
-    works.clear();
+    comm_->batch_p2p_async(ops)->wait();
+    ops.clear();
     // Completed: sent buffers go now, received ones wait for their F/B.
     for (size_t i = first; i < end; ++i) {
       const Action& a = acts[i];
