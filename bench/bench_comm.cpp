@@ -28,14 +28,10 @@
 //   GB/s   1e9 bytes per second.
 //
 // send/recv ("sendrecv"): ranks 2k and 2k+1 exchange `size` bytes (each sends
-// and receives); with an odd n the last rank idles; skipped with n = 1. On MPI
-// the Isend and Irecv are posted together (full duplex). The NCCL backend
-// issues ncclSend and ncclRecv as separate, ungrouped calls (the Communicator
-// has no grouped send/recv), which would deadlock when both peers send first,
-// so there the even rank sends first and the odd rank receives first: the two
-// directions run one after the other, and that row is what the Communicator
-// delivers for pipeline traffic (about half a duplex link's per-direction rate
-// on large messages), not the link's peak.
+// and receives); with an odd n the last rank idles; skipped with n = 1. Both
+// directions are posted as one batch (Communicator::batch_p2p_async: one NCCL
+// group, or MPI Isend + Irecv), so the row is the full-duplex exchange a
+// pipeline's send_forward_recv_backward gets.
 //
 // Issue pattern: on MPI each iteration waits for its operation (nonblocking MPI
 // operations on a buffer still in flight are erroneous); on NCCL all iterations
@@ -323,15 +319,7 @@ class Bench {
       case Op::AllGather: out.push_back(c.all_gather_async(B.a, B.b)); break;
       case Op::SendRecv:
         if (B.peer < 0) break;
-        // Even rank sends first, odd receives first: required by NCCL (ungrouped
-        // send/recv), harmless on MPI (both are posted before either is waited).
-        if (rank_ % 2 == 0) {
-          out.push_back(c.send_async(B.a, B.peer));
-          out.push_back(c.recv_async(B.b, B.peer));
-        } else {
-          out.push_back(c.recv_async(B.b, B.peer));
-          out.push_back(c.send_async(B.a, B.peer));
-        }
+        out.push_back(c.batch_p2p_async({{true, B.a, B.peer, 0}, {false, B.b, B.peer, 0}}));
         break;
     }
   }
