@@ -88,6 +88,7 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("use-distributed-optimizer", po::bool_switch(), "shard optimizer state over data-parallel ranks (ZeRO-1)")
       ("zero-stage", po::value(&a.zero_stage)->default_value(0), "0: replicated, 1: shard optimizer state, 2: also gradients")
       ("ddp-bucket-size", po::value(&a.ddp_bucket_size)->default_value(40000000), "gradient bucket size (elements)")
+      ("overlap-grad-reduce", po::bool_switch(), "reduce gradient buckets during backward (the default; Megatron's spelling)")
       ("no-overlap-grad-reduce", po::bool_switch(), "reduce gradients after backward instead of during it")
       ("force-mpi-for-device", po::bool_switch(&a.force_mpi_for_device), "MPI (host-staged) instead of NCCL for GPU tensors")
       ("tensor-model-parallel-size", po::value(&a.tensor_model_parallel_size)->default_value(1), "TP size")
@@ -149,7 +150,10 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     if (a.zero_stage == 0) a.zero_stage = 1;
   }
   need(a.zero_stage >= 0 && a.zero_stage <= 2, str("--zero-stage must be 0, 1 or 2, got ", a.zero_stage));
-  if (vm.count("no-overlap-grad-reduce") && vm["no-overlap-grad-reduce"].as<bool>()) a.overlap_grad_reduce = false;
+  const bool overlap_on = vm.count("overlap-grad-reduce") && vm["overlap-grad-reduce"].as<bool>();
+  const bool overlap_off = vm.count("no-overlap-grad-reduce") && vm["no-overlap-grad-reduce"].as<bool>();
+  need(!(overlap_on && overlap_off), "--overlap-grad-reduce and --no-overlap-grad-reduce were both given", "pick one");
+  if (overlap_off) a.overlap_grad_reduce = false;
   need(a.ddp_bucket_size >= 0, str("--ddp-bucket-size must be >= 0, got ", a.ddp_bucket_size));
 
   GPTConfig& m = a.model;

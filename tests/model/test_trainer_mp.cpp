@@ -274,6 +274,9 @@ TEST_CASE("impossible layouts are rejected naming the flags") {
                        doctest::Contains("1f1b has one model chunk per rank"), Error);
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--pipeline-model-parallel-size", "2"}), 1),
                        doctest::Contains("world size 1 is not divisible"), Error);
+  CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--overlap-grad-reduce", "--no-overlap-grad-reduce"}), 1),
+                       doctest::Contains("both given"), Error);
+  CHECK_NOTHROW(parse(with(flags(data), {"--overlap-grad-reduce"}), 1));
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--num-layers-per-virtual-pipeline-stage", "1"}), 1),
                        doctest::Contains("needs --pipeline-model-parallel-size > 1"), Error);
 }
