@@ -44,9 +44,12 @@ void block_forward(const BlockShape& s, const BlockParams& p, const Tensor& x, c
   a.mean1 = f32(x, {Nl});
   a.rstd1 = f32(x, {Nl});
   layernorm_forward(x, p.ln1_w.value(), p.ln1_b.value(), ln1, a.mean1, a.rstd1, s.eps);
-  a.ln1 = tp.sequence_parallel ? tp_all_gather_rows(tp, ln1) : ln1;  // (N, C)
+  // Saved: this rank's rows only (Nl, C); the gathered (N, C) copy feeds the matmul
+  // and is gathered again in backward (Megatron's sequence-parallel memory saving).
+  a.ln1 = ln1;
+  const Tensor ln1_full = tp.sequence_parallel ? tp_all_gather_rows(tp, ln1) : ln1;  // (N, C)
   a.qkv = act(x, {N, 3 * Cl});
-  gemm(a.ln1, p.qkv_w.value(), a.qkv, kLinear, p.qkv_b.value());
+  gemm(ln1_full, p.qkv_w.value(), a.qkv, kLinear, p.qkv_b.value());
   a.att = act(x, {N, Cl});
   a.lse = f32(x, {s.batch, NHl, s.seq});
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
@@ -62,9 +65,10 @@ void block_forward(const BlockShape& s, const BlockParams& p, const Tensor& x, c
   a.mean2 = f32(x, {Nl});
   a.rstd2 = f32(x, {Nl});
   layernorm_forward(a.x2, p.ln2_w.value(), p.ln2_b.value(), ln2, a.mean2, a.rstd2, s.eps);
-  a.ln2 = tp.sequence_parallel ? tp_all_gather_rows(tp, ln2) : ln2;  // (N, C)
+  a.ln2 = ln2;
+  const Tensor ln2_full = tp.sequence_parallel ? tp_all_gather_rows(tp, ln2) : ln2;  // (N, C)
   a.fc = act(x, {N, Fl});
-  gemm(a.ln2, p.fc_w.value(), a.fc, kLinear, p.fc_b.value());
+  gemm(ln2_full, p.fc_w.value(), a.fc, kLinear, p.fc_b.value());
   a.g = act(x, {N, Fl});
   gelu_forward(a.fc, a.g);
   Tensor mlp = act(x, {N, C});
@@ -109,7 +113,8 @@ void block_backward(const BlockShape& s, const BlockParams& p, const Tensor& x, 
   gemm_backward(dmlp, a.g, p.mproj_w.value(), dg, pg(p.mproj_w), pg(p.mproj_b), kLinear, false, true);
   gelu_backward(dg, a.fc, dg);
   Tensor dln2 = act(x, {N, C});
-  gemm_backward(dg, a.ln2, p.fc_w.value(), dln2, pg(p.fc_w), pg(p.fc_b), kLinear, false, true);
+  gemm_backward(dg, sp ? tp_all_gather_rows(tp, a.ln2) : a.ln2, p.fc_w.value(), dln2, pg(p.fc_w), pg(p.fc_b),
+                kLinear, false, true);
   dln2 = reduce_rows(dln2);  // (Nl, C)
   // dx2 = dy + LN2ᵀ(dln2)
   Tensor dx2 = act(x, {Nl, C});
@@ -127,7 +132,8 @@ void block_backward(const BlockShape& s, const BlockParams& p, const Tensor& x, 
   attention_backward(datt.view({s.batch, s.seq, NHl, HD}), a.qkv.view({s.batch, s.seq, 3, NHl, HD}),
                      a.att.view({s.batch, s.seq, NHl, HD}), a.lse, dqkv.view({s.batch, s.seq, 3, NHl, HD}), scale);
   Tensor dln1 = act(x, {N, C});
-  gemm_backward(dqkv, a.ln1, p.qkv_w.value(), dln1, pg(p.qkv_w), pg(p.qkv_b), kLinear, false, true);
+  gemm_backward(dqkv, sp ? tp_all_gather_rows(tp, a.ln1) : a.ln1, p.qkv_w.value(), dln1, pg(p.qkv_w), pg(p.qkv_b),
+                kLinear, false, true);
   dln1 = reduce_rows(dln1);  // (Nl, C)
   // dx = dx2 + LN1ᵀ(dln1)
   dx.copy_from(dx2);

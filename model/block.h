@@ -18,7 +18,8 @@
 // mlp.proj row-parallel; their partial (N, C) outputs are all-reduced (or
 // reduce-scattered to this rank's N/t rows with sequence parallelism, where
 // x, y, the layernorms, dropouts and residuals hold N/t rows and the
-// layernorm outputs are all-gathered before the column-parallel matmuls).
+// layernorm outputs are all-gathered before the column-parallel matmuls; only
+// this rank's rows of them are saved, and backward gathers them again).
 // Row-parallel biases are added once (by tp rank 0, before the reduction);
 // their gradients come from the full output gradient on every rank. Dropout
 // offsets are those of the global (N, C) element, so masks equal one rank's.

@@ -48,7 +48,7 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   m.gradients = 4 * P;
   m.master_weights = c.compute_dtype == DType::F32 ? 0 : 4 * shard;
   m.moments = 8 * shard;
-  const int64_t per_block = (2 * N * C + 4 * N * C / t + 2 * Nl * C + 2 * N * F / t) * e +
+  const int64_t per_block = (4 * N * C / t + 4 * Nl * C + 2 * N * F / t) * e +
                             4 * (4 * Nl + micro_batch * (c.num_attention_heads / t) * c.seq_length);
   const int64_t L = r.layers_per_chunk;
   int64_t first_ends = 0, last_ends = 0;
@@ -75,7 +75,7 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   }
   // Backward of one block at a time: its gradient temporaries (dmlp, dg, dln2, dx2,
   // dproj, datt, dqkv, dln1, dx).
-  const int64_t block_bwd = (5 * N * C + 4 * N * C / t + 2 * Nl * C + N * F / t) * e;
+  const int64_t block_bwd = (5 * N * C + 4 * N * C / t + 2 * Nl * C + N * F / t + (Nl < N ? N * C : 0)) * e;
   const int64_t kept = peak + (recompute ? per_block : 0) + (L > 0 ? block_bwd : 0);
   if (r.mpi_zero_staging && zero_stage > 0) m.comm_staging = 4 * shard;
   const int64_t ends = 0;

@@ -43,7 +43,8 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
 // layers of each of its chunks, whether it holds the embeddings / the head,
 // and which (micro-batch, chunk) forwards the schedule keeps alive at once. Per block with t tp
 // ranks and Nl = N (or N/t with sequence parallelism) local rows:
-//   ln1, ln2 gathered (2·N·C), qkv and att (4·N·C/t), x2 and y (2·Nl·C),
+//   ln1, ln2, x2 and y (4·Nl·C; sequence parallelism re-gathers ln1/ln2 in
+//   backward), qkv and att (4·N·C/t),
 //   fc and gelu (2·N·F/t); f32 mean/rstd ×2 (4·Nl), lse (B·NH/t·T).
 struct RankShard {
   int64_t params = 0;              // this rank's parameter count (ParamSet::numel)
