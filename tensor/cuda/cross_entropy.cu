@@ -18,18 +18,12 @@
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/map.cuh"
 #include "tensor/cuda/ops.h"
+#include "tensor/cuda/row_stats.cuh"
 
 namespace mpitron::cuda {
 
 namespace {
 constexpr int kThreads = 512;
-
-__device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, float s2) {
-  const float nm = fmaxf(m, m2);
-  if (nm == -INFINITY) return;
-  s = (m == -INFINITY ? 0.0f : s * expf(m - nm)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - nm));
-  m = nm;
-}
 
 template <typename T, typename I, int V>
 __global__ void __launch_bounds__(kThreads)
@@ -42,47 +36,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t = static_cast<int64_t>(targets[row]);
   const bool valid = t >= 0 && t < vocab;
 
-  float m = -INFINITY, s = 0.0f;
-  for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < vocab; c += static_cast<int64_t>(blockDim.x) * V) {
-    float u[V];
-    load_f<V>(xr + c, u);
-    float cm = u[0];
-#pragma unroll
-    for (int k = 1; k < V; ++k) cm = fmaxf(cm, u[k]);
-    float cs = 0.0f;
-    if (cm != -INFINITY) {
-#pragma unroll
-      for (int k = 0; k < V; ++k) cs += expf(u[k] - cm);
-    }
-    merge_max_sum(m, s, cm, cs);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    merge_max_sum(m, s, m2, s2);
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    sh_m[warp] = m;
-    sh_s[warp] = s;
-  }
-  if (threadIdx.x == 0) sh_target_logit = valid ? to_float(xr[t]) : 0.0f;
-  __syncthreads();
-  if (warp == 0) {
-    const int nwarps = blockDim.x >> 5;
-    m = lane < nwarps ? sh_m[lane] : -INFINITY;
-    s = lane < nwarps ? sh_s[lane] : 0.0f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-      merge_max_sum(m, s, m2, s2);
-    }
-    if (lane == 0) {
-      sh_m[0] = m + logf(s);  // logsumexp
-    }
-  }
-  __syncthreads();
-  const float lse = sh_m[0];
+  if (threadIdx.x == 0) sh_target_logit = valid ? to_float(xr[t]) : 0.0f;  // before the block's syncs
+  const float lse = block_logsumexp<T, V>(xr, vocab, sh_m, sh_s);
   if (threadIdx.x == 0) losses[row] = valid ? lse - sh_target_logit : 0.0f;
   if (!dlogits) return;
 
@@ -136,47 +91,13 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row = blockIdx.x;
   const T* xr = logits + row * vocab;
 
-  float m = -INFINITY, s = 0.0f;
-  for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < vocab; c += static_cast<int64_t>(blockDim.x) * V) {
-    float u[V];
-    load_f<V>(xr + c, u);
-    float cm = u[0];
-#pragma unroll
-    for (int k = 1; k < V; ++k) cm = fmaxf(cm, u[k]);
-    float cs = 0.0f;
-    if (cm != -INFINITY) {
-#pragma unroll
-      for (int k = 0; k < V; ++k) cs += expf(u[k] - cm);
-    }
-    merge_max_sum(m, s, cm, cs);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    merge_max_sum(m, s, m2, s2);
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    sh_m[warp] = m;
-    sh_s[warp] = s;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    const int nwarps = blockDim.x >> 5;
-    m = lane < nwarps ? sh_m[lane] : -INFINITY;
-    s = lane < nwarps ? sh_s[lane] : 0.0f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-      merge_max_sum(m, s, m2, s2);
-    }
-    if (lane == 0) {
-      // An empty slice or an all -inf row has Σexp = 0: lse = -inf.
-      lse[row] = m == -INFINITY ? -INFINITY : m + logf(s);
-      const int64_t t = static_cast<int64_t>(targets[row]);
-      const int64_t local = t - vocab_start;
-      target_logit[row] = t >= 0 && local >= 0 && local < vocab ? to_float(xr[local]) : 0.0f;
-    }
+  // An empty slice or an all -inf row has Σexp = 0: lse = -inf.
+  const float l = block_logsumexp<T, V>(xr, vocab, sh_m, sh_s);
+  if (threadIdx.x == 0) {
+    lse[row] = l;
+    const int64_t t = static_cast<int64_t>(targets[row]);
+    const int64_t local = t - vocab_start;
+    target_logit[row] = t >= 0 && local >= 0 && local < vocab ? to_float(xr[local]) : 0.0f;
   }
 }
 

@@ -6,19 +6,12 @@
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/map.cuh"
 #include "tensor/cuda/ops.h"
+#include "tensor/cuda/row_stats.cuh"
 
 namespace mpitron::cuda {
 
 namespace {
 constexpr int kWarpsPerBlock = 8;
-
-// Merge running (max, sum-of-exp) pair (m, s) with (m2, s2); -inf maxima carry no mass.
-__device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, float s2) {
-  const float nm = fmaxf(m, m2);
-  if (nm == -INFINITY) return;
-  s = (m == -INFINITY ? 0.0f : s * expf(m - nm)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - nm));
-  m = nm;
-}
 
 template <typename T, int V>
 __global__ void softmax_forward_kernel(const T* x, T* out, int64_t rows, int cols) {
@@ -28,24 +21,8 @@ __global__ void softmax_forward_kernel(const T* x, T* out, int64_t rows, int col
   const T* xr = x + row * cols;
   T* outr = out + row * cols;
   float m = -INFINITY, s = 0.0f;
-  for (int c = lane * V; c < cols; c += 32 * V) {
-    float u[V];
-    load_f<V>(xr + c, u);
-    float cm = u[0];
-#pragma unroll
-    for (int k = 1; k < V; ++k) cm = fmaxf(cm, u[k]);
-    float cs = 0.0f;
-    if (cm != -INFINITY) {
-#pragma unroll
-      for (int k = 0; k < V; ++k) cs += expf(u[k] - cm);
-    }
-    merge_max_sum(m, s, cm, cs);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    merge_max_sum(m, s, m2, s2);
-  }
+  thread_max_sum<T, V>(xr, cols, lane * V, 32 * V, m, s);
+  warp_max_sum(m, s);
   const float inv = 1.0f / s;
   for (int c = lane * V; c < cols; c += 32 * V) {
     float u[V];
