@@ -20,23 +20,6 @@ std::string MemoryEstimate::to_string() const {
   return buf;
 }
 
-MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, int zero_stage, bool recompute) {
-  const int64_t P = c.num_parameters(), C = c.hidden_size, F = c.ffn(), L = c.num_layers;
-  const int64_t N = micro_batch * c.seq_length, V = c.padded_vocab_size;
-  const int64_t e = static_cast<int64_t>(dtype_size(c.compute_dtype));
-  const int64_t shard = zero_stage > 0 ? (P + dp - 1) / dp : P;
-  MemoryEstimate m;
-  m.weights = P * e;
-  m.gradients = 4 * P;  // one full f32 buffer (ZeRO-2 keeps it as scratch, see parallel/zero.h)
-  m.master_weights = c.compute_dtype == DType::F32 ? 0 : 4 * shard;
-  m.moments = 8 * shard;
-  const int64_t per_block = (8 * N * C + 2 * N * F) * e + 4 * (4 * N + micro_batch * c.num_attention_heads * c.seq_length);
-  const int64_t kept = recompute ? L * 2 * N * C * e + per_block : L * per_block;
-  const int64_t ends = (3 * N * C + N * C + N * V + N * C) * e + 4 * 2 * N;
-  m.activations = kept + ends;
-  return m;
-}
-
 MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, int zero_stage, bool recompute,
                                const RankShard& r) {
   const int64_t P = r.params, C = c.hidden_size, F = c.ffn(), t = r.tp;
@@ -76,10 +59,8 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   // Backward of one block at a time: its gradient temporaries (dmlp, dg, dln2, dx2,
   // dproj, datt, dqkv, dln1, dx).
   const int64_t block_bwd = (5 * N * C + 4 * N * C / t + 2 * Nl * C + N * F / t + (Nl < N ? N * C : 0)) * e;
-  const int64_t kept = peak + (recompute ? per_block : 0) + (L > 0 ? block_bwd : 0);
+  m.activations = peak + (recompute ? per_block : 0) + (L > 0 ? block_bwd : 0);
   if (r.mpi_zero_staging && zero_stage > 0) m.comm_staging = 4 * shard;
-  const int64_t ends = 0;
-  m.activations = kept + ends;
   return m;
 }
 

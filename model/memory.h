@@ -1,16 +1,8 @@
 // model/memory.h — what one rank's tensors will hold, printed at start-up.
 //
 // Weights, gradients, master weights and Adam moments are exact byte counts of
-// the flat buffers (parallel/zero.h's accounting for ZeRO). Activations are the
-// tensors alive at the peak of a micro-batch, which is the start of backward:
-//   per block (saved for its backward, compute dtype unless noted):
-//     ln1, att, x2, ln2, y: 5·N·C   qkv: 3·N·C   fc, gelu: 2·N·F
-//     mean/rstd ×2: 4·N f32         lse: B·NH·T f32
-//   with --recompute-activations a block keeps only its input and output
-//   (2·N·C) and one block's set is rebuilt at a time during backward;
-//   embeddings and head: wte/wpe lookups and their sum (3·N·C), final LN
-//   (N·C + 2·N f32), logits = dlogits in place (N·V), and the head's backward
-//   temporaries (N·C).
+// this rank's flat buffers (parallel/zero.h's accounting for ZeRO). Activations
+// are the tensors alive at the peak, walked over the rank's schedule (RankShard).
 // N = micro-batch × sequence tokens. Workspace of the ops (BLAS scratch,
 // cuBLASLt / cuDNN workspaces) is not included.
 #pragma once
@@ -37,15 +29,19 @@ struct MemoryEstimate {
   std::string to_string() const;
 };
 
-MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, int zero_stage, bool recompute);
-
-// One rank's share under tensor/pipeline parallelism: its parameters, the
-// layers of each of its chunks, whether it holds the embeddings / the head,
-// and which (micro-batch, chunk) forwards the schedule keeps alive at once. Per block with t tp
-// ranks and Nl = N (or N/t with sequence parallelism) local rows:
-//   ln1, ln2, x2 and y (4·Nl·C; sequence parallelism re-gathers ln1/ln2 in
-//   backward), qkv and att (4·N·C/t),
-//   fc and gelu (2·N·F/t); f32 mean/rstd ×2 (4·Nl), lse (B·NH/t·T).
+// One rank's share (one process: the defaults with params and layers set):
+// its parameters, the layers of each of its chunks, whether it holds the
+// embeddings / the head, and which (micro-batch, chunk) forwards the schedule
+// keeps alive at once. With t tp ranks and Nl = N (or N/t with sequence
+// parallelism) local rows, compute dtype unless noted:
+//   per block, saved for its backward: ln1, ln2, x2, y (4·Nl·C; sequence
+//     parallelism gathers ln1/ln2 again in backward), qkv and att (4·N·C/t),
+//     fc and gelu (2·N·F/t); f32 mean/rstd ×2 (4·Nl), lse (B·NH/t·T);
+//     with --recompute-activations only its input and output (2·Nl·C), and one
+//     block's set is rebuilt at a time;
+//   one block's backward temporaries at a time;
+//   first stage: the word/position lookups and their sum; last stage: final
+//     LN, logits = dlogits in place (N·V/t) and the head's backward temporaries.
 struct RankShard {
   int64_t params = 0;              // this rank's parameter count (ParamSet::numel)
   int tp = 1;
