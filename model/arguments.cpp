@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "parallel/schedule.h"
 
 namespace po = boost::program_options;
 
@@ -196,14 +197,14 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
                                      " is not divisible by --pipeline-model-parallel-size ", pp));
   }
   need(a.pipeline_schedule.empty() || pp > 1, "--pipeline-schedule needs --pipeline-model-parallel-size > 1");
-  const bool schedule_file = !a.pipeline_schedule.empty() && a.pipeline_schedule != "gpipe" &&
-                             a.pipeline_schedule != "1f1b" && a.pipeline_schedule != "interleaved";
+  const bool schedule_file = !a.pipeline_schedule.empty() && !parallel::is_builtin_schedule(a.pipeline_schedule);
   need(!schedule_file || a.rampup_batch_size.empty(),
        str("--pipeline-schedule ", a.pipeline_schedule,
            " is written for one micro-batch count, but --rampup-batch-size changes it during the run"),
        "use a built-in schedule (gpipe, 1f1b, interleaved) with batch-size ramp-up");
-  need(a.pipeline_schedule != "1f1b" || a.num_layers_per_virtual_pipeline_stage == 0,
-       "--pipeline-schedule 1f1b has one model chunk per rank, but --num-layers-per-virtual-pipeline-stage asks for several",
+  need((a.pipeline_schedule != "1f1b" && a.pipeline_schedule != "gpipe") || a.num_layers_per_virtual_pipeline_stage == 0,
+       str("--pipeline-schedule ", a.pipeline_schedule,
+           " has one model chunk per rank, but --num-layers-per-virtual-pipeline-stage asks for several"),
        "use --pipeline-schedule interleaved (the default with virtual stages) or gpipe");
   need(a.zero_stage < 2 || pp == 1, "--zero-stage 2 reduce-scatters gradients per micro-batch, which pipeline "
                                     "schedules interleave: it is not available with --pipeline-model-parallel-size > 1",

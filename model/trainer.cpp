@@ -87,19 +87,9 @@ struct Trainer::Impl {
 
   MPI_Comm world_comm() const { return par.world != MPI_COMM_NULL ? par.world : par.dp_comm; }
   // Sum of v over every rank (stop decisions).
-  double world_sum(double v) const {
-    if (world_comm() == MPI_COMM_NULL) return v;
-    double out = 0;
-    MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, world_comm());
-    return out;
-  }
+  double world_sum(double v) const { return sum_over(world_comm(), v); }
   // Sum over the pipeline group: the last stage's loss reaches every stage.
-  double pp_sum(double v) const {
-    if (par.pp_comm == MPI_COMM_NULL) return v;
-    double out = 0;
-    MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, par.pp_comm);
-    return out;
-  }
+  double pp_sum(double v) const { return sum_over(par.pp_comm, v); }
   bool pipelined() const { return par.pp_size > 1; }
 
   // The schedule of a step with n_micro micro-batches (built, or read from
@@ -112,7 +102,7 @@ struct Trainer::Impl {
     parallel::Schedule s;
     if (name.empty()) {
       s = parallel::builtin_schedule(v > 1 ? "interleaved" : "1f1b", pp, static_cast<int>(n_micro), v);
-    } else if (name == "gpipe" || name == "1f1b" || name == "interleaved") {
+    } else if (parallel::is_builtin_schedule(name)) {
       s = parallel::builtin_schedule(name, pp, static_cast<int>(n_micro), v);
     } else {
       s = parallel::read_schedule_file(name);
@@ -127,12 +117,14 @@ struct Trainer::Impl {
   }
 
   // Sum of v over the dp group (identity on one process).
-  double dp_sum(double v) const {
-    if (par.dp_comm == MPI_COMM_NULL) return v;
+  // Sum of a host scalar over `comm` (identity for MPI_COMM_NULL: one process).
+  static double sum_over(MPI_Comm comm, double v) {
+    if (comm == MPI_COMM_NULL) return v;
     double out = 0;
-    MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, par.dp_comm);
+    MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, comm);
     return out;
   }
+  double dp_sum(double v) const { return sum_over(par.dp_comm, v); }
   // Micro-batch k of the global batch starting at `consumed`: this rank's slice
   // (Megatron's sampler: each chunk of mbs·dp samples is split by dp rank).
   int64_t micro_first(int64_t consumed, int64_t k) const {

@@ -216,6 +216,10 @@ Schedule interleaved_schedule(int pp, int m, int v) {
   return s;
 }
 
+bool is_builtin_schedule(const std::string& name) {
+  return name == "gpipe" || name == "1f1b" || name == "interleaved";
+}
+
 Schedule builtin_schedule(const std::string& name, int pp, int m, int v) {
   if (name == "gpipe" || name == "1f1b") {
     // GPipe over round-robin chunks with just-in-time send/recv deadlocks once

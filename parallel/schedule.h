@@ -76,6 +76,8 @@ Schedule one_f_one_b_schedule(int pp, int micro_batches);
 Schedule interleaved_schedule(int pp, int micro_batches, int virtual_stages);
 // By name: "gpipe", "1f1b" (virtual_stages must be 1), "interleaved".
 Schedule builtin_schedule(const std::string& name, int pp, int micro_batches, int virtual_stages = 1);
+// True for the names builtin_schedule knows.
+bool is_builtin_schedule(const std::string& name);
 
 // ---- send/recv ------------------------------------------------------------------
 // True when any rank holds a send or recv.

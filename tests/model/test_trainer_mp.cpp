@@ -272,6 +272,9 @@ TEST_CASE("impossible layouts are rejected naming the flags") {
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", "1f1b",
                                                 "--num-layers-per-virtual-pipeline-stage", "1"}), 2),
                        doctest::Contains("1f1b has one model chunk per rank"), Error);
+  CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", "gpipe",
+                                                "--num-layers-per-virtual-pipeline-stage", "1"}), 2),
+                       doctest::Contains("gpipe has one model chunk per rank"), Error);
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--pipeline-model-parallel-size", "2"}), 1),
                        doctest::Contains("world size 1 is not divisible"), Error);
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--overlap-grad-reduce", "--no-overlap-grad-reduce"}), 1),
