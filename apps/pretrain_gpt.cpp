@@ -13,6 +13,7 @@
 #include "data/tokenizer.h"
 #include "model/arguments.h"
 #include "model/gpt_data.h"
+#include "model/inference_load.h"
 #include "model/trainer.h"
 #include "model/parallel_runtime.h"
 
@@ -41,6 +42,17 @@ int main(int argc, char** argv) {
       args.model.vocab_size = tok.vocab_size();
       args.model.padded_vocab_size = data::padded_vocab_size(tok.vocab_size(), static_cast<int>(args.tensor_model_parallel_size),
                                                              static_cast<int>(args.make_vocab_size_divisible_by));
+      // A checkpoint saved at another TP size may have another padded vocabulary;
+      // adopt it when it still divides by this TP size (rows past the vocabulary are never used).
+      if (!args.load.empty() && checkpoint_exists(args.load)) {
+        const int64_t saved = read_checkpoint_config(args.load).padded_vocab_size;
+        if (saved != args.model.padded_vocab_size && saved >= tok.vocab_size() &&
+            saved % args.tensor_model_parallel_size == 0) {
+          log_info("--load ", args.load, ": the checkpoint's padded vocabulary ", saved, " divides by TP ",
+                   args.tensor_model_parallel_size, ": using it instead of ", args.model.padded_vocab_size);
+          args.model.padded_vocab_size = saved;
+        }
+      }
       // Rank 0 builds the index caches first; the others then load them.
       std::shared_ptr<SampleSource> data;
       if (rank == 0) {

@@ -3,9 +3,14 @@
 #include <boost/program_options.hpp>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/checkpoint_args.h"
+#include "model/deepspeed_config.h"
+#include "model/inference_load.h"
+#include "model/megatron_compat.h"
 #include "parallel/schedule.h"
 
 namespace po = boost::program_options;
@@ -19,11 +24,11 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       data("Data"), log("Logging and evaluation"), ckpt("Checkpoints"), misc("Other");
   GPTConfig& m = a.model;
   model.add_options()
-      ("num-layers", po::value(&m.num_layers)->required(), "transformer blocks")
-      ("hidden-size", po::value(&m.hidden_size)->required(), "residual stream width C")
+      ("num-layers", po::value(&m.num_layers), "transformer blocks")
+      ("hidden-size", po::value(&m.hidden_size), "residual stream width C")
       ("ffn-hidden-size", po::value(&m.ffn_hidden_size), "MLP width (default 4 × hidden)")
-      ("num-attention-heads", po::value(&m.num_attention_heads)->required(), "attention heads")
-      ("seq-length", po::value(&m.seq_length)->required(), "tokens per sample")
+      ("num-attention-heads", po::value(&m.num_attention_heads), "attention heads")
+      ("seq-length", po::value(&m.seq_length), "tokens per sample")
       ("max-position-embeddings", po::value(&m.max_position_embeddings), "position table rows (default seq-length)")
       ("init-method-std", po::value(&m.init_method_std)->default_value(0.02f), "weight init std")
       ("hidden-dropout", po::value(&m.hidden_dropout)->default_value(0.1f), "dropout after embeddings and blocks")
@@ -42,6 +47,12 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("adam-beta2", po::value(&a.optim.beta2)->default_value(0.999f), "AdamW beta2")
       ("adam-eps", po::value(&a.optim.eps)->default_value(1e-8f), "AdamW epsilon")
       ("recompute-activations", po::bool_switch(&a.recompute_activations), "recompute each block in backward")
+      ("checkpoint-activations", po::bool_switch(), "= --recompute-activations (Megatron-DeepSpeed's name)")
+      ("recompute-granularity", po::value<std::string>(),
+       "full: recompute blocks in backward; selective: the attention core only (what fused attention always does)")
+      ("recompute-method", po::value<std::string>(),
+       "with full: uniform (every block) or block (the first --recompute-num-layers blocks of each chunk)")
+      ("recompute-num-layers", po::value<int64_t>(), "uniform: 1 (per-block recompute); block: blocks per chunk")
       ("seed", po::value(&a.seed)->default_value(1234), "random seed");
   lr.add_options()
       ("lr", po::value(&a.lr)->required(), "peak learning rate")
@@ -62,6 +73,12 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("hysteresis", po::value(&a.scaler.hysteresis)->default_value(2), "overflows before halving");
   data.add_options()
       ("data-path", po::value(&a.data_path)->multitoken()->composing(), "PREFIX, or W1 PREFIX1 W2 PREFIX2 …")
+      ("train-data-path", po::value(&a.train_data_path)->multitoken()->composing(),
+       "training data only (PREFIX or W1 P1 W2 P2 …); with --valid-data-path/--test-data-path instead of --split")
+      ("valid-data-path", po::value(&a.valid_data_path)->multitoken()->composing(), "validation data only")
+      ("test-data-path", po::value(&a.test_data_path)->multitoken()->composing(), "test data only")
+      ("mock-data", po::bool_switch(&a.mock_data), "train on synthetic tokens (no data files)")
+      ("data-cache-path", po::value(&a.data_cache_path), "directory for the dataset index caches (default: beside the data)")
       ("split", po::value(&a.split)->default_value("969, 30, 1"), "train, valid, test weights")
       ("vocab-file", po::value(&a.vocab_file), "GPT-2 vocab json (default: bundled)")
       ("merge-file", po::value(&a.merge_file), "GPT-2 merges (default: bundled)")
@@ -77,6 +94,7 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("save", po::value(&a.save), "checkpoint directory to save to")
       ("load", po::value(&a.load), "checkpoint directory to resume from")
       ("save-interval", po::value(&a.save_interval), "iterations between checkpoints")
+      ("use-checkpoint-args", po::bool_switch(), "take the model flags not given from the --load checkpoint")
       ("no-load-optim", po::bool_switch(&a.no_load_optim), "do not load optimizer state")
       ("no-load-rng", po::bool_switch(&a.no_load_rng), "do not load RNG state")
       ("finetune", po::bool_switch(&a.finetune), "load weights only; reset iteration and optimizer")
@@ -99,15 +117,58 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
        "layers per virtual stage: interleaved 1F1B with num-layers / (PP x this) model chunks per rank")
       ("pipeline-schedule", po::value(&a.pipeline_schedule),
        "gpipe | 1f1b | interleaved | FILE (docs/pipeline-schedules.md); default 1f1b, interleaved with virtual stages")
+      ("deepspeed", po::bool_switch(), "read --deepspeed_config (Megatron-DeepSpeed scripts)")
+      ("deepspeed_config", po::value<std::string>(), "DeepSpeed JSON: batch sizes, clipping, ZeRO stage, fp16/bf16")
       ("config", po::value(&config_file), "file of `flag = value` lines (command line wins)")
       ("help,h", "print this help");
   po::options_description all("pretrain_gpt: train a GPT on Megatron .bin/.idx data");
   all.add(model).add(train).add(lr).add(prec).add(data).add(log).add(ckpt).add(misc);
+  add_noop_flags(all);
   return all;
 }
 
 void need(bool ok, const std::string& what, const std::string& hint = "") {
   if (!ok) MPT_THROW(what, hint);
+}
+
+bool given(const po::variables_map& vm, const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); }
+
+// Megatron's recompute flags onto mpitron's block recompute. Fused attention keeps
+// no T×T scores (only its output and log-sum-exp) and recomputes them in its own
+// backward: that is what Megatron's selective recompute buys, so "selective" is
+// every run's behaviour and "full" recomputes whole blocks.
+void apply_recompute_flags(const po::variables_map& vm, TrainArgs& a) {
+  if (vm["checkpoint-activations"].as<bool>()) a.recompute_activations = true;
+  std::string granularity = vm.count("recompute-granularity") ? vm["recompute-granularity"].as<std::string>() : "";
+  need(granularity.empty() || granularity == "full" || granularity == "selective",
+       str("--recompute-granularity ", granularity, " is not supported"), "use full or selective");
+  if (granularity == "selective") {
+    need(!a.recompute_activations,
+         "--recompute-granularity selective was given with --recompute-activations/--checkpoint-activations (full)",
+         "pick one granularity");
+    a.startup_notes.push_back(
+        "--recompute-granularity selective: fused attention stores no attention scores and recomputes them in its "
+        "backward, which is what selective recompute does; every run works this way");
+  }
+  if (granularity == "full") a.recompute_activations = true;
+  const std::string method = vm.count("recompute-method") ? vm["recompute-method"].as<std::string>() : "";
+  const bool has_n = vm.count("recompute-num-layers") > 0;
+  const int64_t n = has_n ? vm["recompute-num-layers"].as<int64_t>() : 1;
+  if (!method.empty() || has_n) {
+    need(a.recompute_activations, "--recompute-method and --recompute-num-layers apply to full recompute",
+         "add --recompute-granularity full (or --recompute-activations)");
+    need(method == "uniform" || method == "block",
+         method.empty() ? "--recompute-num-layers needs --recompute-method uniform|block"
+                        : str("--recompute-method ", method, " is not supported"),
+         "use --recompute-method uniform or block");
+    need(n >= 1, str("--recompute-num-layers must be >= 1, got ", n));
+  }
+  if (method == "uniform")
+    need(n == 1,
+         str("--recompute-method uniform --recompute-num-layers ", n,
+             ": mpitron recomputes one block at a time, and groups of several blocks are not implemented"),
+         "use --recompute-num-layers 1 (same as --recompute-activations), or --recompute-method block");
+  if (method == "block") a.recompute_num_layers = n;
 }
 
 }  // namespace
@@ -119,7 +180,11 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   const po::options_description& parse_desc = desc;
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc, argv).options(parse_desc).run(), vm);
+    // argparse semantics: a repeated flag's last value wins.
+    po::parsed_options parsed = po::command_line_parser(argc, argv).options(parse_desc).run();
+    strip_digit_underscores(parsed.options);
+    keep_last_occurrence(parsed.options, parse_desc);
+    po::store(parsed, vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";
       return false;
@@ -147,6 +212,21 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   }
   a.flags_json = flags.dump();
 
+  // Megatron / DeepSpeed flags that change nothing here: one start-up line each.
+  check_noop_flags(vm, a.startup_notes);
+  std::optional<DeepSpeedConfig> ds;
+  const bool deepspeed = vm["deepspeed"].as<bool>();
+  if (deepspeed) {
+    need(vm.count("deepspeed_config") > 0, "--deepspeed needs --deepspeed_config FILE",
+         "give the DeepSpeed JSON your script uses (docs/megatron-compat.md lists the keys mpitron reads)");
+    ds = read_deepspeed_config(vm["deepspeed_config"].as<std::string>());
+    apply_deepspeed_config(*ds, vm, a);
+  } else {
+    need(!vm.count("deepspeed_config"), "--deepspeed_config given without --deepspeed",
+         "add --deepspeed (as DeepSpeed itself requires) or drop --deepspeed_config");
+  }
+  apply_recompute_flags(vm, a);
+
   if (vm.count("use-distributed-optimizer") && vm["use-distributed-optimizer"].as<bool>()) {
     if (a.zero_stage == 0) a.zero_stage = 1;
   }
@@ -158,7 +238,15 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(a.ddp_bucket_size >= 0, str("--ddp-bucket-size must be >= 0, got ", a.ddp_bucket_size));
 
   GPTConfig& m = a.model;
-  if (!vm.count("max-position-embeddings")) m.max_position_embeddings = m.seq_length;
+  if (vm["use-checkpoint-args"].as<bool>()) {
+    need(!a.load.empty(), "--use-checkpoint-args needs --load DIR", "name the checkpoint directory to take them from");
+    reconcile_model_flags(vm, read_checkpoint_config(a.load), m, /*fill=*/true, a.load);
+  } else {
+    for (const char* flag : {"num-layers", "hidden-size", "num-attention-heads", "seq-length"})
+      need(vm.count(flag) > 0, str("pretrain_gpt: the option '--", flag, "' is required but missing"),
+           "give it, or --use-checkpoint-args with --load to take the model flags from a checkpoint");
+    if (!vm.count("max-position-embeddings")) m.max_position_embeddings = m.seq_length;
+  }
   for (const std::string& t : rampup_tokens) a.rampup_batch_size.push_back(std::stoll(t));
   need(a.rampup_batch_size.empty() || a.rampup_batch_size.size() == 3,
        "--rampup-batch-size takes three numbers: START INCREMENT SAMPLES", "e.g. --rampup-batch-size 16 16 1000");
@@ -181,8 +269,10 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(m.num_attention_heads % tp == 0,
        str("--num-attention-heads ", m.num_attention_heads, " is not divisible by --tensor-model-parallel-size ", tp));
   need(m.ffn() % tp == 0, str("the FFN size ", m.ffn(), " is not divisible by --tensor-model-parallel-size ", tp));
-  need(!a.sequence_parallel || tp > 1, "--sequence-parallel needs --tensor-model-parallel-size > 1",
-       "drop --sequence-parallel or raise the tensor-parallel size");
+  if (a.sequence_parallel && tp == 1) {  // as Megatron: a warning, and sequence parallelism off
+    a.sequence_parallel = false;
+    a.startup_notes.push_back("--sequence-parallel: turned off, it needs --tensor-model-parallel-size > 1");
+  }
   need(!a.sequence_parallel || (a.micro_batch_size * m.seq_length) % tp == 0,
        str("--sequence-parallel splits --micro-batch-size x --seq-length = ", a.micro_batch_size * m.seq_length,
            " tokens over ", tp, " ranks: not divisible"));
@@ -215,12 +305,26 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
        "use auto, cpu or cuda");
   need((a.train_iters > 0) != (a.train_samples > 0), "give exactly one of --train-iters and --train-samples", "");
   need(a.micro_batch_size >= 1, str("--micro-batch-size must be >= 1, got ", a.micro_batch_size));
+  if (ds && ds->grad_accum && a.global_batch_size == 0)
+    a.global_batch_size = a.micro_batch_size * *ds->grad_accum * a.data_parallel_size;
+  if (a.zero_stage > 0 && a.data_parallel_size == 1)
+    a.startup_notes.push_back(str("--zero-stage ", a.zero_stage, " / --use-distributed-optimizer with one data-parallel "
+                                  "rank: nothing to shard, the optimizer keeps its whole state (same numbers)"));
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * a.data_parallel_size;
+  if (ds) check_deepspeed_batch(*ds, a);
   need(a.global_batch_size % (a.micro_batch_size * a.data_parallel_size) == 0,
        str("--global-batch-size (", a.global_batch_size, ") is not divisible by --micro-batch-size (", a.micro_batch_size,
            ") × data-parallel size (", a.data_parallel_size, ")"),
        "make the global batch a multiple of micro batch × data-parallel size");
-  need(!a.data_path.empty(), "--data-path is required", "point it at a preprocessed prefix (see preprocess_data)");
+  const bool split_paths = !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty();
+  const int sources = !a.data_path.empty() + split_paths + a.mock_data;
+  need(sources <= 1, "give one of --data-path, --train-data-path (with --valid-/--test-data-path) and --mock-data",
+       "they name different sources of samples");
+  need(sources == 1, "--data-path is required (or --train-data-path, or --mock-data)",
+       "point it at a preprocessed prefix (see preprocess_data)");
+  need(!split_paths || !a.train_data_path.empty(), "--valid-data-path/--test-data-path need --train-data-path", "");
+  need(!split_paths || !given(vm, "split"),
+       "--split divides --data-path; with --train-data-path each split has its own files", "drop --split");
   need(a.log_interval >= 1 && a.eval_interval >= 1 && a.eval_iters >= 0, "--log-interval and --eval-interval must be >= 1");
   need(a.save_interval == 0 || !a.save.empty(), "--save-interval given without --save", "add --save DIR");
   if (a.uses_samples()) {

@@ -36,9 +36,16 @@ struct TrainArgs {
   int64_t lr_warmup_samples = 0;           // --lr-warmup-samples
   // precision and memory
   bool fp16 = false, bf16 = false;         // --fp16 / --bf16
-  bool recompute_activations = false;      // --recompute-activations
+  bool recompute_activations = false;      // --recompute-activations (= --recompute-granularity full,
+                                           //   --checkpoint-activations): recompute blocks in backward
+  int64_t recompute_num_layers = 0;        // --recompute-method block --recompute-num-layers N: only the
+                                           //   first N blocks of each model chunk (0: every block)
   // data
   std::vector<std::string> data_path;      // --data-path [W1] P1 [W2 P2 ...]
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;  // --{train,valid,test}-data-path:
+                                           //   one dataset per split instead of --data-path + --split
+  bool mock_data = false;                  // --mock-data: synthetic tokens, no files
+  std::string data_cache_path;             // --data-cache-path: where index caches go (default: beside the data)
   std::string split = "969, 30, 1";        // --split
   std::string vocab_file, merge_file;      // --vocab-file / --merge-file (default: bundled GPT-2)
   std::string tokenizer_type = "GPT2BPETokenizer";
@@ -79,6 +86,8 @@ struct TrainArgs {
   bool force_mpi_for_device = false;       // --force-mpi-for-device: MPI (host-staged) for GPU tensors
 
   std::string flags_json;                  // every flag as given, for checkpoints
+  std::vector<std::string> startup_notes;  // one line each, logged at start-up: flags accepted for
+                                           //   compatibility and what mpitron does instead
   int64_t world_size = 0;                  // set by the caller before parsing (MPI world size);
                                            //   parsing sets data_parallel_size = world / (tp · pp)
   int64_t data_parallel_size = 1;          // dp; set directly when world_size is 0

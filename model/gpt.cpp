@@ -184,7 +184,8 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
       const size_t first = block_first_param_[i];
       ready = [cb = opt.grads_ready, first] { cb(first, first + kParamsPerBlock); };
     }
-    x = block(tape, s, blocks_[i], x, opt.dropout_seed, nc * (1 + 2 * static_cast<uint64_t>(l)), opt.recompute,
+    const bool recompute = opt.recompute && (opt.recompute_num_layers == 0 || l - ch.first_layer < opt.recompute_num_layers);
+    x = block(tape, s, blocks_[i], x, opt.dropout_seed, nc * (1 + 2 * static_cast<uint64_t>(l)), recompute,
               std::move(ready));
   }
   return x;

@@ -33,6 +33,7 @@ namespace mpitron {
 
 struct ForwardOptions {
   bool recompute = false;     // --recompute-activations: whole-block recompute
+  int64_t recompute_num_layers = 0;  // with recompute, only the first N blocks of each chunk (0: all)
   uint64_t dropout_seed = 0;  // names every dropout mask of this micro-batch
   bool train = true;          // false: no dropout
   // Called during backward when the gradients of parameters [first, end) (indices

@@ -1,5 +1,7 @@
 #include "model/inference_load.h"
 
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -43,6 +45,10 @@ GPTConfig config_from(const io::CheckpointReader& r) {
 }
 
 }  // namespace
+
+bool checkpoint_exists(const std::string& load_dir) {
+  return std::filesystem::exists(std::filesystem::path(load_dir) / io::kTrackerFileName);
+}
 
 GPTConfig read_checkpoint_config(const std::string& load_dir) { return config_from(open_or_throw(load_dir)); }
 

@@ -21,6 +21,9 @@ struct InferenceModel {
   std::string dir;         // its iter_N directory
 };
 
+// True when load_dir names a --save directory that has committed a checkpoint.
+bool checkpoint_exists(const std::string& load_dir);
+
 // The GPTConfig stored in a checkpoint's `model_config` attribute (dropout 0).
 GPTConfig read_checkpoint_config(const std::string& load_dir);
 

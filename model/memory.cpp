@@ -41,7 +41,8 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   // What one (micro-batch, chunk) keeps from its forward to its backward; with
   // recompute only the blocks' inputs/outputs (one block is rebuilt at a time).
   auto chunk_bytes = [&](int c) {
-    int64_t b = recompute ? L * 2 * Nl * C * e : L * per_block;
+    const int64_t Lr = !recompute ? 0 : r.recompute_layers > 0 ? std::min(L, r.recompute_layers) : L;
+    int64_t b = Lr * 2 * Nl * C * e + (L - Lr) * per_block;
     if (c == 0) b += first_ends;
     if (c == r.num_chunks - 1) b += last_ends;
     return b;

@@ -55,6 +55,8 @@ struct RankShard {
   // through every chunk at a time (no pipeline).
   std::vector<std::pair<int, bool>> compute_order;
   bool mpi_zero_staging = false;  // ZeRO with the MPI backend (see MemoryEstimate::comm_staging)
+  int64_t recompute_layers = 0;   // with recompute: blocks of each chunk recomputed (0: all;
+                                  //   --recompute-method block --recompute-num-layers N)
 };
 MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, int zero_stage, bool recompute,
                                const RankShard& r);

@@ -277,6 +277,7 @@ struct Trainer::Impl {
       if (!ch.first_stage) l.input = Var(input, true);
       ForwardOptions o;
       o.recompute = m.args.recompute_activations;
+      o.recompute_num_layers = m.args.recompute_num_layers;
       o.dropout_seed = m.dropout_seed(m.st.iteration, mb * m.par.dp_size + m.par.dp_rank);
       // The chunk's last backward makes its blocks' gradients final: the data-parallel
       // buckets start reducing them while the schedule goes on.
@@ -408,7 +409,9 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   mp.virtual_stages = static_cast<int>(a.virtual_pipeline_stages());
   m.model = std::make_unique<GPT>(a.model, m.device, mp);
   m.model->init_weights(a.seed);
-  if (a.zero_stage > 0) {
+  // One data-parallel rank has nothing to shard: the distributed optimizer is then
+  // the plain one (Megatron accepts --use-distributed-optimizer at dp = 1 too).
+  if (a.zero_stage > 0 && par.dp_size > 1) {
     ZeroConfig zc;
     zc.stage = static_cast<int>(a.zero_stage);
     zc.beta1 = a.optim.beta1;
@@ -469,7 +472,11 @@ TrainSummary Trainer::run() {
   log_info("mpitron pretrain_gpt: ", c.num_layers, " layers, hidden ", c.hidden_size, ", heads ", c.num_attention_heads,
            ", seq ", c.seq_length, ", vocab ", c.padded_vocab_size, " (padded from ", c.vocab_size, "), ",
            c.num_parameters(), " parameters, ", dtype_name(c.compute_dtype), " on ", m.device.name(),
-           a.recompute_activations ? ", recompute" : "");
+           a.recompute_activations
+               ? (a.recompute_num_layers > 0 ? str(", recompute of the first ", a.recompute_num_layers, " blocks per chunk")
+                                             : std::string(", recompute"))
+               : std::string());
+  for (const std::string& note : a.startup_notes) log_info(note);
   log_info("FLOPs per token ", sci(c.flops_per_token(), 3), " (6·matmul params + 6·L·T·C; docs/flops.md); MFU vs ",
            m.peak_what);
 
@@ -480,6 +487,7 @@ TrainSummary Trainer::run() {
   shard.layers_per_chunk = m.model->chunk(0).end_layer - m.model->chunk(0).first_layer;
   shard.num_chunks = m.model->num_chunks();
   shard.mpi_zero_staging = m.zero && m.par.dp && std::string(m.par.dp->backend()) == "mpi";
+  shard.recompute_layers = a.recompute_num_layers;
   shard.first_stage = m.model->chunk(0).first_stage;
   shard.last_stage = m.model->chunk(m.model->num_chunks() - 1).last_stage;
   if (m.pipelined()) {
@@ -537,6 +545,7 @@ TrainSummary Trainer::run() {
       Tape tape;
       ForwardOptions o;
       o.recompute = a.recompute_activations;
+      o.recompute_num_layers = a.recompute_num_layers;
       // Each dp rank's masks differ (different samples), as Megatron's per-rank seeds.
       o.dropout_seed = m.dropout_seed(m.st.iteration, k * m.par.dp_size + m.par.dp_rank);
       if (m.zero) {

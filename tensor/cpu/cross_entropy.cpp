@@ -22,9 +22,7 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, const Te
       float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < v; ++j) mx = std::max(mx, to_f32(row[j]));
-      float sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < v; ++j) sum += fast_exp(to_f32(row[j]) - mx);
+      const float sum = blocked_sum(v, [&](int64_t j) { return fast_exp(to_f32(row[j]) - mx); });
       const float lse = mx + std::log(sum);
       const bool valid = tgt >= 0 && tgt < v;
       lp[r] = valid ? lse - to_f32(row[tgt]) : 0.0f;
@@ -61,9 +59,7 @@ void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int6
       if (mx == -INFINITY) {
         lp[r] = -INFINITY;  // empty slice or all -inf: exp sums to 0 (and avoids -inf − -inf)
       } else {
-        float sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < v; ++j) sum += fast_exp(to_f32(row[j]) - mx);
+        const float sum = blocked_sum(v, [&](int64_t j) { return fast_exp(to_f32(row[j]) - mx); });
         lp[r] = mx + std::log(sum);
       }
       const int64_t tgt = load_index(targets, r);

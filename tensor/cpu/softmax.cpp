@@ -21,9 +21,9 @@ void softmax_forward(const Tensor& x, const Tensor& out, Stream) {
         float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
         for (int64_t j = 0; j < c; ++j) mx = std::max(mx, to_f32(xp[r * c + j]));
-        float s = 0;
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < c; ++j) s += (e[j] = fast_exp(to_f32(xp[r * c + j]) - mx));
+#pragma omp simd
+        for (int64_t j = 0; j < c; ++j) e[j] = fast_exp(to_f32(xp[r * c + j]) - mx);
+        const float s = blocked_sum(c, [&](int64_t j) { return e[j]; });
         const float inv = 1.0f / s;
         for (int64_t j = 0; j < c; ++j) op[r * c + j] = from_f32<T>(e[j] * inv);
       }
@@ -40,8 +40,7 @@ void softmax_backward(const Tensor& dout, const Tensor& out, const Tensor& dx, S
     T* dxp = static_cast<T*>(dx.data_ptr());
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n; ++r) {
-      float dot = 0;
-      for (int64_t j = 0; j < c; ++j) dot += to_f32(dp[r * c + j]) * to_f32(yp[r * c + j]);
+      const float dot = blocked_sum(c, [&](int64_t j) { return to_f32(dp[r * c + j]) * to_f32(yp[r * c + j]); });
       for (int64_t j = 0; j < c; ++j) {
         const float y = to_f32(yp[r * c + j]);
         dxp[r * c + j] = from_f32<T>(y * (to_f32(dp[r * c + j]) - dot));

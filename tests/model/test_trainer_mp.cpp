@@ -263,8 +263,17 @@ TEST_CASE("impossible layouts are rejected naming the flags") {
                        doctest::Contains("world size 6 is not divisible"), Error);
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--tensor-model-parallel-size", "3"}), 3),
                        doctest::Contains("--num-attention-heads 4 is not divisible"), Error);
-  CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--sequence-parallel"}), 1),
-                       doctest::Contains("--sequence-parallel needs --tensor-model-parallel-size > 1"), Error);
+  {  // as Megatron: --sequence-parallel at TP=1 warns and turns itself off
+    TrainArgs a;
+    a.world_size = 1;
+    auto f = with(flags(data), {"--sequence-parallel"});
+    std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
+    for (auto& s : f) argv.push_back(s.data());
+    parse_train_args(static_cast<int>(argv.size()), argv.data(), a);
+    CHECK_FALSE(a.sequence_parallel);
+    REQUIRE(a.startup_notes.size() == 1);
+    CHECK(a.startup_notes[0].find("--sequence-parallel: turned off") != std::string::npos);
+  }
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--pipeline-model-parallel-size", "3"}), 3),
                        doctest::Contains("--num-layers 4 is not divisible by --pipeline-model-parallel-size 3"), Error);
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--pipeline-model-parallel-size", "2", "--zero-stage", "2"}), 2),

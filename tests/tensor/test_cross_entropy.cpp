@@ -104,6 +104,27 @@ TEST_CASE("softmax_cross_entropy: losses and dlogits, every dtype") {
       }
 }
 
+TEST_CASE("softmax_cross_entropy on the CPU over a 50,257-word vocabulary: losses within float rounding of float64") {
+  // A running float sum of 50k exponentials drifts by ~1e-4 relative; the row sums
+  // must be accurate to float rounding so evaluate's perplexities are exact.
+  const int64_t n = 16, v = 50257;
+  Rng rng(6200);
+  for (double spread : {1.0, 4.0, 12.0}) {
+    const Input logits = rand_input(rng, {n, v}, DType::F32, Device::cpu(), -spread, spread);
+    std::vector<int64_t> tg(static_cast<size_t>(n));
+    for (auto& t : tg) t = rng.randint(0, v - 1);
+    const Tensor targets = make_ints(tg, {n}, DType::I64, Device::cpu());
+    const Tensor losses = Tensor::zeros({n}, DType::F32);
+    softmax_cross_entropy(logits.t, targets, losses, Tensor(), 1.0f);
+    const std::vector<double> want = ref_losses(logits.v, tg, n, v);
+    const std::vector<float> got = losses.to_floats();
+    double worst = 0;
+    for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    CAPTURE(spread);
+    CHECK(worst < 4e-6);  // a few ulp of losses ~11–25 nats
+  }
+}
+
 TEST_CASE("softmax_cross_entropy: all targets ignored gives zero loss and zero gradient") {
   for (Device dev : test_devices()) {
     Rng rng(6100);

@@ -1,0 +1,70 @@
+#include "model/checkpoint_args.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+
+namespace po = boost::program_options;
+
+namespace mpitron {
+
+namespace {
+
+bool given(const po::variables_map& vm, const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); }
+
+}  // namespace
+
+void reconcile_model_flags(const po::variables_map& vm, const GPTConfig& saved, GPTConfig& m, bool fill,
+                           const std::string& where) {
+  struct IntFlag {
+    const char* flag;
+    int64_t GPTConfig::*field;
+  };
+  const IntFlag ints[] = {{"num-layers", &GPTConfig::num_layers},
+                          {"hidden-size", &GPTConfig::hidden_size},
+                          {"num-attention-heads", &GPTConfig::num_attention_heads},
+                          {"seq-length", &GPTConfig::seq_length},
+                          {"max-position-embeddings", &GPTConfig::max_position_embeddings}};
+  std::vector<std::string> wrong;
+  for (const IntFlag& f : ints) {
+    if (given(vm, f.flag)) {
+      if (m.*f.field != saved.*f.field) wrong.push_back(str("--", f.flag, " ", m.*f.field, " (checkpoint: ", saved.*f.field, ")"));
+    } else if (fill) {
+      m.*f.field = saved.*f.field;
+    }
+  }
+  // --ffn-hidden-size: compare the effective widths (0 means 4·hidden).
+  if (given(vm, "ffn-hidden-size")) {
+    if (m.ffn() != saved.ffn()) wrong.push_back(str("--ffn-hidden-size ", m.ffn(), " (checkpoint: ", saved.ffn(), ")"));
+  } else if (fill) {
+    m.ffn_hidden_size = saved.ffn();
+  }
+  if (given(vm, "layernorm-epsilon")) {
+    if (std::fabs(m.layernorm_epsilon - saved.layernorm_epsilon) > 1e-12f * std::fabs(saved.layernorm_epsilon) + 1e-30f)
+      wrong.push_back(str("--layernorm-epsilon ", m.layernorm_epsilon, " (checkpoint: ", saved.layernorm_epsilon, ")"));
+  } else if (fill) {
+    m.layernorm_epsilon = saved.layernorm_epsilon;
+  }
+  if (!wrong.empty()) {
+    std::string list;
+    for (const auto& w : wrong) list += (list.empty() ? "" : ", ") + w;
+    MPT_THROW(str("the model flags disagree with the checkpoint ", where, ": ", list),
+              "give the values the checkpoint was trained with, or drop them (--use-checkpoint-args fills them)");
+  }
+}
+
+void add_model_shape_flags(po::options_description& desc, GPTConfig& m) {
+  po::options_description g("Model shape (optional: checked against the checkpoint)");
+  g.add_options()
+      ("num-layers", po::value(&m.num_layers), "transformer blocks")
+      ("hidden-size", po::value(&m.hidden_size), "residual stream width")
+      ("num-attention-heads", po::value(&m.num_attention_heads), "attention heads")
+      ("ffn-hidden-size", po::value(&m.ffn_hidden_size), "MLP width")
+      ("seq-length", po::value(&m.seq_length), "tokens per sample the model was trained with")
+      ("max-position-embeddings", po::value(&m.max_position_embeddings), "position table rows")
+      ("layernorm-epsilon", po::value(&m.layernorm_epsilon), "layernorm epsilon");
+  desc.add(g);
+}
+
+}  // namespace mpitron

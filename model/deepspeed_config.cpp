@@ -1,0 +1,214 @@
+#include "model/deepspeed_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/arguments.h"
+
+namespace mpitron {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Keys that only change what DeepSpeed prints or profiles, and what mpitron does instead.
+const std::map<std::string, const char*>& display_only() {
+  static const std::map<std::string, const char*> m = {
+      {"steps_per_print", "mpitron prints a log line every --log-interval iterations"},
+      {"wall_clock_breakdown", "the log line carries the time per iteration; per-op timings are in bench/"},
+      {"zero_allow_untested_optimizer", "mpitron's ZeRO shards its own AdamW"},
+      {"memory_breakdown", "mpitron logs its memory estimate at start-up and the peak on every log line"},
+      {"dump_state", "mpitron logs its configuration at start-up"},
+      {"flops_profiler", "the log line carries TFLOP/s and MFU (docs/flops.md)"},
+      {"comms_logger", "bench_comm measures the collectives"},
+      {"tensorboard", "use --tensorboard-dir"},
+      {"wandb", "use --tensorboard-dir"},
+      {"csv_monitor", "use --metrics-file (JSONL)"},
+  };
+  return m;
+}
+
+// zero_optimization keys that only tune DeepSpeed's buffers, and why they change nothing here.
+const std::map<std::string, const char*>& zero_tuning() {
+  static const std::map<std::string, const char*> m = {
+      {"contiguous_gradients", "gradients always live in one contiguous buffer"},
+      {"reduce_scatter", "ZeRO-2 always reduce-scatters gradients"},
+      {"allgather_partitions", "the distributed optimizer always all-gathers its updated shard"},
+      {"allgather_bucket_size", "the updated shard is gathered in one collective"},
+      {"round_robin_gradients", "shards are contiguous slices of the flat buffer"},
+  };
+  return m;
+}
+
+[[noreturn]] void bad(const std::string& file, const std::string& what, const std::string& hint = "") {
+  MPT_THROW(str("--deepspeed_config ", file, ": ", what), hint.empty() ? "fix the value in the JSON file" : hint);
+}
+
+int64_t get_int(const std::string& file, const json& j, const std::string& key, int64_t lo, int64_t hi) {
+  // DeepSpeed accepts "auto" only through the HF integration; here it must be a number.
+  if (!j.is_number_integer() && !(j.is_number_float() && std::floor(j.get<double>()) == j.get<double>()))
+    bad(file, str(key, " must be an integer, got ", j.dump()));
+  const double v = j.get<double>();
+  if (v < static_cast<double>(lo) || v > static_cast<double>(hi))
+    bad(file, str(key, " must be in [", lo, ", ", hi, "], got ", j.dump()));
+  return static_cast<int64_t>(v);
+}
+
+double get_num(const std::string& file, const json& j, const std::string& key, double lo, double hi) {
+  if (!j.is_number()) bad(file, str(key, " must be a number, got ", j.dump()));
+  const double v = j.get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) bad(file, str(key, " must be in [", lo, ", ", hi, "], got ", j.dump()));
+  return v;
+}
+
+bool get_bool(const std::string& file, const json& j, const std::string& key) {
+  if (!j.is_boolean()) bad(file, str(key, " must be true or false, got ", j.dump()));
+  return j.get<bool>();
+}
+
+}  // namespace
+
+DeepSpeedConfig read_deepspeed_config(const std::string& path) {
+  std::ifstream f(path);
+  if (!f.good()) MPT_THROW(str("--deepspeed_config: cannot open ", path), "check the path");
+  json root;
+  try {
+    root = json::parse(f, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::exception& e) {
+    MPT_THROW(str("--deepspeed_config ", path, " is not valid JSON: ", e.what()), "fix the file");
+  }
+  if (!root.is_object()) bad(path, "the top level must be a JSON object");
+  DeepSpeedConfig c;
+  c.file = path;
+  std::vector<std::string> unsupported;
+  const int64_t big = int64_t{1} << 40;
+  for (const auto& [key, v] : root.items()) {
+    if (key == "train_micro_batch_size_per_gpu") c.micro_batch = get_int(path, v, key, 1, big);
+    else if (key == "train_batch_size") c.global_batch = get_int(path, v, key, 1, big);
+    else if (key == "gradient_accumulation_steps") c.grad_accum = get_int(path, v, key, 1, big);
+    else if (key == "gradient_clipping") c.clip_grad = get_num(path, v, key, 0, 1e30);
+    else if (key == "zero_optimization") {
+      if (!v.is_object()) bad(path, "zero_optimization must be an object");
+      for (const auto& [zk, zv] : v.items()) {
+        const std::string name = "zero_optimization." + zk;
+        if (zk == "stage") {
+          c.zero_stage = get_int(path, zv, name, 0, 3);
+          if (*c.zero_stage == 3)
+            bad(path, "zero_optimization.stage 3 (sharded parameters) is not supported",
+                "use stage 1 or 2 (sharded optimizer state, and gradients)");
+        } else if (zk == "overlap_comm") c.overlap_comm = get_bool(path, zv, name);
+        else if (zk == "reduce_bucket_size") c.reduce_bucket_size = get_int(path, zv, name, 1, big);
+        else if (auto it = zero_tuning().find(zk); it != zero_tuning().end())
+          c.notes.push_back(str("DeepSpeed ", name, ": ", it->second));
+        else unsupported.push_back(name);
+      }
+    } else if (key == "fp16") {
+      if (!v.is_object()) bad(path, "fp16 must be an object");
+      for (const auto& [fk, fv] : v.items()) {
+        const std::string name = "fp16." + fk;
+        if (fk == "enabled") c.fp16 = get_bool(path, fv, name);
+        else if (fk == "loss_scale") c.loss_scale = get_num(path, fv, name, 0, 1e30);
+        else if (fk == "initial_scale_power") c.initial_scale_power = get_int(path, fv, name, 0, 127);
+        else if (fk == "loss_scale_window") c.loss_scale_window = get_int(path, fv, name, 1, big);
+        else if (fk == "hysteresis") c.hysteresis = get_int(path, fv, name, 1, big);
+        else if (fk == "min_loss_scale") c.min_loss_scale = get_num(path, fv, name, 1e-30, 1e30);
+        else unsupported.push_back(name);
+      }
+    } else if (key == "bf16") {
+      if (!v.is_object()) bad(path, "bf16 must be an object");
+      for (const auto& [bk, bv] : v.items()) {
+        if (bk == "enabled") c.bf16 = get_bool(path, bv, "bf16.enabled");
+        else unsupported.push_back("bf16." + bk);
+      }
+    } else if (auto it = display_only().find(key); it != display_only().end()) {
+      c.notes.push_back(str("DeepSpeed ", key, ": ", it->second));
+    } else {
+      unsupported.push_back(key);
+    }
+  }
+  if (!unsupported.empty()) {
+    std::string list;
+    for (const auto& k : unsupported) list += (list.empty() ? "" : ", ") + k;
+    bad(path, str("mpitron cannot honour these keys: ", list),
+        "remove them (docs/megatron-compat.md lists the keys mpitron reads: batch sizes, gradient_clipping, "
+        "zero_optimization.stage 0-2, fp16, bf16)");
+  }
+  if (c.fp16.value_or(false) && c.bf16.value_or(false)) bad(path, "fp16.enabled and bf16.enabled are both true");
+  return c;
+}
+
+namespace {
+
+bool given(const boost::program_options::variables_map& vm, const char* flag) {
+  return vm.count(flag) && !vm[flag].defaulted();
+}
+
+// Takes the JSON's value for `field` unless the command line set `flag` to another.
+template <class Field, class Json>
+void take(const DeepSpeedConfig& ds, const boost::program_options::variables_map& vm, const std::optional<Json>& js,
+          const char* key, const char* flag, Field& field) {
+  if (!js) return;
+  const Field v = static_cast<Field>(*js);
+  if (given(vm, flag) && field != v)
+    MPT_THROW(str("--deepspeed_config ", ds.file, " sets ", key, " = ", *js, " but the command line gives --", flag, " ",
+                  field),
+              "make the two agree, or drop one of them");
+  field = v;
+}
+
+}  // namespace
+
+void apply_deepspeed_config(const DeepSpeedConfig& ds, const boost::program_options::variables_map& vm, TrainArgs& a) {
+  take(ds, vm, ds.micro_batch, "train_micro_batch_size_per_gpu", "micro-batch-size", a.micro_batch_size);
+  take(ds, vm, ds.global_batch, "train_batch_size", "global-batch-size", a.global_batch_size);
+  take(ds, vm, ds.clip_grad, "gradient_clipping", "clip-grad", a.optim.clip_grad);
+  take(ds, vm, ds.zero_stage, "zero_optimization.stage", "zero-stage", a.zero_stage);
+  if (ds.zero_stage && *ds.zero_stage == 0 && given(vm, "use-distributed-optimizer"))
+    MPT_THROW(str("--deepspeed_config ", ds.file, " sets zero_optimization.stage = 0 but the command line gives "
+                  "--use-distributed-optimizer (stage 1)"),
+              "make the two agree, or drop one of them");
+  if (ds.overlap_comm) {
+    if (*ds.overlap_comm && given(vm, "no-overlap-grad-reduce"))
+      MPT_THROW(str("--deepspeed_config ", ds.file, " sets zero_optimization.overlap_comm = true but the command line "
+                    "gives --no-overlap-grad-reduce"),
+                "make the two agree, or drop one of them");
+    a.overlap_grad_reduce = *ds.overlap_comm;
+  }
+  take(ds, vm, ds.reduce_bucket_size, "zero_optimization.reduce_bucket_size", "ddp-bucket-size", a.ddp_bucket_size);
+  if (ds.fp16) {
+    if (*ds.fp16 && a.bf16 && !ds.bf16)
+      MPT_THROW(str("--deepspeed_config ", ds.file, " enables fp16 but the command line gives --bf16"),
+                "make the two agree");
+    take(ds, vm, ds.fp16, "fp16.enabled", "fp16", a.fp16);
+  }
+  take(ds, vm, ds.bf16, "bf16.enabled", "bf16", a.bf16);
+  if (ds.loss_scale && *ds.loss_scale == 0 && given(vm, "loss-scale"))  // 0: dynamic scaling, DeepSpeed's default
+    MPT_THROW(str("--deepspeed_config ", ds.file, " sets fp16.loss_scale = 0 (dynamic) but the command line gives "
+                  "--loss-scale ", a.scaler.constant, " (static)"),
+              "make the two agree, or drop one of them");
+  if (ds.loss_scale && *ds.loss_scale > 0)
+    take(ds, vm, ds.loss_scale, "fp16.loss_scale", "loss-scale", a.scaler.constant);
+  if (ds.initial_scale_power) {
+    const std::optional<double> init = std::ldexp(1.0, static_cast<int>(*ds.initial_scale_power));
+    take(ds, vm, init, "fp16.initial_scale_power (as 2^p)", "initial-loss-scale", a.scaler.initial_scale);
+  }
+  take(ds, vm, ds.loss_scale_window, "fp16.loss_scale_window", "loss-scale-window", a.scaler.window);
+  take(ds, vm, ds.hysteresis, "fp16.hysteresis", "hysteresis", a.scaler.hysteresis);
+  take(ds, vm, ds.min_loss_scale, "fp16.min_loss_scale", "min-loss-scale", a.scaler.min_scale);
+  for (const std::string& n : ds.notes) a.startup_notes.push_back(n);
+}
+
+void check_deepspeed_batch(const DeepSpeedConfig& ds, const TrainArgs& a) {
+  if (!ds.grad_accum) return;
+  const int64_t want = a.micro_batch_size * *ds.grad_accum * a.data_parallel_size;
+  if (a.global_batch_size != want)
+    MPT_THROW(str("--deepspeed_config ", ds.file, ": train_batch_size ", a.global_batch_size,
+                  " != train_micro_batch_size_per_gpu ", a.micro_batch_size, " x gradient_accumulation_steps ",
+                  *ds.grad_accum, " x data-parallel size ", a.data_parallel_size, " = ", want),
+              "DeepSpeed requires train_batch_size = micro batch x accumulation steps x data-parallel ranks");
+}
+
+}  // namespace mpitron

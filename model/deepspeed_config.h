@@ -1,0 +1,53 @@
+// model/deepspeed_config.h — a DeepSpeed JSON (`--deepspeed --deepspeed_config ds.json`)
+// read into the training options it stands for, as Megatron-DeepSpeed scripts use it.
+//
+//   train_micro_batch_size_per_gpu  → --micro-batch-size
+//   train_batch_size                → --global-batch-size
+//   gradient_accumulation_steps     → checked: global = micro × accumulation × dp
+//   gradient_clipping               → --clip-grad
+//   zero_optimization.stage 0–2     → --zero-stage (also overlap_comm → --[no-]overlap-grad-reduce,
+//                                     reduce_bucket_size → --ddp-bucket-size)
+//   fp16.enabled, loss_scale (0: dynamic), initial_scale_power, loss_scale_window,
+//   hysteresis, min_loss_scale      → --fp16, --loss-scale, --initial-loss-scale 2^p, …
+//   bf16.enabled                    → --bf16
+//   steps_per_print, wall_clock_breakdown and other display-only keys: accepted with a note
+// A key mpitron cannot honour is an error listing every such key; a value that
+// disagrees with a flag given on the command line is an error naming both.
+#pragma once
+#include <boost/program_options/variables_map.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mpitron {
+
+struct DeepSpeedConfig {
+  std::string file;
+  std::optional<int64_t> micro_batch, global_batch, grad_accum;
+  std::optional<double> clip_grad;
+  std::optional<int64_t> zero_stage;
+  std::optional<bool> overlap_comm;
+  std::optional<int64_t> reduce_bucket_size;
+  std::optional<bool> fp16, bf16;
+  std::optional<double> loss_scale;           // 0: dynamic
+  std::optional<int64_t> initial_scale_power;  // initial dynamic scale 2^p
+  std::optional<int64_t> loss_scale_window, hysteresis;
+  std::optional<double> min_loss_scale;
+  std::vector<std::string> notes;  // display-only keys: one start-up line each
+};
+
+// Reads and checks `path`. Throws mpitron::Error naming the file for unreadable
+// JSON, a wrong type or range, or keys that mpitron cannot honour (all listed).
+DeepSpeedConfig read_deepspeed_config(const std::string& path);
+
+struct TrainArgs;
+// Sets the options the JSON names. A flag given on the command line (in `vm`, not
+// defaulted) that disagrees with the JSON is an error naming both. Display-only
+// keys become start-up notes. gradient_accumulation_steps is checked later, once
+// the data-parallel size is known (check_deepspeed_batch).
+void apply_deepspeed_config(const DeepSpeedConfig& ds, const boost::program_options::variables_map& vm, TrainArgs& a);
+// train_batch_size = micro × gradient_accumulation_steps × dp, as DeepSpeed requires.
+void check_deepspeed_batch(const DeepSpeedConfig& ds, const TrainArgs& a);
+
+}  // namespace mpitron
