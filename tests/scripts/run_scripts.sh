@@ -13,7 +13,7 @@ export OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 python3 - "$SRC/assets/text/tinyshakespeare.txt" "$WORK/shakespeare.jsonl" <<'PY'
 import json, sys
-text = open(sys.argv[1], encoding="utf-8").read()[:200000]
+text = open(sys.argv[1], encoding="utf-8").read()
 with open(sys.argv[2], "w", encoding="utf-8") as f:
     for p in text.split("\n\n"):
         if p.strip():
