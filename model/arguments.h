@@ -37,6 +37,14 @@ struct TrainArgs {
   // precision and memory
   bool fp16 = false, bf16 = false;         // --fp16 / --bf16
   bool recompute_activations = false;      // --recompute-activations
+  // non-finite values and loss spikes (docs/training.md "NaN, Inf and spikes")
+  bool check_for_nan = true;               // --check-for-nan-in-loss-and-grad (default) / --no-…
+  double spike_zscore = 0;                 // --skip-spike-zscore Z: skip steps whose loss or grad norm is
+                                           //   more than Z standard deviations above the window's mean (0: off)
+  int64_t spike_window = 100;              // --spike-window N: moving window of accepted steps
+  int64_t spike_max_skips = 10;            // --spike-max-consecutive-skips N: error after N spike skips in a row
+  bool spike_rerun = false;                // --spike-rerun: on a spike, reload the newest checkpoint of --save
+                                           //   and go on with the data after the spike's batch
   // data
   std::vector<std::string> data_path;      // --data-path [W1] P1 [W2 P2 ...]
   std::string split = "969, 30, 1";        // --split
