@@ -322,6 +322,7 @@ int run(int argc, char** argv) {
   if (!parse_app_flags(argc, argv, d, vm, "text_generation_server")) return 0;
   MPT_CHECK(tp == 1 && pp == 1, "text_generation_server runs on one process: parallel sizes must be 1", "");
   MPT_CHECK(port >= 0 && port <= 65535, str("--port ", port, " is not a TCP port"), "");
+  MPT_CHECK(max_requests >= 0, str("--max-requests must be >= 0 (0: serve until SIGTERM), got ", max_requests), "");
   data::Tokenizer tok(vocab_file.empty() ? data::Tokenizer::default_vocab_file() : vocab_file,
                       merge_file.empty() ? data::Tokenizer::default_merges_file() : merge_file);
   const Device dev = cuda_available() ? Device::cuda(0) : Device::cpu();

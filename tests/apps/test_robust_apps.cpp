@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -100,6 +101,14 @@ TEST_CASE("generate_text: an input mode is required; --num-samples and --out-seq
                           log) == 0, slurp(log));
 }
 
+TEST_CASE("evaluate and text_generation_server: numeric flags") {
+  TempDir tmp("robust_eval");
+  fails_with("evaluate", "--task LAMBADA --valid-data x --load y --seq-length 0", "--seq-length must be >= 1", tmp);
+  fails_with("evaluate", "--task LAMBADA --valid-data x --load y --overlapping-eval -1", "--overlapping-eval", tmp);
+  fails_with("text_generation_server", "--load y --max-requests -1", "--max-requests", tmp);
+  fails_with("text_generation_server", "--load y --port 70000", "--port", tmp);
+}
+
 TEST_CASE("pretrain_gpt: numeric flags refused with exit 1; resuming past --train-iters says so") {
   TempDir tmp("robust_pretrain");
   {
@@ -115,6 +124,10 @@ TEST_CASE("pretrain_gpt: numeric flags refused with exit 1; resuming past --trai
   fails_with("pretrain_gpt", base + " --train-iters 2 --fp16 --initial-loss-scale 0", "--initial-loss-scale", tmp);
   fails_with("pretrain_gpt", base + " --train-iters 2 --split 90,-5,15", "--split", tmp);
   fails_with("pretrain_gpt", "--lr 1e-3 --train-iters 2 --num-layers 99999999999" + common, "cannot fit", tmp);
+  // A diverging run exits 1 naming the iteration, and leaves no checkpoint (issue: it exited 0 with a NaN one).
+  fails_with("pretrain_gpt", "--num-layers 1 --train-iters 30 --lr 1e6" + common + " --save " + tmp / "diverged",
+             "not finite", tmp);
+  CHECK(!std::filesystem::exists(tmp / "diverged/latest_checkpointed_iteration.txt"));
   const std::string save = " --save " + tmp / "ckpt";
   REQUIRE(run_app("pretrain_gpt", base + " --train-iters 3" + save, tmp / "a.log") == 0);
   const std::string log = tmp / "b.log";
