@@ -235,7 +235,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
          {"num-attention-heads", m.num_attention_heads, 1, big, ""},
          {"seq-length", m.seq_length, 1, big, ""},
          {"max-position-embeddings", m.max_position_embeddings, 1, big, ""},
-         {"make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, 1, big, ""},
+         {"make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, 1, 1 << 20, "the default is 128"},
          {"micro-batch-size", a.micro_batch_size, 1, big, ""},
          {"global-batch-size", a.global_batch_size, 1, big, "leave it out for micro batch x data-parallel size"},
          {"train-iters", a.train_iters, 1, big, ""},
@@ -356,6 +356,12 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   if (!vm.count("global-batch-size"))
     a.global_batch_size = checked_mul(a.micro_batch_size, a.data_parallel_size, "--micro-batch-size x data-parallel size");
   if (a.train_iters > 0) checked_mul(a.train_iters, a.global_batch_size, "--train-iters x --global-batch-size");
+  {  // the evaluation samples the run asks for (samples_per_split) must fit too
+    const int64_t iters = a.train_iters > 0 ? a.train_iters : a.train_samples / std::max<int64_t>(a.global_batch_size, 1) + 1;
+    const int64_t evals = iters / std::max<int64_t>(a.eval_interval, 1) + 1;
+    checked_mul(checked_mul(evals, a.eval_iters, "evaluations x --eval-iters"), a.global_batch_size,
+                "evaluation batches x --global-batch-size");
+  }
   need(a.global_batch_size % (a.micro_batch_size * a.data_parallel_size) == 0,
        str("--global-batch-size (", a.global_batch_size, ") is not divisible by --micro-batch-size (", a.micro_batch_size,
            ") × data-parallel size (", a.data_parallel_size, ")"),

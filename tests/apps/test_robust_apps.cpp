@@ -101,12 +101,16 @@ TEST_CASE("generate_text: an input mode is required; --num-samples and --out-seq
                           log) == 0, slurp(log));
 }
 
-TEST_CASE("evaluate and text_generation_server: numeric flags") {
+TEST_CASE("evaluate, convert_checkpoint and text_generation_server: numeric flags") {
   TempDir tmp("robust_eval");
   fails_with("evaluate", "--task LAMBADA --valid-data x --load y --seq-length 0", "--seq-length must be >= 1", tmp);
   fails_with("evaluate", "--task LAMBADA --valid-data x --load y --overlapping-eval -1", "--overlapping-eval", tmp);
   fails_with("text_generation_server", "--load y --max-requests -1", "--max-requests", tmp);
   fails_with("text_generation_server", "--load y --port 70000", "--port", tmp);
+  fails_with("convert_checkpoint", "--direction hf-to-mpitron --input x --output y --num-attention-heads 0",
+             "--num-attention-heads must be >= 1", tmp);
+  fails_with("convert_checkpoint", "--direction hf-to-mpitron --input x --output y --make-vocab-size-divisible-by 0",
+             "--make-vocab-size-divisible-by", tmp);
 }
 
 TEST_CASE("pretrain_gpt: numeric flags refused with exit 1; resuming past --train-iters says so") {

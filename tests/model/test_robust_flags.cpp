@@ -132,6 +132,8 @@ TEST_CASE("impossible sizes: integer overflow and models that cannot fit are ref
   rejected({"--micro-batch-size", "4611686018427387904"}, "--micro-batch-size");
   rejected({"--train-iters", "1000000000000", "--global-batch-size", "1000000000", "--micro-batch-size", "1"},
            "overflows");
+  rejected({"--eval-iters", "1000000000000", "--global-batch-size", "100000000", "--micro-batch-size", "1",
+            "--eval-interval", "1"}, "overflows");
   // --num-layers 99999999999: the memory check refuses it with the numbers, before the model exists.
   TrainArgs a;
   REQUIRE(parse_error({"--num-layers", "99999999999", "--device", "cpu"}, &a) == "");
