@@ -63,6 +63,10 @@ int run(int argc, char** argv) {
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "convert_checkpoint")) return 0;
   MPT_CHECK(tp == 1, str("--tensor-model-parallel-size ", tp, " is not supported yet"), "pass 1");
+  MPT_CHECK(!vm.count("num-attention-heads") || heads >= 1, str("--num-attention-heads must be >= 1, got ", heads),
+            "leave it out to read n_head from config.json");
+  MPT_CHECK(divisible_by >= 1 && divisible_by <= (1 << 20),
+            str("--make-vocab-size-divisible-by must be in [1, 1048576], got ", divisible_by), "the default is 128");
   if (direction == "hf-to-mpitron") {
     std::string st_path = input;
     if (is_dir(input)) {

@@ -78,6 +78,10 @@ bool parse(int argc, char** argv, Args& a) {
   MPT_CHECK(a.task == "WIKITEXT2" || a.task == "WIKITEXT103" || a.task == "LAMBADA",
             str("--task ", a.task, " is not supported"), "use WIKITEXT2, WIKITEXT103 or LAMBADA");
   MPT_CHECK(a.micro_batch_size >= 1, str("--micro-batch-size must be >= 1, got ", a.micro_batch_size), "");
+  // 0 never means "not set": leave the flag out for the checkpoint's length.
+  MPT_CHECK(!vm.count("seq-length") || a.seq_length >= 1, str("--seq-length must be >= 1, got ", a.seq_length),
+            "leave it out to use the checkpoint's seq_length");
+  MPT_CHECK(a.overlapping_eval >= 1, str("--overlapping-eval must be >= 1, got ", a.overlapping_eval), "");
   return true;
 }
 

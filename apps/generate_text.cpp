@@ -1,9 +1,10 @@
 // generate_text — sample text from a checkpoint (Megatron's tools/generate_samples_gpt.py flags).
 //   generate_text --load ckpt --sample-input-file prompts.txt --out-seq-length 64 --top_p 0.9 --genfile out.jsonl
 //   generate_text --load ckpt --num-samples 4 --temperature 0.8 --top_k 40 --seed 7
-//   generate_text --load ckpt            (stdin a terminal: interactive prompts; otherwise one prompt per stdin line)
-// --out-seq-length is the number of NEW tokens per prompt (Megatron's meaning), capped by the
-// model's max_position_embeddings. Decoding uses the KV cache of model/generate.h; sampling
+//   generate_text --load ckpt --interactive  (stdin a terminal: prompts asked for; otherwise one prompt per stdin line)
+// One input mode is required (--sample-input-file, --num-samples N >= 1 or --interactive).
+// --out-seq-length is the number of NEW tokens per prompt (Megatron's meaning); a prompt plus
+// --out-seq-length beyond the model's max_position_embeddings is an error, not a silent cap. Decoding uses the KV cache of model/generate.h; sampling
 // with the same --seed gives the same text. --greedy (or --top_k 1, or --temperature 0) is argmax.
 // Output: one JSON object per sample, {"prompt", "text" (generated only), "tokens" (generated
 // ids), "finished" (stopped at <|endoftext|>)}, written to --genfile or stdout.
@@ -31,6 +32,7 @@ namespace {
 struct Args {
   std::string load, sample_input_file, genfile, vocab_file, merge_file;
   int64_t num_samples = 0, out_seq_length = 64, micro_batch_size = 8;
+  bool interactive = false;
   SamplingParams sampling;
 };
 
@@ -41,6 +43,8 @@ bool parse(int argc, char** argv, Args& a) {
       ("load", po::value(&a.load)->required(), "checkpoint directory (pretrain_gpt --save, or convert_checkpoint output)")
       ("sample-input-file", po::value(&a.sample_input_file), "prompts, one per line (empty line: unconditional)")
       ("num-samples", po::value(&a.num_samples), "unconditional samples (no prompt file)")
+      ("interactive", po::bool_switch(&a.interactive),
+       "prompts from stdin: asked for on a terminal (\"stop\" ends), else one per line")
       ("out-seq-length", po::value(&a.out_seq_length), "new tokens per sample (default 64)")
       ("temperature", po::value(&a.sampling.temperature), "logits / temperature (default 1.0; 0: greedy)")
       ("top_k", po::value(&a.sampling.top_k), "sample among the k most likely tokens (default 0: all)")
@@ -57,8 +61,13 @@ bool parse(int argc, char** argv, Args& a) {
   if (!parse_app_flags(argc, argv, d, vm, "generate_text")) return false;
   MPT_CHECK(tp == 1 && pp == 1, "generate_text runs on one process: tensor/pipeline parallel sizes must be 1",
             "checkpoints are stored unsharded, so any checkpoint loads on one process");
-  MPT_CHECK(a.sample_input_file.empty() || a.num_samples == 0, "--sample-input-file and --num-samples exclude each other",
-            "pass one of them");
+  MPT_CHECK(!vm.count("num-samples") || a.num_samples >= 1,
+            str("--num-samples must be >= 1, got ", a.num_samples), "");
+  const int modes = !a.sample_input_file.empty() + (vm.count("num-samples") > 0) + a.interactive;
+  MPT_CHECK(modes == 1,
+            modes == 0 ? "generate_text needs an input mode: --sample-input-file FILE, --num-samples N or --interactive"
+                       : "--sample-input-file, --num-samples and --interactive exclude each other",
+            "pass exactly one of them");
   MPT_CHECK(a.out_seq_length >= 1, str("--out-seq-length must be >= 1, got ", a.out_seq_length), "");
   MPT_CHECK(a.micro_batch_size >= 1, str("--micro-batch-size must be >= 1, got ", a.micro_batch_size), "");
   a.sampling.validate();
@@ -73,7 +82,17 @@ class Generator {
   // Generates for prompts (strings) and writes one JSON line each.
   void run(const std::vector<std::string>& prompts) {
     std::vector<std::vector<int32_t>> ids;
-    for (const std::string& p : prompts) ids.push_back(enc_->encode(p));
+    const int64_t P = model_.config().max_position_embeddings;
+    for (const std::string& p : prompts) {
+      ids.push_back(enc_->encode(p));
+      const int64_t T = std::max<int64_t>(1, static_cast<int64_t>(ids.back().size()));  // empty: starts at <|endoftext|>
+      MPT_CHECK(T + a_.out_seq_length <= P,
+                str("prompt ", prompts_seen_ + static_cast<int64_t>(ids.size()), " (", T, " tokens) + --out-seq-length ",
+                    a_.out_seq_length, " = ", T + a_.out_seq_length,
+                    " tokens exceeds the model's context (max_position_embeddings ", P, ")"),
+                str("lower --out-seq-length to at most ", P - T, " or shorten the prompt"));
+    }
+    prompts_seen_ += static_cast<int64_t>(prompts.size());
     GenerateOptions o;
     o.max_new_tokens = a_.out_seq_length;
     o.eod = tok_.eod();
@@ -97,6 +116,7 @@ class Generator {
   std::unique_ptr<data::Encoder> enc_;
   std::ostream& out_;
   uint64_t batches_ = 0;
+  int64_t prompts_seen_ = 0;
 };
 
 void run(const Args& a) {
@@ -127,7 +147,7 @@ void run(const Args& a) {
     std::vector<std::string> prompts;
     for (std::string line; std::getline(f, line);) prompts.push_back(line);
     batched(prompts);
-  } else if (isatty(STDIN_FILENO)) {
+  } else if (a.interactive && isatty(STDIN_FILENO)) {
     for (;;) {
       std::fprintf(stderr, "Context prompt (stop to exit) >>> ");
       std::string line;

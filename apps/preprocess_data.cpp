@@ -13,7 +13,10 @@
 // or are skipped and counted (--on-error skip); either way the line number is
 // reported. Blank lines are skipped (Megatron would crash on them).
 #include <boost/program_options.hpp>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -143,12 +146,23 @@ int run(const Options& opt) {
   MPT_CHECK(opt.on_error == "fail" || opt.on_error == "skip",
             str("--on-error '", opt.on_error, "' must be 'fail' or 'skip'"), "");
   MPT_CHECK(!opt.json_keys.empty(), "--json-keys is empty", "");
+  MPT_CHECK(std::isfinite(opt.chunk_mb) && opt.chunk_mb > 0 && opt.chunk_mb <= 65536,
+            str("--chunk-mb must be a number in (0, 65536], got ", opt.chunk_mb),
+            "the default 16 reads 16 MB of input per step; fractions such as 0.5 are allowed");
+  MPT_CHECK(opt.log_interval >= 0, str("--log-interval must be >= 0 (0: no progress lines), got ", opt.log_interval),
+            "");
+  {
+    std::error_code ec;
+    MPT_CHECK(!std::filesystem::is_directory(opt.input, ec),
+              str("--input '", opt.input, "' is a directory"),
+              "give one JSON-lines file (run once per file, then merge_datasets to join the outputs)");
+  }
   Tokenizer tok(opt.vocab_file, opt.merge_file);
   std::vector<std::unique_ptr<Encoder>> encoders;
   for (int w = 0; w < opt.workers; ++w) encoders.push_back(tok.make_encoder());
 
   std::ifstream in(opt.input, std::ios::binary);
-  MPT_CHECK(in.good(), str("cannot open --input '", opt.input, "'"), "");
+  MPT_CHECK(in.good(), str("cannot open --input '", opt.input, "'"), "check the path");
   const DType dtype = token_dtype_for_vocab(tok.vocab_size());
   std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
   for (const auto& key : opt.json_keys)
@@ -163,20 +177,31 @@ int run(const Options& opt) {
   Timer timer;
   bool eof = false;
   while (!eof) {
-    // Read the next chunk and cut it after its last newline.
+    // Read the next chunk and cut it after its last newline. A line longer than
+    // the chunk grows the read geometrically and only the new bytes are searched
+    // for a newline, so one 50 MB line costs linear time whatever --chunk-mb.
     buf.swap(carry);
     carry.clear();
-    size_t old = buf.size();
-    buf.resize(old + chunk_bytes);
-    in.read(&buf[old], static_cast<std::streamsize>(chunk_bytes));
-    buf.resize(old + static_cast<size_t>(in.gcount()));
-    eof = !in;
-    if (!eof) {
-      size_t nl = buf.rfind('\n');
-      if (nl == std::string::npos) {  // a line longer than the chunk: keep reading
-        carry.swap(buf);
-        continue;
+    size_t searched = buf.size();  // the carried bytes hold no newline
+    size_t want = std::max(chunk_bytes, buf.size());
+    size_t nl = std::string::npos;
+    while (true) {
+      const size_t old = buf.size();
+      buf.resize(old + want);
+      in.read(&buf[old], static_cast<std::streamsize>(want));
+      buf.resize(old + static_cast<size_t>(in.gcount()));
+      eof = !in;
+      MPT_CHECK(!in.bad(), str("--input '", opt.input, "': read error after ", bytes + buf.size(), " bytes"), "");
+      if (eof) break;
+      const void* p = memrchr(buf.data() + searched, '\n', buf.size() - searched);
+      if (p) {
+        nl = static_cast<size_t>(static_cast<const char*>(p) - buf.data());
+        break;
       }
+      searched = buf.size();
+      want = buf.size();  // double
+    }
+    if (!eof) {
       carry.assign(buf, nl + 1, std::string::npos);
       buf.resize(nl + 1);
     }

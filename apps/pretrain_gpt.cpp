@@ -67,8 +67,12 @@ int main(int argc, char** argv) {
       if (rank != 0) data = make_gpt_data(args, tok.vocab_size());
       Trainer trainer(args, data, par);
       const TrainSummary s = trainer.run();
-      log_info("done: ", s.iterations, " iterations; train loss ", s.first_loss, " -> ", s.last_loss,
-               s.valid_loss > 0 ? str("; validation loss ", s.valid_loss, " (perplexity ", s.valid_ppl, ")") : "");
+      if (s.steps_run == 0)
+        log_info("done: nothing trained: the run was already at iteration ", s.iterations, ", its end");
+      else
+        log_info("done: ", s.iterations, " iterations; train loss ", s.first_loss, " -> ", s.last_loss,
+                 s.valid_loss > 0 ? str("; validation loss ", s.valid_loss, " (perplexity ", s.valid_ppl, ")") : "",
+                 s.spike_skips ? str("; ", s.spike_skips, " spike steps skipped (", s.spike_reruns, " reruns)") : "");
       if (!s.checkpoint_dir.empty()) log_info("checkpoint: ", s.checkpoint_dir);
       if (!args.tensorboard_dir.empty()) log_info("tensorboard events and metrics.jsonl: ", args.tensorboard_dir);
     }

@@ -10,7 +10,8 @@
 //   top_p               number in [0, 1] (default 0.0)   top_k and top_p may not both be set
 //   logprobs            bool (default false): also return each generated token's log-probability
 //   random_seed         int >= 0 (default: the server's --seed)
-// Other fields are ignored, as Megatron does. Answer 200 with
+// Any other field is a 400 naming it (Megatron's other fields — add_BOS, beam_width, … —
+// are not built here; a misspelt field must not let a default apply silently). Answer 200 with
 //   {"text": [prompt + generated text], "segments": [[token strings of prompt and generation]],
 //    "logprobs": [[...]] (only when asked)}
 // A bad request gets 400 with the reason as text/plain, any other path 404, another
@@ -201,6 +202,19 @@ class Api {
       throw bad(str("the body is not valid JSON: ", e.what()));
     }
     if (!j.is_object()) throw bad("the body must be a JSON object");
+    static const char* const kFields[] = {"prompts", "tokens_to_generate", "temperature", "top_k",
+                                          "top_p",   "logprobs",           "random_seed"};
+    static const char* const kMegatronOnly[] = {"add_BOS", "all_probs", "top_p_decay", "top_p_bound",
+                                                "stop_on_double_eol", "stop_on_eol", "prevent_newline_after_colon",
+                                                "no_log", "beam_width", "length_penalty", "stop_token"};
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      const std::string& k = it.key();
+      if (std::find(std::begin(kFields), std::end(kFields), k) != std::end(kFields)) continue;
+      if (std::find(std::begin(kMegatronOnly), std::end(kMegatronOnly), k) != std::end(kMegatronOnly))
+        throw bad(str("field '", k, "' is not supported by this server"));
+      throw bad(str("unknown field '", k, "'; the fields are prompts, tokens_to_generate, temperature, top_k, top_p, "
+                    "logprobs, random_seed"));
+    }
     if (!j.contains("prompts")) throw bad("prompts argument required");
     const auto& jp = j["prompts"];
     if (!jp.is_array()) throw bad("prompts is not a list of strings");
@@ -217,9 +231,14 @@ class Api {
     o.sampling.seed = seed_;
     if (j.contains("tokens_to_generate")) {
       const auto& v = j["tokens_to_generate"];
-      if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0))
         throw bad("tokens_to_generate must be an integer greater than or equal to 0");
-      o.max_new_tokens = v.get<int64_t>();
+      // Bounded by the context before any arithmetic (2^63 - 1 must not overflow the length check).
+      const int64_t P = model_.config().max_position_embeddings;
+      if (v.get<uint64_t>() > static_cast<uint64_t>(P))
+        throw bad(str("tokens_to_generate ", v.dump(), " exceeds the model's context (max_position_embeddings ", P,
+                      ")"));
+      o.max_new_tokens = static_cast<int64_t>(v.get<uint64_t>());
     }
     bool logprobs = false;
     if (j.contains("logprobs")) {
@@ -234,7 +253,9 @@ class Api {
     }
     if (j.contains("top_k")) {
       const auto& v = j["top_k"];
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 1000)
+      const bool ok = v.is_number_integer() && (v.is_number_unsigned() ? v.get<uint64_t>() <= 1000
+                                                                         : v.get<int64_t>() >= 0 && v.get<int64_t>() <= 1000);
+      if (!ok)
         throw bad("top_k must be an integer equal to or greater than 0 and less than or equal to 1000");
       o.sampling.top_k = v.get<int64_t>();
     }
@@ -247,7 +268,8 @@ class Api {
     if (o.sampling.top_k > 0 && o.sampling.top_p > 0.0f) throw bad("cannot set both top-k and top-p samplings.");
     if (j.contains("random_seed")) {
       const auto& v = j["random_seed"];
-      if (!v.is_number_integer() || v.get<int64_t>() < 0) throw bad("random_seed must be a non-negative integer");
+      if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0))
+        throw bad("random_seed must be a non-negative integer");
       o.sampling.seed = v.get<uint64_t>();
     }
     std::vector<std::vector<int32_t>> ids;
@@ -300,6 +322,7 @@ int run(int argc, char** argv) {
   if (!parse_app_flags(argc, argv, d, vm, "text_generation_server")) return 0;
   MPT_CHECK(tp == 1 && pp == 1, "text_generation_server runs on one process: parallel sizes must be 1", "");
   MPT_CHECK(port >= 0 && port <= 65535, str("--port ", port, " is not a TCP port"), "");
+  MPT_CHECK(max_requests >= 0, str("--max-requests must be >= 0 (0: serve until SIGTERM), got ", max_requests), "");
   data::Tokenizer tok(vocab_file.empty() ? data::Tokenizer::default_vocab_file() : vocab_file,
                       merge_file.empty() ? data::Tokenizer::default_merges_file() : merge_file);
   const Device dev = cuda_available() ? Device::cuda(0) : Device::cpu();

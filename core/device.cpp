@@ -1,7 +1,11 @@
 #include "core/device.h"
+#include "core/device_memory.h"
 
 #include <chrono>
 #include <mutex>
+
+#include <unistd.h>
+#include <cstdint>
 
 #include "core/error.h"
 
@@ -72,6 +76,23 @@ int cuda_current_device() {
 #else
   return -1;
 #endif
+}
+
+int64_t device_memory_bytes(const Device& d) {
+#ifdef MPITRON_WITH_CUDA
+  if (d.is_cuda() && cuda_available()) {
+    size_t free_b = 0, total_b = 0;
+    int prev = 0;
+    MPT_CUDA_OK(cudaGetDevice(&prev));
+    MPT_CUDA_OK(cudaSetDevice(d.index));
+    MPT_CUDA_OK(cudaMemGetInfo(&free_b, &total_b));
+    MPT_CUDA_OK(cudaSetDevice(prev));
+    return static_cast<int64_t>(total_b);
+  }
+#endif
+  (void)d;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : INT64_MAX;
 }
 
 Stream Stream::create() {

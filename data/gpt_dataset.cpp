@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <regex>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -75,24 +76,45 @@ uint64_t NumpyRandomState::random_interval(uint64_t max) {
 }
 
 // ---- split ----------------------------------------------------------------------------
-std::array<DocRange, 3> split_document_ranges(const std::string& split, int64_t num_documents, SplitRule rule) {
-  // Megatron: re.findall(r"[.0-9]+", split), padded with 0 to 3, normalised.
+std::vector<double> parse_split_weights(const std::string& split) {
+  // Megatron finds the numbers with re.findall(r"[.0-9]+"), which reads "90,-5,15" as
+  // 90,5,15 and "nan,5,5" as 5,5: here every comma- (or '/'-) separated field must
+  // be a finite number >= 0.
   std::vector<double> w;
-  std::regex number(R"([.0-9]+)");
-  for (auto it = std::sregex_iterator(split.begin(), split.end(), number); it != std::sregex_iterator(); ++it) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(it->str(), &used);
-    } catch (const std::exception&) {
-      used = 0;
+  const char* hint = "use e.g. --split 969,30,1 (up to three weights >= 0, comma-separated)";
+  size_t start = 0;
+  while (start <= split.size()) {
+    size_t end = split.find_first_of(",/", start);
+    if (end == std::string::npos) end = split.size();
+    std::istringstream fields(split.substr(start, end - start));  // "0.8 0.1 0.1" is space-separated
+    std::string field;
+    int in_field = 0;
+    while (fields >> field) {
+      double v = 0;
+      size_t used = 0;
+      try {
+        v = std::stod(field, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      MPT_CHECK(used == field.size(), str("--split '", split, "': '", field, "' is not a number"), hint);
+      MPT_CHECK(std::isfinite(v) && v >= 0, str("--split '", split, "': weight ", field, " must be finite and >= 0"),
+                hint);
+      w.push_back(v);
+      ++in_field;
     }
-    MPT_CHECK(used == it->str().size(), str("--split '", split, "': '", it->str(), "' is not a number"),
-              "use e.g. --split 969,30,1");
-    w.push_back(v);
+    MPT_CHECK(in_field > 0, str("--split '", split, "' has an empty field"), hint);
+    start = end + 1;
   }
-  MPT_CHECK(!w.empty() && w.size() <= 3, str("--split '", split, "' must hold 1 to 3 weights (train,valid,test)"),
-            "use e.g. --split 969,30,1");
+  MPT_CHECK(!w.empty() && w.size() <= 3, str("--split '", split, "' must hold 1 to 3 weights (train,valid,test)"), hint);
+  MPT_CHECK(w[0] + (w.size() > 1 ? w[1] : 0) + (w.size() > 2 ? w[2] : 0) > 0, str("--split '", split, "' sums to 0"),
+            hint);
+  return w;
+}
+
+std::array<DocRange, 3> split_document_ranges(const std::string& split, int64_t num_documents, SplitRule rule) {
+  // Megatron: the numbers of split, padded with 0 to 3, normalised.
+  std::vector<double> w = parse_split_weights(split);
   w.resize(3, 0.0);
   const double sum = w[0] + w[1] + w[2];
   MPT_CHECK(sum > 0, str("--split '", split, "' sums to 0"), "use e.g. --split 969,30,1");

@@ -62,6 +62,8 @@ struct DocRange {
 //   Legacy (Megatron-DeepSpeed, Megatron-LM before megatron-core):
 //     b[k+1] = b[k] + round(w[k]·N), then b[1..3] -= b[3] − N.
 enum class SplitRule { MegatronCore, Legacy };
+// The 1 to 3 weights of a --split string ("969, 30, 1"); each must be a finite number >= 0.
+std::vector<double> parse_split_weights(const std::string& split);
 std::array<DocRange, 3> split_document_ranges(const std::string& split, int64_t num_documents,
                                               SplitRule rule = SplitRule::MegatronCore);
 

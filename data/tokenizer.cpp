@@ -193,6 +193,7 @@ Tokenizer::Tokenizer(const std::string& vocab_file, const std::string& merges_fi
     pos = nl + 1;
   }
   merges_ = std::make_unique<MergeTable>(lines.size());
+  std::vector<bool> made(id_to_bytes_.size(), false);  // vocab ids some merge produces
   uint32_t rank = 0;
   std::string a, b;
   for (size_t li = 0; li < lines.size(); ++li) {
@@ -214,7 +215,23 @@ Tokenizer::Tokenizer(const std::string& vocab_file, const std::string& merges_fi
                   "' uses or makes a token missing from the vocab '", vocab_file, "'"),
               "vocab and merges files must come from the same tokenizer");
     merges_->insert(MergeTable::key(ia->second, ib->second), rank++, im->second);
+    made[static_cast<size_t>(im->second)] = true;
   }
+  // Sanity: in a byte-level BPE every vocab token of two or more bytes is made
+  // by a merge (GPT-2: 256 bytes + 50000 merges + <|endoftext|> = 50257). A
+  // truncated merges file leaves tokens unreachable and would tokenize differently.
+  int64_t unreachable = 0;
+  std::string first_unreachable;
+  for (size_t id = 0; id < id_to_bytes_.size(); ++id) {
+    if (static_cast<int32_t>(id) == eod_ || id_to_bytes_[id].size() < 2 || made[id]) continue;
+    if (unreachable++ == 0) first_unreachable = id_to_bytes_[id];
+  }
+  MPT_CHECK(unreachable == 0,
+            str("merges file '", merges_file, "' has ", rank, " merges, but ", unreachable, " of the ",
+                id_to_bytes_.size(), " tokens of the vocab '", vocab_file, "' are made by none of them (e.g. '",
+                first_unreachable, "', id ", bytes_to_id.at(first_unreachable), "): the merges file is truncated ",
+                "or belongs to another vocab"),
+            "use the merges file that came with the vocab (GPT-2: 50000 merges for 50257 tokens)");
 
   int err = 0;
   PCRE2_SIZE erroff = 0;

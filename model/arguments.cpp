@@ -1,7 +1,9 @@
 #include "model/arguments.h"
 
 #include <boost/program_options.hpp>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <iostream>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -11,6 +13,7 @@
 #include "model/deepspeed_config.h"
 #include "model/inference_load.h"
 #include "model/megatron_compat.h"
+#include "data/gpt_dataset.h"
 #include "parallel/schedule.h"
 
 namespace po = boost::program_options;
@@ -53,6 +56,16 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("recompute-method", po::value<std::string>(),
        "with full: uniform (every block) or block (the first --recompute-num-layers blocks of each chunk)")
       ("recompute-num-layers", po::value<int64_t>(), "uniform: 1 (per-block recompute); block: blocks per chunk")
+      ("check-for-nan-in-loss-and-grad", po::bool_switch(),
+       "stop with an error on a non-finite loss or gradient norm (the default; fp16 skips the step instead)")
+      ("no-check-for-nan-in-loss-and-grad", po::bool_switch(), "do not check the loss and gradient norm for NaN/Inf")
+      ("skip-spike-zscore", po::value(&a.spike_zscore),
+       "skip a step whose loss or grad norm is more than Z standard deviations above the --spike-window mean")
+      ("spike-window", po::value(&a.spike_window)->default_value(100), "accepted steps in the spike statistics")
+      ("spike-max-consecutive-skips", po::value(&a.spike_max_skips)->default_value(10),
+       "error after this many spike skips in a row")
+      ("spike-rerun", po::bool_switch(&a.spike_rerun),
+       "on a spike, reload the newest checkpoint of --save and go on with the data after the spike")
       ("seed", po::value(&a.seed)->default_value(1234), "random seed");
   lr.add_options()
       ("lr", po::value(&a.lr)->required(), "peak learning rate")
@@ -171,6 +184,50 @@ void apply_recompute_flags(const po::variables_map& vm, TrainArgs& a) {
   if (method == "block") a.recompute_num_layers = n;
 }
 
+// One numeric flag's allowed range. Every float must also be finite (boost
+// parses "nan" and "inf"). A flag with `only_if_given` is checked only when it
+// was given (its default stands for "derived from other flags"), so an explicit
+// 0 is rejected instead of silently meaning "not set".
+struct FloatRange {
+  const char* flag;
+  double value, lo, hi;
+  bool lo_open, hi_open;
+  const char* hint;
+};
+struct IntRange {
+  const char* flag;
+  int64_t value, lo, hi;
+  const char* hint;
+};
+
+std::string interval(double lo, double hi, bool lo_open, bool hi_open) {
+  auto num = [](double v) { return std::isinf(v) ? std::string(v > 0 ? "inf" : "-inf") : str(v); };
+  return str(lo_open ? "(" : "[", num(lo), ", ", num(hi), hi_open ? ")" : "]");
+}
+
+void check_ranges(const po::variables_map& vm, const std::vector<FloatRange>& floats, const std::vector<IntRange>& ints) {
+  for (const FloatRange& r : floats) {
+    if (!vm.count(r.flag)) continue;
+    const bool in = std::isfinite(r.value) && (r.lo_open ? r.value > r.lo : r.value >= r.lo) &&
+                    (r.hi_open ? r.value < r.hi : r.value <= r.hi);
+    need(in, str("--", r.flag, " must be a finite number in ", interval(r.lo, r.hi, r.lo_open, r.hi_open), ", got ",
+                 r.value), r.hint);
+  }
+  for (const IntRange& r : ints) {
+    if (!vm.count(r.flag)) continue;
+    need(r.value >= r.lo && r.value <= r.hi,
+         str("--", r.flag, " must be in [", r.lo, ", ", r.hi, "], got ", r.value), r.hint);
+  }
+}
+
+// a × b, or an error naming what overflowed.
+int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
+  int64_t out = 0;
+  need(!__builtin_mul_overflow(a, b, &out), str(what, " (", a, " x ", b, ") overflows a 64-bit integer"),
+       "use realistic sizes");
+  return out;
+}
+
 }  // namespace
 
 bool parse_train_args(int argc, char** argv, TrainArgs& a) {
@@ -226,6 +283,73 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
          "add --deepspeed (as DeepSpeed itself requires) or drop --deepspeed_config");
   }
   apply_recompute_flags(vm, a);
+  // Every numeric flag: finite, in range, and 0 only where 0 means 0.
+  {
+    const double inf = std::numeric_limits<double>::infinity();
+    const int64_t big = int64_t{1} << 40, huge = std::numeric_limits<int64_t>::max();
+    const GPTConfig& m = a.model;
+    check_ranges(
+        vm,
+        {{"init-method-std", m.init_method_std, 0, inf, true, false, ""},
+         {"hidden-dropout", m.hidden_dropout, 0, 1, false, true, ""},
+         {"attention-dropout", m.attention_dropout, 0, 1, false, true, ""},
+         {"layernorm-epsilon", m.layernorm_epsilon, 0, inf, true, false, "Megatron's default is 1e-5"},
+         {"clip-grad", a.optim.clip_grad, 0, inf, false, false, "0 turns clipping off"},
+         {"weight-decay", a.optim.weight_decay, 0, inf, false, false, "0 turns weight decay off"},
+         {"adam-beta1", a.optim.beta1, 0, 1, false, true, "the default is 0.9"},
+         {"adam-beta2", a.optim.beta2, 0, 1, false, true, "the default is 0.999"},
+         {"adam-eps", a.optim.eps, 0, inf, true, false, "the default is 1e-8"},
+         {"lr", a.lr, 0, inf, false, false, ""},
+         {"min-lr", a.min_lr, 0, a.lr, false, false, "--min-lr is a floor below --lr"},
+         {"lr-warmup-fraction", a.lr_warmup_fraction, 0, 1, false, false, ""},
+         {"loss-scale", a.scaler.constant, 0, inf, true, false, "a static fp16 loss scale, e.g. 128"},
+         {"initial-loss-scale", a.scaler.initial_scale, 0, inf, true, false, "a power of two, e.g. 65536"},
+         {"min-loss-scale", a.scaler.min_scale, 0, a.scaler.initial_scale, true, false,
+          "a power of two no larger than --initial-loss-scale"},
+         {"exit-duration-in-mins", a.exit_duration_in_mins, 0, inf, true, false, ""},
+         {"skip-spike-zscore", a.spike_zscore, 0, inf, true, false, "e.g. 6 (leave it out to turn spike skipping off)"}},
+        {{"num-layers", m.num_layers, 1, big, ""},
+         {"hidden-size", m.hidden_size, 1, big, ""},
+         {"ffn-hidden-size", m.ffn_hidden_size, 1, big, "leave it out for 4 x --hidden-size"},
+         {"num-attention-heads", m.num_attention_heads, 1, big, ""},
+         {"seq-length", m.seq_length, 1, big, ""},
+         {"max-position-embeddings", m.max_position_embeddings, 1, big, ""},
+         {"make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, 1, 1 << 20, "the default is 128"},
+         {"micro-batch-size", a.micro_batch_size, 1, big, ""},
+         {"global-batch-size", a.global_batch_size, 1, big, "leave it out for micro batch x data-parallel size"},
+         {"train-iters", a.train_iters, 1, big, ""},
+         {"train-samples", a.train_samples, 1, big, ""},
+         {"lr-decay-iters", a.lr_decay_iters, 1, big, "leave it out to decay over --train-iters"},
+         {"lr-decay-samples", a.lr_decay_samples, 1, big, "leave it out to decay over --train-samples"},
+         {"lr-warmup-iters", a.lr_warmup_iters, 0, big, ""},
+         {"lr-warmup-samples", a.lr_warmup_samples, 0, big, ""},
+         {"loss-scale-window", a.scaler.window, 1, big, ""},
+         {"hysteresis", a.scaler.hysteresis, 1, big, "overflows tolerated before the scale halves; the default is 2"},
+         {"log-interval", a.log_interval, 1, huge, ""},
+         {"eval-interval", a.eval_interval, 1, huge, ""},
+         {"eval-iters", a.eval_iters, 0, big, "0 turns evaluation off"},
+         {"exit-interval", a.exit_interval, 1, huge, ""},
+         {"save-interval", a.save_interval, 1, huge, "leave it out to save only at the end"},
+         {"keep-last", a.keep_last, 0, huge, "0 keeps every checkpoint"},
+         {"tensor-model-parallel-size", a.tensor_model_parallel_size, 1, 1 << 20, ""},
+         {"pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1, 1 << 20, ""},
+         {"num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage, 1, big, ""},
+         {"zero-stage", a.zero_stage, 0, 2, ""},
+         {"ddp-bucket-size", a.ddp_bucket_size, 0, huge, "0 means one bucket"},
+         {"spike-window", a.spike_window, 2, big, ""},
+         {"spike-max-consecutive-skips", a.spike_max_skips, 1, big, ""}});
+  }
+  {
+    const bool on = vm["check-for-nan-in-loss-and-grad"].as<bool>();
+    const bool off = vm["no-check-for-nan-in-loss-and-grad"].as<bool>();
+    need(!(on && off), "--check-for-nan-in-loss-and-grad and --no-check-for-nan-in-loss-and-grad were both given",
+         "pick one");
+    a.check_for_nan = !off;
+  }
+  need(!a.spike_rerun || vm.count("skip-spike-zscore"), "--spike-rerun needs --skip-spike-zscore",
+       "give the z-score threshold that defines a spike");
+  need(!a.spike_rerun || !a.save.empty(), "--spike-rerun reloads the newest checkpoint of --save, but --save is not given",
+       "add --save DIR (and --save-interval)");
 
   if (vm.count("use-distributed-optimizer") && vm["use-distributed-optimizer"].as<bool>()) {
     if (a.zero_stage == 0) a.zero_stage = 1;
@@ -247,7 +371,19 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
            "give it, or --use-checkpoint-args with --load to take the model flags from a checkpoint");
     if (!vm.count("max-position-embeddings")) m.max_position_embeddings = m.seq_length;
   }
-  for (const std::string& t : rampup_tokens) a.rampup_batch_size.push_back(std::stoll(t));
+  for (const std::string& t : rampup_tokens) {
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    need(used == t.size() && v >= 1, str("--rampup-batch-size: '", t, "' is not an integer >= 1"),
+         "e.g. --rampup-batch-size 16 16 1000");
+    a.rampup_batch_size.push_back(v);
+  }
+  data::parse_split_weights(a.split);  // each weight finite and >= 0
   need(a.rampup_batch_size.empty() || a.rampup_batch_size.size() == 3,
        "--rampup-batch-size takes three numbers: START INCREMENT SAMPLES", "e.g. --rampup-batch-size 16 16 1000");
 
@@ -259,6 +395,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   const int64_t tp = a.tensor_model_parallel_size, pp = a.pipeline_model_parallel_size;
   need(tp >= 1 && pp >= 1, str("--tensor-model-parallel-size (", tp, ") and --pipeline-model-parallel-size (", pp,
                                ") must be >= 1"));
+  checked_mul(a.micro_batch_size, a.model.seq_length, "--micro-batch-size x --seq-length");
   if (a.world_size > 0) {
     need(a.world_size % (tp * pp) == 0,
          str("world size ", a.world_size, " is not divisible by --tensor-model-parallel-size ", tp,
@@ -305,13 +442,22 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
        "use auto, cpu or cuda");
   need((a.train_iters > 0) != (a.train_samples > 0), "give exactly one of --train-iters and --train-samples", "");
   need(a.micro_batch_size >= 1, str("--micro-batch-size must be >= 1, got ", a.micro_batch_size));
-  if (ds && ds->grad_accum && a.global_batch_size == 0)
-    a.global_batch_size = a.micro_batch_size * *ds->grad_accum * a.data_parallel_size;
+  if (ds && ds->grad_accum && !ds->global_batch && !vm.count("global-batch-size"))
+    a.global_batch_size = checked_mul(checked_mul(a.micro_batch_size, *ds->grad_accum, "DeepSpeed micro batch x accumulation"),
+                                      a.data_parallel_size, "DeepSpeed micro batch x accumulation x data-parallel size");
+  else if (!vm.count("global-batch-size") && !(ds && ds->global_batch))
+    a.global_batch_size = checked_mul(a.micro_batch_size, a.data_parallel_size, "--micro-batch-size x data-parallel size");
+  if (ds) check_deepspeed_batch(*ds, a);
   if (a.zero_stage > 0 && a.data_parallel_size == 1)
     a.startup_notes.push_back(str("--zero-stage ", a.zero_stage, " / --use-distributed-optimizer with one data-parallel "
                                   "rank: nothing to shard, the optimizer keeps its whole state (same numbers)"));
-  if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * a.data_parallel_size;
-  if (ds) check_deepspeed_batch(*ds, a);
+  if (a.train_iters > 0) checked_mul(a.train_iters, a.global_batch_size, "--train-iters x --global-batch-size");
+  {  // the evaluation samples the run asks for (samples_per_split) must fit too
+    const int64_t iters = a.train_iters > 0 ? a.train_iters : a.train_samples / std::max<int64_t>(a.global_batch_size, 1) + 1;
+    const int64_t evals = iters / std::max<int64_t>(a.eval_interval, 1) + 1;
+    checked_mul(checked_mul(evals, a.eval_iters, "evaluations x --eval-iters"), a.global_batch_size,
+                "evaluation batches x --global-batch-size");
+  }
   need(a.global_batch_size % (a.micro_batch_size * a.data_parallel_size) == 0,
        str("--global-batch-size (", a.global_batch_size, ") is not divisible by --micro-batch-size (", a.micro_batch_size,
            ") × data-parallel size (", a.data_parallel_size, ")"),

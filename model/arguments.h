@@ -40,6 +40,14 @@ struct TrainArgs {
                                            //   --checkpoint-activations): recompute blocks in backward
   int64_t recompute_num_layers = 0;        // --recompute-method block --recompute-num-layers N: only the
                                            //   first N blocks of each model chunk (0: every block)
+  // non-finite values and loss spikes (docs/training.md "NaN, Inf and spikes")
+  bool check_for_nan = true;               // --check-for-nan-in-loss-and-grad (default) / --no-…
+  double spike_zscore = 0;                 // --skip-spike-zscore Z: skip steps whose loss or grad norm is
+                                           //   more than Z standard deviations above the window's mean (0: off)
+  int64_t spike_window = 100;              // --spike-window N: moving window of accepted steps
+  int64_t spike_max_skips = 10;            // --spike-max-consecutive-skips N: error after N spike skips in a row
+  bool spike_rerun = false;                // --spike-rerun: on a spike, reload the newest checkpoint of --save
+                                           //   and go on with the data after the spike's batch
   // data
   std::vector<std::string> data_path;      // --data-path [W1] P1 [W2 P2 ...]
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;  // --{train,valid,test}-data-path:

@@ -20,6 +20,36 @@ std::string MemoryEstimate::to_string() const {
   return buf;
 }
 
+void check_fits_memory(const GPTConfig& c, int64_t micro_batch, int tp, int pp, int dp, int zero_stage,
+                       int64_t capacity, const std::string& device_name) {
+  const double C = static_cast<double>(c.hidden_size), F = static_cast<double>(c.ffn());
+  const double L = static_cast<double>(c.num_layers), V = static_cast<double>(c.padded_vocab_size);
+  const double P_pos = static_cast<double>(c.max_position_embeddings) * C;
+  const double per_layer = 4 * C * C + 2 * C * F + F + 9 * C;
+  // The largest rank holds at least the average share.
+  const double params = (L * per_layer + V * C + P_pos + 2 * C) / (static_cast<double>(tp) * pp);
+  const double e = static_cast<double>(dtype_size(c.compute_dtype));
+  const double shard = zero_stage > 0 ? params / dp : params;
+  const double state = params * (e + 4) + shard * ((c.compute_dtype == DType::F32 ? 0 : 4) + 8);
+  const double N = static_cast<double>(micro_batch) * static_cast<double>(c.seq_length);
+  const double block = (4 * N * C / tp + 4 * N * C + 2 * N * F / tp) * e;
+  const double need = state + block;
+  const double cap = static_cast<double>(capacity);
+  MPT_CHECK(need <= cap,
+            str("the model cannot fit: one rank needs at least ", need / 1e9, " GB (", params,
+                " parameters x ", (state / std::max(params, 1.0)), " bytes of weights, gradients and optimizer state, + ",
+                block / 1e9, " GB of one block's activations) but ", device_name, " has ", cap / 1e9, " GB"),
+            "lower --num-layers / --hidden-size / --ffn-hidden-size / --micro-batch-size / --seq-length, or use more "
+            "ranks (tensor / pipeline parallelism, --use-distributed-optimizer)");
+}
+
+void check_estimate_fits(const MemoryEstimate& e, int64_t capacity, const std::string& device_name) {
+  MPT_CHECK(e.total() <= capacity,
+            str("the memory estimate per rank (", e.to_string(), ") exceeds the ",
+                static_cast<double>(capacity) / 1e6, " MB of ", device_name),
+            "lower the model or micro-batch size, use --recompute-activations, or use more ranks");
+}
+
 MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, int zero_stage, bool recompute,
                                const RankShard& r) {
   const int64_t P = r.params, C = c.hidden_size, F = c.ffn(), t = r.tp;

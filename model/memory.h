@@ -58,6 +58,16 @@ struct RankShard {
   int64_t recompute_layers = 0;   // with recompute: blocks of each chunk recomputed (0: all;
                                   //   --recompute-method block --recompute-num-layers N)
 };
+// Before anything is allocated: a lower bound of one rank's bytes (its share of
+// the weights, f32 gradients, master weights and Adam moments, plus one block's
+// saved activations), computed in double so absurd sizes (--num-layers
+// 99999999999) cannot overflow, against `capacity` bytes of `device_name`.
+// Throws, with the numbers, when it cannot fit.
+void check_fits_memory(const GPTConfig& c, int64_t micro_batch, int tp, int pp, int dp, int zero_stage,
+                       int64_t capacity, const std::string& device_name);
+// The full estimate (estimate_memory) against the capacity: the same refusal.
+void check_estimate_fits(const MemoryEstimate& e, int64_t capacity, const std::string& device_name);
+
 MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, int zero_stage, bool recompute,
                                const RankShard& r);
 

@@ -24,7 +24,7 @@ AdamWOptimizer::AdamWOptimizer(ParamSet& params, const OptimizerConfig& cfg, Com
   }
 }
 
-StepResult AdamWOptimizer::step(float lr, float loss_scale) {
+StepResult AdamWOptimizer::step(float lr, float loss_scale, const std::function<bool(double)>& veto) {
   StepResult r;
   double scaled_norm;
   bool all_canonical = true;
@@ -43,7 +43,8 @@ StepResult AdamWOptimizer::step(float lr, float loss_scale) {
     scaled_norm = std::sqrt(static_cast<double>(sq.item()));
   }
   r.grad_norm = scaled_norm / loss_scale;
-  if (!std::isfinite(scaled_norm)) {
+  const bool vetoed = veto && veto(r.grad_norm);
+  if (!std::isfinite(scaled_norm) || vetoed) {
     r.skipped = true;
     return r;
   }

@@ -6,6 +6,7 @@
 // Gradients arrive in the flat f32 grad buffer multiplied by the loss scale.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/params.h"
@@ -35,8 +36,12 @@ class AdamWOptimizer {
   // parameters, ParamInfo::canonical).
   AdamWOptimizer(ParamSet& params, const OptimizerConfig& cfg, Communicator* norm_group = nullptr);
 
-  // One update with learning rate lr; grads are divided by loss_scale.
-  StepResult step(float lr, float loss_scale);
+  // One update with learning rate lr; grads are divided by loss_scale. A
+  // non-finite gradient norm skips the update; so does `veto` returning true
+  // when given the (unscaled, unclipped) grad norm. Every rank of the norm
+  // group calls step and veto (a veto may run collectives; it must decide the
+  // same on every rank).
+  StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto = {});
 
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t s) { step_ = s; }
@@ -84,6 +89,9 @@ class LossScaler {
   State state() const { return {scale_, growth_tracker_, hysteresis_tracker_}; }
   void set_state(const State& s);
   bool enabled() const { return enabled_; }
+  // A static scale, or a dynamic one already at --min-loss-scale: an overflow
+  // now cannot be cured by scaling down.
+  bool at_minimum() const { return enabled_ && (cfg_.constant > 0 || scale_ <= cfg_.min_scale); }
 
  private:
   bool enabled_ = true;

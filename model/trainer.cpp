@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "core/device_memory.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "io/metrics_jsonl.h"
@@ -16,6 +17,7 @@
 #include "model/memory.h"
 #include "model/optimizer.h"
 #include "model/schedule.h"
+#include "model/step_guard.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_exec.h"
 #include "parallel/schedule_check.h"
@@ -84,6 +86,61 @@ struct Trainer::Impl {
   double peak = 0;
   int64_t total_iters = 0;
   std::map<int64_t, parallel::Schedule> schedules;  // pipeline schedule per micro-batch count
+  std::unique_ptr<StepGuard> guard;  // non-finite and spike checks of each step
+
+  // Bitwise OR of v over every rank: one verdict for all.
+  int world_or(int v) const {
+    if (world_comm() == MPI_COMM_NULL) return v;
+    int out = 0;
+    MPI_Allreduce(&v, &out, 1, MPI_INT, MPI_BOR, world_comm());
+    return out;
+  }
+
+  // Before a save: the weights and moments this rank holds are finite on every
+  // rank, or the run stops here (a checkpoint never holds NaN/Inf).
+  void check_state_finite() {
+    const OptimState s = local_state();
+    int bad = 0;
+    const char* names[3] = {"master weights", "Adam first moments", "Adam second moments"};
+    const Tensor* ts[3] = {&s.master, &s.exp_avg, &s.exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      if (!ts[k]->defined() || ts[k]->numel() == 0) continue;
+      const Tensor h = ts[k]->to(Device::cpu());
+      const float* p = h.data<float>();
+      for (int64_t i = 0, n = h.numel(); i < n; ++i)
+        if (!std::isfinite(p[i])) {
+          bad |= 1 << k;
+          break;
+        }
+    }
+    bad = world_or(bad);
+    if (!bad) return;
+    std::string what;
+    for (int k = 0; k < 3; ++k)
+      if (bad & (1 << k)) what += (what.empty() ? "" : ", ") + std::string(names[k]);
+    MPT_THROW(str("iteration ", st.iteration, ": the ", what, " hold NaN or Inf; not saving a checkpoint"),
+              "the run diverged: lower --lr or --init-method-std, or resume from the last good checkpoint");
+  }
+
+  // --spike-rerun: back to the newest checkpoint of --save; the data goes on
+  // after the spike's batch (the consumed-sample counters are kept).
+  void rerun_from_checkpoint() {
+    const TrainState keep = st;
+    LoadOptions lo;
+    OptimState loaded;
+    SaveInfo li;
+    const auto [sb, se] = state_range();
+    const bool found = load_checkpoint(args.save, *model, loaded, sb, se, scaler, st, lo, &li, world_comm());
+    MPT_CHECK(found, str("--spike-rerun: a spike at iteration ", keep.iteration, " but no checkpoint in --save ",
+                         args.save, " to go back to"),
+              "give --save-interval so a checkpoint exists before spikes can happen");
+    install_state(loaded, true);
+    log_warn("--spike-rerun: back to checkpoint ", li.dir, " (iteration ", st.iteration, "); the data goes on at sample ",
+             keep.consumed_train_samples);
+    st.consumed_train_samples = keep.consumed_train_samples;
+    st.consumed_valid_samples = keep.consumed_valid_samples;
+    st.skipped_iterations = keep.skipped_iterations;
+  }
 
   MPI_Comm world_comm() const { return par.world != MPI_COMM_NULL ? par.world : par.dp_comm; }
   // Sum of v over every rank (stop decisions).
@@ -365,6 +422,7 @@ struct Trainer::Impl {
   }
 
   SaveInfo save() {
+    check_state_finite();
     // Every rank writes its own hyperslabs; data-parallel replicas (no ZeRO) write nothing twice.
     const SaveInfo s = save_checkpoint(args.save, *model, local_state(), scaler, st, args.flags_json, lr_json(),
                                        static_cast<int>(args.keep_last), world_comm(), zero || par.dp_rank == 0);
@@ -407,6 +465,9 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   mp.pp_size = par.pp_size;
   mp.pp_rank = par.pp_rank;
   mp.virtual_stages = static_cast<int>(a.virtual_pipeline_stages());
+  // Refuse what cannot fit before allocating any of it.
+  check_fits_memory(a.model, a.micro_batch_size, par.tp_size, par.pp_size, par.dp_size, static_cast<int>(a.zero_stage),
+                    device_memory_bytes(m.device), m.device.name());
   m.model = std::make_unique<GPT>(a.model, m.device, mp);
   m.model->init_weights(a.seed);
   // One data-parallel rank has nothing to shard: the distributed optimizer is then
@@ -434,6 +495,7 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
     }
   }
   if (a.fp16) m.scaler = LossScaler(a.scaler);
+  m.guard = std::make_unique<StepGuard>(a.spike_zscore, a.spike_window);
   m.total_iters = a.uses_samples() ? (a.train_samples + a.global_batch_size - 1) / a.global_batch_size : a.train_iters;
   LRScheduleConfig lc;
   lc.lr = a.lr;
@@ -498,6 +560,7 @@ TrainSummary Trainer::run() {
   const MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.par.dp_size, static_cast<int>(a.zero_stage),
                                              a.recompute_activations, shard);
   log_info("memory per rank (estimate): ", est.to_string());
+  check_estimate_fits(est, device_memory_bytes(m.device), m.device.name());
 
   if (!a.load.empty()) {
     LoadOptions lo;
@@ -514,6 +577,13 @@ TrainSummary Trainer::run() {
                sci(li.seconds, 3), " s, ", sci(li.bytes / 1e9 / std::max(li.seconds, 1e-9), 3), " GB/s)");
     else
       log_warn("--load ", a.load, ": no checkpoint there, starting from scratch");
+    MPT_CHECK(std::isfinite(m.scaler.scale()) && m.scaler.scale() > 0,
+              str("--load ", a.load, ": the checkpoint's loss scale is ", m.scaler.scale()),
+              "the checkpoint is damaged; load an earlier one");
+    if (m.st.iteration >= m.total_iters)
+      log_warn("--load ", a.load, ": the checkpoint is at iteration ", m.st.iteration, ", already at or past the end of ",
+               "this run (", m.total_iters, a.uses_samples() ? " iterations from --train-samples" : " = --train-iters",
+               "): nothing to train; raise --train-iters / --train-samples to go on");
   }
 
   if (a.exit_signal_handler) {
@@ -527,6 +597,8 @@ TrainSummary Trainer::run() {
   double interval_loss = 0;
   int64_t interval_loss_n = 0;
   bool first_logged = false;
+  int64_t consecutive_spikes = 0, consecutive_overflows_at_min = 0;
+  constexpr int64_t kMaxOverflowsAtMinimum = 10;
   while (m.st.iteration < m.total_iters) {
     const int64_t gbs = m.rampup->global_batch(m.st.consumed_train_samples);
     const int64_t n_micro = gbs / (a.micro_batch_size * a.data_parallel_size);
@@ -566,20 +638,75 @@ TrainSummary Trainer::run() {
       if (m.zero) m.zero->on_backward_done();
       else if (m.buckets && last) m.buckets->on_backward_done();
     }
+    // The loss and grad norm are judged between the norm and the update (the
+    // optimizer's veto), and the verdict is OR-ed over every rank.
+    StepVerdict verdict;
+    double loss = NAN;
+    bool judged = false;
+    auto veto = [&](double grad_norm) {
+      loss = m.dp_sum(loss_sum) / static_cast<double>(m.par.dp_size) / static_cast<double>(n_micro);
+      verdict.bits = m.world_or(m.guard->judge(loss, grad_norm).bits);
+      judged = true;
+      if (verdict.nonfinite()) return a.check_for_nan || a.fp16;
+      return verdict.spike();
+    };
     StepResult r;
     if (m.zero) {
-      const ZeroStepResult zr = m.zero->step(lr, scale);
+      const ZeroStepResult zr = m.zero->step(lr, scale, veto);
       r.grad_norm = zr.grad_norm;
       r.skipped = zr.skipped;
     } else {
       if (m.buckets) m.buckets->wait_all();
-      r = m.opt->step(lr, scale);
+      r = m.opt->step(lr, scale, veto);
     }
-    loss_sum = m.dp_sum(loss_sum) / static_cast<double>(m.par.dp_size);
-    m.scaler.update(r.skipped);
-    const double loss = loss_sum / static_cast<double>(n_micro);
+    MPT_CHECK(judged, "the optimizer step did not judge the loss and grad norm", "this is a bug in the optimizer");
+    const int64_t this_iter = m.st.iteration + 1;
+    if (verdict.nonfinite()) {
+      const std::string what = verdict.describe(loss, r.grad_norm);
+      if (a.fp16) {
+        // An overflow: skipped, and the dynamic scale backs off. At the minimum
+        // (or a static) scale scaling cannot cure it: after a few the run stops.
+        consecutive_overflows_at_min = m.scaler.at_minimum() ? consecutive_overflows_at_min + 1 : 0;
+        MPT_CHECK(consecutive_overflows_at_min < kMaxOverflowsAtMinimum,
+                  str("iteration ", this_iter, ": ", what, what.find(" and ") == std::string::npos ? " was" : " were",
+                      " not finite in ", consecutive_overflows_at_min,
+                      " steps in a row at the ", a.scaler.constant > 0 ? "static" : "minimum", " loss scale ",
+                      m.scaler.scale(), "; the run diverged (nothing was applied or saved from these steps)"),
+                  "lower --lr or --init-method-std, or raise --min-loss-scale / --loss-scale");
+      } else if (a.check_for_nan) {
+        MPT_THROW(str("iteration ", this_iter, ": ", what, what.find(" and ") == std::string::npos ? " is" : " are",
+                      " not finite; the update was not applied and the run "
+                      "stops without saving"),
+                  "lower --lr or --init-method-std, check the data, or resume from the last checkpoint; "
+                  "--no-check-for-nan-in-loss-and-grad skips such steps instead");
+      }
+    } else {
+      consecutive_overflows_at_min = 0;
+    }
+    if (verdict.spike()) {
+      ++consecutive_spikes;
+      ++sum.spike_skips;
+      log_warn("iteration ", this_iter, ": skipped the update: ", verdict.describe(loss, r.grad_norm),
+               " is a spike (z-score loss ", m.guard->loss.z(loss), ", grad norm ", m.guard->grad.z(r.grad_norm),
+               " > ", a.spike_zscore, " over the last ", a.spike_window, " steps)");
+      MPT_CHECK(consecutive_spikes < a.spike_max_skips,
+                str("iteration ", this_iter, ": ", consecutive_spikes, " spikes in a row (--spike-max-consecutive-skips ",
+                    a.spike_max_skips, "): the loss has left its window for good"),
+                "raise --skip-spike-zscore or --spike-window, or lower --lr");
+      if (a.spike_rerun) {
+        m.st.consumed_train_samples += gbs;  // the replay goes on with the batch after the spike's
+        m.rerun_from_checkpoint();
+        ++sum.spike_reruns;
+        continue;
+      }
+    } else if (!r.skipped) {
+      consecutive_spikes = 0;
+      m.guard->accept(loss, r.grad_norm);
+    }
+    if (!verdict.spike()) m.scaler.update(r.skipped);
     const bool nan_loss = !std::isfinite(loss);
     m.st.iteration += 1;
+    ++sum.steps_run;
     m.st.consumed_train_samples += gbs;
     if (r.skipped) m.st.skipped_iterations += 1;
     interval_skipped += r.skipped;
@@ -666,7 +793,7 @@ TrainSummary Trainer::run() {
       break;
     }
   }
-  if (!a.save.empty() && (sum.checkpoint_dir.empty() || a.save_interval == 0 || m.st.iteration % a.save_interval != 0))
+  if (!a.save.empty() && sum.steps_run > 0 && (sum.checkpoint_dir.empty() || a.save_interval == 0 || m.st.iteration % a.save_interval != 0))
     sum.checkpoint_dir = m.save().dir;
   if (a.eval_iters > 0 && !sum.signalled) {
     const double vl = m.evaluate(1, a.eval_iters, &m.st.consumed_valid_samples);

@@ -32,6 +32,9 @@ struct TrainSummary {
   double first_loss = 0, last_loss = 0;  // train loss at the first and last logged iterations
   double valid_loss = 0, valid_ppl = 0;  // the final evaluation
   int64_t iterations = 0;
+  int64_t steps_run = 0;       // optimizer steps this run took (0: a resumed run already at its end)
+  int64_t spike_skips = 0;     // steps skipped as loss / grad-norm spikes (--skip-spike-zscore)
+  int64_t spike_reruns = 0;    // of those, how many went back to the newest checkpoint (--spike-rerun)
   std::string checkpoint_dir;
   double tokens_per_second = 0;
   std::vector<double> losses;  // per iteration (lm loss)

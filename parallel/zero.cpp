@@ -104,7 +104,7 @@ void ZeroOptimizer::all_gather_values() {
   dp_.all_gather_v(values_.flat_range(b, n), values_, counts());
 }
 
-ZeroStepResult ZeroOptimizer::step(float lr, float loss_scale) {
+ZeroStepResult ZeroOptimizer::step(float lr, float loss_scale, const std::function<bool(double)>& veto) {
   if (!reduced_) {
     buckets_->begin_backward(true);
     buckets_->on_backward_done();
@@ -129,7 +129,8 @@ ZeroStepResult ZeroOptimizer::step(float lr, float loss_scale) {
   const double scaled_norm = std::sqrt(static_cast<double>(sq.item()));
   const double unscale = static_cast<double>(loss_scale) * dp_.size();  // the shard holds dp-summed gradients
   r.grad_norm = scaled_norm / unscale;
-  if (!std::isfinite(scaled_norm)) {
+  const bool vetoed = veto && veto(r.grad_norm);
+  if (!std::isfinite(scaled_norm) || vetoed) {
     r.skipped = true;
     return r;
   }

@@ -32,6 +32,7 @@
 // shard, 4·N/dp) and `grad_scratch` (the rest: what a bucket-sized scratch
 // would save once ParamSet can release its grad buffer between micro-batches).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,7 +96,8 @@ class ZeroOptimizer {
   // reduces the whole accumulated buffer, so hook-less use is correct, just not
   // overlapped), then one AdamW update with learning rate
   // lr (gradients divided by loss_scale), then all-gathers the values.
-  ZeroStepResult step(float lr, float loss_scale);
+  // veto: as AdamWOptimizer::step (given the unscaled grad norm; true skips the update).
+  ZeroStepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto = {});
 
   // ---- state (checkpoints: a rank writes/reads its hyperslab [shard_begin, shard_end)) ----
   const ShardLayout& layout() const { return layout_; }

@@ -133,7 +133,19 @@ TEST_CASE("text_generation_server: PUT /api, 400s with reasons, keeps serving, S
       {R"({"prompts": ["a"], "top_k": 5, "top_p": 0.5})", "both top-k and top-p"},
       {R"({"prompts": ["a"], "top_p": 1.5})", "top_p"},
       {R"({"prompts": ["a"], "logprobs": "yes"})", "logprobs"},
-      {R"({"prompts": ["a"], "tokens_to_generate": 100000})", "max_position_embeddings"}};
+      {R"({"prompts": ["a"], "tokens_to_generate": 100000})", "max_position_embeddings"},
+      // issue #18: typed, bounded, no overflow, unknown fields named
+      {R"({"prompts": ["a"], "tokens_to_generate": 9223372036854775807})", "max_position_embeddings"},
+      {R"({"prompts": ["a"], "tokens_to_generate": 18446744073709551615})", "max_position_embeddings"},
+      {R"({"prompts": ["a"], "tokens_to_generate": 2.5})", "tokens_to_generate"},
+      {R"({"prompts": ["a"], "tokens_to_generat": 3})", "unknown field 'tokens_to_generat'"},
+      {R"({"prompts": ["a"], "add_BOS": true})", "field 'add_BOS' is not supported"},
+      {R"({"prompts": ["a"], "top_k": 18446744073709551615})", "top_k"},
+      {R"({"prompts": ["a"], "top_k": -1})", "top_k"},
+      {R"({"prompts": ["a"], "temperature": "1"})", "temperature"},
+      {R"({"prompts": ["a"], "temperature": 1e308})", "temperature"},
+      {R"({"prompts": ["a"], "random_seed": -1})", "random_seed"},
+      {R"({"prompts": ["a"], "random_seed": 1.5})", "random_seed"}};
   for (const auto& [body, why] : bad) {
     const Reply b = http(port, "PUT", "/api", body);
     CHECK_MESSAGE(b.status == 400, body);

@@ -1,0 +1,155 @@
+// Every numeric flag of pretrain_gpt validated (issue #18): floats finite and
+// in range, 0 meaning 0 or rejected (never "not set"), --split weights finite
+// and >= 0, integer overflow and impossible sizes refused before anything is
+// allocated (the memory check, with the numbers).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/arguments.h"
+#include "model/trainer.h"
+
+using namespace mpitron;
+
+namespace {
+
+std::vector<std::string> base() {
+  return {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "24",
+          "--micro-batch-size", "2", "--train-iters", "10", "--lr", "1e-3", "--data-path", "unused"};
+}
+
+// The parse error's message, or "" when the flags parse.
+std::string parse_error(std::vector<std::string> extra, TrainArgs* out = nullptr) {
+  // base() with the flags of `extra` replaced (boost refuses a flag given twice).
+  const std::vector<std::string> b = base();
+  std::vector<std::string> flags;
+  for (size_t i = 0; i < b.size(); i += 2)
+    if (std::find(extra.begin(), extra.end(), b[i]) == extra.end()) flags.insert(flags.end(), {b[i], b[i + 1]});
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
+  for (auto& f : flags) argv.push_back(f.data());
+  try {
+    TrainArgs a;
+    parse_train_args(static_cast<int>(argv.size()), argv.data(), a);
+    if (out) *out = a;
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void rejected(std::vector<std::string> extra, const std::string& needle) {
+  const std::string m = parse_error(extra);
+  std::string flags;
+  for (const auto& f : extra) flags += f + " ";
+  CHECK_MESSAGE(!m.empty(), flags, "was accepted");
+  CHECK_MESSAGE(m.find(needle) != std::string::npos, flags, "-> ", m);
+}
+
+struct NoData final : SampleSource {
+  int64_t num_samples(int) const override { return 1000; }
+  void sample(int, int64_t, int32_t* t) const override { t[0] = 0; }
+};
+
+}  // namespace
+
+TEST_CASE("float flags: nan, inf and out-of-range values are rejected naming the flag") {
+  rejected({"--lr", "inf"}, "--lr must be a finite number");
+  rejected({"--lr", "nan"}, "--lr must be a finite number");
+  rejected({"--lr", "-1e-3"}, "--lr");
+  rejected({"--clip-grad", "nan"}, "--clip-grad must be a finite number");
+  rejected({"--adam-beta1", "1.5"}, "--adam-beta1 must be a finite number in [0, 1)");
+  rejected({"--adam-beta2", "1"}, "--adam-beta2");
+  rejected({"--adam-eps", "-1"}, "--adam-eps");
+  rejected({"--adam-eps", "0"}, "--adam-eps");
+  rejected({"--weight-decay", "-1"}, "--weight-decay");
+  rejected({"--layernorm-epsilon", "-1"}, "--layernorm-epsilon");
+  rejected({"--init-method-std", "inf"}, "--init-method-std");
+  rejected({"--hidden-dropout", "nan"}, "--hidden-dropout");
+  rejected({"--min-lr", "1"}, "--min-lr");
+  rejected({"--lr-warmup-fraction", "nan"}, "--lr-warmup-fraction");
+  rejected({"--fp16", "--loss-scale", "-8"}, "--loss-scale");
+  rejected({"--fp16", "--loss-scale", "0"}, "--loss-scale");
+  rejected({"--fp16", "--initial-loss-scale", "0"}, "--initial-loss-scale");
+  rejected({"--fp16", "--initial-loss-scale", "inf"}, "--initial-loss-scale");
+  rejected({"--fp16", "--min-loss-scale", "0"}, "--min-loss-scale");
+  rejected({"--fp16", "--hysteresis", "0"}, "--hysteresis");
+  rejected({"--fp16", "--loss-scale-window", "0"}, "--loss-scale-window");
+  rejected({"--exit-duration-in-mins", "nan"}, "--exit-duration-in-mins");
+  rejected({"--skip-spike-zscore", "0"}, "--skip-spike-zscore");
+  rejected({"--skip-spike-zscore", "inf"}, "--skip-spike-zscore");
+  // In range: accepted, and the values arrive.
+  TrainArgs a;
+  CHECK(parse_error({"--lr", "0", "--clip-grad", "0", "--weight-decay", "0", "--adam-beta1", "0"}, &a) == "");
+  CHECK(a.lr == 0.0f);
+  CHECK(a.optim.clip_grad == 0.0f);
+}
+
+TEST_CASE("0 means 0 or is rejected, never 'not set'") {
+  rejected({"--ffn-hidden-size", "0"}, "--ffn-hidden-size must be in [1,");
+  rejected({"--global-batch-size", "0"}, "--global-batch-size must be in [1,");
+  rejected({"--lr-decay-iters", "0"}, "--lr-decay-iters must be in [1,");
+  rejected({"--save-interval", "0", "--save", "x"}, "--save-interval");
+  rejected({"--exit-interval", "0"}, "--exit-interval");
+  rejected({"--num-layers-per-virtual-pipeline-stage", "0"}, "--num-layers-per-virtual-pipeline-stage");
+  rejected({"--micro-batch-size", "0"}, "--micro-batch-size");
+  rejected({"--log-interval", "0"}, "--log-interval");
+  rejected({"--tensor-model-parallel-size", "-1"}, "--tensor-model-parallel-size");
+  rejected({"--rampup-batch-size", "2", "x", "100"}, "--rampup-batch-size");
+  // 0 that means 0: no evaluation, no warmup, keep every checkpoint.
+  CHECK(parse_error({"--eval-iters", "0", "--lr-warmup-iters", "0"}) == "");
+}
+
+TEST_CASE("--split: weights finite and >= 0; Megatron's spellings still parse") {
+  rejected({"--split", "90,-5,15"}, "must be finite and >= 0");
+  rejected({"--split", "nan,5,5"}, "--split");
+  rejected({"--split", "inf,1,1"}, "--split");
+  rejected({"--split", "90,,10"}, "--split");
+  rejected({"--split", "1,2,3,4"}, "1 to 3 weights");
+  rejected({"--split", "0,0,0"}, "sums to 0");
+  for (const char* ok : {"969, 30, 1", "969,30,1", "98/2/0", "0.8 0.1 0.1", "100"})
+    CHECK_MESSAGE(parse_error({"--split", ok}) == "", ok);
+}
+
+TEST_CASE("NaN-check and spike flags") {
+  TrainArgs a;
+  REQUIRE(parse_error({}, &a) == "");
+  CHECK(a.check_for_nan);
+  REQUIRE(parse_error({"--no-check-for-nan-in-loss-and-grad"}, &a) == "");
+  CHECK(!a.check_for_nan);
+  REQUIRE(parse_error({"--check-for-nan-in-loss-and-grad"}, &a) == "");
+  CHECK(a.check_for_nan);
+  rejected({"--check-for-nan-in-loss-and-grad", "--no-check-for-nan-in-loss-and-grad"}, "both given");
+  rejected({"--spike-rerun", "--save", "x"}, "--spike-rerun needs --skip-spike-zscore");
+  rejected({"--spike-rerun", "--skip-spike-zscore", "4"}, "--save");
+  rejected({"--skip-spike-zscore", "4", "--spike-window", "1"}, "--spike-window");
+}
+
+TEST_CASE("impossible sizes: integer overflow and models that cannot fit are refused before allocating") {
+  rejected({"--micro-batch-size", "4611686018427387904"}, "--micro-batch-size");
+  rejected({"--train-iters", "1000000000000", "--global-batch-size", "1000000000", "--micro-batch-size", "1"},
+           "overflows");
+  rejected({"--eval-iters", "1000000000000", "--global-batch-size", "100000000", "--micro-batch-size", "1",
+            "--eval-interval", "1"}, "overflows");
+  // --num-layers 99999999999: the memory check refuses it with the numbers, before the model exists.
+  TrainArgs a;
+  REQUIRE(parse_error({"--num-layers", "99999999999", "--device", "cpu"}, &a) == "");
+  a.model.vocab_size = 50257;
+  a.model.padded_vocab_size = 50304;
+  try {
+    Trainer t(a, std::make_shared<NoData>());
+    FAIL("a 99999999999-layer model was accepted");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    CHECK_MESSAGE(m.find("cannot fit") != std::string::npos, m);
+    CHECK_MESSAGE(m.find("GB") != std::string::npos, m);
+  }
+  // Also a model too wide for this machine.
+  REQUIRE(parse_error({"--hidden-size", "4000000", "--num-attention-heads", "2", "--device", "cpu"}, &a) == "");
+  a.model.vocab_size = 50257;
+  a.model.padded_vocab_size = 50304;
+  CHECK_THROWS_WITH_AS(Trainer(a, std::make_shared<NoData>()), doctest::Contains("cannot fit"), Error);
+}
