@@ -102,6 +102,11 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("eval-iters", po::value(&a.eval_iters)->default_value(100), "batches per evaluation")
       ("exit-interval", po::value(&a.exit_interval), "exit after an iteration divisible by this")
       ("tensorboard-dir", po::value(&a.tensorboard_dir), "write TensorBoard events here")
+      ("log-params-norm", po::bool_switch(&a.log_params_norm), "add the weights' L2 norm to the log line (params-norm)")
+      ("log-num-zeros-in-grad", po::bool_switch(&a.log_num_zeros_in_grad),
+       "add the number of zero gradient elements to the log line (num-zeros)")
+      ("log-timers-to-tensorboard", po::bool_switch(&a.log_timers_to_tensorboard),
+       "write forward-backward-time and optimizer-time (ms per iteration) to TensorBoard")
       ("metrics-file", po::value(&a.metrics_file), "JSONL metrics (default <tensorboard-dir>/metrics.jsonl)");
   ckpt.add_options()
       ("save", po::value(&a.save), "checkpoint directory to save to")

@@ -87,6 +87,7 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
   w.set_attr_int("consumed_valid_samples", st.consumed_valid_samples);
   w.set_attr_int("optimizer_steps", opt.steps);
   w.set_attr_int("skipped_iterations", st.skipped_iterations);
+  w.set_attr_int("skipped_samples", st.skipped_samples);
   w.set_attr_string("flags", flags_json);
   w.set_attr_string("tokenizer", "GPT2BPETokenizer");
   w.set_attr_int("vocab_size", model.config().vocab_size);
@@ -181,6 +182,8 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
     st.consumed_train_samples = r.attr_int("consumed_train_samples");
     st.consumed_valid_samples = r.attr_int("consumed_valid_samples");
     st.skipped_iterations = r.attr_int("skipped_iterations");
+    // Written since the LR schedule skips them; older checkpoints count none.
+    st.skipped_samples = r.has_attr("skipped_samples") ? r.attr_int("skipped_samples") : 0;
     if (o.load_optim) {
       opt.steps = r.attr_int("optimizer_steps");
       const nlohmann::json ls = r.attr_json("loss_scaler");

@@ -25,6 +25,7 @@ struct TrainState {
   int64_t consumed_train_samples = 0;
   int64_t consumed_valid_samples = 0;
   int64_t skipped_iterations = 0;
+  int64_t skipped_samples = 0;  // samples of the skipped steps: the LR schedule does not count them (Megatron)
   uint64_t seed = 1234;
 };
 

@@ -13,6 +13,7 @@
 #include "core/timer.h"
 #include "io/metrics_jsonl.h"
 #include "io/tensorboard.h"
+#include "model/train_stats.h"
 #include "model/gpt.h"
 #include "model/memory.h"
 #include "model/optimizer.h"
@@ -140,6 +141,7 @@ struct Trainer::Impl {
     st.consumed_train_samples = keep.consumed_train_samples;
     st.consumed_valid_samples = keep.consumed_valid_samples;
     st.skipped_iterations = keep.skipped_iterations;
+    st.skipped_samples = keep.skipped_samples;
   }
 
   MPI_Comm world_comm() const { return par.world != MPI_COMM_NULL ? par.world : par.dp_comm; }
@@ -252,8 +254,12 @@ struct Trainer::Impl {
     return st.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(k);
   }
 
-  int64_t schedule_step() const {  // iterations, or samples for --train-samples runs
-    return args.uses_samples() ? st.consumed_train_samples : st.iteration;
+  // Where the LR schedule stands: iterations, or samples for --train-samples runs,
+  // counting only applied updates (Megatron steps its scheduler only after a
+  // successful step, so fp16 overflow and spike skips do not advance it).
+  int64_t schedule_step() const {
+    return args.uses_samples() ? st.consumed_train_samples - st.skipped_samples
+                               : st.iteration - st.skipped_iterations;
   }
 
   std::string lr_json() const {
@@ -597,6 +603,7 @@ TrainSummary Trainer::run() {
   double interval_loss = 0;
   int64_t interval_loss_n = 0;
   bool first_logged = false;
+  double interval_fwd_bwd_s = 0, interval_optim_s = 0;  // --log-timers-to-tensorboard
   int64_t consecutive_spikes = 0, consecutive_overflows_at_min = 0;
   constexpr int64_t kMaxOverflowsAtMinimum = 10;
   while (m.st.iteration < m.total_iters) {
@@ -604,6 +611,11 @@ TrainSummary Trainer::run() {
     const int64_t n_micro = gbs / (a.micro_batch_size * a.data_parallel_size);
     const float lr = m.lr->lr_at(m.schedule_step());
     const float scale = m.scaler.scale();
+    // Phase timers for --log-timers-to-tensorboard (the device is synchronised only then).
+    auto phase_mark = [&] {
+      if (a.log_timers_to_tensorboard) device_synchronize();
+    };
+    Timer phase;
     if (m.zero) m.zero->zero_grad();
     else m.model->params().zero_grad();
     double loss_sum = 0;
@@ -651,6 +663,9 @@ TrainSummary Trainer::run() {
       return verdict.spike();
     };
     StepResult r;
+    phase_mark();
+    interval_fwd_bwd_s += phase.seconds();
+    phase.reset();
     if (m.zero) {
       const ZeroStepResult zr = m.zero->step(lr, scale, veto);
       r.grad_norm = zr.grad_norm;
@@ -660,6 +675,8 @@ TrainSummary Trainer::run() {
       r = m.opt->step(lr, scale, veto);
     }
     MPT_CHECK(judged, "the optimizer step did not judge the loss and grad norm", "this is a bug in the optimizer");
+    phase_mark();
+    interval_optim_s += phase.seconds();
     const int64_t this_iter = m.st.iteration + 1;
     if (verdict.nonfinite()) {
       const std::string what = verdict.describe(loss, r.grad_norm);
@@ -708,7 +725,10 @@ TrainSummary Trainer::run() {
     m.st.iteration += 1;
     ++sum.steps_run;
     m.st.consumed_train_samples += gbs;
-    if (r.skipped) m.st.skipped_iterations += 1;
+    if (r.skipped) {
+      m.st.skipped_iterations += 1;
+      m.st.skipped_samples += gbs;
+    }
     interval_skipped += r.skipped;
     interval_nan += nan_loss;
     if (!r.skipped && !nan_loss) {
@@ -726,6 +746,9 @@ TrainSummary Trainer::run() {
       const double tps = static_cast<double>(interval_tokens) / secs;
       const double flops = tps * c.flops_per_token();
       const double avg = interval_loss_n ? interval_loss / static_cast<double>(interval_loss_n) : NAN;
+      // Megatron's convention: the learning rate after this step's scheduler update
+      // (what the next step uses).
+      const float logged_lr = m.lr->lr_at(m.schedule_step());
       char line[768];
       std::snprintf(line, sizeof line,
                     " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
@@ -733,14 +756,36 @@ TrainSummary Trainer::run() {
                     "grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: %3lld | "
                     "tokens/s: %.0f | TFLOP/s: %.4f | MFU: %.2f%% | peak memory (MB): %.1f |",
                     static_cast<long long>(m.st.iteration), static_cast<long long>(m.total_iters),
-                    static_cast<long long>(m.st.consumed_train_samples), ms, lr, static_cast<long long>(gbs), avg,
+                    static_cast<long long>(m.st.consumed_train_samples), ms, logged_lr, static_cast<long long>(gbs), avg,
                     scale, r.grad_norm, static_cast<long long>(interval_skipped), static_cast<long long>(interval_nan),
                     tps, flops / 1e12, 100.0 * flops / m.peak,
                     static_cast<double>(memory_stats(m.device).peak_bytes) / 1e6);
-      log_info(line);
+      std::string extra;
+      double params_norm = NAN;
+      int64_t zeros = -1;
+      if (a.log_params_norm) {
+        params_norm = params_l2_norm(m.model->params(), m.par.mp);
+        char buf[64];
+        std::snprintf(buf, sizeof buf, " params norm: %.3f |", params_norm);
+        extra += buf;
+      }
+      if (a.log_num_zeros_in_grad) {
+        const auto [zb, ze] = m.state_range();
+        zeros = count_zero_grads(m.model->params(), zb, ze, m.par.mp, m.zero ? m.par.dp_comm : MPI_COMM_NULL);
+        extra += str(" number of zeros in grad: ", zeros, " |");
+      }
+      log_info(line, extra);
       if (m.tb) {
         m.tb->add_scalar("lm-loss-training/lm loss", avg, m.st.iteration);
-        m.tb->add_scalar("learning-rate/learning-rate", lr, m.st.iteration);
+        m.tb->add_scalar("learning-rate/learning-rate", logged_lr, m.st.iteration);
+        if (a.log_params_norm) m.tb->add_scalar("params-norm/params-norm", params_norm, m.st.iteration);
+        if (a.log_num_zeros_in_grad)
+          m.tb->add_scalar("num-zeros/num-zeros", static_cast<double>(zeros), m.st.iteration);
+        if (a.log_timers_to_tensorboard) {
+          const double n_it = static_cast<double>(interval_iters);
+          m.tb->add_scalar("forward-backward-time", 1e3 * interval_fwd_bwd_s / n_it, m.st.iteration);
+          m.tb->add_scalar("optimizer-time", 1e3 * interval_optim_s / n_it, m.st.iteration);
+        }
         m.tb->add_scalar("batch-size/batch-size", static_cast<double>(gbs), m.st.iteration);
         m.tb->add_scalar("loss-scale/loss-scale", scale, m.st.iteration);
         m.tb->add_scalar("grad-norm/grad-norm", r.grad_norm, m.st.iteration);
@@ -749,7 +794,7 @@ TrainSummary Trainer::run() {
       }
       if (m.metrics)
         m.metrics->log_json(m.st.iteration, {{"consumed_samples", m.st.consumed_train_samples},
-                                             {"lm_loss", avg}, {"lr", lr}, {"global_batch_size", gbs},
+                                             {"lm_loss", avg}, {"lr", logged_lr}, {"global_batch_size", gbs},
                                              {"loss_scale", scale}, {"grad_norm", r.grad_norm},
                                              {"skipped_iterations", interval_skipped}, {"nan_iterations", interval_nan},
                                              {"ms_per_iteration", ms}, {"tokens_per_second", tps},
@@ -762,6 +807,7 @@ TrainSummary Trainer::run() {
       sum.tokens_per_second = tps;
       interval_iters = interval_tokens = interval_skipped = interval_nan = interval_loss_n = 0;
       interval_loss = 0;
+      interval_fwd_bwd_s = interval_optim_s = 0;
       interval_timer.reset();
     }
     if (a.eval_iters > 0 && m.st.iteration % a.eval_interval == 0 && m.st.iteration != m.total_iters) {

@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -279,4 +281,44 @@ TEST_CASE("--use-checkpoint-args takes the model flags from --load; a given flag
   CHECK(error_of(with(no_model, data_flags)).find("'--num-layers' is required") != std::string::npos);
   CHECK(error_of(with(with(model_flags(), data_flags), {"--use-checkpoint-args"})).find("needs --load") !=
         std::string::npos);
+}
+
+TEST_CASE("--log-params-norm, --log-num-zeros-in-grad and --log-timers-to-tensorboard reach TensorBoard") {
+  const fs::path dir = testing::fresh_temp_dir("log_extras");
+  const std::string data = testing::write_toy_dataset(dir, 8, 150);
+  const std::string tb = (dir / "tb").string();
+  const TrainArgs a = parse(with(model_flags(), {"--data-path", data, "--split", "90,10,0", "--tensorboard-dir", tb,
+                                                 "--log-params-norm", "--log-num-zeros-in-grad",
+                                                 "--log-timers-to-tensorboard"}));
+  Trainer t(a, make_gpt_data(a, 50257));
+  t.run();
+  // The weights' norm after the last step, computed here in double.
+  double sq = 0;
+  for (float w : t.model().params().values().to_floats()) sq += static_cast<double>(w) * w;
+  const std::string cmd = "/usr/bin/python3 -c \"import sys\n"
+                          "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator as E\n"
+                          "a=E(sys.argv[1],size_guidance={'scalars':0}); a.Reload(); t=a.Tags()['scalars']\n"
+                          "need=['params-norm/params-norm','num-zeros/num-zeros','forward-backward-time','optimizer-time']\n"
+                          "assert all(n in t for n in need), t\n"
+                          "print(a.Scalars('params-norm/params-norm')[-1].value, a.Scalars('num-zeros/num-zeros')[-1].value,"
+                          " a.Scalars('optimizer-time')[-1].value)\" " + tb + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  char buf[4096] = {0};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, p);
+  const int rc = ::pclose(p);
+  const std::string out(buf, n);
+  if (WEXITSTATUS(rc) == 1 && out.find("No module named 'tensorboard'") != std::string::npos) {
+    MESSAGE("SKIPPED: tensorboard is not importable");
+    return;
+  }
+  REQUIRE_MESSAGE(rc == 0, out);
+  double norm = 0, zeros = -1, optim_ms = -1;
+  REQUIRE(std::sscanf(out.c_str(), "%lf %lf %lf", &norm, &zeros, &optim_ms) == 3);
+  CHECK(norm == doctest::Approx(std::sqrt(sq)).epsilon(1e-5));
+  // The gradients of the last step are still in the buffer: count their zeros here.
+  int64_t want_zeros = 0;
+  for (float g : t.model().params().grads().to_floats()) want_zeros += g == 0.0f;
+  CHECK(zeros == static_cast<double>(want_zeros));
+  CHECK(optim_ms > 0);
 }
