@@ -1,5 +1,7 @@
 #include "model/gpt_data.h"
 
+#include "core/device_memory.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "data/blended_dataset.h"
 #include "data/gpt_dataset.h"
@@ -29,6 +31,16 @@ const char* kSplitNames[3] = {"train", "valid", "test"};
 std::shared_ptr<SampleSource> make_gpt_data(const TrainArgs& a, int64_t vocab_size) {
   const data::DataBlend blend = data::parse_data_path(a.data_path);
   const std::vector<int64_t> wanted = samples_per_split(a);
+  {
+    // The sample and shuffle indices hold at least 12 bytes per sample (megatron-core's
+    // int32 [N+1, 2] sample index + the shuffle index): refuse what cannot fit before building it.
+    const double samples = static_cast<double>(wanted[0]) + static_cast<double>(wanted[1]) + static_cast<double>(wanted[2]);
+    const double need = 12.0 * samples, have = static_cast<double>(device_memory_bytes(Device::cpu()));
+    MPT_CHECK(need <= have,
+              str("the run asks for ", samples, " samples (train ", wanted[0], ", valid ", wanted[1], ", test ", wanted[2],
+                  "): their indices need at least ", need / 1e9, " GB but this machine has ", have / 1e9, " GB"),
+              "lower --train-iters / --train-samples, --global-batch-size or --eval-iters");
+  }
   auto out = std::make_shared<GPTSamples>();
   std::vector<std::shared_ptr<const data::IndexedDataset>> files;
   for (const std::string& prefix : blend.prefixes) {
