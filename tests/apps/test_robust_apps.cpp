@@ -137,6 +137,10 @@ TEST_CASE("pretrain_gpt: numeric flags refused with exit 1; resuming past --trai
   fails_with("pretrain_gpt", "--num-layers 1 --train-iters 30 --lr 1e6" + common + " --save " + tmp / "diverged",
              "not finite", tmp);
   CHECK(!std::filesystem::exists(tmp / "diverged/latest_checkpointed_iteration.txt"));
+  // The issue's fp16 case as given: the scale falls from 2^32 to its minimum, then the run stops (exit 1).
+  fails_with("pretrain_gpt", base + " --train-iters 200 --fp16 --init-method-std 100 --save " + tmp / "fp16",
+             "at the minimum loss scale 1", tmp);
+  CHECK(!std::filesystem::exists(tmp / "fp16/latest_checkpointed_iteration.txt"));
   const std::string save = " --save " + tmp / "ckpt";
   REQUIRE(run_app("pretrain_gpt", base + " --train-iters 3" + save, tmp / "a.log") == 0);
   const std::string log = tmp / "b.log";
