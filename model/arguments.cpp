@@ -207,7 +207,7 @@ struct IntRange {
 
 std::string interval(double lo, double hi, bool lo_open, bool hi_open) {
   auto num = [](double v) { return std::isinf(v) ? std::string(v > 0 ? "inf" : "-inf") : str(v); };
-  return str(lo_open ? "(" : "[", num(lo), ", ", num(hi), hi_open ? ")" : "]");
+  return str(lo_open ? "(" : "[", num(lo), ", ", num(hi), hi_open || std::isinf(hi) ? ")" : "]");
 }
 
 void check_ranges(const po::variables_map& vm, const std::vector<FloatRange>& floats, const std::vector<IntRange>& ints) {

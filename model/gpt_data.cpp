@@ -4,6 +4,8 @@
 #include <map>
 #include <random>
 
+#include "core/device_memory.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "data/blended_dataset.h"
 #include "data/gpt_dataset.h"
@@ -61,6 +63,16 @@ class MockSamples final : public SampleSource {
 
 std::shared_ptr<SampleSource> make_gpt_data(const TrainArgs& a, int64_t vocab_size) {
   const std::vector<int64_t> wanted = samples_per_split(a);
+  {
+    // The sample and shuffle indices hold at least 12 bytes per sample (megatron-core's
+    // int32 [N+1, 2] sample index + the shuffle index): refuse what cannot fit before building it.
+    const double samples = static_cast<double>(wanted[0]) + static_cast<double>(wanted[1]) + static_cast<double>(wanted[2]);
+    const double need = 12.0 * samples, have = static_cast<double>(device_memory_bytes(Device::cpu()));
+    MPT_CHECK(need <= have,
+              str("the run asks for ", samples, " samples (train ", wanted[0], ", valid ", wanted[1], ", test ", wanted[2],
+                  "): their indices need at least ", need / 1e9, " GB but this machine has ", have / 1e9, " GB"),
+              "lower --train-iters / --train-samples, --global-batch-size or --eval-iters");
+  }
   if (a.mock_data) {
     log_info("> --mock-data: synthetic documents (1, 2, 3, …, end-of-document), no files read");
     return std::make_shared<MockSamples>(wanted, a.model.seq_length, vocab_size, a.seed);

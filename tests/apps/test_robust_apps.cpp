@@ -131,10 +131,16 @@ TEST_CASE("pretrain_gpt: numeric flags refused with exit 1; resuming past --trai
   fails_with("pretrain_gpt", base + " --train-iters 2 --fp16 --initial-loss-scale 0", "--initial-loss-scale", tmp);
   fails_with("pretrain_gpt", base + " --train-iters 2 --split 90,-5,15", "--split", tmp);
   fails_with("pretrain_gpt", "--lr 1e-3 --train-iters 2 --num-layers 99999999999" + common, "cannot fit", tmp);
+  // A run length whose sample index alone cannot fit: refused before building it.
+  fails_with("pretrain_gpt", base + " --train-iters 1000000000000 --global-batch-size 1000000", "indices need", tmp);
   // A diverging run exits 1 naming the iteration, and leaves no checkpoint (issue: it exited 0 with a NaN one).
   fails_with("pretrain_gpt", "--num-layers 1 --train-iters 30 --lr 1e6" + common + " --save " + tmp / "diverged",
              "not finite", tmp);
   CHECK(!std::filesystem::exists(tmp / "diverged/latest_checkpointed_iteration.txt"));
+  // The issue's fp16 case as given: the scale falls from 2^32 to its minimum, then the run stops (exit 1).
+  fails_with("pretrain_gpt", base + " --train-iters 200 --fp16 --init-method-std 100 --save " + tmp / "fp16",
+             "at the minimum loss scale 1", tmp);
+  CHECK(!std::filesystem::exists(tmp / "fp16/latest_checkpointed_iteration.txt"));
   const std::string save = " --save " + tmp / "ckpt";
   REQUIRE(run_app("pretrain_gpt", base + " --train-iters 3" + save, tmp / "a.log") == 0);
   const std::string log = tmp / "b.log";

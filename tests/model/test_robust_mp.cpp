@@ -57,7 +57,53 @@ std::string run_poisoned(std::vector<std::string> f) {
   return "";
 }
 
+// An easy repeating pattern, except the global batch (8 samples) of iteration
+// `spike_iter`, which is random tokens: a loss spike seen by whichever ranks hold it.
+struct SpikyData final : SampleSource {
+  int64_t spike_iter;
+  explicit SpikyData(int64_t it) : spike_iter(it) {}
+  int64_t num_samples(int) const override { return 100000; }
+  void sample(int, int64_t index, int32_t* t) const override {
+    const bool spike = index / 8 == spike_iter - 1;
+    uint32_t x = static_cast<uint32_t>(index) * 2654435761u + 1;
+    for (int i = 0; i < 17; ++i) {
+      x = x * 1664525u + 1013904223u;
+      t[i] = spike ? static_cast<int32_t>(x % 50257) : 10 + static_cast<int32_t>((i + index) % 7);
+    }
+  }
+};
+
 }  // namespace
+
+TEST_CASE("a loss spike is skipped by every rank together (dp, pp, tp)") {
+  std::vector<std::vector<std::string>> layouts;
+  if (world_size() == 2) layouts = {{}, {"--pipeline-model-parallel-size", "2"}};
+  else layouts = {{"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}};
+  for (const auto& extra : layouts) {
+    std::string what;
+    for (const auto& e : extra) what += e + " ";
+    CAPTURE(what);
+    std::vector<std::string> f = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                                  "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "8",
+                                  "--train-iters", "12", "--lr", "3e-3", "--lr-decay-style", "constant",
+                                  "--hidden-dropout", "0", "--data-path", "unused", "--log-interval", "4",
+                                  "--eval-iters", "0", "--seed", "7", "--device", "cpu", "--skip-spike-zscore", "4",
+                                  "--spike-window", "5"};
+    f.insert(f.end(), extra.begin(), extra.end());
+    TrainArgs a;
+    a.world_size = world_size();
+    std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
+    for (auto& s : f) argv.push_back(s.data());
+    REQUIRE(parse_train_args(static_cast<int>(argv.size()), argv.data(), a));
+    a.model.vocab_size = 50257;
+    a.model.padded_vocab_size = 50304;
+    ParallelRuntime rt(MPI_COMM_WORLD, a);
+    Trainer t(a, std::make_shared<SpikyData>(10), rt.context());
+    const TrainSummary s = t.run();
+    CHECK(s.iterations == 12);
+    CHECK_MESSAGE(s.spike_skips == 1, "rank ", world_rank());
+  }
+}
 
 TEST_CASE("NaN on one rank: every rank of every layout stops at iteration 1, nothing saved") {
   const fs::path dir = testing::shared_dir("robust_mp");

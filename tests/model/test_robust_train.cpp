@@ -104,11 +104,11 @@ TEST_CASE("f32 --lr 1e6 diverges: the run stops naming the iteration; no checkpo
 TEST_CASE("--no-check-for-nan-in-loss-and-grad: non-finite steps are skipped and counted, nothing stops") {
   const fs::path dir = testing::fresh_temp_dir("robust_nocheck");
   const std::string data = testing::write_toy_dataset(dir, 7, 200);
-  auto f = flags(data, 30, "1e6");
+  auto f = flags(data, 12, "1e6");
   f.insert(f.end(), {"--no-check-for-nan-in-loss-and-grad"});
   const TrainArgs a = parse(f);
   const TrainSummary s = Trainer(a, make_gpt_data(a, 50257)).run();
-  CHECK(s.iterations == 30);
+  CHECK(s.iterations == 12);
   int nonfinite = 0;
   for (double l : s.losses) nonfinite += !std::isfinite(l);
   CHECK(nonfinite > 0);
@@ -147,22 +147,17 @@ TEST_CASE("fp16: overflows are skipped; a loss scale stuck at its minimum stops 
   fs::remove_all(dir);
 }
 
-TEST_CASE("--skip-spike-zscore: a spike batch is skipped and counted, training goes on") {
-  auto f = flags("unused", 20);
-  f.insert(f.end(), {"--skip-spike-zscore", "4", "--spike-window", "5"});
-  const TrainArgs a = parse(f);
-  Trainer with_spike(a, std::make_shared<SpikyData>(14));
-  const TrainSummary s = with_spike.run();
-  REQUIRE(s.losses.size() == 20);
-  CHECK(s.spike_skips == 1);
-  CHECK(s.losses[13] > s.losses[12] + 1);  // the spike's loss, reported but not applied
-  for (size_t i = 14; i < 20; ++i) CHECK(std::isfinite(s.losses[i]));
-  // Not applied: the weights after 14 steps (the 14th skipped) equal those after 13.
+TEST_CASE("--skip-spike-zscore: a spike batch is counted and not applied; without it the weights move") {
+  // 14 steps, the 14th on random tokens: skipped, counted, its loss reported.
   auto g = flags("unused", 14);
   g.insert(g.end(), {"--skip-spike-zscore", "4", "--spike-window", "5"});
   const TrainArgs b = parse(g);
   Trainer t14(b, std::make_shared<SpikyData>(14));
-  REQUIRE(t14.run().spike_skips == 1);
+  const TrainSummary s = t14.run();
+  REQUIRE(s.losses.size() == 14);
+  CHECK(s.spike_skips == 1);
+  CHECK(s.losses[13] > s.losses[12] + 1);
+  // Not applied: the weights after 14 steps (the 14th skipped) equal those after 13.
   auto h = flags("unused", 13);
   const TrainArgs c = parse(h);
   Trainer t13(c, std::make_shared<SpikyData>(14));
