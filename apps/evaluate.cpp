@@ -40,6 +40,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/tokenizer.h"
+#include "model/inference_flags.h"
 #include "model/inference_load.h"
 #include "tensor/ops.h"
 
@@ -52,6 +53,7 @@ struct Args {
   std::string task, valid_data, load, vocab_file, merge_file, results_json;
   int64_t seq_length = 0, overlapping_eval = 32, micro_batch_size = 1;
   bool strict_lambada = false;
+  InferenceFlags inf;  // the pretraining GPT_ARGS a Megatron evaluation script passes too
 };
 
 bool parse(int argc, char** argv, Args& a) {
@@ -70,8 +72,12 @@ bool parse(int argc, char** argv, Args& a) {
       ("results-json", po::value(&a.results_json), "also write the results as JSON to this file")
       ("tensor-model-parallel-size", po::value(&tp), "must be 1 (the parallel runtime is not built yet)")
       ("pipeline-model-parallel-size", po::value(&pp), "must be 1 (the parallel runtime is not built yet)");
+  add_inference_flags(d, a.inf, /*with_seq_length=*/false);  // --seq-length is the window here
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "evaluate")) return false;
+  check_inference_flags(vm, a.inf);
+  if (checkpoint_exists(a.load)) check_against_checkpoint(vm, a.inf, read_checkpoint_config(a.load), a.load);
+  for (const std::string& n : a.inf.notes) log_info(n);
   MPT_CHECK(tp == 1 && pp == 1,
             str("--tensor-model-parallel-size ", tp, " / --pipeline-model-parallel-size ", pp, ": evaluate runs on one process"),
             "pass 1 (or leave them out); checkpoints are stored unsharded, so any checkpoint loads on one process");
@@ -364,7 +370,7 @@ int main(int argc, char** argv) {
       if (a.merge_file.empty()) a.merge_file = data::Tokenizer::default_merges_file();
       data::Tokenizer tok(a.vocab_file, a.merge_file);
       const Device dev = cuda_available() ? Device::cuda(0) : Device::cpu();
-      InferenceModel m = load_model_for_inference(a.load, dev);
+      InferenceModel m = load_model_for_inference(a.load, dev, a.inf.dtype());
       const GPTConfig& c = m.model->config();
       MPT_CHECK(c.vocab_size == tok.vocab_size(),
                 str("the checkpoint's vocab_size ", c.vocab_size, " differs from the tokenizer's ", tok.vocab_size()),

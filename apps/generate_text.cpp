@@ -22,6 +22,7 @@
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
+#include "model/inference_flags.h"
 #include "model/inference_load.h"
 
 using namespace mpitron;
@@ -34,6 +35,7 @@ struct Args {
   int64_t num_samples = 0, out_seq_length = 64, micro_batch_size = 8;
   bool interactive = false;
   SamplingParams sampling;
+  InferenceFlags inf;  // the pretraining GPT_ARGS a Megatron generation script passes too
 };
 
 bool parse(int argc, char** argv, Args& a) {
@@ -57,8 +59,12 @@ bool parse(int argc, char** argv, Args& a) {
       ("merge-file", po::value(&a.merge_file), "GPT-2 merges (default: bundled assets/gpt2)")
       ("tensor-model-parallel-size", po::value(&tp), "must be 1 (the parallel runtime is not built yet)")
       ("pipeline-model-parallel-size", po::value(&pp), "must be 1 (the parallel runtime is not built yet)");
+  add_inference_flags(d, a.inf, /*with_seq_length=*/true);
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "generate_text")) return false;
+  check_inference_flags(vm, a.inf);
+  if (checkpoint_exists(a.load)) check_against_checkpoint(vm, a.inf, read_checkpoint_config(a.load), a.load);
+  for (const std::string& n : a.inf.notes) std::fprintf(stderr, "%s\n", n.c_str());
   MPT_CHECK(tp == 1 && pp == 1, "generate_text runs on one process: tensor/pipeline parallel sizes must be 1",
             "checkpoints are stored unsharded, so any checkpoint loads on one process");
   MPT_CHECK(!vm.count("num-samples") || a.num_samples >= 1,
@@ -123,7 +129,7 @@ void run(const Args& a) {
   data::Tokenizer tok(a.vocab_file.empty() ? data::Tokenizer::default_vocab_file() : a.vocab_file,
                       a.merge_file.empty() ? data::Tokenizer::default_merges_file() : a.merge_file);
   const Device dev = cuda_available() ? Device::cuda(0) : Device::cpu();
-  InferenceModel m = load_model_for_inference(a.load, dev);
+  InferenceModel m = load_model_for_inference(a.load, dev, a.inf.dtype());
   MPT_CHECK(m.model->config().vocab_size == tok.vocab_size(),
             str("the checkpoint's vocab_size ", m.model->config().vocab_size, " differs from the tokenizer's ",
                 tok.vocab_size()), "pass the --vocab-file/--merge-file the model was trained with");

@@ -45,6 +45,7 @@
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
+#include "model/inference_flags.h"
 #include "model/inference_load.h"
 
 using namespace mpitron;
@@ -317,16 +318,23 @@ int run(int argc, char** argv) {
       ("vocab-file", po::value(&vocab_file), "GPT-2 vocab (default: bundled assets/gpt2)")
       ("merge-file", po::value(&merge_file), "GPT-2 merges (default: bundled assets/gpt2)")
       ("tensor-model-parallel-size", po::value(&tp), "must be 1 (the parallel runtime is not built yet)")
-      ("pipeline-model-parallel-size", po::value(&pp), "must be 1 (the parallel runtime is not built yet)");
+      ("pipeline-model-parallel-size", po::value(&pp), "must be 1 (the parallel runtime is not built yet)")
+      ("micro-batch-size", po::value<int64_t>(), "accepted from Megatron's server script: requests are decoded one at a time");
+  InferenceFlags inf;  // the pretraining GPT_ARGS a Megatron server script passes too
+  add_inference_flags(d, inf, /*with_seq_length=*/true);
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "text_generation_server")) return 0;
+  check_inference_flags(vm, inf);
+  if (vm.count("micro-batch-size")) inf.notes.push_back("--micro-batch-size: requests are decoded one at a time");
+  if (checkpoint_exists(load)) check_against_checkpoint(vm, inf, read_checkpoint_config(load), load);
+  for (const std::string& n : inf.notes) log_info(n);
   MPT_CHECK(tp == 1 && pp == 1, "text_generation_server runs on one process: parallel sizes must be 1", "");
   MPT_CHECK(port >= 0 && port <= 65535, str("--port ", port, " is not a TCP port"), "");
   MPT_CHECK(max_requests >= 0, str("--max-requests must be >= 0 (0: serve until SIGTERM), got ", max_requests), "");
   data::Tokenizer tok(vocab_file.empty() ? data::Tokenizer::default_vocab_file() : vocab_file,
                       merge_file.empty() ? data::Tokenizer::default_merges_file() : merge_file);
   const Device dev = cuda_available() ? Device::cuda(0) : Device::cpu();
-  InferenceModel m = load_model_for_inference(load, dev);
+  InferenceModel m = load_model_for_inference(load, dev, inf.dtype());
   MPT_CHECK(m.model->config().vocab_size == tok.vocab_size(), "the checkpoint's vocabulary differs from the tokenizer's",
             "pass the --vocab-file/--merge-file the model was trained with");
   Api api(*m.model, tok, seed);

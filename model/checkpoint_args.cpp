@@ -16,7 +16,7 @@ bool given(const po::variables_map& vm, const char* flag) { return vm.count(flag
 }  // namespace
 
 void reconcile_model_flags(const po::variables_map& vm, const GPTConfig& saved, GPTConfig& m, bool fill,
-                           const std::string& where) {
+                           const std::string& where, bool check_seq_length) {
   struct IntFlag {
     const char* flag;
     int64_t GPTConfig::*field;
@@ -28,6 +28,7 @@ void reconcile_model_flags(const po::variables_map& vm, const GPTConfig& saved, 
                           {"max-position-embeddings", &GPTConfig::max_position_embeddings}};
   std::vector<std::string> wrong;
   for (const IntFlag& f : ints) {
+    if (!check_seq_length && f.field == &GPTConfig::seq_length) continue;
     if (given(vm, f.flag)) {
       if (m.*f.field != saved.*f.field) wrong.push_back(str("--", f.flag, " ", m.*f.field, " (checkpoint: ", saved.*f.field, ")"));
     } else if (fill) {

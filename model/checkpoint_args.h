@@ -17,8 +17,10 @@ namespace mpitron {
 // `fill`: set every flag not given on the command line from `saved`.
 // Throws naming every flag whose given value differs from `saved` (`where`
 // names the checkpoint in the message).
+// `check_seq_length` false: --seq-length means something else to the caller
+// (evaluate's window length) and is neither compared nor filled.
 void reconcile_model_flags(const boost::program_options::variables_map& vm, const GPTConfig& saved, GPTConfig& m,
-                           bool fill, const std::string& where);
+                           bool fill, const std::string& where, bool check_seq_length = true);
 
 // Adds the model-shape flags above to a tool's options (values land in `m`), so
 // that generate_text / evaluate / the server accept the GPT_ARGS of a Megatron script.

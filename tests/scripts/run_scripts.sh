@@ -6,7 +6,7 @@
 set -euo pipefail
 BUILD=$(cd "$1" && pwd); SRC=$(cd "$2" && pwd); shift 2
 SCRIPTS=("$@")
-[ ${#SCRIPTS[@]} -gt 0 ] || SCRIPTS=("$SRC"/tests/scripts/megatron_*.sh)
+[ ${#SCRIPTS[@]} -gt 0 ] || SCRIPTS=("$SRC"/tests/scripts/megatron_*.sh)  # training scripts; eval_*.sh run after
 WORK=$(mktemp -d /tmp/mpitron_scripts.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -47,4 +47,29 @@ for script in "${SCRIPTS[@]}"; do
     tail -30 "$log"; fail=1
   fi
 done
+# Evaluation scripts run on the checkpoint the Megatron-LM pretraining script saved.
+if [ -f "$WORK/megatron_lm_pretrain_gpt/checkpoints/latest_checkpointed_iteration.txt" ]; then
+  head -n 40 "$SRC/assets/text/lambada_test.jsonl" > "$WORK/lambada_40.jsonl"
+  export LAMBADA_DATA=$WORK/lambada_40.jsonl CHECKPOINT_PATH=$WORK/megatron_lm_pretrain_gpt/checkpoints
+  for script in "$SRC"/tests/scripts/eval_*.sh; do
+    name=$(basename "$script" .sh)
+    log=$WORK/$name.log
+    echo "== $name"
+    if bash "$script" >"$log" 2>&1 && grep -q "validation results on LAMBADA" "$log"; then
+      echo "ok: $name: $(grep 'validation results' "$log" | head -1)"
+      grep -E -- "--[a-zA-Z_-]+: " "$log" | sed 's/^/   note: /' | head -20 || true
+    else
+      echo "FAILED: $name"; tail -30 "$log"; fail=1
+    fi
+  done
+  # A model flag that disagrees with the checkpoint is named, with both values.
+  if "$BUILD/apps/evaluate" --task LAMBADA --valid-data "$LAMBADA_DATA" --load "$CHECKPOINT_PATH" \
+       --num-layers 2 --hidden-size 128 >"$WORK/mismatch.log" 2>&1; then
+    echo "FAILED: evaluate accepted --hidden-size 128 for a hidden-size 64 checkpoint"; fail=1
+  elif grep -q -- "--hidden-size 128 (checkpoint: 64)" "$WORK/mismatch.log"; then
+    echo "ok: evaluate names the disagreeing model flag"
+  else
+    echo "FAILED: evaluate's mismatch error does not name the flag"; cat "$WORK/mismatch.log"; fail=1
+  fi
+fi
 [ $fail = 0 ] && echo "all scripts ran" || exit 1
