@@ -159,6 +159,49 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
   MPT_BACKEND(x, layernorm_backward, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx, s);
 }
 
+// ---- rmsnorm ---------------------------------------------------------------------------
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, const Tensor& out, const Tensor& rstd, float eps,
+                     Stream s) {
+  const char* op = "rmsnorm_forward";
+  need_float(op, x, "x");
+  const int64_t c = x.dim(-1), n = x.numel() / std::max<int64_t>(c, 1);
+  need_shape(op, weight, "weight", {c});
+  need(weight.dtype() == x.dtype(), str(op, ": weight must have x's dtype, got ", weight.describe()));
+  need(out.defined(), str(op, ": out is undefined"));
+  check_same_shape(op, x, "x", out, "out");
+  need(out.dtype() == x.dtype(), str(op, ": out must have x's dtype, got ", out.describe()));
+  need_shape(op, rstd, "rstd", {n});
+  need_f32(op, rstd, "rstd");
+  need(eps >= 0.0f, str(op, ": eps must be >= 0 (--norm-epsilon), got ", eps));
+  check_same_device(op, {&x, &weight, &out, &rstd});
+  check_contiguous(op, {{&x, "x"}, {&weight, "weight"}, {&out, "out"}, {&rstd, "rstd"}});
+  MPT_BACKEND(x, rmsnorm_forward, x, weight, out, rstd, eps, s);
+}
+
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dweight, bool accumulate_dx, Stream s) {
+  const char* op = "rmsnorm_backward";
+  need_float(op, x, "x");
+  const int64_t c = x.dim(-1), n = x.numel() / std::max<int64_t>(c, 1);
+  need(dout.defined(), str(op, ": dout is undefined"));
+  check_same_shape(op, x, "x", dout, "dout");
+  need(dout.dtype() == x.dtype(), str(op, ": dout must have x's dtype, got ", dout.describe()));
+  need_shape(op, weight, "weight", {c});
+  need(weight.dtype() == x.dtype(), str(op, ": weight must have x's dtype, got ", weight.describe()));
+  need_shape(op, rstd, "rstd", {n});
+  need_f32(op, rstd, "rstd");
+  if (dx.defined()) {
+    check_same_shape(op, x, "x", dx, "dx");
+    need(dx.dtype() == x.dtype(), str(op, ": dx must have x's dtype, got ", dx.describe()));
+  }
+  if (dweight.defined()) need_shape(op, dweight, "dweight", {c});
+  need_grad_dtype(op, dweight, "dweight", x.dtype());
+  check_same_device(op, {&dout, &x, &weight, &rstd, &dx, &dweight});
+  check_contiguous(op, {{&dout, "dout"}, {&x, "x"}, {&weight, "weight"}, {&rstd, "rstd"}, {&dx, "dx"},
+                        {&dweight, "dweight"}});
+  MPT_BACKEND(x, rmsnorm_backward, dout, x, weight, rstd, dx, dweight, accumulate_dx, s);
+}
+
 // ---- pointwise families ------------------------------------------------------------
 namespace {
 void need_like(const char* op, const Tensor& ref, const char* rn, const Tensor& t, const char* tn) {

@@ -10,5 +10,6 @@
 #include "tensor/gemm.h"
 #include "tensor/layernorm.h"
 #include "tensor/norm.h"
+#include "tensor/rmsnorm.h"
 #include "tensor/softmax.h"
 #include "tensor/tensor.h"
