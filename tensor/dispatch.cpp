@@ -228,6 +228,38 @@ void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream
   MPT_BACKEND(x, gelu_backward, dout, x, dx, s);
 }
 
+namespace {
+// x (..., 2F) and a (..., F) tensor `o` with the same leading dims.
+void check_swiglu_pair(const char* op, const Tensor& x, const Tensor& o, const char* on) {
+  need(o.defined(), str(op, ": ", on, " is undefined"));
+  need(x.ndim() >= 1 && x.dim(-1) % 2 == 0,
+       str(op, ": x must be (..., 2F) (fc1's [a | b] halves), got ", x.describe(), "; its last dim is not even"));
+  Shape want = x.shape();
+  want.back() /= 2;
+  need_shape(op, o, on, want);
+  need(o.dtype() == x.dtype(), str(op, ": ", on, " must have x's dtype, got ", o.describe()));
+}
+}  // namespace
+
+void swiglu_forward(const Tensor& x, const Tensor& out, Stream s) {
+  const char* op = "swiglu_forward";
+  need_float(op, x, "x");
+  check_swiglu_pair(op, x, out, "out");
+  check_same_device(op, {&x, &out});
+  check_contiguous(op, {{&x, "x"}, {&out, "out"}});
+  MPT_BACKEND(x, swiglu_forward, x, out, s);
+}
+
+void swiglu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream s) {
+  const char* op = "swiglu_backward";
+  need_float(op, x, "x");
+  check_swiglu_pair(op, x, dout, "dout");
+  need_like(op, x, "x", dx, "dx");
+  check_same_device(op, {&dout, &x, &dx});
+  check_contiguous(op, {{&dout, "dout"}, {&x, "x"}, {&dx, "dx"}});
+  MPT_BACKEND(x, swiglu_backward, dout, x, dx, s);
+}
+
 void softmax_forward(const Tensor& x, const Tensor& out, Stream s) {
   need_float("softmax_forward", x, "x");
   need_like("softmax_forward", x, "x", out, "out");

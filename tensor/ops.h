@@ -12,4 +12,5 @@
 #include "tensor/norm.h"
 #include "tensor/rmsnorm.h"
 #include "tensor/softmax.h"
+#include "tensor/swiglu.h"
 #include "tensor/tensor.h"
