@@ -325,6 +325,47 @@ void cuda_attention_force_fallback(bool on) {
 #endif
 }
 
+// ---- rope ---------------------------------------------------------------------------------
+namespace {
+int64_t rotary_dim_checked(const char* op, int64_t head_dim, double percent) {
+  need(percent > 0.0 && percent <= 1.0, str(op, ": --rotary-percent must be in (0, 1], got ", percent));
+  const int64_t r = static_cast<int64_t>(static_cast<double>(head_dim) * percent);
+  need(r > 0 && r % 2 == 0, str(op, ": head dim ", head_dim, " × --rotary-percent ", percent, " gives ", r,
+                                " rotary dims; it must be even and > 0 (pick a --rotary-percent that gives an even count)"));
+  return r;
+}
+}  // namespace
+
+int64_t rope_rotary_dim(int64_t head_dim, double percent) {
+  return rotary_dim_checked("rope_rotary_dim", head_dim, percent);
+}
+
+namespace {
+void check_rope(const char* op, const Tensor& x, const char* xn, const Tensor& o, const char* on,
+                int64_t rotate_heads, const RopeArgs& args) {
+  need_float(op, x, xn);
+  need(x.ndim() == 4, str(op, ": ", xn, " must be (B, T, H, D), got ", x.describe()));
+  need_like(op, x, xn, o, on);
+  need(rotate_heads >= 0 && rotate_heads <= x.dim(2),
+       str(op, ": rotate_heads ", rotate_heads, " outside [0, ", x.dim(2), "] (the heads of ", x.describe(), ")"));
+  need(args.base > 0.0, str(op, ": --rotary-base must be > 0, got ", args.base));
+  need(args.position_offset >= 0, str(op, ": position_offset must be >= 0, got ", args.position_offset));
+  rotary_dim_checked(op, x.dim(3), args.percent);
+  check_same_device(op, {&x, &o});
+  check_contiguous(op, {{&x, xn}, {&o, on}});
+}
+}  // namespace
+
+void rope_forward(const Tensor& x, const Tensor& out, int64_t rotate_heads, const RopeArgs& args, Stream s) {
+  check_rope("rope_forward", x, "x", out, "out", rotate_heads, args);
+  MPT_BACKEND(x, rope_forward, x, out, rotate_heads, args, s);
+}
+
+void rope_backward(const Tensor& dout, const Tensor& dx, int64_t rotate_heads, const RopeArgs& args, Stream s) {
+  check_rope("rope_backward", dout, "dout", dx, "dx", rotate_heads, args);
+  MPT_BACKEND(dout, rope_backward, dout, dx, rotate_heads, args, s);
+}
+
 // ---- embedding ------------------------------------------------------------------------
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate,
                        int64_t vocab_start, Stream s) {

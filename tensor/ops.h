@@ -11,6 +11,7 @@
 #include "tensor/layernorm.h"
 #include "tensor/norm.h"
 #include "tensor/rmsnorm.h"
+#include "tensor/rope.h"
 #include "tensor/softmax.h"
 #include "tensor/swiglu.h"
 #include "tensor/tensor.h"
