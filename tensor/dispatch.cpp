@@ -281,9 +281,20 @@ void softmax_backward(const Tensor& dout, const Tensor& out, const Tensor& dx, S
 namespace {
 void check_attention(const char* op, const Tensor& qkv, const Tensor& out, const Tensor& lse) {
   need_float(op, qkv, "qkv");
-  need(qkv.ndim() == 5 && qkv.dim(2) == 3, str(op, ": qkv must be (B, T, 3, NH, HD), got ", qkv.describe()));
-  const int64_t b = qkv.dim(0), t = qkv.dim(1), nh = qkv.dim(3), hd = qkv.dim(4);
-  need_shape(op, out, "out", {b, t, nh, hd});
+  need(out.defined() && out.ndim() == 4, str(op, ": out must be (B, T, NH, HD), got ", out.describe()));
+  const int64_t b = out.dim(0), t = out.dim(1), nh = out.dim(2), hd = out.dim(3);
+  if (qkv.ndim() == 5) {  // MHA: (B, T, 3, NH, HD)
+    need(qkv.dim(2) == 3, str(op, ": a 5-D qkv must be (B, T, 3, NH, HD), got ", qkv.describe()));
+    need_shape(op, qkv, "qkv", {b, t, 3, nh, hd});
+  } else {  // GQA: (B, T, NH + 2G, HD)
+    need(qkv.ndim() == 4, str(op, ": qkv must be (B, T, 3, NH, HD) or (B, T, NH + 2·G, HD), got ", qkv.describe()));
+    need(qkv.dim(0) == b && qkv.dim(1) == t && qkv.dim(3) == hd,
+         str(op, ": qkv ", qkv.describe(), " does not match out ", out.describe(), " (B, T, ·, HD)"));
+    const int64_t kv2 = qkv.dim(2) - nh, g = kv2 / 2;
+    need(nh > 0 && kv2 > 0 && kv2 % 2 == 0 && nh % g == 0,
+         str(op, ": qkv ", qkv.describe(), " must hold NH = ", nh, " query heads (out's) then G key and G value heads ",
+             "with NH divisible by G (--num-query-groups); its ", qkv.dim(2), " heads do not split that way"));
+  }
   need(out.dtype() == qkv.dtype(), str(op, ": out must have qkv's dtype"));
   need_shape(op, lse, "lse", {b, nh, t});
   need_f32(op, lse, "lse");
