@@ -112,7 +112,7 @@ TEST_CASE("rope: moderately large (closed-form backward)") {
   uint64_t seed = 9100;
   for (Device dev : test_devices())
     for (DType dt : float_dtypes()) {
-      run(dev, dt, {2, 129, 12, 64}, 8, args(10000, 1.0, 0), false, ++seed);   // NH = 4 q heads… (GQA 4+4, 4 v)
+      run(dev, dt, {2, 129, 12, 64}, 8, args(10000, 1.0, 0), false, ++seed);   // NH + 2G = 12 heads, NH = G = 4
       run(dev, dt, {1, 65, 6, 128}, 6, args(10000, 0.25, 3), true, ++seed);
     }
 }
