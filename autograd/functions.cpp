@@ -79,6 +79,97 @@ Var layernorm(Tape& tape, const Var& x, const Var& weight, const Var& bias, floa
   return out;
 }
 
+// ---- rmsnorm ------------------------------------------------------------------------
+namespace {
+struct RmsNormNode final : Node {
+  Var x, w, y;
+  Tensor rstd;
+  const char* name() const override { return "rmsnorm"; }
+  void backward() override {
+    if (!y.grad().defined()) return;
+    rmsnorm_backward(y.grad(), x.value(), w.value(), rstd, x.requires_grad() ? x.grad_or_zeros() : Tensor(),
+                     w.requires_grad() ? w.grad_or_zeros() : Tensor(), /*accumulate_dx=*/true);
+  }
+};
+}  // namespace
+
+Var rmsnorm(Tape& tape, const Var& x, const Var& weight, float eps) {
+  const Tensor& xv = x.value();
+  Tensor y = empty_like(xv);
+  Tensor rstd = Tensor::empty({xv.numel() / xv.dim(-1)}, DType::F32, xv.device());
+  rmsnorm_forward(xv, weight.value(), y, rstd, eps);
+  Var out(y, any_grad({&x, &weight}));
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<RmsNormNode>();
+    n->x = x, n->w = weight, n->y = out, n->rstd = rstd;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
+// ---- swiglu ---------------------------------------------------------------------------
+namespace {
+struct SwigluNode final : Node {
+  Var x, y;
+  const char* name() const override { return "swiglu"; }
+  void backward() override {
+    if (!y.grad().defined() || !x.requires_grad()) return;
+    Tensor dx = empty_like(x.value());
+    swiglu_backward(y.grad(), x.value(), dx);
+    axpby(1.0f, dx, 1.0f, x.grad_or_zeros());
+  }
+};
+}  // namespace
+
+Var swiglu(Tape& tape, const Var& x) {
+  const Tensor& xv = x.value();
+  Shape s = xv.shape();
+  s.back() /= 2;
+  Tensor y = Tensor::empty(s, xv.dtype(), xv.device());
+  swiglu_forward(xv, y);
+  Var out(y, x.requires_grad());
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<SwigluNode>();
+    n->x = x, n->y = out;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
+// ---- rope -----------------------------------------------------------------------------
+namespace {
+struct RopeNode final : Node {
+  Var x, y;
+  Shape shape4;  // (B, T, H, D)
+  int64_t rotate_heads = 0;
+  RopeArgs args;
+  const char* name() const override { return "rope"; }
+  void backward() override {
+    if (!y.grad().defined() || !x.requires_grad()) return;
+    Tensor dx = Tensor::empty(shape4, x.value().dtype(), x.value().device());
+    rope_backward(y.grad().view(shape4), dx, rotate_heads, args);
+    axpby(1.0f, dx.view(x.value().shape()), 1.0f, x.grad_or_zeros());
+  }
+};
+}  // namespace
+
+Var rope(Tape& tape, const Var& x, int64_t batch, int64_t seq, int64_t heads, int64_t rotate_heads,
+         const RopeArgs& args) {
+  const Tensor& xv = x.value();
+  MPT_CHECK(heads > 0 && xv.numel() % (batch * seq * heads) == 0,
+            str("rope: x ", xv.describe(), " is not (batch ", batch, ", seq ", seq, ", heads ", heads, ", ·)"), "");
+  const Shape s4{batch, seq, heads, xv.numel() / (batch * seq * heads)};
+  Tensor y = empty_like(xv);
+  rope_forward(xv.view(s4), y.view(s4), rotate_heads, args);
+  Var out(y, x.requires_grad());
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<RopeNode>();
+    n->x = x, n->y = out, n->shape4 = s4, n->rotate_heads = rotate_heads, n->args = args;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
 // ---- gelu -------------------------------------------------------------------------
 namespace {
 struct GeluNode final : Node {
@@ -165,33 +256,36 @@ namespace {
 struct AttentionNode final : Node {
   Var qkv, y;
   Tensor out, lse;
+  Shape qkv_shape;  // (B, T, 3, NH, HD) or (B, T, NH + 2G, HD)
   int64_t b = 0, t = 0, nh = 0, hd = 0;
   float scale = 1.0f;
   const char* name() const override { return "causal_attention"; }
   void backward() override {
     if (!y.grad().defined() || !qkv.requires_grad()) return;
-    const Tensor q5 = qkv.value().view({b, t, 3, nh, hd});
-    Tensor dqkv = Tensor::empty(q5.shape(), q5.dtype(), q5.device());
-    attention_backward(y.grad().view({b, t, nh, hd}), q5, out, lse, dqkv, scale);
+    const Tensor q = qkv.value().view(qkv_shape);
+    Tensor dqkv = Tensor::empty(q.shape(), q.dtype(), q.device());
+    attention_backward(y.grad().view({b, t, nh, hd}), q, out, lse, dqkv, scale);
     axpby(1.0f, dqkv.view(qkv.shape()), 1.0f, qkv.grad_or_zeros());
   }
 };
 }  // namespace
 
-Var causal_attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int64_t heads) {
+Var causal_attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int64_t heads, int64_t kv_groups) {
   const Tensor& v = qkv.value();
-  const int64_t c3 = v.dim(-1);
-  MPT_CHECK(c3 % (3 * heads) == 0, str("causal_attention: qkv width ", c3, " is not 3 × heads (", heads, ") × head dim"), "");
-  const int64_t hd = c3 / (3 * heads);
+  const int64_t width = v.dim(-1), g = kv_groups > 0 ? kv_groups : heads;
+  MPT_CHECK(width % (heads + 2 * g) == 0,
+            str("causal_attention: qkv width ", width, " is not (heads ", heads, " + 2 × kv groups ", g, ") × head dim"), "");
+  const int64_t hd = width / (heads + 2 * g);
+  const Shape qs = kv_groups > 0 ? Shape{batch, seq, heads + 2 * g, hd} : Shape{batch, seq, 3, heads, hd};
   Tensor out = Tensor::empty({batch, seq, heads, hd}, v.dtype(), v.device());
   Tensor lse = Tensor::empty({batch, heads, seq}, DType::F32, v.device());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  attention_forward(v.view({batch, seq, 3, heads, hd}), out, lse, scale);
+  attention_forward(v.view(qs), out, lse, scale);
   Var y(out.view({batch * seq, heads * hd}), qkv.requires_grad());
   if (tape.recording() && y.requires_grad()) {
     auto n = std::make_unique<AttentionNode>();
-    n->qkv = qkv, n->y = y, n->out = out, n->lse = lse, n->b = batch, n->t = seq, n->nh = heads, n->hd = hd;
-    n->scale = scale;
+    n->qkv = qkv, n->y = y, n->out = out, n->lse = lse, n->qkv_shape = qs, n->b = batch, n->t = seq, n->nh = heads;
+    n->hd = hd, n->scale = scale;
     tape.record(std::move(n));
   }
   return y;

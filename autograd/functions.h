@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "autograd/tape.h"
+#include "tensor/rope.h"
 
 namespace mpitron::ag {
 
@@ -12,13 +13,22 @@ namespace mpitron::ag {
 Var linear(Tape& tape, const Var& x, const Var& w, const Var& b);
 // y (N, C) = layernorm(x) · weight + bias
 Var layernorm(Tape& tape, const Var& x, const Var& weight, const Var& bias, float eps = 1e-5f);
+// y (N, C) = x / √(mean_c(x²) + eps) · weight   (Llama's RMSNorm)
+Var rmsnorm(Tape& tape, const Var& x, const Var& weight, float eps = 1e-5f);
 Var gelu(Tape& tape, const Var& x);
+// y (N, F) = silu(a) · b over the halves x (N, 2F) = [a | b]   (Megatron's --swiglu)
+Var swiglu(Tape& tape, const Var& x);
+// y (N, H·D) = rotary embedding of x viewed as (batch, seq, H, D): heads [0, rotate_heads)
+// rotate (tensor/rope.h), the rest pass through. x: (N, H·D) with N = batch·seq.
+Var rope(Tape& tape, const Var& x, int64_t batch, int64_t seq, int64_t heads, int64_t rotate_heads,
+         const RopeArgs& args);
 Var add(Tape& tape, const Var& a, const Var& b);
 // y (N, C) = table[ids − vocab_start]  (ids (N) i32/i64: a constant, not a Var); ids outside
 // the table's rows give zero rows (vocab-parallel: the table is one TP rank's slice).
 Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_start = 0);
-// out (B, T, NH·HD) = causal attention over qkv viewed as (B, T, 3, NH, HD)
-Var causal_attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int64_t heads);
+// out (B, T, NH·HD) = causal attention over qkv viewed as (B, T, 3, NH, HD), or with
+// kv_groups G > 0 as (B, T, NH + 2G, HD) (grouped-query attention; 0 means G = NH).
+Var causal_attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int64_t heads, int64_t kv_groups = 0);
 // Philox dropout; (seed, offset) names the mask.
 Var dropout(Tape& tape, const Var& x, float p, uint64_t seed, uint64_t offset);
 // Mean over valid positions (targets >= 0) of softmax cross-entropy: a (1) f32 Var.

@@ -177,6 +177,28 @@ class Bench {
         mem(dev, "layernorm bwd", sh, dt, 3 * bytes({tok, c}, dt),
             [&] { layernorm_backward(y, x, w, mean, rstd, dx, dw, dbb); });
       }
+      {  // Llama: RMSNorm, SwiGLU over fc1's 2·F outputs (F = 8C/3 rounded to 64), RoPE on q and k in place
+        const Tensor x = randn({tok, c}, dt, dev, 14), w = randn({c}, dt, dev, 15);
+        const Tensor y = Tensor::empty({tok, c}, dt, dev), rstd = Tensor::empty({tok}, DType::F32, dev);
+        const std::string sh = str(tok, "x", c);
+        mem(dev, "rmsnorm fwd", sh, dt, 2 * bytes({tok, c}, dt), [&] { rmsnorm_forward(x, w, y, rstd); });
+        const Tensor dx = Tensor::empty({tok, c}, dt, dev), dw = Tensor::zeros({c}, DType::F32, dev);
+        mem(dev, "rmsnorm bwd", sh, dt, 3 * bytes({tok, c}, dt), [&] { rmsnorm_backward(y, x, w, rstd, dx, dw); });
+        const int64_t f = (8 * c / 3 + 63) / 64 * 64;
+        const Tensor h = randn({tok, 2 * f}, dt, dev, 16, 3), a = Tensor::empty({tok, f}, dt, dev);
+        const Tensor dh = Tensor::empty({tok, 2 * f}, dt, dev);
+        const std::string shf = str(tok, "x2·", f);
+        mem(dev, "swiglu fwd", shf, dt, 3 * bytes({tok, f}, dt), [&] { swiglu_forward(h, a); });
+        mem(dev, "swiglu bwd", shf, dt, 5 * bytes({tok, f}, dt), [&] { swiglu_backward(a, h, dh); });
+        const int64_t g = nh / 4;  // GQA with 4 query heads per kv group
+        const Shape q4{bsz, t, nh + 2 * g, hd};
+        const Tensor qkv = randn(q4, dt, dev, 17);
+        const std::string shr = str("B", bsz, " T", t, " NH", nh, " G", g, " HD", hd);
+        const size_t rot = bytes({bsz, t, nh + g, hd}, dt);
+        RopeArgs ra;
+        mem(dev, "rope fwd (q,k in place)", shr, dt, 2 * rot, [&] { rope_forward(qkv, qkv, nh + g, ra); });
+        mem(dev, "rope bwd (in place)", shr, dt, 2 * rot, [&] { rope_backward(qkv, qkv, nh + g, ra); });
+      }
       {
         const Shape s{tok, 4 * c};
         const Tensor x = randn(s, dt, dev, 7, 3), y = Tensor::empty(s, dt, dev), dx = Tensor::empty(s, dt, dev);
@@ -205,6 +227,15 @@ class Bench {
         const std::string sh = str("B", bsz, " T", t, " NH", nh, " HD", hd);
         compute(dev, "attention fwd", sh, dt, f, [&] { attention_forward(qkv, out, lse, 0.125f); });
         compute(dev, "attention bwd", sh, dt, 2.5 * f, [&] { attention_backward(out, qkv, out, lse, dqkv, 0.125f); });
+      }
+      {  // grouped-query attention: the same FLOPs per query head, G = NH/4 kv heads
+        const int64_t g = nh / 4;
+        const Tensor qkv = randn({bsz, t, nh + 2 * g, hd}, dt, dev, 18), out = Tensor::empty({bsz, t, nh, hd}, dt, dev);
+        const Tensor lse = Tensor::empty({bsz, nh, t}, DType::F32, dev), dqkv = Tensor::empty(qkv.shape(), dt, dev);
+        const double f = 2.0 * bsz * nh * double(t) * t * hd;
+        const std::string sh = str("B", bsz, " T", t, " NH", nh, " G", g, " HD", hd);
+        compute(dev, "attention GQA fwd", sh, dt, f, [&] { attention_forward(qkv, out, lse, 0.125f); });
+        compute(dev, "attention GQA bwd", sh, dt, 2.5 * f, [&] { attention_backward(out, qkv, out, lse, dqkv, 0.125f); });
       }
       {
         std::vector<int64_t> ids(static_cast<size_t>(tok));

@@ -159,6 +159,49 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
   MPT_BACKEND(x, layernorm_backward, dout, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx, s);
 }
 
+// ---- rmsnorm ---------------------------------------------------------------------------
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, const Tensor& out, const Tensor& rstd, float eps,
+                     Stream s) {
+  const char* op = "rmsnorm_forward";
+  need_float(op, x, "x");
+  const int64_t c = x.dim(-1), n = x.numel() / std::max<int64_t>(c, 1);
+  need_shape(op, weight, "weight", {c});
+  need(weight.dtype() == x.dtype(), str(op, ": weight must have x's dtype, got ", weight.describe()));
+  need(out.defined(), str(op, ": out is undefined"));
+  check_same_shape(op, x, "x", out, "out");
+  need(out.dtype() == x.dtype(), str(op, ": out must have x's dtype, got ", out.describe()));
+  need_shape(op, rstd, "rstd", {n});
+  need_f32(op, rstd, "rstd");
+  need(eps >= 0.0f, str(op, ": eps must be >= 0 (--norm-epsilon), got ", eps));
+  check_same_device(op, {&x, &weight, &out, &rstd});
+  check_contiguous(op, {{&x, "x"}, {&weight, "weight"}, {&out, "out"}, {&rstd, "rstd"}});
+  MPT_BACKEND(x, rmsnorm_forward, x, weight, out, rstd, eps, s);
+}
+
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dweight, bool accumulate_dx, Stream s) {
+  const char* op = "rmsnorm_backward";
+  need_float(op, x, "x");
+  const int64_t c = x.dim(-1), n = x.numel() / std::max<int64_t>(c, 1);
+  need(dout.defined(), str(op, ": dout is undefined"));
+  check_same_shape(op, x, "x", dout, "dout");
+  need(dout.dtype() == x.dtype(), str(op, ": dout must have x's dtype, got ", dout.describe()));
+  need_shape(op, weight, "weight", {c});
+  need(weight.dtype() == x.dtype(), str(op, ": weight must have x's dtype, got ", weight.describe()));
+  need_shape(op, rstd, "rstd", {n});
+  need_f32(op, rstd, "rstd");
+  if (dx.defined()) {
+    check_same_shape(op, x, "x", dx, "dx");
+    need(dx.dtype() == x.dtype(), str(op, ": dx must have x's dtype, got ", dx.describe()));
+  }
+  if (dweight.defined()) need_shape(op, dweight, "dweight", {c});
+  need_grad_dtype(op, dweight, "dweight", x.dtype());
+  check_same_device(op, {&dout, &x, &weight, &rstd, &dx, &dweight});
+  check_contiguous(op, {{&dout, "dout"}, {&x, "x"}, {&weight, "weight"}, {&rstd, "rstd"}, {&dx, "dx"},
+                        {&dweight, "dweight"}});
+  MPT_BACKEND(x, rmsnorm_backward, dout, x, weight, rstd, dx, dweight, accumulate_dx, s);
+}
+
 // ---- pointwise families ------------------------------------------------------------
 namespace {
 void need_like(const char* op, const Tensor& ref, const char* rn, const Tensor& t, const char* tn) {
@@ -185,6 +228,38 @@ void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream
   MPT_BACKEND(x, gelu_backward, dout, x, dx, s);
 }
 
+namespace {
+// x (..., 2F) and a (..., F) tensor `o` with the same leading dims.
+void check_swiglu_pair(const char* op, const Tensor& x, const Tensor& o, const char* on) {
+  need(o.defined(), str(op, ": ", on, " is undefined"));
+  need(x.ndim() >= 1 && x.dim(-1) % 2 == 0,
+       str(op, ": x must be (..., 2F) (fc1's [a | b] halves), got ", x.describe(), "; its last dim is not even"));
+  Shape want = x.shape();
+  want.back() /= 2;
+  need_shape(op, o, on, want);
+  need(o.dtype() == x.dtype(), str(op, ": ", on, " must have x's dtype, got ", o.describe()));
+}
+}  // namespace
+
+void swiglu_forward(const Tensor& x, const Tensor& out, Stream s) {
+  const char* op = "swiglu_forward";
+  need_float(op, x, "x");
+  check_swiglu_pair(op, x, out, "out");
+  check_same_device(op, {&x, &out});
+  check_contiguous(op, {{&x, "x"}, {&out, "out"}});
+  MPT_BACKEND(x, swiglu_forward, x, out, s);
+}
+
+void swiglu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream s) {
+  const char* op = "swiglu_backward";
+  need_float(op, x, "x");
+  check_swiglu_pair(op, x, dout, "dout");
+  need_like(op, x, "x", dx, "dx");
+  check_same_device(op, {&dout, &x, &dx});
+  check_contiguous(op, {{&dout, "dout"}, {&x, "x"}, {&dx, "dx"}});
+  MPT_BACKEND(x, swiglu_backward, dout, x, dx, s);
+}
+
 void softmax_forward(const Tensor& x, const Tensor& out, Stream s) {
   need_float("softmax_forward", x, "x");
   need_like("softmax_forward", x, "x", out, "out");
@@ -206,9 +281,20 @@ void softmax_backward(const Tensor& dout, const Tensor& out, const Tensor& dx, S
 namespace {
 void check_attention(const char* op, const Tensor& qkv, const Tensor& out, const Tensor& lse) {
   need_float(op, qkv, "qkv");
-  need(qkv.ndim() == 5 && qkv.dim(2) == 3, str(op, ": qkv must be (B, T, 3, NH, HD), got ", qkv.describe()));
-  const int64_t b = qkv.dim(0), t = qkv.dim(1), nh = qkv.dim(3), hd = qkv.dim(4);
-  need_shape(op, out, "out", {b, t, nh, hd});
+  need(out.defined() && out.ndim() == 4, str(op, ": out must be (B, T, NH, HD), got ", out.describe()));
+  const int64_t b = out.dim(0), t = out.dim(1), nh = out.dim(2), hd = out.dim(3);
+  if (qkv.ndim() == 5) {  // MHA: (B, T, 3, NH, HD)
+    need(qkv.dim(2) == 3, str(op, ": a 5-D qkv must be (B, T, 3, NH, HD), got ", qkv.describe()));
+    need_shape(op, qkv, "qkv", {b, t, 3, nh, hd});
+  } else {  // GQA: (B, T, NH + 2G, HD)
+    need(qkv.ndim() == 4, str(op, ": qkv must be (B, T, 3, NH, HD) or (B, T, NH + 2·G, HD), got ", qkv.describe()));
+    need(qkv.dim(0) == b && qkv.dim(1) == t && qkv.dim(3) == hd,
+         str(op, ": qkv ", qkv.describe(), " does not match out ", out.describe(), " (B, T, ·, HD)"));
+    const int64_t kv2 = qkv.dim(2) - nh, g = kv2 / 2;
+    need(nh > 0 && kv2 > 0 && kv2 % 2 == 0 && nh % g == 0,
+         str(op, ": qkv ", qkv.describe(), " must hold NH = ", nh, " query heads (out's) then G key and G value heads ",
+             "with NH divisible by G (--num-query-groups); its ", qkv.dim(2), " heads do not split that way"));
+  }
   need(out.dtype() == qkv.dtype(), str(op, ": out must have qkv's dtype"));
   need_shape(op, lse, "lse", {b, nh, t});
   need_f32(op, lse, "lse");
@@ -248,6 +334,47 @@ void cuda_attention_force_fallback(bool on) {
 #else
   (void)on;
 #endif
+}
+
+// ---- rope ---------------------------------------------------------------------------------
+namespace {
+int64_t rotary_dim_checked(const char* op, int64_t head_dim, double percent) {
+  need(percent > 0.0 && percent <= 1.0, str(op, ": --rotary-percent must be in (0, 1], got ", percent));
+  const int64_t r = static_cast<int64_t>(static_cast<double>(head_dim) * percent);
+  need(r > 0 && r % 2 == 0, str(op, ": head dim ", head_dim, " × --rotary-percent ", percent, " gives ", r,
+                                " rotary dims; it must be even and > 0 (pick a --rotary-percent that gives an even count)"));
+  return r;
+}
+}  // namespace
+
+int64_t rope_rotary_dim(int64_t head_dim, double percent) {
+  return rotary_dim_checked("rope_rotary_dim", head_dim, percent);
+}
+
+namespace {
+void check_rope(const char* op, const Tensor& x, const char* xn, const Tensor& o, const char* on,
+                int64_t rotate_heads, const RopeArgs& args) {
+  need_float(op, x, xn);
+  need(x.ndim() == 4, str(op, ": ", xn, " must be (B, T, H, D), got ", x.describe()));
+  need_like(op, x, xn, o, on);
+  need(rotate_heads >= 0 && rotate_heads <= x.dim(2),
+       str(op, ": rotate_heads ", rotate_heads, " outside [0, ", x.dim(2), "] (the heads of ", x.describe(), ")"));
+  need(args.base > 0.0, str(op, ": --rotary-base must be > 0, got ", args.base));
+  need(args.position_offset >= 0, str(op, ": position_offset must be >= 0, got ", args.position_offset));
+  rotary_dim_checked(op, x.dim(3), args.percent);
+  check_same_device(op, {&x, &o});
+  check_contiguous(op, {{&x, xn}, {&o, on}});
+}
+}  // namespace
+
+void rope_forward(const Tensor& x, const Tensor& out, int64_t rotate_heads, const RopeArgs& args, Stream s) {
+  check_rope("rope_forward", x, "x", out, "out", rotate_heads, args);
+  MPT_BACKEND(x, rope_forward, x, out, rotate_heads, args, s);
+}
+
+void rope_backward(const Tensor& dout, const Tensor& dx, int64_t rotate_heads, const RopeArgs& args, Stream s) {
+  check_rope("rope_backward", dout, "dout", dx, "dx", rotate_heads, args);
+  MPT_BACKEND(dout, rope_backward, dout, dx, rotate_heads, args, s);
 }
 
 // ---- embedding ------------------------------------------------------------------------

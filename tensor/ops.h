@@ -10,5 +10,8 @@
 #include "tensor/gemm.h"
 #include "tensor/layernorm.h"
 #include "tensor/norm.h"
+#include "tensor/rmsnorm.h"
+#include "tensor/rope.h"
 #include "tensor/softmax.h"
+#include "tensor/swiglu.h"
 #include "tensor/tensor.h"

@@ -1,11 +1,13 @@
 // tensor/cpu/attention.cpp — causal scaled-dot-product attention (the reference path).
 //
-// qkv (B, T, 3, NH, HD), out (B, T, NH, HD), lse (B, NH, T). Per (batch, head)
-// the scores S = Q·Kᵀ (T, T) and the products P·V, dO·Vᵀ, dS·K, dSᵀ·Q, Pᵀ·dO
-// are BLAS sgemm calls on strided views of the packed qkv (leading dimension
-// 3C); softmax, masking and the elementwise backward run OpenMP-parallel over
-// rows. Backward recomputes P from lse (as flash attention does) instead of
-// storing it.
+// qkv (B, T, NH + 2G, HD) (the 5-D MHA form is the same bytes with G = NH),
+// out (B, T, NH, HD), lse (B, NH, T). Per (batch, head h) with kv group
+// g = h / (NH/G) the scores S = Q_h·K_gᵀ (T, T) and the products P·V_g, dO·V_gᵀ,
+// dS·K_g, dSᵀ·Q_h, Pᵀ·dO are BLAS sgemm calls on strided views of the packed qkv
+// (leading dimension W = (NH + 2G)·HD); softmax, masking and the elementwise
+// backward run OpenMP-parallel over rows. Backward recomputes P from lse (as
+// flash attention does) instead of storing it; dK_g and dV_g sum over the heads
+// of group g (consecutive, so the first one writes and the others add).
 #include <cblas.h>
 
 #include <cmath>
@@ -38,10 +40,24 @@ void probs_from_lse(float* s, const float* lse, int64_t T) {
   }
 }
 
+// Dimensions of an attention call (qkv 5-D MHA or 4-D GQA; out (B, T, NH, HD)).
+struct Dims {
+  int64_t B, T, NH, G, HD, W;  // W: elements per token of qkv
+  int64_t q(int64_t h) const { return h * HD; }                        // column of Q head h
+  int64_t k(int64_t h) const { return (NH + h / (NH / G)) * HD; }      // of its K group
+  int64_t v(int64_t h) const { return (NH + G + h / (NH / G)) * HD; }  // of its V group
+};
+Dims dims_of(const Tensor& qkv, const Tensor& out) {
+  const int64_t nh = out.dim(2), hd = out.dim(3);
+  const int64_t heads = qkv.ndim() == 5 ? 3 * qkv.dim(3) : qkv.dim(2);
+  return {out.dim(0), out.dim(1), nh, (heads - nh) / 2, hd, heads * hd};
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale, Stream) {
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), NH = qkv.dim(3), HD = qkv.dim(4), C = NH * HD;
+  const Dims d = dims_of(qkv, out);
+  const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD, C = NH * HD, W = d.W;
   F32In fin(qkv);
   F32Out fout(out, false);
   const float* x = fin.get();
@@ -50,9 +66,9 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
   std::vector<float> s(static_cast<size_t>(T * T));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h) {
-      const float* q = x + b * T * 3 * C + h * HD;
+      const float* xb = x + b * T * W;
       float* lrow = l + (b * NH + h) * T;
-      sgemm(false, true, T, T, HD, scale, q, 3 * C, q + C, 3 * C, 0.0f, s.data(), T);  // S = Q·Kᵀ·scale
+      sgemm(false, true, T, T, HD, scale, xb + d.q(h), W, xb + d.k(h), W, 0.0f, s.data(), T);  // S = Q·Kᵀ·scale
 #pragma omp parallel for schedule(static) if (T >= 64)
       for (int64_t i = 0; i < T; ++i) {
         float* row = s.data() + i * T;
@@ -67,14 +83,15 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
         for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
         lrow[i] = mx + std::log(sum);
       }
-      sgemm(false, false, T, HD, T, 1.0f, s.data(), T, q + 2 * C, 3 * C, 0.0f, o + b * T * C + h * HD, C);  // O = P·V
+      sgemm(false, false, T, HD, T, 1.0f, s.data(), T, xb + d.v(h), W, 0.0f, o + b * T * C + h * HD, C);  // O = P·V
     }
   fout.commit();
 }
 
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                         const Tensor& dqkv, float scale, Stream) {
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), NH = qkv.dim(3), HD = qkv.dim(4), C = NH * HD;
+  const Dims d = dims_of(qkv, out);
+  const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD, C = NH * HD, W = d.W, rep = d.NH / d.G;
   F32In fin(qkv), fo(out), fd(dout);
   F32Out fdq(dqkv, false);
   const float *x = fin.get(), *o = fo.get(), *dO = fd.get();
@@ -83,13 +100,14 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   std::vector<float> p(static_cast<size_t>(T * T)), dp(static_cast<size_t>(T * T));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h) {
-      const float* q = x + b * T * 3 * C + h * HD;
+      const float* xb = x + b * T * W;
       const float* doh = dO + b * T * C + h * HD;
       const float* oh = o + b * T * C + h * HD;
-      float* dq = dx + b * T * 3 * C + h * HD;
-      sgemm(false, true, T, T, HD, scale, q, 3 * C, q + C, 3 * C, 0.0f, p.data(), T);  // S
-      probs_from_lse(p.data(), l + (b * NH + h) * T, T);                                // P
-      sgemm(false, true, T, T, HD, 1.0f, doh, C, q + 2 * C, 3 * C, 0.0f, dp.data(), T);  // dP = dO·Vᵀ
+      float* db = dx + b * T * W;
+      const float kv_beta = h % rep == 0 ? 0.0f : 1.0f;  // the group's first head writes dK/dV, the rest add
+      sgemm(false, true, T, T, HD, scale, xb + d.q(h), W, xb + d.k(h), W, 0.0f, p.data(), T);  // S
+      probs_from_lse(p.data(), l + (b * NH + h) * T, T);                                       // P
+      sgemm(false, true, T, T, HD, 1.0f, doh, C, xb + d.v(h), W, 0.0f, dp.data(), T);          // dP = dO·Vᵀ
 #pragma omp parallel for schedule(static) if (T >= 64)
       for (int64_t i = 0; i < T; ++i) {
         float d = 0;
@@ -99,9 +117,9 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
 #pragma omp simd
         for (int64_t j = 0; j < T; ++j) dprow[j] = prow[j] * (dprow[j] - d) * scale;  // dS (0 where P is 0)
       }
-      sgemm(false, false, T, HD, T, 1.0f, dp.data(), T, q + C, 3 * C, 0.0f, dq, 3 * C);         // dQ = dS·K
-      sgemm(true, false, T, HD, T, 1.0f, dp.data(), T, q, 3 * C, 0.0f, dq + C, 3 * C);          // dK = dSᵀ·Q
-      sgemm(true, false, T, HD, T, 1.0f, p.data(), T, doh, C, 0.0f, dq + 2 * C, 3 * C);         // dV = Pᵀ·dO
+      sgemm(false, false, T, HD, T, 1.0f, dp.data(), T, xb + d.k(h), W, 0.0f, db + d.q(h), W);     // dQ = dS·K
+      sgemm(true, false, T, HD, T, 1.0f, dp.data(), T, xb + d.q(h), W, kv_beta, db + d.k(h), W);  // dK (+)= dSᵀ·Q
+      sgemm(true, false, T, HD, T, 1.0f, p.data(), T, doh, C, kv_beta, db + d.v(h), W);           // dV (+)= Pᵀ·dO
     }
   fdq.commit();
 }

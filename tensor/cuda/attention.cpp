@@ -2,9 +2,12 @@
 // attention (graph API through the header-only cudnn-frontend), with the
 // cuBLAS + softmax path of attention_fallback.cu behind it.
 //
-//   qkv (B, T, 3, NH, HD), out (B, T, NH, HD), lse (B, NH, T) f32, C = NH·HD
-//   cuDNN sees Q, K, V as strided (B, NH, T, HD) views of the packed qkv:
-//     strides (T·3C, HD, 3C, 1), K at +C elements, V at +2C;
+//   qkv (B, T, NH + 2G, HD) (or the 5-D MHA form, G = NH), out (B, T, NH, HD),
+//   lse (B, NH, T) f32, C = NH·HD, W = (NH + 2G)·HD
+//   cuDNN sees Q as a strided (B, NH, T, HD) view of the packed qkv and K, V as
+//     (B, G, T, HD) views (cuDNN's SDPA takes GQA/MQA directly: head h uses kv head
+//     h / (NH/G)), all with strides (T·W, HD, W, 1), K at +NH·HD elements, V at
+//     +(NH + G)·HD;
 //   O and dO as (B, NH, T, HD) with strides (T·C, HD, C, 1); dQ/dK/dV like Q/K/V
 //   inside dqkv; the softmax statistics (B, NH, T, 1) f32 are our lse
 //   (natural-log logsumexp of the scaled, masked scores — the fallback's too,
@@ -17,7 +20,7 @@
 //   cuDNN accepts the graph for this shape (checked once per shape and cached:
 //   e.g. HD must be a multiple of 8 and ≤ 128/256 depending on the GPU/cuDNN).
 //   Otherwise the fallback.
-// Built graphs are cached by (device, B, T, NH, HD, dtype, scale, fwd/bwd); the
+// Built graphs are cached by (device, B, T, NH, G, HD, dtype, scale, fwd/bwd); the
 // cuDNN workspace comes from the caching allocator. Compiled by the host
 // compiler (the frontend is plain C++), so kernels live in the .cu files.
 #include <atomic>
@@ -94,25 +97,25 @@ struct GraphEntry {
   std::string why;  // when !ok: what cuDNN said
 };
 
-using GraphKey = std::tuple<int, bool, int64_t, int64_t, int64_t, int64_t, int, uint32_t>;
+using GraphKey = std::tuple<int, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t>;
 
 // Builds (or finds) the fwd/bwd SDPA graph for this shape. Never throws for an
 // unsupported configuration: returns an entry with ok = false instead.
 std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward, int64_t B, int64_t T, int64_t NH,
-                                       int64_t HD, DType dt, float scale) {
+                                       int64_t G, int64_t HD, DType dt, float scale) {
   static std::mutex mu;
   static auto* cache = new std::map<GraphKey, std::shared_ptr<GraphEntry>>();
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &scale, 4);
-  const GraphKey key{device, forward, B, T, NH, HD, static_cast<int>(dt), scale_bits};
+  const GraphKey key{device, forward, B, T, NH, G, HD, static_cast<int>(dt), scale_bits};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
 
   auto e = std::make_shared<GraphEntry>();
-  const int64_t C = NH * HD;
-  const std::vector<int64_t> dims{B, NH, T, HD};
-  const std::vector<int64_t> qkv_strides{T * 3 * C, HD, 3 * C, 1}, o_strides{T * C, HD, C, 1};
+  const int64_t C = NH * HD, W = (NH + 2 * G) * HD;
+  const std::vector<int64_t> dims{B, NH, T, HD}, kv_dims{B, G, T, HD};
+  const std::vector<int64_t> qkv_strides{T * W, HD, W, 1}, o_strides{T * C, HD, C, 1};
   const std::vector<int64_t> stat_dims{B, NH, T, 1}, stat_strides{NH * T, T, 1, 1};
   try {
     auto g = std::make_shared<fe::graph::Graph>();
@@ -123,8 +126,8 @@ std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward
       return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(d).set_stride(st));
     };
     auto Q = tensor("Q", kQ, dims, qkv_strides);
-    auto K = tensor("K", kK, dims, qkv_strides);
-    auto V = tensor("V", kV, dims, qkv_strides);
+    auto K = tensor("K", kK, kv_dims, qkv_strides);
+    auto V = tensor("V", kV, kv_dims, qkv_strides);
     if (forward) {
       auto opts = fe::graph::SDPA_attributes()
                       .set_name("sdpa")
@@ -148,8 +151,8 @@ std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward
           scale);
       auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opts);
       dQ->set_output(true).set_dim(dims).set_stride(qkv_strides).set_uid(kDQ);
-      dK->set_output(true).set_dim(dims).set_stride(qkv_strides).set_uid(kDK);
-      dV->set_output(true).set_dim(dims).set_stride(qkv_strides).set_uid(kDV);
+      dK->set_output(true).set_dim(kv_dims).set_stride(qkv_strides).set_uid(kDK);
+      dV->set_output(true).set_dim(kv_dims).set_stride(qkv_strides).set_uid(kDV);
     }
     fe::error_t st = g->validate();
     if (st.is_good()) st = g->build_operation_graph(h);
@@ -169,9 +172,20 @@ std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward
   }
   if (!e->ok)
     log_warn(str("attention: cuDNN ", forward ? "forward" : "backward", " unavailable for B=", B, " T=", T,
-                 " NH=", NH, " HD=", HD, " ", dtype_name(dt), " (", e->why, "); using the cuBLAS path"));
+                 " NH=", NH, " G=", G, " HD=", HD, " ", dtype_name(dt), " (", e->why, "); using the cuBLAS path"));
   cache->emplace(key, e);
   return e;
+}
+
+// qkv (B, T, 3, NH, HD) or (B, T, NH + 2G, HD), out (B, T, NH, HD): the head counts and
+// the element offsets of K and V inside a token's row.
+struct AttnShape {
+  int64_t B, T, NH, G, HD, k_off, v_off;
+};
+AttnShape attn_shape(const Tensor& qkv, const Tensor& out) {
+  const int64_t nh = out.dim(2), hd = out.dim(3);
+  const int64_t heads = qkv.ndim() == 5 ? 3 * qkv.dim(3) : qkv.dim(2), g = (heads - nh) / 2;
+  return {out.dim(0), out.dim(1), nh, g, hd, nh * hd, (nh + g) * hd};
 }
 
 bool cudnn_eligible(DType dt, std::initializer_list<const void*> ptrs) {
@@ -195,18 +209,19 @@ void execute(const GraphEntry& e, cudnnHandle_t h, int device, std::unordered_ma
 // out = softmax(Q·Kᵀ·scale, causal)·V, lse = its row statistics (attention.h)
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale, Stream s) {
 #ifdef MPITRON_WITH_CUDNN
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), NH = qkv.dim(3), HD = qkv.dim(4), C = NH * HD;
+  const AttnShape d = attn_shape(qkv, out);
+  const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD;
   const size_t es = dtype_size(qkv.dtype());
   char* q = static_cast<char*>(qkv.data_ptr());
-  if (B * T * NH > 0 && cudnn_eligible(qkv.dtype(), {q, q + C * es, q + 2 * C * es, out.data_ptr()})) {
+  if (B * T * NH > 0 && cudnn_eligible(qkv.dtype(), {q, q + d.k_off * es, q + d.v_off * es, out.data_ptr()})) {
     DeviceGuard g(qkv);
     const int dev = qkv.device().index;
     const cudnnHandle_t h = cudnn_handle(dev);
-    const auto e = sdpa_graph(dev, h, true, B, T, NH, HD, qkv.dtype(), scale);
+    const auto e = sdpa_graph(dev, h, true, B, T, NH, d.G, HD, qkv.dtype(), scale);
     if (e->ok) {
       std::unordered_map<int64_t, void*> pack{{kQ, q},
-                                              {kK, q + C * es},
-                                              {kV, q + 2 * C * es},
+                                              {kK, q + d.k_off * es},
+                                              {kV, q + d.v_off * es},
                                               {kO, out.data_ptr()},
                                               {kStats, lse.data_ptr()}};
       execute(*e, h, dev, pack, s);
@@ -217,30 +232,31 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
   attention_forward_fallback(qkv, out, lse, scale, s);
 }
 
-// dqkv (B, T, 3, NH, HD) = gradients of Q, K, V (overwritten)
+// dqkv (qkv's shape) = gradients of Q, K, V (overwritten; dK/dV summed over each group's heads)
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                         const Tensor& dqkv, float scale, Stream s) {
 #ifdef MPITRON_WITH_CUDNN
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), NH = qkv.dim(3), HD = qkv.dim(4), C = NH * HD;
+  const AttnShape d = attn_shape(qkv, out);
+  const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD;
   const size_t es = dtype_size(qkv.dtype());
   char* q = static_cast<char*>(qkv.data_ptr());
   char* dq = static_cast<char*>(dqkv.data_ptr());
-  if (B * T * NH > 0 && cudnn_eligible(qkv.dtype(), {q, q + C * es, q + 2 * C * es, out.data_ptr(), dout.data_ptr(),
-                                                     dq, dq + C * es, dq + 2 * C * es})) {
+  if (B * T * NH > 0 && cudnn_eligible(qkv.dtype(), {q, q + d.k_off * es, q + d.v_off * es, out.data_ptr(),
+                                                     dout.data_ptr(), dq, dq + d.k_off * es, dq + d.v_off * es})) {
     DeviceGuard g(qkv);
     const int dev = qkv.device().index;
     const cudnnHandle_t h = cudnn_handle(dev);
-    const auto e = sdpa_graph(dev, h, false, B, T, NH, HD, qkv.dtype(), scale);
+    const auto e = sdpa_graph(dev, h, false, B, T, NH, d.G, HD, qkv.dtype(), scale);
     if (e->ok) {
       std::unordered_map<int64_t, void*> pack{{kQ, q},
-                                              {kK, q + C * es},
-                                              {kV, q + 2 * C * es},
+                                              {kK, q + d.k_off * es},
+                                              {kV, q + d.v_off * es},
                                               {kO, out.data_ptr()},
                                               {kDO, dout.data_ptr()},
                                               {kStats, lse.data_ptr()},
                                               {kDQ, dq},
-                                              {kDK, dq + C * es},
-                                              {kDV, dq + 2 * C * es}};
+                                              {kDK, dq + d.k_off * es},
+                                              {kDV, dq + d.v_off * es}};
       execute(*e, h, dev, pack, s);
       return;
     }

@@ -6,6 +6,14 @@
 // and the closed-form float64 backward (dV = Pᵀ·dO, dS = P ⊙ (dO·Vᵀ − rowsum),
 // dQ = s·dS·K, dK = s·dSᵀ·Q) on the larger ones. On CUDA the cuDNN path and the
 // forced cuBLAS fallback are both checked against the reference and each other.
+// Grouped-query attention (qkv (B, T, NH + 2G, HD), head h reads kv group h/(NH/G))
+// runs through the same reference, whose dK/dV sum over a group's heads; a
+// PyTorch cross-check (HF's repeat_kv, torch autograd) reads
+// tests/tensor/ref/llama_ops_ref.json from tests/reference/llama_ops_ref.py.
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
 #include "tests/tensor/op_harness.h"
 
 using namespace mpitron;
@@ -13,15 +21,24 @@ using namespace mpitron::test;
 
 namespace {
 
+// g = 0: MHA with qkv (B, T, 3, NH, HD); g > 0: GQA with qkv (B, T, NH + 2g, HD).
 struct AttnDims {
-  int64_t b, t, nh, hd;
+  int64_t b, t, nh, hd, g = 0;
+  int64_t groups() const { return g ? g : nh; }
 };
-Shape qkv_shape(const AttnDims& d) { return {d.b, d.t, 3, d.nh, d.hd}; }
+Shape qkv_shape(const AttnDims& d) {
+  return d.g ? Shape{d.b, d.t, d.nh + 2 * d.g, d.hd} : Shape{d.b, d.t, 3, d.nh, d.hd};
+}
 Shape out_shape(const AttnDims& d) { return {d.b, d.t, d.nh, d.hd}; }
-std::string dims_str(const AttnDims& d) { return str("B=", d.b, " T=", d.t, " NH=", d.nh, " HD=", d.hd); }
+std::string dims_str(const AttnDims& d) {
+  return str("B=", d.b, " T=", d.t, " NH=", d.nh, " HD=", d.hd, d.g ? str(" G=", d.g) : std::string());
+}
 
+// Element e of Q head h (which 0), or of the K (1) / V (2) group that head h reads.
 size_t qkv_at(const AttnDims& d, int64_t b, int64_t t, int which, int64_t h, int64_t e) {
-  return static_cast<size_t>((((b * d.t + t) * 3 + which) * d.nh + h) * d.hd + e);
+  const int64_t g = d.groups(), grp = h / (d.nh / g);
+  const int64_t col = which == 0 ? h : which == 1 ? d.nh + grp : d.nh + g + grp;
+  return static_cast<size_t>(((b * d.t + t) * (d.nh + 2 * g) + col) * d.hd + e);
 }
 size_t out_at(const AttnDims& d, int64_t b, int64_t t, int64_t h, int64_t e) {
   return static_cast<size_t>(((b * d.t + t) * d.nh + h) * d.hd + e);
@@ -156,6 +173,87 @@ TEST_CASE("attention on CUDA: cuDNN and the forced cuBLAS fallback agree") {
     }
 }
 
+TEST_CASE("grouped-query attention vs float64 reference and finite differences: every dtype") {
+  uint64_t seed = 4300;
+  for (Device dev : test_devices())
+    for (DType dt : float_dtypes()) {
+      run(dev, dt, {2, 7, 4, 8, 2}, 1 / std::sqrt(8.0), true, ++seed);
+      run(dev, dt, {1, 13, 6, 16, 3}, 1 / std::sqrt(16.0), true, ++seed);
+      run(dev, dt, {1, 9, 4, 8, 1}, 0.4, true, ++seed);    // multi-query (G = 1)
+      run(dev, dt, {2, 6, 3, 8, 3}, 0.35, true, ++seed);   // G = NH in the 4-D form: MHA
+      if (dev.is_cpu()) run(dev, dt, {1, 5, 2, 3, 1}, 0.7, true, ++seed);
+    }
+}
+
+TEST_CASE("grouped-query attention: moderately large (closed-form f64 backward)") {
+  uint64_t seed = 4400;
+  for (Device dev : test_devices())
+    for (DType dt : float_dtypes()) run(dev, dt, {2, 127, 8, 64, 2}, 0.125, false, ++seed);
+}
+
+TEST_CASE("attention: the 4-D form with G = NH is the 5-D MHA form") {
+  for (Device dev : test_devices()) {
+    const AttnDims m{2, 11, 3, 8}, g{2, 11, 3, 8, 3};
+    const AttnResult a = run(dev, DType::F32, m, 0.3, false, 4500), b = run(dev, DType::F32, g, 0.3, false, 4500);
+    const std::string name = case_name(dev, DType::F32, "attention 5-D vs 4-D G=NH");
+    check_close(name + " out", a.out, values(b.out), Tol{1e-6, 1e-7, 0});
+    check_close(name + " lse", a.lse, values(b.lse), Tol{1e-6, 1e-7, 0});
+    check_close(name + " dqkv", a.dqkv, values(b.dqkv), Tol{1e-6, 1e-7, 0});
+  }
+}
+
+TEST_CASE("grouped-query attention on CUDA: cuDNN and the forced cuBLAS fallback agree") {
+  if (!cuda_available()) return;  // the file's SKIPPED line says why
+  uint64_t seed = 4600;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (AttnDims d : {AttnDims{2, 37, 4, 64, 2}, AttnDims{1, 128, 8, 128, 1}, AttnDims{3, 7, 6, 32, 3}}) {
+      ++seed;
+      cuda_attention_force_fallback(false);
+      const std::string first = cuda_attention_backend();
+      const AttnResult a = run(Device::cuda(0), dt, d, 1 / std::sqrt(double(d.hd)), false, seed, " [" + first + "]");
+      cuda_attention_force_fallback(true);
+      const AttnResult b = run(Device::cuda(0), dt, d, 1 / std::sqrt(double(d.hd)), false, seed, " [cublas]");
+      cuda_attention_force_fallback(false);
+      const std::string name = case_name(Device::cuda(0), dt, str("attention ", dims_str(d), " cudnn vs cublas"));
+      check_close(name + " out", a.out, values(b.out), tol(dt, Kind::Attention));
+      check_close(name + " dqkv", a.dqkv, values(b.dqkv), tol(dt, Kind::Attention));
+    }
+}
+
+TEST_CASE("grouped-query attention: PyTorch / HF reference (tests/reference/llama_ops_ref.py)") {
+  std::ifstream f(std::string(MPITRON_SOURCE_DIR) + "/tests/tensor/ref/llama_ops_ref.json");
+  REQUIRE_MESSAGE(f.good(), "tests/tensor/ref/llama_ops_ref.json is missing: run tests/reference/llama_ops_ref.py");
+  const nlohmann::json j = nlohmann::json::parse(f);
+  for (const auto& c : j.at("attention")) {
+    const int64_t b = c.at("B"), t = c.at("T"), nh = c.at("NH"), g = c.at("G"), hd = c.at("HD");
+    const float scale = c.at("scale").get<float>();
+    const std::vector<double> qkv = c.at("qkv"), want = c.at("out"), lse_ref = c.at("lse"), dout = c.at("dout"),
+                              dqkv_ref = c.at("dqkv");
+    const bool rope = c.contains("rope");
+    RopeArgs ra;
+    if (rope) {
+      ra.base = c.at("rope").at("base");
+      ra.percent = c.at("rope").at("percent");
+    }
+    for (Device dev : test_devices()) {
+      // As HF's LlamaAttention: q and k rotated (in place), then attention over the groups.
+      const Tensor x = make_tensor(qkv, {b, t, nh + 2 * g, hd}, DType::F32, dev);
+      if (rope) rope_forward(x, x, nh + g, ra);
+      const Tensor out = Tensor::empty({b, t, nh, hd}, DType::F32, dev), lse = Tensor::empty({b, nh, t}, DType::F32, dev);
+      attention_forward(x, out, lse, scale);
+      // torch ran in float64 on the same f32 inputs; HF's RoPE angles are f32 (a few 1e-6).
+      const Tol tl{2e-5, rope ? 5e-6 : 1e-6, 2e-5};
+      const std::string name = case_name(dev, DType::F32, str("attention vs torch ", c.at("name").get<std::string>()));
+      check_close(name + " out", out, want, tl);
+      check_close(name + " lse", lse, lse_ref, tl);
+      const Tensor dqkv = Tensor::empty(x.shape(), DType::F32, dev);
+      attention_backward(make_tensor(dout, {b, t, nh, hd}, DType::F32, dev), x, out, lse, dqkv, scale);
+      if (rope) rope_backward(dqkv, dqkv, nh + g, ra);
+      check_close(name + " dqkv (torch autograd)", dqkv, dqkv_ref, tl);
+    }
+  }
+}
+
 TEST_CASE("attention: invalid arguments throw naming the op") {
   const Tensor qkv = Tensor::zeros({1, 4, 3, 2, 8}, DType::F32), out = Tensor::zeros({1, 4, 2, 8}, DType::F32);
   const Tensor lse = Tensor::zeros({1, 2, 4}, DType::F32);
@@ -170,4 +268,23 @@ TEST_CASE("attention: invalid arguments throw naming the op") {
   check_throws_naming("attention_backward", [&] {
     attention_backward(out, qkv, out, lse, Tensor::zeros({1, 4, 3, 2, 7}, DType::F32), 1);
   }, "dqkv shape");
+  // GQA: qkv (B, T, NH + 2G, HD) with NH = out's heads.
+  const Tensor out3 = Tensor::zeros({1, 4, 3, 8}, DType::F32), lse3 = Tensor::zeros({1, 3, 4}, DType::F32);
+  check_throws_naming("attention_forward", [&] { attention_forward(Tensor::zeros({1, 4, 6, 8}, DType::F32), out3, lse3, 1); },
+                      "odd kv head count");
+  check_throws_naming("attention_forward", [&] { attention_forward(Tensor::zeros({1, 4, 7, 8}, DType::F32), out3, lse3, 1); },
+                      "NH not divisible by G");
+  check_throws_naming("attention_forward", [&] { attention_forward(Tensor::zeros({1, 4, 3, 8}, DType::F32), out3, lse3, 1); },
+                      "no kv heads");
+  check_throws_naming("attention_forward", [&] { attention_forward(Tensor::zeros({1, 4, 5, 7}, DType::F32), out3, lse3, 1); },
+                      "head dim differs");
+  check_throws_naming("attention_forward", [&] { attention_forward(Tensor::zeros({1, 5, 5, 8}, DType::F32), out3, lse3, 1); },
+                      "T differs");
+  check_throws_naming("attention_forward", [&] {
+    attention_forward(Tensor::zeros({1, 4, 5, 8}, DType::F32), out3, Tensor::zeros({1, 1, 4}, DType::F32), 1);
+  }, "lse has G heads, not NH");
+  check_throws_naming("attention_backward", [&] {
+    const Tensor q = Tensor::zeros({1, 4, 5, 8}, DType::F32);
+    attention_backward(out3, q, out3, lse3, Tensor::zeros({1, 4, 3, 3, 8}, DType::F32), 1);
+  }, "dqkv in the 5-D form for a GQA qkv");
 }
