@@ -60,6 +60,22 @@ std::string attention_backend_name() {
 
 void attention_force_fallback(bool on) { g_force_fallback.store(on); }
 
+// Every pointer cuDNN reads or writes, Q/K/V (and dQ/dK/dV) at their offsets in
+// the packed qkv, must be 16-byte aligned: O, dO and the f32 statistics too.
+bool attention_cudnn_aligned(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                             const Tensor& dqkv) {
+  const int64_t C = qkv.dim(3) * qkv.dim(4);
+  const size_t es = dtype_size(qkv.dtype());
+  auto packed_ok = [&](const Tensor& t) {
+    const char* p = static_cast<const char*>(t.data_ptr());
+    return aligned16(p) && aligned16(p + C * es) && aligned16(p + 2 * C * es);
+  };
+  if (!packed_ok(qkv) || !aligned16(out.data_ptr()) || !aligned16(lse.data_ptr())) return false;
+  if (dout.defined() && !aligned16(dout.data_ptr())) return false;
+  if (dqkv.defined() && !packed_ok(dqkv)) return false;
+  return true;
+}
+
 #ifdef MPITRON_WITH_CUDNN
 namespace {
 namespace fe = cudnn_frontend;
@@ -174,11 +190,9 @@ std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward
   return e;
 }
 
-bool cudnn_eligible(DType dt, std::initializer_list<const void*> ptrs) {
-  if (g_force_fallback.load() || dt == DType::F32) return false;
-  for (const void* p : ptrs)
-    if (!aligned16(p)) return false;
-  return true;
+bool cudnn_eligible(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dqkv) {
+  if (g_force_fallback.load() || qkv.dtype() == DType::F32) return false;
+  return attention_cudnn_aligned(qkv, out, lse, dout, dqkv);
 }
 
 void execute(const GraphEntry& e, cudnnHandle_t h, int device, std::unordered_map<int64_t, void*>& pack, Stream s) {
@@ -198,7 +212,7 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
   const int64_t B = qkv.dim(0), T = qkv.dim(1), NH = qkv.dim(3), HD = qkv.dim(4), C = NH * HD;
   const size_t es = dtype_size(qkv.dtype());
   char* q = static_cast<char*>(qkv.data_ptr());
-  if (B * T * NH > 0 && cudnn_eligible(qkv.dtype(), {q, q + C * es, q + 2 * C * es, out.data_ptr()})) {
+  if (B * T * NH > 0 && cudnn_eligible(qkv, out, lse, Tensor(), Tensor())) {
     DeviceGuard g(qkv);
     const int dev = qkv.device().index;
     const cudnnHandle_t h = cudnn_handle(dev);
@@ -210,10 +224,12 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
                                               {kO, out.data_ptr()},
                                               {kStats, lse.data_ptr()}};
       execute(*e, h, dev, pack, s);
+      path_count_add("attention_forward", "cudnn");
       return;
     }
   }
 #endif
+  path_count_add("attention_forward", "fallback");
   attention_forward_fallback(qkv, out, lse, scale, s);
 }
 
@@ -225,8 +241,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   const size_t es = dtype_size(qkv.dtype());
   char* q = static_cast<char*>(qkv.data_ptr());
   char* dq = static_cast<char*>(dqkv.data_ptr());
-  if (B * T * NH > 0 && cudnn_eligible(qkv.dtype(), {q, q + C * es, q + 2 * C * es, out.data_ptr(), dout.data_ptr(),
-                                                     dq, dq + C * es, dq + 2 * C * es})) {
+  if (B * T * NH > 0 && cudnn_eligible(qkv, out, lse, dout, dqkv)) {
     DeviceGuard g(qkv);
     const int dev = qkv.device().index;
     const cudnnHandle_t h = cudnn_handle(dev);
@@ -242,10 +257,12 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
                                               {kDK, dq + C * es},
                                               {kDV, dq + 2 * C * es}};
       execute(*e, h, dev, pack, s);
+      path_count_add("attention_backward", "cudnn");
       return;
     }
   }
 #endif
+  path_count_add("attention_backward", "fallback");
   attention_backward_fallback(dout, qkv, out, lse, dqkv, scale, s);
 }
 
