@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
     std::printf("\nwhole training step: forward + backward + AdamW; MFU(pk) vs %s, MFU(gm) vs %s %.4f TFLOP/s; "
                 "mem: %s\n",
                 gpu ? peak_what.c_str() : "the measured sgemm", ceil_what.c_str(), ceiling,
-                gpu ? "peak live tensor bytes (caching allocator)"
+                gpu ? "peak live tensor bytes (caching allocator); rsv: peak reserved (its segments, live + cached)"
                     : "peak live tensor bytes; RSS: peak RSS above the pre-model RSS (VmHWM, whole process)");
     print_header();
     for (const StepRow& r : rows) print_row(r);

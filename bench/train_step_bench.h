@@ -19,6 +19,8 @@
 //   MFU          against the datasheet peak (CUDA) and against the GEMM
 //                ceiling measured in the same run (CPU: cblas_sgemm; CUDA: the
 //                library's cuBLASLt gemm on a large square product);
+//   reserved     (rsv) the peak of what the allocator held for them (CUDA: its
+//                segments, live + cached; CPU: equal to peak memory);
 //   peak memory  the peak of live tensor bytes over the row (memory_stats in
 //                tensor/tensor.h: CUDA the caching allocator's live blocks,
 //                CPU every Tensor::empty): params, grads, optimizer state,
@@ -50,7 +52,7 @@
 #endif
 
 #include "autograd/tape.h"     // Tape: forward records, backward replays
-#include "core/allocator.h"    // cuda_caching_allocator: peak_bytes
+#include "core/allocator.h"    // cuda_caching_allocator: peak_bytes, peak_reserved_bytes
 #include "core/device.h"       // Device, Event, device_synchronize
 #include "core/error.h"        // mpitron::Error, str
 #include "model/config.h"      // GPTConfig, flops_per_token
@@ -109,6 +111,7 @@ struct StepRow {
   double ms_per_step = 0, ms_mean = 0, tokens_per_s = 0, tflops = 0;
   double mfu_peak = 0, mfu_ceiling = 0;  // fractions
   double peak_bytes = 0;                 // peak live tensor bytes (see the header comment)
+  double peak_reserved_bytes = 0;        // peak bytes the allocator held for them (CUDA: segments)
   double rss_peak_bytes = 0;             // CPU: peak RSS above the pre-model RSS; 0 on CUDA
   std::string memory_kind;               // what peak_bytes counts
   double loss_first = 0, loss_last = 0;
@@ -122,6 +125,7 @@ inline nlohmann::json to_json(const StepRow& r) {
           {"steps", r.steps}, {"warmup", r.warmup}, {"threads", r.threads}, {"ms_per_step", r.ms_per_step},
           {"ms_per_step_mean", r.ms_mean}, {"tokens_per_s", r.tokens_per_s}, {"tflops", r.tflops},
           {"mfu_peak", r.mfu_peak}, {"mfu_ceiling", r.mfu_ceiling}, {"peak_bytes", r.peak_bytes},
+          {"peak_reserved_bytes", r.peak_reserved_bytes},
           {"rss_peak_bytes", r.rss_peak_bytes}, {"memory_kind", r.memory_kind}, {"loss_first", r.loss_first}, {"loss_last", r.loss_last},
           {"flops_per_token", r.flops_per_token}};
 }
@@ -376,6 +380,9 @@ inline StepRow run_step_bench(const StepSetup& s, double peak_tflops, double cei
                    it < s.warmup ? " (warm-up)" : "");
     }
     r.peak_bytes = static_cast<double>(memory_stats(dev).peak_bytes);
+    r.peak_reserved_bytes = dev.is_cuda()
+                                ? static_cast<double>(cuda_caching_allocator(dev.index).stats().peak_reserved_bytes)
+                                : r.peak_bytes;
     if (dev.is_cpu()) r.rss_peak_bytes = std::max(0.0, proc_status_bytes("VmHWM") - rss_base);
   }
   std::sort(times.begin(), times.end());
@@ -417,17 +424,20 @@ inline std::string gib(double b) {
 }
 
 inline void print_header() {
-  std::printf("%-8s %-6s %-5s %-5s %4s %5s %3s %3s %8s %10s %10s %9s %8s %8s %8s %8s %s\n", "impl", "config", "dev",
-              "dtype", "B", "T", "mb", "rc", "params", "ms/step", "tokens/s", "TFLOP/s", "MFU(pk)", "MFU(gm)", "mem GiB",
-              "RSS GiB", "loss");
+  std::printf("%-8s %-6s %-5s %-5s %4s %5s %3s %3s %8s %10s %10s %9s %8s %8s %8s %8s %8s %s\n", "impl", "config",
+              "dev", "dtype", "B", "T", "mb", "rc", "params", "ms/step", "tokens/s", "TFLOP/s", "MFU(pk)", "MFU(gm)",
+              "mem GiB", "rsv GiB", "RSS GiB", "loss");
 }
 
 inline void print_row(const StepRow& r) {
-  std::printf("%-8s %-6s %-5s %-5s %4lld %5lld %3lld %3s %7.1fM %10.1f %10.1f %9.4f %7.2f%% %7.2f%% %8s %8s %.3f->%.3f\n",
+  std::printf("%-8s %-6s %-5s %-5s %4lld %5lld %3lld %3s %7.1fM %10.1f %10.1f %9.4f %7.2f%% %7.2f%% %8s %8s %8s "
+              "%.3f->%.3f\n",
               r.impl.c_str(), r.config.c_str(), r.device.c_str(), r.dtype.c_str(), static_cast<long long>(r.micro_batch),
               static_cast<long long>(r.seq), static_cast<long long>(r.micro_batches), r.recompute ? "on" : "off",
               r.params / 1e6, r.ms_per_step, r.tokens_per_s, r.tflops, 100 * r.mfu_peak, 100 * r.mfu_ceiling,
-              r.peak_bytes > 0 ? gib(r.peak_bytes).c_str() : "-", r.rss_peak_bytes > 0 ? gib(r.rss_peak_bytes).c_str() : "-",
+              r.peak_bytes > 0 ? gib(r.peak_bytes).c_str() : "-",
+              r.peak_reserved_bytes > 0 ? gib(r.peak_reserved_bytes).c_str() : "-",
+              r.rss_peak_bytes > 0 ? gib(r.rss_peak_bytes).c_str() : "-",
               r.loss_first, r.loss_last);
   std::fflush(stdout);
 }

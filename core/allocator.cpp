@@ -1,5 +1,8 @@
 #include "core/allocator.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "core/error.h"
 
 #ifdef MPITRON_WITH_CUDA
@@ -11,50 +14,126 @@ namespace mpitron {
 CachingAllocator::CachingAllocator(std::unique_ptr<RawAllocator> raw) : raw_(std::move(raw)) {}
 
 CachingAllocator::~CachingAllocator() {
-  // Live blocks at destruction belong to tensors that outlived the allocator
-  // (process exit); only the cache is ours to return.
   empty_cache();
+  // Live blocks at destruction belong to tensors that outlived the allocator
+  // (process exit): their segments stay with the raw allocator, only the records
+  // go (every block left, free or live, is in a segment with a live block).
+  std::set<Block*> firsts;
+  for (auto& [p, b] : live_) {
+    Block* f = b;
+    while (f->prev) f = f->prev;
+    firsts.insert(f);
+  }
+  for (Block* f : firsts)
+    for (Block* x = f; x;) {
+      Block* next = x->next;
+      delete x;
+      x = next;
+    }
+}
+
+bool CachingAllocator::BySize::operator()(const Block* a, const Block* b) const {
+  if (a->stream != b->stream) return std::less<void*>()(a->stream, b->stream);
+  if (a->size != b->size) return a->size < b->size;
+  return std::less<char*>()(a->ptr, b->ptr);
 }
 
 size_t CachingAllocator::size_class(size_t bytes) {
-  constexpr size_t kSmall = 512, kLarge = size_t(2) << 20, kLimit = size_t(1) << 20;
   if (bytes == 0) bytes = 1;
-  if (bytes < kLimit) return (bytes + kSmall - 1) / kSmall * kSmall;
-  return (bytes + kLarge - 1) / kLarge * kLarge;
+  return (bytes + kRound - 1) / kRound * kRound;
 }
+
+size_t CachingAllocator::segment_size(size_t block_bytes) {
+  if (block_bytes < kSmallLimit) return kSegment;
+  return (block_bytes + kSegment - 1) / kSegment * kSegment;
+}
+
+CachingAllocator::Block* CachingAllocator::best_fit(size_t size, void* stream, bool small) {
+  FreeSet& free = pool(small);
+  Block key{nullptr, size, stream, small};
+  auto it = free.lower_bound(&key);  // smallest block of this stream with size >= size
+  if (it == free.end() || (*it)->stream != stream) return nullptr;
+  Block* b = *it;
+  free.erase(it);
+  return b;
+}
+
+CachingAllocator::Block* CachingAllocator::new_segment(size_t size, void* stream, bool small) {
+  void* p = raw_->raw_alloc(size);
+  if (!p) return nullptr;
+  st_.raw_allocs++;
+  st_.reserved_bytes += size;
+  st_.peak_reserved_bytes = std::max(st_.peak_reserved_bytes, st_.reserved_bytes);
+  return new Block{static_cast<char*>(p), size, stream, small};
+}
+
+void CachingAllocator::split(Block* b, size_t size) {
+  const size_t rest = b->size - size;
+  // A large-pool leftover of 1 MiB or less is not worth a block (it would only
+  // serve small requests, which have their own pool): it stays with b.
+  if (b->small ? rest < kRound : rest <= kSmallLimit) return;
+  Block* r = new Block{b->ptr + size, rest, b->stream, b->small};
+  r->prev = b;
+  r->next = b->next;
+  if (b->next) b->next->prev = r;
+  b->next = r;
+  b->size = size;
+  pool(b->small).insert(r);
+  st_.splits++;
+}
+
+void CachingAllocator::free_segment(Block* b) {
+  pool(b->small).erase(b);
+  raw_->raw_free(b->ptr);
+  st_.reserved_bytes -= b->size;
+  st_.raw_frees++;
+  delete b;
+}
+
+bool CachingAllocator::release_segments(size_t want) {
+  std::vector<Block*> whole;
+  for (FreeSet* f : {&free_small_, &free_large_})
+    for (Block* b : *f)
+      if (!b->prev && !b->next) whole.push_back(b);
+  std::sort(whole.begin(), whole.end(), [](const Block* a, const Block* b) { return a->size > b->size; });
+  size_t freed = 0;
+  for (Block* b : whole) {
+    if (freed >= want) break;
+    freed += b->size;
+    free_segment(b);
+  }
+  return freed > 0;
+}
+
+void CachingAllocator::release_all_segments() { release_segments(SIZE_MAX); }
 
 void* CachingAllocator::allocate(size_t bytes, Stream stream) {
   const size_t size = size_class(bytes);
+  const bool small = size < kSmallLimit;
   std::lock_guard<std::mutex> lock(mu_);
-  void* p = nullptr;
-  auto it = free_.find({stream.handle(), size});
-  if (it != free_.end() && !it->second.empty()) {
-    p = it->second.back();
-    it->second.pop_back();
-    st_.cached_bytes -= size;
+  Block* b = best_fit(size, stream.handle(), small);
+  if (b) {
     st_.cache_hits++;
   } else {
-    p = raw_->raw_alloc(size);
-    if (!p) {
-      // Out of memory: give back everything cached and try once more.
-      for (auto& [key, blocks] : free_)
-        for (void* b : blocks) raw_->raw_free(b);
-      free_.clear();
-      st_.reserved_bytes -= st_.cached_bytes;
-      st_.cached_bytes = 0;
-      p = raw_->raw_alloc(size);
+    const size_t seg = segment_size(size);
+    b = new_segment(seg, stream.handle(), small);
+    // Out of memory: give back free segments covering the request, then all of them.
+    if (!b && release_segments(seg)) b = new_segment(seg, stream.handle(), small);
+    if (!b) {
+      release_all_segments();
+      b = new_segment(seg, stream.handle(), small);
     }
-    if (!p)
-      MPT_THROW(str("out of device memory allocating ", bytes, " bytes (", st_.current_bytes,
-                    " bytes live, peak ", st_.peak_bytes, ")"),
+    if (!b)
+      MPT_THROW(str("out of device memory allocating ", bytes, " bytes (", st_.current_bytes, " bytes live, ",
+                    st_.reserved_bytes, " reserved, peak live ", st_.peak_bytes, ")"),
                 "reduce --micro-batch-size, enable --recompute-activations, or use more GPUs");
-    st_.raw_allocs++;
-    st_.reserved_bytes += size;
   }
-  live_[p] = Block{size, stream.handle()};
-  st_.current_bytes += size;
-  if (st_.current_bytes > st_.peak_bytes) st_.peak_bytes = st_.current_bytes;
-  return p;
+  split(b, size);
+  b->allocated = true;
+  live_[b->ptr] = b;
+  st_.current_bytes += b->size;
+  st_.peak_bytes = std::max(st_.peak_bytes, st_.current_bytes);
+  return b->ptr;
 }
 
 void CachingAllocator::release(void* p) {
@@ -63,30 +142,45 @@ void CachingAllocator::release(void* p) {
   auto it = live_.find(p);
   MPT_CHECK(it != live_.end(), "release of a pointer this allocator did not hand out",
             "this is a bug in mpitron: please report it");
-  const Block b = it->second;
+  Block* b = it->second;
   live_.erase(it);
-  st_.current_bytes -= b.size;
-  st_.cached_bytes += b.size;
-  free_[{b.stream, b.size}].push_back(p);
+  b->allocated = false;
+  st_.current_bytes -= b->size;
+  FreeSet& free = pool(b->small);
+  if (Block* prev = b->prev; prev && !prev->allocated) {  // merge into the free block before
+    free.erase(prev);
+    prev->size += b->size;
+    prev->next = b->next;
+    if (b->next) b->next->prev = prev;
+    delete b;
+    b = prev;
+  }
+  if (Block* next = b->next; next && !next->allocated) {  // absorb the free block after
+    free.erase(next);
+    b->size += next->size;
+    b->next = next->next;
+    if (next->next) next->next->prev = b;
+    delete next;
+  }
+  free.insert(b);
 }
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [key, blocks] : free_)
-    for (void* b : blocks) raw_->raw_free(b);
-  free_.clear();
-  st_.reserved_bytes -= st_.cached_bytes;
-  st_.cached_bytes = 0;
+  release_all_segments();
 }
 
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return st_;
+  AllocatorStats s = st_;
+  s.cached_bytes = s.reserved_bytes - s.current_bytes;
+  return s;
 }
 
 void CachingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mu_);
   st_.peak_bytes = st_.current_bytes;
+  st_.peak_reserved_bytes = st_.reserved_bytes;
 }
 
 #ifdef MPITRON_WITH_CUDA

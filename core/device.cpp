@@ -11,6 +11,12 @@
 
 #ifdef MPITRON_WITH_CUDA
 #include <cuda_runtime.h>
+// Stream() (a null handle) must mean the LEGACY default stream, which orders
+// itself with every blocking stream: --default-stream per-thread would make it
+// a per-thread stream and break the ordering of to()/item() (docs/cuda.md).
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+#error "mpitron requires the legacy default stream: do not build with --default-stream per-thread"
+#endif
 #define MPT_CUDA_OK(call)                                                                   \
   do {                                                                                     \
     cudaError_t e_ = (call);                                                               \
@@ -95,11 +101,23 @@ int64_t device_memory_bytes(const Device& d) {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : INT64_MAX;
 }
 
+// The ordering invariant (docs/cuda.md, "Streams and ordering"): every stream
+// an mpitron op runs on is ordered with the legacy default stream. Tensor::to(),
+// item(), to_floats() and the host copies queue on the default stream and then
+// synchronise it; a blocking stream (cudaStreamDefault) waits for the default
+// stream's earlier work and the default stream waits for its work, so those
+// stay correct when work moves to another stream. A non-blocking stream would
+// not be: it is reserved for code that orders itself with events (the NCCL
+// communicator's stream), and is never handed out here.
 Stream Stream::create() {
 #ifdef MPITRON_WITH_CUDA
   MPT_CHECK(cuda_available(), "cannot create a CUDA stream", cuda_unavailable_reason());
   cudaStream_t s;
-  MPT_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  MPT_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
+  unsigned flags = 0;
+  MPT_CUDA_OK(cudaStreamGetFlags(s, &flags));
+  MPT_CHECK(!(flags & cudaStreamNonBlocking), "a new CUDA stream is non-blocking",
+            "mpitron's ordering needs streams that synchronise with the legacy default stream (docs/cuda.md)");
   return Stream(s);
 #else
   return Stream();

@@ -30,12 +30,15 @@ int cuda_device_count();
 void cuda_set_device(int index);
 int cuda_current_device();
 
-// A stream handle: on the CPU a no-op; on CUDA wraps cudaStream_t (null = the default stream).
+// A stream handle: on the CPU a no-op; on CUDA wraps cudaStream_t (null = the
+// legacy default stream). Invariant: every stream ops run on is ordered with the
+// legacy default stream (create() makes blocking streams), so to()/item(),
+// which synchronise the default stream, see all earlier work (docs/cuda.md).
 class Stream {
  public:
   Stream() = default;
   explicit Stream(void* handle) : handle_(handle) {}
-  static Stream create();  // a new non-blocking CUDA stream (owned by the caller: call destroy())
+  static Stream create();  // a new blocking CUDA stream (owned by the caller: call destroy())
   void destroy();
   void synchronize() const;
   void* handle() const { return handle_; }

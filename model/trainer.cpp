@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device_memory.h"
+#include "core/allocator.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "io/metrics_jsonl.h"
@@ -749,17 +750,24 @@ TrainSummary Trainer::run() {
       // Megatron's convention: the learning rate after this step's scheduler update
       // (what the next step uses).
       const float logged_lr = m.lr->lr_at(m.schedule_step());
+      // Live tensor peak, and what is reserved for it: CUDA the caching allocator's
+      // segments (live + cached); the CPU has no cache of ours (malloc's is not seen).
+      const MemoryStats mem = memory_stats(m.device);
+      const double reserved = m.device.is_cuda()
+                                  ? static_cast<double>(cuda_caching_allocator(m.device.index).stats().reserved_bytes)
+                                  : static_cast<double>(mem.current_bytes);
       char line[768];
       std::snprintf(line, sizeof line,
                     " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
                     "learning rate: %.6E | global batch size: %5lld | lm loss: %.6E | loss scale: %.1f | "
                     "grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: %3lld | "
-                    "tokens/s: %.0f | TFLOP/s: %.4f | MFU: %.2f%% | peak memory (MB): %.1f |",
+                    "tokens/s: %.0f | TFLOP/s: %.4f | MFU: %.2f%% | peak memory (MB): %.1f | "
+                    "reserved memory (MB): %.1f |",
                     static_cast<long long>(m.st.iteration), static_cast<long long>(m.total_iters),
                     static_cast<long long>(m.st.consumed_train_samples), ms, logged_lr, static_cast<long long>(gbs), avg,
                     scale, r.grad_norm, static_cast<long long>(interval_skipped), static_cast<long long>(interval_nan),
                     tps, flops / 1e12, 100.0 * flops / m.peak,
-                    static_cast<double>(memory_stats(m.device).peak_bytes) / 1e6);
+                    static_cast<double>(mem.peak_bytes) / 1e6, reserved / 1e6);
       std::string extra;
       double params_norm = NAN;
       int64_t zeros = -1;

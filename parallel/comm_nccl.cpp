@@ -151,7 +151,7 @@ class NcclCommunicator final : public Communicator {
                                 stream_),
               "ncclReduceScatter");
     } else {
-      nccl_ok(ncclGroupStart(), "ncclGroupStart");
+      NcclGroup group(*this);
       int64_t at = 0;
       for (int r = 0; r < size_; ++r) {
         const int64_t n = counts[static_cast<size_t>(r)];
@@ -162,7 +162,7 @@ class NcclCommunicator final : public Communicator {
                   "ncclReduce");
         at += n;
       }
-      nccl_ok(ncclGroupEnd(), "ncclGroupEnd");
+      group.end();
     }
     return finish(st);
   }
@@ -179,7 +179,7 @@ class NcclCommunicator final : public Communicator {
       nccl_ok(ncclAllGather(in.data_ptr(), base, nccl_count(dt, counts[0]), nccl_type(dt), nccl_, stream_),
               "ncclAllGather");
     } else {
-      nccl_ok(ncclGroupStart(), "ncclGroupStart");
+      NcclGroup group(*this);
       int64_t at = 0;
       for (int r = 0; r < size_; ++r) {
         const int64_t n = counts[static_cast<size_t>(r)];
@@ -190,7 +190,7 @@ class NcclCommunicator final : public Communicator {
                   "ncclBroadcast");
         at += n;
       }
-      nccl_ok(ncclGroupEnd(), "ncclGroupEnd");
+      group.end();
     }
     return finish(st);
   }
@@ -235,7 +235,7 @@ class NcclCommunicator final : public Communicator {
     }
     auto st = start(what + ")", false, std::move(keep));
     st->peer = ops.front().peer;
-    nccl_ok(ncclGroupStart(), "ncclGroupStart");
+    NcclGroup group(*this);
     for (const P2POp& op : ops) {
       if (op.send)
         nccl_ok(ncclSend(op.t.data_ptr(), nccl_count(op.t), nccl_type(op.t.dtype()), op.peer, nccl_, stream_),
@@ -244,7 +244,7 @@ class NcclCommunicator final : public Communicator {
         nccl_ok(ncclRecv(op.t.data_ptr(), nccl_count(op.t), nccl_type(op.t.dtype()), op.peer, nccl_, stream_),
                 "ncclRecv");
     }
-    nccl_ok(ncclGroupEnd(), "ncclGroupEnd");
+    group.end();
     return finish(st);
   }
 
@@ -256,6 +256,28 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // ncclGroupStart … ncclGroupEnd, closed on every exit: an exception thrown
+  // between them (a failed ncclReduce) would otherwise leave the group open and
+  // every later NCCL call on this thread would silently join it.
+  class NcclGroup {
+   public:
+    explicit NcclGroup(NcclCommunicator& c) : c_(c) { c_.nccl_ok(ncclGroupStart(), "ncclGroupStart"); }
+    NcclGroup(const NcclGroup&) = delete;
+    NcclGroup& operator=(const NcclGroup&) = delete;
+    void end() {
+      open_ = false;
+      c_.nccl_ok(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    // Unwinding: close the group; the error already being thrown is the one to report.
+    ~NcclGroup() {
+      if (open_) ncclGroupEnd();
+    }
+
+   private:
+    NcclCommunicator& c_;
+    bool open_ = true;
+  };
+
   std::shared_ptr<OpState> start(const std::string& what, bool collective, std::vector<Tensor> keep) {
     check_usable(what.c_str());
     auto st = std::make_shared<OpState>();

@@ -63,6 +63,35 @@ std::string attention_backend_name() {
 
 void attention_force_fallback(bool on) { g_force_fallback.store(on); }
 
+// Every pointer cuDNN reads or writes, Q/K/V (and dQ/dK/dV) at their offsets in
+// the packed qkv, must be 16-byte aligned: O, dO and the f32 statistics too.
+namespace {
+// qkv (B, T, 3, NH, HD) or (B, T, NH + 2G, HD), out (B, T, NH, HD): the head counts and
+// the element offsets of K and V inside a token's row.
+struct AttnShape {
+  int64_t B, T, NH, G, HD, k_off, v_off;
+};
+AttnShape attn_shape(const Tensor& qkv, const Tensor& out) {
+  const int64_t nh = out.dim(2), hd = out.dim(3);
+  const int64_t heads = qkv.ndim() == 5 ? 3 * qkv.dim(3) : qkv.dim(2), g = (heads - nh) / 2;
+  return {out.dim(0), out.dim(1), nh, g, hd, nh * hd, (nh + g) * hd};
+}
+}  // namespace
+
+bool attention_cudnn_aligned(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                             const Tensor& dqkv) {
+  const AttnShape d = attn_shape(qkv, out);  // K and V sit at k_off / v_off in each token's row
+  const size_t es = dtype_size(qkv.dtype());
+  auto packed_ok = [&](const Tensor& t) {
+    const char* p = static_cast<const char*>(t.data_ptr());
+    return aligned16(p) && aligned16(p + d.k_off * es) && aligned16(p + d.v_off * es);
+  };
+  if (!packed_ok(qkv) || !aligned16(out.data_ptr()) || !aligned16(lse.data_ptr())) return false;
+  if (dout.defined() && !aligned16(dout.data_ptr())) return false;
+  if (dqkv.defined() && !packed_ok(dqkv)) return false;
+  return true;
+}
+
 #ifdef MPITRON_WITH_CUDNN
 namespace {
 namespace fe = cudnn_frontend;
@@ -177,22 +206,9 @@ std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward
   return e;
 }
 
-// qkv (B, T, 3, NH, HD) or (B, T, NH + 2G, HD), out (B, T, NH, HD): the head counts and
-// the element offsets of K and V inside a token's row.
-struct AttnShape {
-  int64_t B, T, NH, G, HD, k_off, v_off;
-};
-AttnShape attn_shape(const Tensor& qkv, const Tensor& out) {
-  const int64_t nh = out.dim(2), hd = out.dim(3);
-  const int64_t heads = qkv.ndim() == 5 ? 3 * qkv.dim(3) : qkv.dim(2), g = (heads - nh) / 2;
-  return {out.dim(0), out.dim(1), nh, g, hd, nh * hd, (nh + g) * hd};
-}
-
-bool cudnn_eligible(DType dt, std::initializer_list<const void*> ptrs) {
-  if (g_force_fallback.load() || dt == DType::F32) return false;
-  for (const void* p : ptrs)
-    if (!aligned16(p)) return false;
-  return true;
+bool cudnn_eligible(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dqkv) {
+  if (g_force_fallback.load() || qkv.dtype() == DType::F32) return false;
+  return attention_cudnn_aligned(qkv, out, lse, dout, dqkv);
 }
 
 void execute(const GraphEntry& e, cudnnHandle_t h, int device, std::unordered_map<int64_t, void*>& pack, Stream s) {
@@ -213,7 +229,7 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
   const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD;
   const size_t es = dtype_size(qkv.dtype());
   char* q = static_cast<char*>(qkv.data_ptr());
-  if (B * T * NH > 0 && cudnn_eligible(qkv.dtype(), {q, q + d.k_off * es, q + d.v_off * es, out.data_ptr()})) {
+  if (B * T * NH > 0 && cudnn_eligible(qkv, out, lse, Tensor(), Tensor())) {
     DeviceGuard g(qkv);
     const int dev = qkv.device().index;
     const cudnnHandle_t h = cudnn_handle(dev);
@@ -225,10 +241,12 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
                                               {kO, out.data_ptr()},
                                               {kStats, lse.data_ptr()}};
       execute(*e, h, dev, pack, s);
+      path_count_add("attention_forward", "cudnn");
       return;
     }
   }
 #endif
+  path_count_add("attention_forward", "fallback");
   attention_forward_fallback(qkv, out, lse, scale, s);
 }
 
@@ -241,8 +259,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   const size_t es = dtype_size(qkv.dtype());
   char* q = static_cast<char*>(qkv.data_ptr());
   char* dq = static_cast<char*>(dqkv.data_ptr());
-  if (B * T * NH > 0 && cudnn_eligible(qkv.dtype(), {q, q + d.k_off * es, q + d.v_off * es, out.data_ptr(),
-                                                     dout.data_ptr(), dq, dq + d.k_off * es, dq + d.v_off * es})) {
+  if (B * T * NH > 0 && cudnn_eligible(qkv, out, lse, dout, dqkv)) {
     DeviceGuard g(qkv);
     const int dev = qkv.device().index;
     const cudnnHandle_t h = cudnn_handle(dev);
@@ -258,10 +275,12 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
                                               {kDK, dq + d.k_off * es},
                                               {kDV, dq + d.v_off * es}};
       execute(*e, h, dev, pack, s);
+      path_count_add("attention_backward", "cudnn");
       return;
     }
   }
 #endif
+  path_count_add("attention_backward", "fallback");
   attention_backward_fallback(dout, qkv, out, lse, dqkv, scale, s);
 }
 

@@ -16,9 +16,15 @@
 
 #include <cstdint>
 
+// Stream() must be the legacy default stream (docs/cuda.md, "Streams and ordering").
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+#error "mpitron requires the legacy default stream: do not build with --default-stream per-thread"
+#endif
+
 #include "core/allocator.h"
 #include "core/error.h"
 #include "tensor/dtype.h"
+#include "tensor/path_stats.h"
 #include "tensor/tensor.h"
 
 // ---- error checking ------------------------------------------------------------
@@ -159,6 +165,8 @@ inline int ptr_alignment(const void* p) {
   return al;
 }
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// Counts which width a row/element kernel ran at (tensor/path_stats.h): "<op>.vec8" or "<op>.scalar".
+inline void count_vec_path(const char* op, bool vec) { path_count_add(op, vec ? "vec8" : "scalar"); }
 
 // ---- cuBLASLt handle and workspace ---------------------------------------------------
 cublasLtHandle_t cublaslt_handle(int device);

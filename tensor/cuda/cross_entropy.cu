@@ -69,7 +69,9 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, const Te
       T* pd = dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr;
       const I* pt = static_cast<const I*>(targets.data_ptr());
       float* pl = static_cast<float*>(losses.data_ptr());
-      if (vocab % kMapVec == 0 && vec_aligned(px, sizeof(T)) && vec_aligned(pd, sizeof(T)))
+      const bool vec = vocab % kMapVec == 0 && vec_aligned(px, sizeof(T)) && vec_aligned(pd, sizeof(T));
+      count_vec_path("softmax_cross_entropy", vec);
+      if (vec)
         cross_entropy_kernel<T, I, kMapVec>
             <<<static_cast<unsigned>(rows), kThreads, 0, st>>>(px, pt, pl, pd, vocab, dloss_scale);
       else
@@ -145,7 +147,9 @@ void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int6
       const I* pt = static_cast<const I*>(targets.data_ptr());
       float* pl = static_cast<float*>(lse.data_ptr());
       float* ptl = static_cast<float*>(target_logit.data_ptr());
-      if (vocab % kMapVec == 0 && vec_aligned(px, sizeof(T)))
+      const bool vec = vocab % kMapVec == 0 && vec_aligned(px, sizeof(T));
+      count_vec_path("cross_entropy_local_stats", vec);
+      if (vec)
         ce_local_stats_kernel<T, I, kMapVec>
             <<<static_cast<unsigned>(rows), kThreads, 0, st>>>(px, pt, vocab, vocab_start, pl, ptl);
       else

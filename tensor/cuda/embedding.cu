@@ -101,7 +101,9 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
       const I* pi = static_cast<const I*>(ids.data_ptr());
       const T* pt = static_cast<const T*>(table.data_ptr());
       T* po = static_cast<T*>(out.data_ptr());
-      if (cols % kMapVec == 0 && vec_aligned(pt, sizeof(T)) && vec_aligned(po, sizeof(T)))
+      const bool vec = cols % kMapVec == 0 && vec_aligned(pt, sizeof(T)) && vec_aligned(po, sizeof(T));
+      count_vec_path("embedding_forward", vec);
+      if (vec)
         embedding_forward_kernel<T, I, kMapVec>
             <<<grid, 32 * kWarpsPerBlock, 0, st>>>(pi, pt, po, n_ids, vocab, cols, vocab_start, accumulate);
       else
@@ -150,7 +152,9 @@ void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dta
       using D = decltype(dtag);
       const T* pd = static_cast<const T*>(dout.data_ptr());
       D* pt = static_cast<D*>(dtable.data_ptr());
-      if (cols % kMapVec == 0 && vec_aligned(pd, sizeof(T)) && vec_aligned(pt, sizeof(D)))
+      const bool vec = cols % kMapVec == 0 && vec_aligned(pd, sizeof(T)) && vec_aligned(pt, sizeof(D));
+      count_vec_path("embedding_backward", vec);
+      if (vec)
         embedding_backward_kernel<T, D, kMapVec><<<grid, 32 * kWarpsPerBlock, 0, st>>>(
             pd, keys_out.get<uint32_t>(), vals_out.get<int32_t>(), pt, n_ids, static_cast<uint32_t>(vocab), cols);
       else

@@ -1,17 +1,16 @@
 // tensor/cuda/gelu.cu — GELU, tanh approximation (GPT-2), forward and backward.
 //   out (n) = 0.5·x·(1 + tanh(k·(x + 0.044715·x³))),  k = √(2/π)
 //   dx  (n) = dout · gelu'(x)            (overwritten; dx may alias dout, out may alias x)
-// Element-wise on the map.cuh skeleton: 16-byte loads, f32 math.
+// computed as x·sigmoid(2u) and its derivative (gelu_math.h), which do not cancel
+// for negative x. Element-wise on the map.cuh skeleton: 16-byte loads, f32 math.
 #include "tensor/cuda/common.cuh"
+#include "tensor/cuda/gelu_math.h"
 #include "tensor/cuda/map.cuh"
 #include "tensor/cuda/ops.h"
 
 namespace mpitron::cuda {
 
 namespace {
-constexpr float kGeluK = 0.7978845608028654f;  // √(2/π)
-constexpr float kGeluC = 0.044715f;
-
 template <typename T> struct GeluForwardOp {
   const T* x;
   T* out;
@@ -19,10 +18,7 @@ template <typename T> struct GeluForwardOp {
     float u[V];
     load_f<V>(x + i, u);
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float v = u[k];
-      u[k] = 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v)));
-    }
+    for (int k = 0; k < V; ++k) u[k] = gelu_math::gelu(u[k]);
     store_f<V>(out + i, u);
   }
 };
@@ -36,12 +32,7 @@ template <typename T> struct GeluBackwardOp {
     load_f<V>(x + i, u);
     load_f<V>(dout + i, d);
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float v = u[k];
-      const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
-      const float dt = kGeluK * (1.0f + 3.0f * kGeluC * v * v) * (1.0f - t * t);  // d tanh(·)/dx
-      d[k] *= 0.5f * (1.0f + t) + 0.5f * v * dt;
-    }
+    for (int k = 0; k < V; ++k) d[k] *= gelu_math::gelu_grad(u[k]);
     store_f<V>(dx + i, d);
   }
 };

@@ -30,6 +30,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/log.h"
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/internal.h"
 #include "tensor/cuda/ops.h"
@@ -137,6 +138,9 @@ Plan make_plan(cublasLtHandle_t h, cublasComputeType_t compute, cudaDataType_t t
     MPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     MPT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof(bias_t)));
+    // Before the heuristic: it infers the bias alignment from this pointer (a
+    // parameter view in the flat buffer may be only 2- or 4-byte aligned).
+    MPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
   p.la = make_layout(tin, b.cols, b.rows, b.ld, batch, b.bstride);
   p.lb = make_layout(tin, a.cols, a.rows, a.ld, batch, a.bstride);
@@ -234,15 +238,28 @@ void strided_matmul(int device, Stream s, DType in_dt, DType out_dt, Operand a, 
     auto it = cache.find(key);
     if (it == cache.end()) it = cache.emplace(key, make_plan(h, compute, tin, tout, a, ta, b, tb, out_ld, out_bstride,
                                                            m, n, batch, bias, ws_bytes, al_a, al_b, al_out)).first;
-    const Plan& p = it->second;
+    Plan& p = it->second;
+    bool lt_ok = false;
     if (p.ok) {
-      if (use_bias_epilogue)
+      if (use_bias_epilogue)  // the plan's key holds the bias alignment; this call's pointer has the same
         MPT_CUBLAS_CHECK(
             cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-      MPT_CUBLAS_CHECK(cublasLtMatmul(h, p.desc, &alpha, b.ptr, p.la, a.ptr, p.lb, &beta, out, p.lc, out, p.lc,
-                                      &p.algo, ws, ws_bytes, st));
+      const cublasStatus_t ms = cublasLtMatmul(h, p.desc, &alpha, b.ptr, p.la, a.ptr, p.lb, &beta, out, p.lc, out,
+                                               p.lc, &p.algo, ws, ws_bytes, st);
+      if (!use_bias_epilogue) MPT_CUBLAS_CHECK(ms);
+      lt_ok = ms == CUBLAS_STATUS_SUCCESS;
+      if (!lt_ok) {
+        // The epilogue was refused at run time: this plan applies its bias separately from now on.
+        p.ok = false;
+        log_warn(str("gemm: cuBLASLt rejected the bias epilogue (", cublasGetStatusName(ms), ") for m=", m,
+                     " n=", n, " k=", k, " bias alignment ", ptr_alignment(bias), "; using a separate bias kernel"));
+      }
+    }
+    if (lt_ok) {
+      path_count_add("gemm", use_bias_epilogue ? "epilogue_bias" : "lt");
       return;
     }
+    // Not run: the heuristic found no algorithm, or cuBLASLt refused the bias epilogue.
     if (!use_bias_epilogue && batch > 1) {
       per_batch = true;  // e.g. no kernel for a stride-0 (shared) operand: one GEMM per batch entry
     } else if (!use_bias_epilogue) {
@@ -253,6 +270,7 @@ void strided_matmul(int device, Stream s, DType in_dt, DType out_dt, Operand a, 
       bias_separately = true;
     }
   }
+  if (bias_separately) path_count_add("gemm", "bias_kernel");
   if (per_batch) {
     for (int64_t i = 0; i < batch; ++i)
       strided_matmul(device, s, in_dt, out_dt, a.at(i, in_dt), ta, b.at(i, in_dt), tb,

@@ -26,6 +26,12 @@ void strided_matmul(int device, Stream s, DType in_dt, DType out_dt, MatOperand 
                     void* out, int64_t out_ld, int64_t out_bstride, int64_t batch, float alpha, float beta,
                     const void* bias = nullptr);
 
+// True when every pointer cuDNN attention would touch is 16-byte aligned
+// (attention.cpp): qkv (and dqkv) with K and V at +C and +2C, out, lse and dout.
+// Forward: dout and dqkv undefined. Host-only: looks at addresses, not data.
+bool attention_cudnn_aligned(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                             const Tensor& dqkv);
+
 // The cuBLAS + softmax attention (attention_fallback.cu); same contract as
 // attention_forward / attention_backward in attention.h.
 void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale, Stream s);

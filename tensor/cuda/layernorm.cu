@@ -130,6 +130,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
     float *pm = static_cast<float*>(mean.data_ptr()), *pr = static_cast<float*>(rstd.data_ptr());
     const bool vec = cols % kMapVec == 0 && vec_aligned(px, sizeof(T)) && vec_aligned(pw, sizeof(T)) &&
                      vec_aligned(pb, sizeof(T)) && vec_aligned(po, sizeof(T));
+    count_vec_path("layernorm_forward", vec);
     if (vec)
       layernorm_forward_kernel<T, kMapVec><<<grid, 32 * kWarpsPerBlock, 0, st>>>(px, pw, pb, po, pm, pr, rows, cols,
                                                                                  eps);
@@ -156,6 +157,7 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
       const int grid = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
       const bool vec = cols % kMapVec == 0 && vec_aligned(pd, sizeof(T)) && vec_aligned(px, sizeof(T)) &&
                        vec_aligned(pw, sizeof(T)) && vec_aligned(pdx, sizeof(T));
+      count_vec_path("layernorm_backward", vec);
       if (vec)
         layernorm_backward_dx_kernel<T, kMapVec>
             <<<grid, 32 * kWarpsPerBlock, 0, st>>>(pd, px, pw, pm, pr, pdx, rows, cols, accumulate_dx);

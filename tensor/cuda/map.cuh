@@ -49,6 +49,7 @@ template <typename F> void launch_map(int64_t n, const F& f, bool vec_ok, Stream
   if (n <= 0) return;
   constexpr int kThreads = 256;
   const cudaStream_t st = stream_of(s);
+  count_vec_path(what, vec_ok);
   if (vec_ok)
     map_kernel<kMapVec><<<grid_for((n + kMapVec - 1) / kMapVec, kThreads, 16), kThreads, 0, st>>>(n, f);
   else

@@ -50,7 +50,9 @@ void sum_squares(const Tensor& x, const Tensor& out, Stream s) {
   MPT_DISPATCH_DEV_FLOAT(x.dtype(), "sum_squares", [&](auto tag) {
     using T = decltype(tag);
     const T* p = static_cast<const T*>(x.data_ptr());
-    if (vec_aligned(p, sizeof(T)))
+    const bool vec = vec_aligned(p, sizeof(T));
+    count_vec_path("sum_squares", vec);
+    if (vec)
       sum_squares_partials<T, kMapVec><<<grid, kThreads, 0, st>>>(p, n, partial.get<float>());
     else
       sum_squares_partials<T, 1><<<grid, kThreads, 0, st>>>(p, n, partial.get<float>());

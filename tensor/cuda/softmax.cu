@@ -72,7 +72,9 @@ void softmax_forward(const Tensor& x, const Tensor& out, Stream s) {
     using T = decltype(tag);
     const T* px = static_cast<const T*>(x.data_ptr());
     T* po = static_cast<T*>(out.data_ptr());
-    if (cols % kMapVec == 0 && vec_aligned(px, sizeof(T)) && vec_aligned(po, sizeof(T)))
+    const bool vec = cols % kMapVec == 0 && vec_aligned(px, sizeof(T)) && vec_aligned(po, sizeof(T));
+    count_vec_path("softmax_forward", vec);
+    if (vec)
       softmax_forward_kernel<T, kMapVec><<<grid, 32 * kWarpsPerBlock, 0, st>>>(px, po, rows, cols);
     else
       softmax_forward_kernel<T, 1><<<grid, 32 * kWarpsPerBlock, 0, st>>>(px, po, rows, cols);
@@ -91,7 +93,9 @@ void softmax_backward(const Tensor& dout, const Tensor& out, const Tensor& dx, S
     using T = decltype(tag);
     const T *pd = static_cast<const T*>(dout.data_ptr()), *py = static_cast<const T*>(out.data_ptr());
     T* pdx = static_cast<T*>(dx.data_ptr());
-    if (cols % kMapVec == 0 && vec_aligned(pd, sizeof(T)) && vec_aligned(py, sizeof(T)) && vec_aligned(pdx, sizeof(T)))
+    const bool vec = cols % kMapVec == 0 && vec_aligned(pd, sizeof(T)) && vec_aligned(py, sizeof(T)) && vec_aligned(pdx, sizeof(T));
+    count_vec_path("softmax_backward", vec);
+    if (vec)
       softmax_backward_kernel<T, kMapVec><<<grid, 32 * kWarpsPerBlock, 0, st>>>(pd, py, pdx, rows, cols);
     else
       softmax_backward_kernel<T, 1><<<grid, 32 * kWarpsPerBlock, 0, st>>>(pd, py, pdx, rows, cols);

@@ -7,6 +7,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
+#include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -161,83 +164,183 @@ struct CountingRaw final : RawAllocator {
     for (auto& [p, b] : live) std::free(p);
   }
 };
+
+
+// Hands out addresses from an imaginary device of `capacity` bytes (never touched,
+// so segments of hundreds of MiB cost nothing) and counts every call.
+struct FakeRaw final : RawAllocator {
+  size_t capacity, in_use = 0;
+  uintptr_t next = uintptr_t(1) << 40;
+  int allocs = 0, frees = 0, failures = 0;
+  std::map<uintptr_t, size_t> live;
+  explicit FakeRaw(size_t cap) : capacity(cap) {}
+  void* raw_alloc(size_t bytes) override {
+    if (in_use + bytes > capacity) {
+      ++failures;
+      return nullptr;
+    }
+    const uintptr_t p = next;
+    next += bytes + 4096;  // a gap: two segments are never adjacent
+    live[p] = bytes;
+    in_use += bytes;
+    ++allocs;
+    return reinterpret_cast<void*>(p);
+  }
+  void raw_free(void* p) override {
+    auto it = live.find(reinterpret_cast<uintptr_t>(p));
+    REQUIRE_MESSAGE(it != live.end(), "raw_free of a pointer the raw allocator did not hand out");
+    in_use -= it->second;
+    live.erase(it);
+    ++frees;
+  }
+};
+constexpr size_t kMiB = size_t(1) << 20;
 }  // namespace
 
-TEST_CASE("CachingAllocator::size_class rounds to 512 B below 1 MiB and 2 MiB above") {
+TEST_CASE("CachingAllocator rounds blocks to 512 B and segments to 2 MiB") {
   CHECK(CachingAllocator::size_class(0) == 512);
   CHECK(CachingAllocator::size_class(1) == 512);
   CHECK(CachingAllocator::size_class(512) == 512);
   CHECK(CachingAllocator::size_class(513) == 1024);
-  CHECK(CachingAllocator::size_class((1 << 20) - 1) == (1 << 20));
-  CHECK(CachingAllocator::size_class(1 << 20) == (2 << 20));
-  CHECK(CachingAllocator::size_class((2 << 20) + 1) == (4 << 20));
-  CHECK(CachingAllocator::size_class(3 << 20) == (4 << 20));
+  CHECK(CachingAllocator::size_class(kMiB + 1) == kMiB + 512);
+  CHECK(CachingAllocator::segment_size(512) == 2 * kMiB);          // small pool: shared 2 MiB segments
+  CHECK(CachingAllocator::segment_size(kMiB - 512) == 2 * kMiB);
+  CHECK(CachingAllocator::segment_size(kMiB) == 2 * kMiB);         // large pool: rounded up to 2 MiB
+  CHECK(CachingAllocator::segment_size(3 * kMiB) == 4 * kMiB);
+  CHECK(CachingAllocator::segment_size(98 * kMiB + 512) == 100 * kMiB);
 }
 
-TEST_CASE("CachingAllocator reuses blocks by size class and stream, tracks bytes") {
-  auto raw_owner = std::make_unique<CountingRaw>(size_t(1) << 30);
-  CountingRaw* raw = raw_owner.get();
+TEST_CASE("CachingAllocator carves small blocks from shared segments, per stream, and merges them back") {
+  auto raw_owner = std::make_unique<FakeRaw>(size_t(1) << 30);
+  FakeRaw* raw = raw_owner.get();
   CachingAllocator a(std::move(raw_owner));
   const Stream s1(reinterpret_cast<void*>(0x1)), s2(reinterpret_cast<void*>(0x2));
 
-  void* p = a.allocate(1000, s1);  // class 1024
+  char* p = static_cast<char*>(a.allocate(1000, s1));  // block 1024 of a 2 MiB segment
   CHECK(raw->allocs == 1);
   CHECK(a.stats().current_bytes == 1024);
-  a.release(p);
-  CHECK(a.stats().current_bytes == 0);
-  CHECK(a.stats().cached_bytes == 1024);
-  void* q = a.allocate(700, s1);  // same class, same stream: reused
-  CHECK(q == p);
+  CHECK(a.stats().reserved_bytes == 2 * kMiB);
+  char* q = static_cast<char*>(a.allocate(700, s1));  // the rest of the same segment
+  CHECK(q == p + 1024);
   CHECK(raw->allocs == 1);
   CHECK(a.stats().cache_hits == 1);
-  a.release(q);
-  void* r = a.allocate(1000, s2);  // other stream: never reuses s1's block
-  CHECK(r != p);
+  CHECK(a.stats().current_bytes == 1024 + 1024);
+  CHECK(reinterpret_cast<uintptr_t>(q) % 512 == 0);
+  a.release(p);
+  a.release(q);  // both neighbours free again: one whole free segment
+  CHECK(a.stats().current_bytes == 0);
+  CHECK(a.stats().cached_bytes == 2 * kMiB);
+  void* r = a.allocate(1000, s2);  // other stream: never reuses s1's memory
   CHECK(raw->allocs == 2);
-  void* t = a.allocate(2000, s1);  // other class: new block
-  CHECK(raw->allocs == 3);
-  CHECK(a.stats().current_bytes == 1024 + 2048);
-  CHECK(a.stats().peak_bytes == 1024 + 2048);
-  CHECK(a.stats().reserved_bytes == 1024 + 1024 + 2048);
+  void* big = a.allocate(kMiB - 512, s1);  // the merged s1 segment serves the largest small request
+  CHECK(big == p);
+  CHECK(raw->allocs == 2);
+  CHECK(a.stats().peak_bytes == 1024 + kMiB - 512);
   a.release(r);
-  a.release(t);
-  CHECK(a.stats().peak_bytes == 1024 + 2048);  // peak survives releases
+  a.release(big);
+  CHECK(a.stats().peak_bytes == 1024 + kMiB - 512);  // peak survives releases
+  CHECK(a.stats().peak_reserved_bytes == 4 * kMiB);
   a.reset_peak();
   CHECK(a.stats().peak_bytes == 0);
-  CHECK(a.stats().raw_allocs == 3);
   a.empty_cache();
-  CHECK(raw->frees == 3);
+  CHECK(raw->frees == 2);
   CHECK(raw->in_use == 0);
   const AllocatorStats st = a.stats();
   CHECK(st.cached_bytes == 0);
   CHECK(st.reserved_bytes == 0);
   CHECK(st.current_bytes == 0);
+  CHECK(st.raw_frees == 2);
   CHECK_THROWS_AS(a.release(reinterpret_cast<void*>(0x1234)), Error);
 }
 
-TEST_CASE("CachingAllocator frees the cache and retries once on out-of-memory, then throws") {
-  auto raw_owner = std::make_unique<CountingRaw>(size_t(8) << 20);  // 8 MiB device
+TEST_CASE("CachingAllocator: a freed 100 MiB block serves 98 MiB (best fit, split) and the rest serves 2 MiB") {
+  auto raw_owner = std::make_unique<FakeRaw>(size_t(1) << 30);
+  FakeRaw* raw = raw_owner.get();
+  CachingAllocator a(std::move(raw_owner));
+  char* p = static_cast<char*>(a.allocate(100 * kMiB));
+  void* small_one = a.allocate(64 * kMiB);
+  a.release(p);
+  char* q = static_cast<char*>(a.allocate(98 * kMiB));  // 100 MiB free block, not a new segment
+  CHECK(q == p);
+  CHECK(raw->allocs == 2);
+  CHECK(a.stats().splits == 1);
+  void* t = a.allocate(2 * kMiB);  // the split-off rest
+  CHECK(t == p + 98 * kMiB);
+  CHECK(raw->allocs == 2);
+  a.release(small_one);
+  void* u = a.allocate(10 * kMiB);  // best fit: the 64 MiB block, not a new segment
+  CHECK(raw->allocs == 2);
+  CHECK(u == small_one);
+  CHECK(a.stats().current_bytes == 98 * kMiB + 2 * kMiB + 10 * kMiB);
+  CHECK(a.stats().reserved_bytes == 164 * kMiB);
+  a.release(q);
+  a.release(t);
+  a.release(u);
+  CHECK(a.stats().cached_bytes == 164 * kMiB);
+}
+
+TEST_CASE("CachingAllocator: a fragmenting pattern keeps reserved within 1.5x peak live, no flushes") {
+  // Activations of a varying-length workload: random sizes 1..64 MiB at 512-byte
+  // granularity, up to 12 live, freed in random order. The old exact-size-class
+  // cache kept one block per distinct size: reserved grew with each new size until
+  // the device ran out and the whole cache was flushed (here: > 100 raw frees).
+  auto raw_owner = std::make_unique<FakeRaw>(size_t(2) << 30);  // a 2 GiB device
+  FakeRaw* raw = raw_owner.get();
+  CachingAllocator a(std::move(raw_owner));
+  std::mt19937_64 g(7);
+  std::vector<void*> live;
+  size_t requests = 0;
+  for (int it = 0; it < 3000; ++it) {
+    if (live.size() < 12 && (live.empty() || g() % 2)) {
+      const size_t bytes = (1 + g() % 128) * kMiB / 2 + (g() % 1024) * 512;
+      live.push_back(a.allocate(bytes));
+      ++requests;
+    } else {
+      const size_t i = g() % live.size();
+      a.release(live[i]);
+      live.erase(live.begin() + static_cast<long>(i));
+    }
+  }
+  const AllocatorStats st = a.stats();
+  MESSAGE("requests ", requests, ", raw allocs ", st.raw_allocs, ", raw frees ", st.raw_frees, ", peak live ",
+          st.peak_bytes / kMiB, " MiB, peak reserved ", st.peak_reserved_bytes / kMiB, " MiB");
+  CHECK(st.raw_frees == 0);
+  CHECK(raw->failures == 0);
+  CHECK(static_cast<double>(st.peak_reserved_bytes) <= 1.5 * static_cast<double>(st.peak_bytes));
+  CHECK(st.raw_allocs * 20 < requests);
+  CHECK(st.reserved_bytes == raw->in_use);
+  for (void* p : live) a.release(p);
+  CHECK(a.stats().current_bytes == 0);
+  a.empty_cache();
+  CHECK(raw->in_use == 0);  // every block merged back into whole segments
+}
+
+TEST_CASE("CachingAllocator on out-of-memory gives back only the free segments it needs, retries, then throws") {
+  auto raw_owner = std::make_unique<CountingRaw>(10 * kMiB);  // a 10 MiB device
   CountingRaw* raw = raw_owner.get();
   CachingAllocator a(std::move(raw_owner));
-  void* big = a.allocate(6 << 20);  // class 6 MiB
-  a.release(big);                    // cached, still held from the raw allocator
-  CHECK(raw->in_use == (6u << 20));
-  void* other = a.allocate(4 << 20);  // does not fit next to the cached block: flush and retry
-  CHECK(other != nullptr);
+  const Stream s1(reinterpret_cast<void*>(0x1)), s2(reinterpret_cast<void*>(0x2));
+  a.release(a.allocate(1000, s1));     // a free 2 MiB small-pool segment
+  a.release(a.allocate(8 * kMiB, s2));  // a free 8 MiB segment of another stream
+  CHECK(raw->in_use == 10 * kMiB);
+  void* p = a.allocate(4 * kMiB, s1);  // no free block fits on s1: give back the 8 MiB segment only
+  CHECK(p != nullptr);
   CHECK(raw->failures == 1);
   CHECK(raw->frees == 1);
-  CHECK(a.stats().cached_bytes == 0);
-  CHECK(a.stats().reserved_bytes == (4u << 20));
-  CHECK(a.stats().current_bytes == (4u << 20));
+  CHECK(a.stats().reserved_bytes == 6 * kMiB);
+  CHECK(a.stats().current_bytes == 4 * kMiB);
+  void* q = a.allocate(1000, s1);  // the kept small segment still serves small requests
+  CHECK(raw->allocs == 3);
   try {
-    a.allocate(16 << 20);
+    a.allocate(16 * kMiB, s1);
     FAIL("allocation beyond capacity did not throw");
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find("out of device memory") != std::string::npos);
     CHECK_FALSE(e.hint().empty());
   }
-  CHECK(a.stats().current_bytes == (4u << 20));  // a failed request leaves the books unchanged
-  a.release(other);
+  CHECK(a.stats().current_bytes == 4 * kMiB + 1024);  // a failed request leaves the books unchanged
+  a.release(p);
+  a.release(q);
 }
 
 // ---- devices ----------------------------------------------------------------------

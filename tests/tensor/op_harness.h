@@ -13,7 +13,14 @@
 //      reference forward: dL/dx with L = Σ dout ⊙ f(x);
 //   5. on every device: the CPU always, CUDA when mpitron::cuda_available().
 //      Without CUDA each test file prints exactly one line
-//      "SKIPPED cuda: <reason>" (never a silent pass).
+//      "SKIPPED cuda: <reason>" (never a silent pass);
+//   6. with two output placements: test_devices() lists every device twice,
+//      once with outputs 16-byte aligned (so the vectorised and cuDNN paths can
+//      run) and once with outputs at an odd element offset, 67 (the scalar and
+//      fallback paths). Iterating it, `for (Device dev : test_devices())`, sets
+//      the placement make_out uses for that pass; case names say which;
+//   7. where a backend chooses between implementations, the test asserts the
+//      one it meant (check_path, tensor/path_stats.h), so a silent fallback fails.
 //
 // Tolerances (|got − ref| ≤ atol + rtol·|ref| + ntol·max|ref| elementwise).
 // ntol normalises by the largest reference magnitude of that output: it covers
@@ -52,6 +59,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "tensor/ops.h"
+#include "tensor/path_stats.h"
 
 namespace mpitron::test {
 
@@ -85,10 +93,34 @@ inline const std::vector<DType>& float_dtypes() {
   return v;
 }
 
-// ---- devices -----------------------------------------------------------------------
+// ---- devices and output placement ---------------------------------------------------
+// Where make_out puts an output inside its guarded buffer.
+enum class Placement {
+  Aligned,     // first element 16-byte aligned (kAlignedLead guard elements before it)
+  Misaligned,  // first element at element offset Out::kGuard = 67 (134 bytes in bf16): never 16-byte aligned
+};
+inline Placement& current_placement() {
+  static Placement p = Placement::Misaligned;
+  return p;
+}
+inline void set_placement(Placement p) { current_placement() = p; }
+inline bool outputs_aligned() { return current_placement() == Placement::Aligned; }
+
+// A device of the sweep with the output placement of its pass. Converting it to
+// a Device (the loop variable of `for (Device dev : test_devices())`) makes its
+// placement current, so every make_out of that pass uses it.
+struct TestDevice {
+  Device device;
+  Placement placement;
+  operator Device() const {  // NOLINT: implicit on purpose (see above)
+    set_placement(placement);
+    return device;
+  }
+};
+
 namespace {  // one copy per test file, so each file prints its SKIPPED line once
-inline std::vector<Device> test_devices() {
-  static const std::vector<Device> devs = [] {
+inline std::vector<TestDevice> test_devices() {
+  static const std::vector<TestDevice> devs = [] {
     std::vector<Device> d{Device::cpu()};
     if (cuda_available()) {
       d.push_back(Device::cuda(0));
@@ -96,14 +128,17 @@ inline std::vector<Device> test_devices() {
       std::printf("SKIPPED cuda: %s\n", cuda_unavailable_reason().c_str());
       std::fflush(stdout);
     }
-    return d;
+    std::vector<TestDevice> r;
+    for (const Device& x : d)
+      for (Placement p : {Placement::Aligned, Placement::Misaligned}) r.push_back({x, p});
+    return r;
   }();
   return devs;
 }
 }  // namespace
 
 inline std::string case_name(const Device& d, DType t, const std::string& rest) {
-  return str(d.name(), " ", dtype_name(t), " ", rest);
+  return str(d.name(), " ", dtype_name(t), outputs_aligned() ? " [aligned out] " : " [out at +67] ", rest);
 }
 
 // ---- random inputs ---------------------------------------------------------------
@@ -174,12 +209,16 @@ inline std::vector<uint8_t> poison_bytes(DType dt) {
   }
 }
 
-// An output tensor inside a buffer with kGuard poisoned elements on each side.
-// `t` is the tensor the op writes; guards_ok() says whether the op stayed inside it.
+// An output tensor inside a buffer with poisoned guard elements on each side:
+// `lead` before it (kGuard = 67, or kAlignedLead for an aligned placement) and
+// kGuard after it. `t` is the tensor the op writes; guards_ok() says whether the
+// op stayed inside it.
 struct Out {
-  static constexpr int64_t kGuard = 67;  // odd, so a vectorised overrun is caught too
+  static constexpr int64_t kGuard = 67;         // odd, so a vectorised overrun is caught too
+  static constexpr int64_t kAlignedLead = 128;  // 256 bytes of 2-byte elements: aligned for any vector width
   Tensor base, t;
   DType dtype;
+  int64_t lead = kGuard;
 
   std::vector<uint8_t> host_bytes(const Tensor& x) const {
     Tensor h = x.to(Device::cpu());
@@ -190,10 +229,11 @@ struct Out {
   bool guards_ok() const {
     const std::vector<uint8_t> all = host_bytes(base), pat = poison_bytes(dtype);
     const size_t es = pat.size(), n = static_cast<size_t>(t.numel());
-    for (size_t i = 0; i < static_cast<size_t>(kGuard); ++i) {
+    const size_t ld = static_cast<size_t>(lead);
+    for (size_t i = 0; i < ld; ++i)
       if (std::memcmp(&all[i * es], pat.data(), es) != 0) return false;
-      if (std::memcmp(&all[(kGuard + n + i) * es], pat.data(), es) != 0) return false;
-    }
+    for (size_t i = 0; i < static_cast<size_t>(kGuard); ++i)
+      if (std::memcmp(&all[(ld + n + i) * es], pat.data(), es) != 0) return false;
     return true;
   }
   // Number of elements still holding the poison (i.e. never written).
@@ -206,24 +246,52 @@ struct Out {
   }
 };
 
-// A poisoned output; with `init`, the inside holds init (for += outputs) and only the guards are poisoned.
+// A poisoned output, placed as the current pass says (current_placement); with
+// `init`, the inside holds init (for += outputs) and only the guards are poisoned.
 inline Out make_out(const Shape& shape, DType dt, Device dev, const std::vector<double>* init = nullptr) {
   const int64_t n = shape_numel(shape);
-  Tensor host = Tensor::empty({n + 2 * Out::kGuard}, dt);
+  const int64_t lead = outputs_aligned() ? Out::kAlignedLead : Out::kGuard;
+  const int64_t total = lead + n + Out::kGuard;
+  Tensor host = Tensor::empty({total}, dt);
   const std::vector<uint8_t> pat = poison_bytes(dt);
   auto* p = static_cast<uint8_t*>(host.data_ptr());
-  for (int64_t i = 0; i < n + 2 * Out::kGuard; ++i) std::memcpy(p + i * pat.size(), pat.data(), pat.size());
+  for (int64_t i = 0; i < total; ++i) std::memcpy(p + i * pat.size(), pat.data(), pat.size());
   if (init) {
     REQUIRE(static_cast<int64_t>(init->size()) == n);
     std::vector<float> f(init->begin(), init->end());
     Tensor inside = Tensor::from_vector(f, {n}, dt);
-    std::memcpy(p + Out::kGuard * pat.size(), inside.data_ptr(), inside.nbytes());
+    std::memcpy(p + lead * pat.size(), inside.data_ptr(), inside.nbytes());
   }
   Out o;
   o.dtype = dt;
+  o.lead = lead;
   o.base = host.to(dev);
-  o.t = o.base.flat_range(Out::kGuard, n).view(shape);
+  o.t = o.base.flat_range(lead, n).view(shape);
+  const bool aligned16 = reinterpret_cast<uintptr_t>(o.t.data_ptr()) % 16 == 0;
+  REQUIRE_MESSAGE(aligned16 == outputs_aligned(), "make_out: output placement is not what the pass asked for");
   return o;
+}
+
+// ---- which implementation ran (tensor/path_stats.h) --------------------------------------
+// The counter a width-choosing kernel of `op` must take in this pass: "<op>.vec8"
+// when the outputs are aligned and `vec_possible` (e.g. the row length is a
+// multiple of 8 and every input is aligned), else "<op>.scalar".
+inline std::string vec_path(const std::string& op, bool vec_possible) {
+  return op + (outputs_aligned() && vec_possible ? ".vec8" : ".scalar");
+}
+
+// On CUDA: checks that since `probe` the counter `expected` ("<op>.<path>") grew
+// and no other path of the same op did. The CPU backend has one implementation
+// per op and counts nothing, so there is nothing to check.
+inline void check_path(const Device& dev, const PathProbe& probe, const std::string& expected,
+                       const std::string& what) {
+  if (!dev.is_cuda()) return;
+  const std::string op = expected.substr(0, expected.find('.') + 1);
+  bool others = false;
+  for (const auto& [name, v] : path_counts())
+    if (name != expected && name.compare(0, op.size(), op) == 0 && probe.delta(name) > 0) others = true;
+  CHECK_MESSAGE((probe.delta(expected) > 0 && !others),
+                what << ": expected path " << expected << ", took " << probe.taken());
 }
 
 // ---- comparison ------------------------------------------------------------------------

@@ -5,7 +5,8 @@
 // that forward on small shapes (loss Σ dout ⊙ out; lse carries no gradient),
 // and the closed-form float64 backward (dV = Pᵀ·dO, dS = P ⊙ (dO·Vᵀ − rowsum),
 // dQ = s·dS·K, dK = s·dSᵀ·Q) on the larger ones. On CUDA the cuDNN path and the
-// forced cuBLAS fallback are both checked against the reference and each other.
+// forced cuBLAS fallback are both checked against the reference and each other,
+// and every CUDA call asserts which of the two ran (path counters).
 // Grouped-query attention (qkv (B, T, NH + 2G, HD), head h reads kv group h/(NH/G))
 // runs through the same reference, whose dK/dV sum over a group's heads; a
 // PyTorch cross-check (HF's repeat_kv, torch autograd) reads
@@ -15,6 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/tensor/op_harness.h"
+#ifdef MPITRON_WITH_CUDA
+#include "tensor/cuda/internal.h"
+#endif
 
 using namespace mpitron;
 using namespace mpitron::test;
@@ -112,20 +116,36 @@ struct AttnResult {
   Tensor out, lse, dqkv;
 };
 
+// The path a CUDA attention call must take: cuDNN when the build has it and it is
+// not forced off (cuda_attention_backend() == "cudnn"), the dtype is 16-bit, every
+// pointer is 16-byte aligned (inputs always are here, outputs in the aligned pass;
+// K and V sit at +C and +2C, aligned when HD % 8 == 0) and the head dim is one
+// cuDNN takes (HD % 8 == 0, HD <= 128). Otherwise the fallback. Under the simulated
+// device (no cuDNN) this is always the fallback; a GPU session checks the cuDNN half.
+std::string attention_path(const std::string& op, DType dt, const AttnDims& d) {
+  const bool cudnn = cuda_attention_backend() == "cudnn" && dt != DType::F32 && outputs_aligned() && d.hd % 8 == 0 &&
+                     d.hd <= 128;
+  return op + (cudnn ? ".cudnn" : ".fallback");
+}
+
 AttnResult run(Device dev, DType dt, const AttnDims& d, double scale, bool fd, uint64_t seed, const std::string& tag = "") {
   Rng rng(seed);
   const Input qkv = rand_input(rng, qkv_shape(d), dt, dev, -1.5, 1.5);
   const Input dout = rand_input(rng, out_shape(d), dt, dev, -1, 1);
   Out out = make_out(out_shape(d), dt, dev), lse = make_out({d.b, d.nh, d.t}, DType::F32, dev);
+  const PathProbe fwd_path;
   attention_forward(qkv.t, out.t, lse.t, static_cast<float>(scale));
   std::vector<double> lref;
   const std::vector<double> oref = ref_attention(d, qkv.v, scale, &lref);
   const std::string name = case_name(dev, dt, str("attention ", dims_str(d), " scale=", scale, tag));
+  check_path(dev, fwd_path, attention_path("attention_forward", dt, d), name + " forward");
   check_out(name + " out", out, oref, tol(dt, Kind::Attention));
   check_out(name + " lse", lse, lref, tol(dt == DType::F32 ? dt : DType::F16, Kind::Attention));
 
   Out dqkv = make_out(qkv_shape(d), dt, dev);
+  const PathProbe bwd_path;
   attention_backward(dout.t, qkv.t, out.t, lse.t, dqkv.t, static_cast<float>(scale));
+  check_path(dev, bwd_path, attention_path("attention_backward", dt, d), name + " backward");
   const std::vector<double> gref =
       fd ? fd_grad(qkv.v, [&](const std::vector<double>& x) { return ref_attention(d, x, scale); }, dout.v)
          : ref_attention_backward(d, qkv.v, dout.v, scale);
@@ -155,6 +175,11 @@ TEST_CASE("attention: moderately large (closed-form f64 backward)") {
 
 TEST_CASE("attention on CUDA: cuDNN and the forced cuBLAS fallback agree") {
   if (!cuda_available()) return;  // the file's SKIPPED line says why
+  set_placement(Placement::Aligned);  // cuDNN needs 16-byte aligned outputs; run() asserts the path each took
+  cuda_attention_force_fallback(false);
+  if (cuda_attention_backend() != "cudnn")
+    MESSAGE("cuDNN is not available (" << cuda_attention_backend()
+                                       << "): this compares the fallback with itself; a GPU session with cuDNN checks it");
   uint64_t seed = 4200;
   for (DType dt : {DType::BF16, DType::F16, DType::F32})
     for (AttnDims d : {AttnDims{2, 37, 2, 64}, AttnDims{1, 128, 4, 128}, AttnDims{3, 7, 1, 32}}) {
@@ -253,6 +278,31 @@ TEST_CASE("grouped-query attention: PyTorch / HF reference (tests/reference/llam
     }
   }
 }
+#ifdef MPITRON_WITH_CUDA
+TEST_CASE("attention: cuDNN is eligible only when every pointer, lse included, is 16-byte aligned (host check)") {
+  // Addresses only: CPU tensors stand in for device ones. B=1, T=4, NH=2, HD=8 bf16: C·2 = 32 bytes.
+  const AttnDims d{1, 4, 2, 8};
+  auto at = [](const Shape& shape, DType dt, int64_t offset) {  // a view at `offset` elements into a fresh buffer
+    return Tensor::zeros({shape_numel(shape) + 128}, dt).flat_range(offset, shape_numel(shape)).view(shape);
+  };
+  const Tensor qkv = at(qkv_shape(d), DType::BF16, 0), out = at(out_shape(d), DType::BF16, 0);
+  const Tensor lse = at({d.b, d.nh, d.t}, DType::F32, 0), dout = at(out_shape(d), DType::BF16, 0);
+  const Tensor dqkv = at(qkv_shape(d), DType::BF16, 0);
+  CHECK(cuda::attention_cudnn_aligned(qkv, out, lse, Tensor(), Tensor()));
+  CHECK(cuda::attention_cudnn_aligned(qkv, out, lse, dout, dqkv));
+  const Tensor lse_off = at({d.b, d.nh, d.t}, DType::F32, 1);  // 4-byte aligned statistics
+  CHECK_FALSE(cuda::attention_cudnn_aligned(qkv, out, lse_off, Tensor(), Tensor()));
+  CHECK_FALSE(cuda::attention_cudnn_aligned(qkv, out, lse_off, dout, dqkv));
+  CHECK_FALSE(cuda::attention_cudnn_aligned(at(qkv_shape(d), DType::BF16, 4), out, lse, Tensor(), Tensor()));
+  CHECK_FALSE(cuda::attention_cudnn_aligned(qkv, at(out_shape(d), DType::BF16, 67), lse, Tensor(), Tensor()));
+  CHECK_FALSE(cuda::attention_cudnn_aligned(qkv, out, lse, at(out_shape(d), DType::BF16, 1), dqkv));
+  CHECK_FALSE(cuda::attention_cudnn_aligned(qkv, out, lse, dout, at(qkv_shape(d), DType::BF16, 2)));
+  // HD = 4: K starts C·2 = 16 bytes in (aligned) but with NH = 1 at 8 bytes: not aligned.
+  const AttnDims odd{1, 4, 1, 4};
+  CHECK_FALSE(cuda::attention_cudnn_aligned(at(qkv_shape(odd), DType::BF16, 0), at(out_shape(odd), DType::BF16, 0),
+                                            at({1, 1, 4}, DType::F32, 0), Tensor(), Tensor()));
+}
+#endif
 
 TEST_CASE("attention: invalid arguments throw naming the op") {
   const Tensor qkv = Tensor::zeros({1, 4, 3, 2, 8}, DType::F32), out = Tensor::zeros({1, 4, 2, 8}, DType::F32);

@@ -145,7 +145,9 @@ TEST_CASE("add_forward and add_backward, every dtype") {
         for (size_t i = 0; i < sum.size(); ++i) sum[i] = a.v[i] + b.v[i];
         const std::string name = case_name(dev, dt, str("add n=", n));
         Out out = make_out(shape, dt, dev);
+        const PathProbe path;
         add_forward(a.t, b.t, out.t);
+        check_path(dev, path, vec_path("add_forward", true), name);  // any n: 8-wide with a scalar tail
         check_out(name, out, sum, tol(dt, Kind::Pointwise));
         const Tensor ac = a.t.clone();
         add_forward(ac, b.t, ac);  // out aliases a

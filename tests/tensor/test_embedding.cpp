@@ -35,18 +35,22 @@ void run(Device dev, DType dt, DType id_dt, DType grad_dt, int64_t n, int64_t v,
   const Input table = rand_input(rng, {v, c}, dt, dev, -1, 1);
   const std::vector<double> out0 = rand_input(rng, {n, c}, dt, dev, -1, 1).v;
   Out out = accumulate ? make_out({n, c}, dt, dev, &out0) : make_out({n, c}, dt, dev);
+  const PathProbe fwd_path;
   embedding_forward(tids, table.t, out.t, accumulate, vocab_start);
   std::vector<double> ref = ref_embed(ids, table.v, v, c, vocab_start);
   for (size_t i = 0; i < ref.size() && accumulate; ++i) ref[i] += out0[i];
   const std::string name = case_name(dev, dt, str("embedding N=", n, " V=", v, " C=", c, " ids=", dtype_name(id_dt),
                                                   " vocab_start=", vocab_start, accumulate ? " accumulate" : ""));
+  check_path(dev, fwd_path, vec_path("embedding_forward", c % 8 == 0), name + " forward");
   // Plain lookup is a copy: exact. With accumulate, one rounding of the sum.
   check_out(name + " forward", out, ref, accumulate ? tol(dt, Kind::Pointwise) : Tol{0, 0, 0});
 
   const Input dout = rand_input(rng, {n, c}, dt, dev, -1, 1);
   const std::vector<double> dt0 = rand_input(rng, {v, c}, grad_dt, dev, -1, 1).v;
   Out dtable = make_out({v, c}, grad_dt, dev, &dt0);
+  const PathProbe bwd_path;
   embedding_backward(dout.t, tids, dtable.t, vocab_start);
+  check_path(dev, bwd_path, vec_path("embedding_backward", c % 8 == 0), name + " backward");
   std::vector<double> g;
   if (v * c <= 2000) {
     g = fd_grad(table.v, [&](const std::vector<double>& tv) { return ref_embed(ids, tv, v, c, vocab_start); }, dout.v, 0.5);

@@ -3,6 +3,10 @@
 // Reference: the float64 formula 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 // Backward: float64 central differences of it (GELU is pointwise, so one
 // difference per element). Also the documented aliasing: out = x, dx = dout.
+// The CUDA kernels' formula itself (tensor/cuda/gelu_math.h, __host__ __device__)
+// is checked on the CPU against float64 with RELATIVE error over x in [-10, 10],
+// where the textbook 0.5·x·(1 + tanh u) loses all precision below x ≈ −3.
+#include "tensor/cuda/gelu_math.h"
 #include "tests/tensor/op_harness.h"
 
 using namespace mpitron;
@@ -36,10 +40,14 @@ void run(Device dev, DType dt, int64_t n, bool in_place, uint64_t seed) {
     return;
   }
   Out out = make_out(shape, dt, dev);
+  const PathProbe fwd_path;
   gelu_forward(x.t, out.t);
+  check_path(dev, fwd_path, vec_path("gelu_forward", true), name + " forward");  // any n: 8-wide with a scalar tail
   check_out(name + " forward", out, ref, tol(dt, Kind::Pointwise));
   Out dx = make_out(shape, dt, dev);
+  const PathProbe bwd_path;
   gelu_backward(dout.t, x.t, dx.t);
+  check_path(dev, bwd_path, vec_path("gelu_backward", true), name + " backward");
   // gelu' crosses zero near x = -0.75: an absolute floor of a few f32 ulps of the terms.
   Tol t = tol(dt, Kind::Pointwise);
   t.atol = std::max(t.atol, 4e-7);
@@ -59,6 +67,44 @@ TEST_CASE("gelu: out may alias x, dx may alias dout") {
   uint64_t seed = 2100;
   for (Device dev : test_devices())
     for (DType dt : float_dtypes()) run(dev, dt, 1031, true, ++seed);
+}
+
+// The same function in float64 without the cancellation (even float64's 1 + tanh u
+// is 0 at x = −10), through the identity (1 + tanh u)/2 = 1/(1 + e^(−2u)), and
+// its derivative in closed form: d/dx [x·s] = s + x·2s(1 − s)·du/dx.
+double ref_gelu_sig(double x, double* grad) {
+  const double k = std::sqrt(2.0 / M_PI), u = k * (x + 0.044715 * x * x * x);
+  const double s = 1.0 / (1.0 + std::exp(-2.0 * u));
+  *grad = s + 2.0 * x * s * (1.0 - s) * k * (1.0 + 3.0 * 0.044715 * x * x);
+  return x * s;
+}
+
+TEST_CASE("gelu: the CUDA kernels' formula keeps relative precision for negative x (float64, x in [-10, 10])") {
+  // Every 1/64 step of x in f32: relative error of a few f32 roundings, amplified by
+  // |2u| ≤ 88 through exp (≈ 88 · 2^-24 ≈ 5e-6); 1e-4 leaves room, the old form
+  // is off by > 1e-3 at x = −4 and returns exactly 0 (relative error 1) from x ≈ −6.
+  int checked = 0;
+  double worst_f = 0, worst_g = 0;
+  for (int i = -640; i <= 640; ++i) {
+    const float x = static_cast<float>(i) / 64.0f;
+    const double xd = x;
+    double g;
+    const double f = ref_gelu_sig(xd, &g);
+    const double ef = std::fabs(gelu_math::gelu(x) - f), eg = std::fabs(gelu_math::gelu_grad(x) - g);
+    // gelu is 0 only at x = 0; gelu' is 0 near x = −0.75, where an absolute floor applies.
+    const double bf = 1e-4 * std::fabs(f) + 1e-45, bg = 1e-4 * std::fabs(g) + (x > -2.0f ? 1e-6 : 1e-45);
+    worst_f = std::max(worst_f, ef / bf);
+    worst_g = std::max(worst_g, eg / bg);
+    CHECK_MESSAGE(ef <= bf, "gelu(" << x << ") = " << gelu_math::gelu(x) << ", float64 " << f);
+    CHECK_MESSAGE(eg <= bg, "gelu'(" << x << ") = " << gelu_math::gelu_grad(x) << ", float64 " << g);
+    ++checked;
+  }
+  MESSAGE("gelu_math: ", checked, " points, worst err/bound forward ", worst_f, ", backward ", worst_g);
+  // The two float64 forms agree where the tanh form has not yet cancelled (a check of the reference).
+  for (double x : {-3.0, -1.0, -0.5, 0.5, 2.0, 6.0}) {
+    double g;
+    CHECK(std::fabs(ref_gelu_sig(x, &g) - ref_gelu(x)) <= 1e-12 * std::max(1.0, std::fabs(x)));
+  }
 }
 
 TEST_CASE("gelu: invalid arguments throw naming the op") {

@@ -78,10 +78,13 @@ void run(Device dev, DType dt, DType wgrad_dt, int64_t n, int64_t c, bool accumu
   const Input w = rand_input(rng, {c}, dt, dev, 0.5, 1.5);
   const Input b = rand_input(rng, {c}, dt, dev, -0.5, 0.5);
   Out out = make_out(shape, dt, dev), mean = make_out({n}, DType::F32, dev), rstd = make_out({n}, DType::F32, dev);
+  const PathProbe fwd_path;
   layernorm_forward(x, w.t, b.t, out.t, mean.t, rstd.t, eps);
 
   const LnRef r = ref_ln(xv, w.v, b.v, n, c, eps);
   const std::string name = case_name(dev, dt, str("layernorm N=", n, " C=", c));
+  // The 8-wide row kernel when C % 8 == 0 and the outputs are aligned (inputs always are).
+  check_path(dev, fwd_path, vec_path("layernorm_forward", c % 8 == 0), name);
   check_out(name + " out", out, r.out, tol(dt, Kind::Reduction));
   check_out(name + " mean", mean, r.mean, tol(DType::F32, Kind::Reduction));
   check_out(name + " rstd", rstd, r.rstd, tol(DType::F32, Kind::Reduction));
@@ -93,7 +96,9 @@ void run(Device dev, DType dt, DType wgrad_dt, int64_t n, int64_t c, bool accumu
   const std::vector<double> db0 = rand_input(rng, {c}, wgrad_dt, dev, -1, 1).v;
   Out dx = accumulate_dx ? make_out(shape, dt, dev, &dx0) : make_out(shape, dt, dev);
   Out dw = make_out({c}, wgrad_dt, dev, &dw0), db = make_out({c}, wgrad_dt, dev, &db0);
+  const PathProbe bwd_path;
   layernorm_backward(dout.t, x, w.t, mean.t, rstd.t, dx.t, dw.t, db.t, accumulate_dx);
+  check_path(dev, bwd_path, vec_path("layernorm_backward", c % 8 == 0), name + " backward");
 
   std::vector<double> gx, gw, gb;
   if (n * c <= 600) {
@@ -125,6 +130,7 @@ TEST_CASE("layernorm forward and backward: awkward shapes, every dtype") {
       run(dev, dt, dt, 4, 37, true, ++seed);
       run(dev, dt, DType::F32, 3, 127, false, ++seed);
       run(dev, dt, dt, 6, 8, false, ++seed);
+      run(dev, dt, DType::F32, 5, 64, true, ++seed);  // 8-wide rows when aligned
     }
 }
 

@@ -45,10 +45,14 @@ void run(Device dev, DType dt, int64_t n, int64_t c, double offset, uint64_t see
   }
   const std::string name = case_name(dev, dt, str("softmax N=", n, " C=", c, " offset=", offset));
   Out out = make_out(shape, dt, dev);
+  const PathProbe fwd_path;
   softmax_forward(x, out.t);
+  check_path(dev, fwd_path, vec_path("softmax_forward", c % 8 == 0), name + " forward");
   check_out(name + " forward", out, ref, tol(dt, Kind::Reduction));
   Out dx = make_out(shape, dt, dev);
+  const PathProbe bwd_path;
   softmax_backward(dout.t, out.t, dx.t);
+  check_path(dev, bwd_path, vec_path("softmax_backward", c % 8 == 0), name + " backward");
   check_out(name + " backward", dx, gref, tol(dt, Kind::Reduction));
 }
 

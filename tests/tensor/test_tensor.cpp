@@ -270,8 +270,26 @@ TEST_CASE("harness self-test: poison, guards and compare can fail") {
   o.t.flat_range(0, 4).fill(1.0);
   CHECK(o.unwritten() == 1);
   CHECK(o.guards_ok());
-  o.base.flat_range(Out::kGuard + 5, 1).fill(1.0);  // one element past the end
+  o.base.flat_range(o.lead + 5, 1).fill(1.0);  // one element past the end
   CHECK_FALSE(o.guards_ok());
+  for (Placement pl : {Placement::Aligned, Placement::Misaligned}) {
+    set_placement(pl);
+    for (DType dt : {DType::F32, DType::BF16, DType::I64}) {
+      Out q = make_out({9}, dt, Device::cpu());
+      const bool aligned = reinterpret_cast<uintptr_t>(q.t.data_ptr()) % 16 == 0;
+      CHECK(aligned == (pl == Placement::Aligned));
+      CHECK(q.guards_ok());
+      q.base.flat_range(q.lead - 1, 1).fill(1.0);  // one element before the start
+      CHECK_FALSE(q.guards_ok());
+    }
+  }
+  int passes = 0, aligned_passes = 0;
+  for (Device dev : test_devices()) {  // every device once per placement
+    ++passes;
+    aligned_passes += outputs_aligned();
+    CHECK(make_out({3}, DType::BF16, dev).lead == (outputs_aligned() ? Out::kAlignedLead : Out::kGuard));
+  }
+  CHECK(passes == 2 * aligned_passes);
   for (DType dt : {DType::BF16, DType::F16}) {
     Out p = make_out({3}, dt, Device::cpu());
     for (float f : p.t.to_floats()) CHECK(std::isnan(f));
@@ -287,4 +305,28 @@ TEST_CASE("harness self-test: poison, guards and compare can fail") {
   }, {1.0, 3.0});
   CHECK(std::fabs(g[0] - 2 * 0.5 * -2.0) < 1e-8);
   CHECK(std::fabs(g[1] - (0.25 + 3 * std::cos(-2.0))) < 1e-8);
+}
+
+TEST_CASE("path counters: count, probe the change over a call, reset") {
+  path_counts_reset();
+  CHECK(path_count("demo_op.vec8") == 0);
+  const PathProbe probe;
+  path_count_add("demo_op", "vec8");
+  path_count_add("demo_op", "vec8");
+  path_count_add("demo_op", "scalar");
+  CHECK(path_count("demo_op.vec8") == 2);
+  CHECK(probe.delta("demo_op.vec8") == 2);
+  CHECK(probe.delta("demo_op.scalar") == 1);
+  CHECK(probe.delta("other.path") == 0);
+  CHECK(probe.taken() == "demo_op.scalar+1, demo_op.vec8+2");
+  const PathProbe later;
+  CHECK(later.taken() == "(none)");
+  CHECK(path_counts().size() == 2);
+  path_counts_reset();
+  CHECK(path_count("demo_op.vec8") == 0);
+  // The CPU backend has one implementation per op and counts nothing.
+  const PathProbe cpu;
+  Tensor x = Tensor::from_vector({1, 2, 3, 4, 5, 6, 7, 8}, {1, 8}, DType::F32), y = Tensor::empty({1, 8}, DType::F32);
+  softmax_forward(x, y);
+  CHECK(cpu.taken() == "(none)");
 }
