@@ -22,7 +22,7 @@
 //    " " + word, after the text before it (stripped) — a multi-token word must be
 //    predicted entirely.
 // Losses and argmaxes use the first vocab_size logits (padded vocabulary rows excluded).
-// Runs on one process (the parallel runtime is not built yet).
+// Runs on one process; a checkpoint saved under any parallel layout loads here.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "apps/app_main.h"
 #include <mpi.h>
@@ -70,8 +70,8 @@ bool parse(int argc, char** argv, Args& a) {
       ("vocab-file", po::value(&a.vocab_file), "GPT-2 vocab (default: bundled assets/gpt2)")
       ("merge-file", po::value(&a.merge_file), "GPT-2 merges (default: bundled assets/gpt2)")
       ("results-json", po::value(&a.results_json), "also write the results as JSON to this file")
-      ("tensor-model-parallel-size", po::value(&tp), "must be 1 (the parallel runtime is not built yet)")
-      ("pipeline-model-parallel-size", po::value(&pp), "must be 1 (the parallel runtime is not built yet)");
+      ("tensor-model-parallel-size", po::value(&tp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)")
+      ("pipeline-model-parallel-size", po::value(&pp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)");
   add_inference_flags(d, a.inf, /*with_seq_length=*/false);  // --seq-length is the window here
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "evaluate")) return false;

@@ -57,8 +57,8 @@ bool parse(int argc, char** argv, Args& a) {
       ("genfile", po::value(&a.genfile), "write the samples as JSON lines here (default: stdout)")
       ("vocab-file", po::value(&a.vocab_file), "GPT-2 vocab (default: bundled assets/gpt2)")
       ("merge-file", po::value(&a.merge_file), "GPT-2 merges (default: bundled assets/gpt2)")
-      ("tensor-model-parallel-size", po::value(&tp), "must be 1 (the parallel runtime is not built yet)")
-      ("pipeline-model-parallel-size", po::value(&pp), "must be 1 (the parallel runtime is not built yet)");
+      ("tensor-model-parallel-size", po::value(&tp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)")
+      ("pipeline-model-parallel-size", po::value(&pp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)");
   add_inference_flags(d, a.inf, /*with_seq_length=*/true);
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "generate_text")) return false;

@@ -317,8 +317,8 @@ int run(int argc, char** argv) {
       ("max-requests", po::value(&max_requests), "exit after this many requests (default 0: serve until SIGTERM)")
       ("vocab-file", po::value(&vocab_file), "GPT-2 vocab (default: bundled assets/gpt2)")
       ("merge-file", po::value(&merge_file), "GPT-2 merges (default: bundled assets/gpt2)")
-      ("tensor-model-parallel-size", po::value(&tp), "must be 1 (the parallel runtime is not built yet)")
-      ("pipeline-model-parallel-size", po::value(&pp), "must be 1 (the parallel runtime is not built yet)")
+      ("tensor-model-parallel-size", po::value(&tp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)")
+      ("pipeline-model-parallel-size", po::value(&pp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)")
       ("micro-batch-size", po::value<int64_t>(), "accepted from Megatron's server script: requests are decoded one at a time");
   InferenceFlags inf;  // the pretraining GPT_ARGS a Megatron server script passes too
   add_inference_flags(d, inf, /*with_seq_length=*/true);

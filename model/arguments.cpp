@@ -277,7 +277,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   // Megatron / DeepSpeed flags that change nothing here: one start-up line each.
   check_noop_flags(vm, a.startup_notes);
   std::optional<DeepSpeedConfig> ds;
-  const bool deepspeed = vm["deepspeed"].as<bool>();
+  const bool deepspeed = a.deepspeed = vm["deepspeed"].as<bool>();
   if (deepspeed) {
     need(vm.count("deepspeed_config") > 0, "--deepspeed needs --deepspeed_config FILE",
          "give the DeepSpeed JSON your script uses (docs/megatron-compat.md lists the keys mpitron reads)");

@@ -97,6 +97,7 @@ struct TrainArgs {
   bool force_mpi_for_device = false;       // --force-mpi-for-device: MPI (host-staged) for GPU tensors
 
   std::string flags_json;                  // every flag as given, for checkpoints
+  bool deepspeed = false;                  // --deepspeed: a Megatron-DeepSpeed script (its TensorBoard tags)
   std::vector<std::string> startup_notes;  // one line each, logged at start-up: flags accepted for
                                            //   compatibility and what mpitron does instead
   int64_t world_size = 0;                  // set by the caller before parsing (MPI world size);

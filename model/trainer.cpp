@@ -296,15 +296,23 @@ struct Trainer::Impl {
     return n > 0 ? total / n : 0.0;
   }
 
+  // A TensorBoard scalar under Megatron-LM's tag ("lm loss"), or with --deepspeed
+  // under Megatron-DeepSpeed's ("lm-loss-training/lm loss"); `vs_samples` also
+  // writes "<tag> vs samples" against the consumed samples, as both do.
+  void tb_scalar(const char* group, const std::string& name, double v, bool vs_samples = true) {
+    if (!tb) return;
+    const std::string tag = args.deepspeed ? str(group, "/", name) : name;
+    tb->add_scalar(tag, v, st.iteration);
+    if (vs_samples) tb->add_scalar(tag + " vs samples", v, st.consumed_train_samples);
+  }
+
   void report_eval(const char* what, double loss) {
     const double ppl = std::exp(std::min(loss, 20.0));
     log_info("-----------------------------------------------------------------------------------------------");
     log_info(" ", what, " | lm loss value: ", sci(loss), " | lm loss PPL: ", sci(ppl), " |");
     log_info("-----------------------------------------------------------------------------------------------");
-    if (tb) {
-      tb->add_scalar("lm-loss-validation/lm loss", loss, st.iteration);
-      tb->add_scalar("lm-loss-validation/lm loss ppl", ppl, st.iteration);
-    }
+    tb_scalar("lm-loss-validation", "lm loss validation", loss);
+    tb_scalar("lm-loss-validation", "lm loss validation ppl", ppl);
     if (metrics) metrics->log_json(st.iteration, {{"valid_loss", loss}, {"valid_ppl", ppl}});
   }
 
@@ -783,21 +791,24 @@ TrainSummary Trainer::run() {
         extra += str(" number of zeros in grad: ", zeros, " |");
       }
       log_info(line, extra);
-      if (m.tb) {
-        m.tb->add_scalar("lm-loss-training/lm loss", avg, m.st.iteration);
-        m.tb->add_scalar("learning-rate/learning-rate", logged_lr, m.st.iteration);
-        if (a.log_params_norm) m.tb->add_scalar("params-norm/params-norm", params_norm, m.st.iteration);
-        if (a.log_num_zeros_in_grad)
-          m.tb->add_scalar("num-zeros/num-zeros", static_cast<double>(zeros), m.st.iteration);
+      if (m.tb) {  // Megatron-LM's tags, or Megatron-DeepSpeed's with --deepspeed (docs/training.md)
+        m.tb_scalar("lm-loss-training", "lm loss", avg);
+        m.tb_scalar("learning-rate", "learning-rate", logged_lr);
+        m.tb_scalar("batch-size", "batch-size", static_cast<double>(gbs));
+        m.tb_scalar("loss-scale", "loss-scale", scale);
+        m.tb_scalar("grad-norm", "grad-norm", r.grad_norm);
+        if (a.log_params_norm) m.tb_scalar("params-norm", "params-norm", params_norm);
+        if (a.log_num_zeros_in_grad) m.tb_scalar("num-zeros", "num-zeros", static_cast<double>(zeros));
+        int ranks = 1;
+        if (m.world_comm() != MPI_COMM_NULL) MPI_Comm_size(m.world_comm(), &ranks);
+        m.tb_scalar("throughput", "throughput", flops / 1e12 / ranks, false);  // Megatron's: TFLOP/s per rank
+        m.tb_scalar("throughput", "tokens-per-second", tps, false);
         if (a.log_timers_to_tensorboard) {
           const double n_it = static_cast<double>(interval_iters);
+          m.tb->add_scalar("iteration-time", secs / n_it, m.st.iteration);
           m.tb->add_scalar("forward-backward-time", 1e3 * interval_fwd_bwd_s / n_it, m.st.iteration);
           m.tb->add_scalar("optimizer-time", 1e3 * interval_optim_s / n_it, m.st.iteration);
         }
-        m.tb->add_scalar("batch-size/batch-size", static_cast<double>(gbs), m.st.iteration);
-        m.tb->add_scalar("loss-scale/loss-scale", scale, m.st.iteration);
-        m.tb->add_scalar("grad-norm/grad-norm", r.grad_norm, m.st.iteration);
-        m.tb->add_scalar("throughput/tokens-per-second", tps, m.st.iteration);
         m.tb->flush();
       }
       if (m.metrics)

@@ -298,9 +298,9 @@ TEST_CASE("--log-params-norm, --log-num-zeros-in-grad and --log-timers-to-tensor
   const std::string cmd = "/usr/bin/python3 -c \"import sys\n"
                           "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator as E\n"
                           "a=E(sys.argv[1],size_guidance={'scalars':0}); a.Reload(); t=a.Tags()['scalars']\n"
-                          "need=['params-norm/params-norm','num-zeros/num-zeros','forward-backward-time','optimizer-time']\n"
+                          "need=['params-norm','num-zeros','forward-backward-time','optimizer-time','iteration-time']\n"
                           "assert all(n in t for n in need), t\n"
-                          "print(a.Scalars('params-norm/params-norm')[-1].value, a.Scalars('num-zeros/num-zeros')[-1].value,"
+                          "print(a.Scalars('params-norm')[-1].value, a.Scalars('num-zeros')[-1].value,"
                           " a.Scalars('optimizer-time')[-1].value)\" " + tb + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p);
@@ -321,4 +321,35 @@ TEST_CASE("--log-params-norm, --log-num-zeros-in-grad and --log-timers-to-tensor
   for (float g : t.model().params().grads().to_floats()) want_zeros += g == 0.0f;
   CHECK(zeros == static_cast<double>(want_zeros));
   CHECK(optim_ms > 0);
+}
+
+TEST_CASE("TensorBoard tags: Megatron-LM's by default, Megatron-DeepSpeed's with --deepspeed") {
+  const fs::path dir = testing::fresh_temp_dir("tb_tags");
+  const std::string ds = write_file(dir / "ds.json", R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10})");
+  auto tags_of = [&](const std::string& tb, std::vector<std::string> extra) {
+    auto flags = with(model_flags(), {"--mock-data", "--tensorboard-dir", tb});
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    const TrainArgs a = parse(flags);
+    Trainer(a, make_gpt_data(a, 50257)).run();
+    const std::string cmd = "/usr/bin/python3 -c \"import sys\n"
+                            "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator as E\n"
+                            "a=E(sys.argv[1]); a.Reload(); print('|'.join(sorted(a.Tags()['scalars'])))\" " + tb + " 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    char buf[8192] = {0};
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, p);
+    ::pclose(p);
+    return std::string(buf, n);
+  };
+  const std::string lm = tags_of((dir / "lm").string(), {});
+  if (lm.find("No module named") != std::string::npos) {
+    MESSAGE("SKIPPED: tensorboard is not importable");
+    return;
+  }
+  for (const char* t : {"|lm loss|", "|lm loss vs samples|", "|learning-rate|", "|grad-norm|", "|lm loss validation|",
+                        "|lm loss validation ppl|"})
+    CHECK_MESSAGE(("|" + lm).find(t) != std::string::npos, t, " in ", lm);
+  const std::string dsp = tags_of((dir / "ds").string(), {"--deepspeed", "--deepspeed_config", ds});
+  for (const char* t : {"|lm-loss-training/lm loss|", "|learning-rate/learning-rate|", "|grad-norm/grad-norm|",
+                        "|lm-loss-validation/lm loss validation|"})
+    CHECK_MESSAGE(("|" + dsp).find(t) != std::string::npos, t, " in ", dsp);
 }

@@ -122,10 +122,12 @@ TEST_CASE("TensorBoard's reader parses the event files; metrics.jsonl has one li
                            "except Exception:\n"
                            "    sys.exit(77)\n"
                            "ea = EventAccumulator(sys.argv[1]); ea.Reload()\n"
-                           "ev = ea.Scalars('lm-loss-training/lm loss')\n"
+                           "ev = ea.Scalars('lm loss')\n"
                            "assert [e.step for e in ev] == [1, 2, 3, 4, 5, 6], [e.step for e in ev]\n"
                            "assert all(0 < e.value < 20 for e in ev)\n"
-                           "assert len(ea.Scalars('lm-loss-validation/lm loss')) >= 1\n"
+                           "assert len(ea.Scalars('lm loss validation')) >= 1\n"
+                           "assert len(ea.Scalars('lm loss vs samples')) == 6\n"
+                           "assert 'learning-rate' in ea.Tags()['scalars'] and 'grad-norm' in ea.Tags()['scalars']\n"
                            "print('tensorboard ok')\n";
   const int rc = std::system(("/usr/bin/python3 " + script + " " + tb).c_str());
   if (WEXITSTATUS(rc) == 77) {
