@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "core/timer.h"
+#include "io/checkpoint.h"
 #include "io/metrics_jsonl.h"
 #include "io/tensorboard.h"
 #include "model/gpt.h"
@@ -456,6 +457,8 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   if (!mf.empty()) m.metrics = std::make_unique<io::MetricsJsonl>(mf);
   m.peak = peak_flops(m.device, a.model.compute_dtype, m.peak_what);
   if (m.pipelined()) m.schedule_for(m.rampup->global_batch(0) / (a.micro_batch_size * a.data_parallel_size));
+  // A read-only or missing --save is an error now, not after the first save_interval of training.
+  if (!a.save.empty()) io::check_save_dir_writable(a.save, m.world_comm());
 }
 
 Trainer::~Trainer() = default;
