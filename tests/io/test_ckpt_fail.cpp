@@ -5,6 +5,7 @@
 // committed, and a bad --save directory is found at start-up.
 // mpitron-test: np=2
 // mpitron-test: timeout=180
+// mpitron-test: label=reliability
 #include <doctest/doctest.h>
 #include <sys/mount.h>
 

@@ -5,6 +5,7 @@
 // clear mpitron::Error, and with an intact older checkpoint beside it, must
 // fall back to that one with its exact values. Without the manifest check
 // several of these flips make libhdf5 segfault in H5Fopen / H5Lvisit.
+// mpitron-test: label=reliability
 #include <doctest/doctest.h>
 
 #include <cstring>
