@@ -144,6 +144,7 @@ void CheckpointWriter::begin(const std::string& save_dir, int64_t iteration, MPI
   nbytes_.clear();
   runs_.clear();
   nonfinite_.clear();
+  failed_ = false;
   {
     IoDeadline deadline(str("checkpoint begin in '", save_dir_, "'"));
     g.on_root(
