@@ -5,8 +5,10 @@
 // Run pretrain_gpt --help for every flag.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -21,7 +23,9 @@ using namespace mpitron;
 
 int main(int argc, char** argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  // --async-save writes checkpoints with MPI-IO from a background thread.
+  const bool async_save = std::any_of(argv + 1, argv + argc, [](const char* a) { return std::string(a) == "--async-save"; });
+  MPI_Init_thread(&argc, &argv, async_save ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &provided);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

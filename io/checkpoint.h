@@ -62,6 +62,12 @@ constexpr const char* kAttrDatasetBytes = "mpitron_nbytes";   // dataset: int, g
 
 std::string iteration_dir_name(int64_t iteration);  // "iter_0000100"
 
+// Collective, at start-up: rank 0 creates save_dir (and parents) and writes,
+// fsyncs and removes a probe file in it; an error (read-only, not a
+// directory, full) is thrown on every rank naming the directory, so a bad
+// --save is found before training instead of at the first save.
+void check_save_dir_writable(const std::string& save_dir, MPI_Comm comm = MPI_COMM_NULL);
+
 class CheckpointWriter {
  public:
   CheckpointWriter() = default;
@@ -73,6 +79,16 @@ class CheckpointWriter {
 
   // Collective. Creates <save_dir>/iter_N.tmp/ (removing a stale one) and the
   // HDF5 file in it, and writes the standard attributes.
+  //
+  // Failures (every call below): each collective step ends with an agreement
+  // across the ranks, so an I/O error on one rank (disk full, read-only,
+  // quota) is thrown on EVERY rank, naming the ranks and the step; nothing is
+  // renamed, the previous checkpoint and the tracker file stay as they were.
+  // A step that hangs inside MPI-IO (a rank died) aborts the job after
+  // MPITRON_COMM_TIMEOUT_S (io/io_watchdog.h). MPITRON_TEST_CKPT_FAIL=
+  // "<rank>:<step>[:<iteration>]" (tests only) makes the step fail on that
+  // rank after it ran, as a full disk would; steps: create, write, attrs,
+  // close, manifest, rename, tracker.
   void begin(const std::string& save_dir, int64_t iteration, MPI_Comm comm = MPI_COMM_NULL);
 
   // Collective: every rank calls it for every tensor, same name/shape/dtype.
@@ -102,7 +118,11 @@ class CheckpointWriter {
   void set_attr_json(const std::string& key, const nlohmann::json& value);
   Hdf5File& file() { return file_; }
 
-  // Collective. Writes checksums, commits (see top), and then, when
+  // Collective. Refuses (on every rank, committing nothing) when any rank
+  // wrote a NaN or Inf into a floating dataset. Writes checksums, closes the
+  // file, records its manifest (manifest.json: size and CRCs of the HDF5
+  // metadata, checked before any reader parses the file), commits (see top),
+  // and then, when
   // keep_last > 0, removes all but the newest keep_last committed checkpoints
   // and stale *.tmp directories of older iterations. Returns the final directory.
   std::string commit(int keep_last = 0);
@@ -116,7 +136,17 @@ class CheckpointWriter {
   struct Run {  // one contiguous range of a dataset written by this rank
     uint64_t dataset, offset, len, crc;  // offset/len in bytes of the global row-major array
   };
+  // Runs one step of the save on every rank under an IoDeadline and agrees on
+  // its outcome: if fn failed on any rank, every rank throws the same error
+  // (naming the ranks), so none goes on to the next collective alone.
+  // `step` names the step for MPITRON_TEST_CKPT_FAIL (fault injection).
+  template <typename F> void agreed(const char* step, const std::string& what, const F& fn);
+  // Records a dataset with NaN/Inf (checked at commit, on every rank together).
+  void check_finite(const std::string& name, ElemType type, const void* data, uint64_t elems);
+
   std::string save_dir_, tmp_dir_;
+  std::string nonfinite_;  // first dataset this rank wrote with a NaN or Inf
+  bool failed_ = false;    // a step failed (on some rank): the file is garbage
   int64_t iteration_ = -1;
   MPI_Comm comm_ = MPI_COMM_NULL;
   Hdf5File file_;

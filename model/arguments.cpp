@@ -117,6 +117,8 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("no-load-rng", po::bool_switch(&a.no_load_rng), "do not load RNG state")
       ("finetune", po::bool_switch(&a.finetune), "load weights only; reset iteration and optimizer")
       ("keep-last", po::value(&a.keep_last)->default_value(0), "keep only the newest N checkpoints (0: all)")
+      ("async-save", po::bool_switch(&a.async_save),
+       "write checkpoints from a host copy in a background thread while training continues")
       ("exit-signal-handler", po::bool_switch(&a.exit_signal_handler),
        "on SIGTERM or SIGUSR1 finish the step, save (--save) and exit 0")
       ("exit-duration-in-mins", po::value(&a.exit_duration_in_mins), "save and exit after this many minutes");
@@ -495,6 +497,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(!(a.finetune && a.load.empty()), "--finetune needs --load", "");
   need(a.keep_last >= 0, str("--keep-last must be >= 0, got ", a.keep_last));
   need(a.keep_last == 0 || !a.save.empty(), "--keep-last given without --save", "add --save DIR");
+  need(!a.async_save || !a.save.empty(), "--async-save given without --save", "add --save DIR");
   m.validate();
   return true;
 }

@@ -74,6 +74,7 @@ struct TrainArgs {
   int64_t save_interval = 0;               // --save-interval
   bool no_load_optim = false, no_load_rng = false, finetune = false;
   int64_t keep_last = 0;                   // --keep-last N: keep only the newest N checkpoints (0: all)
+  bool async_save = false;                 // --async-save: write checkpoints in a background thread (model/async_save.h)
   bool exit_signal_handler = false;        // --exit-signal-handler: SIGTERM/SIGUSR1 → save and exit 0
   double exit_duration_in_mins = 0;        // --exit-duration-in-mins: save and exit after this long
   // placement

@@ -4,6 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "io/checkpoint.h"
@@ -68,7 +71,12 @@ InferenceModel load_model_for_inference(const std::string& load_dir, Device devi
     MPT_CHECK(ti.shape == p.shape,
               str("checkpoint tensor ", name, " is ", shape_str(ti.shape), ", its model_config implies ", shape_str(p.shape)),
               "the checkpoint is inconsistent with its own model_config");
-    ps.values().flat_range(p.offset, p.numel()).view(p.shape).copy_from(r.read(name).to(DType::F32).to(dtype).to(device));
+    const Tensor w = r.read(name).to(DType::F32);
+    const float* v = w.data<float>();
+    MPT_CHECK(std::all_of(v, v + w.numel(), [](float x) { return std::isfinite(x); }),
+              str("checkpoint tensor ", name, " in ", r.path(), " holds non-finite values (NaN or Inf)"),
+              "the checkpoint was saved from a diverged run; pass --load a directory with an earlier checkpoint");
+    ps.values().flat_range(p.offset, p.numel()).view(p.shape).copy_from(w.to(dtype).to(device));
   }
   return out;
 }

@@ -12,6 +12,8 @@
 #include "core/allocator.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "io/checkpoint.h"
+#include "model/async_save.h"
 #include "io/metrics_jsonl.h"
 #include "io/tensorboard.h"
 #include "model/train_stats.h"
@@ -127,6 +129,7 @@ struct Trainer::Impl {
   // --spike-rerun: back to the newest checkpoint of --save; the data goes on
   // after the spike's batch (the consumed-sample counters are kept).
   void rerun_from_checkpoint() {
+    if (async) async->wait();  // the newest checkpoint may still be being written
     const TrainState keep = st;
     LoadOptions lo;
     OptimState loaded;
@@ -436,8 +439,18 @@ struct Trainer::Impl {
     par.embedding->all_reduce(ps.grads().flat_range(w.offset, w.numel()), ReduceOp::Sum);
   }
 
-  SaveInfo save() {
+  std::unique_ptr<AsyncSaver> async;  // --async-save
+
+  // final: the save at exit, waited for also with --async-save.
+  SaveInfo save(bool final = false) {
     check_state_finite();
+    if (async) {
+      SaveInfo s;
+      s.dir = async->start(args.save, *model, local_state(), scaler, st, args.flags_json, lr_json(),
+                           static_cast<int>(args.keep_last), zero || par.dp_rank == 0);
+      if (final) async->wait();
+      return s;
+    }
     // Every rank writes its own hyperslabs; data-parallel replicas (no ZeRO) write nothing twice.
     const SaveInfo s = save_checkpoint(args.save, *model, local_state(), scaler, st, args.flags_json, lr_json(),
                                        static_cast<int>(args.keep_last), world_comm(), zero || par.dp_rank == 0);
@@ -536,6 +549,9 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   if (!mf.empty()) m.metrics = std::make_unique<io::MetricsJsonl>(mf);
   m.peak = peak_flops(m.device, a.model.compute_dtype, m.peak_what);
   if (m.pipelined()) m.schedule_for(m.rampup->global_batch(0) / (a.micro_batch_size * a.data_parallel_size));
+  // A read-only or missing --save is an error now, not after the first save_interval of training.
+  if (!a.save.empty()) io::check_save_dir_writable(a.save, m.world_comm());
+  if (a.async_save) m.async = std::make_unique<AsyncSaver>(m.world_comm());
 }
 
 Trainer::~Trainer() = default;
@@ -616,6 +632,7 @@ TrainSummary Trainer::run() {
   int64_t consecutive_spikes = 0, consecutive_overflows_at_min = 0;
   constexpr int64_t kMaxOverflowsAtMinimum = 10;
   while (m.st.iteration < m.total_iters) {
+    if (m.async) m.async->poll();  // a background save that failed stops the run here, on every rank
     const int64_t gbs = m.rampup->global_batch(m.st.consumed_train_samples);
     const int64_t n_micro = gbs / (a.micro_batch_size * a.data_parallel_size);
     const float lr = m.lr->lr_at(m.schedule_step());
@@ -858,8 +875,10 @@ TrainSummary Trainer::run() {
       break;
     }
   }
-  if (!a.save.empty() && sum.steps_run > 0 && (sum.checkpoint_dir.empty() || a.save_interval == 0 || m.st.iteration % a.save_interval != 0))
-    sum.checkpoint_dir = m.save().dir;
+  if (!a.save.empty() && sum.steps_run > 0 &&
+      (sum.checkpoint_dir.empty() || a.save_interval == 0 || m.st.iteration % a.save_interval != 0))
+    sum.checkpoint_dir = m.save(/*final=*/true).dir;
+  if (m.async) m.async->wait();  // the last interval's save, when it was also the last step
   if (a.eval_iters > 0 && !sum.signalled) {
     const double vl = m.evaluate(1, a.eval_iters, &m.st.consumed_valid_samples);
     m.report_eval(str("validation loss at the end of training (iteration ", m.st.iteration, ")").c_str(), vl);

@@ -15,6 +15,7 @@
 // SIGKILLed on the way out, and writers stop by themselves after 60 s.
 // MPITRON_CKPT_KILL_SEED=<n> replays a run (the seed is printed).
 // mpitron-test: timeout=120
+// mpitron-test: label=reliability
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <signal.h>
