@@ -5,6 +5,17 @@
 #ifdef MPITRON_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
+#if defined(MPITRON_CUDA_SIM) && defined(__SANITIZE_ADDRESS__)
+// The simulated device (tensor/cuda/sim): a block's slack beyond the bytes asked
+// for, and every cached block, are poisoned, so AddressSanitizer reports a kernel
+// that reads past its tensor or into released memory.
+#include <sanitizer/asan_interface.h>
+#define MPT_SIM_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define MPT_SIM_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define MPT_SIM_POISON(p, n) ((void)0)
+#define MPT_SIM_UNPOISON(p, n) ((void)0)
+#endif
 
 namespace mpitron {
 
@@ -51,6 +62,8 @@ void* CachingAllocator::allocate(size_t bytes, Stream stream) {
     st_.raw_allocs++;
     st_.reserved_bytes += size;
   }
+  MPT_SIM_UNPOISON(p, size);
+  MPT_SIM_POISON(static_cast<char*>(p) + bytes, size - bytes);
   live_[p] = Block{size, stream.handle()};
   st_.current_bytes += size;
   if (st_.current_bytes > st_.peak_bytes) st_.peak_bytes = st_.current_bytes;
@@ -67,6 +80,7 @@ void CachingAllocator::release(void* p) {
   live_.erase(it);
   st_.current_bytes -= b.size;
   st_.cached_bytes += b.size;
+  MPT_SIM_POISON(p, b.size);
   free_[{b.stream, b.size}].push_back(p);
 }
 

@@ -70,11 +70,11 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, const Te
       const I* pt = static_cast<const I*>(targets.data_ptr());
       float* pl = static_cast<float*>(losses.data_ptr());
       if (vocab % kMapVec == 0 && vec_aligned(px, sizeof(T)) && vec_aligned(pd, sizeof(T)))
-        cross_entropy_kernel<T, I, kMapVec>
-            <<<static_cast<unsigned>(rows), kThreads, 0, st>>>(px, pt, pl, pd, vocab, dloss_scale);
+        MPT_LAUNCH(static_cast<unsigned>(rows), kThreads, 0, st, cross_entropy_kernel<T, I, kMapVec>)(
+            px, pt, pl, pd, vocab, dloss_scale);
       else
-        cross_entropy_kernel<T, I, 1><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(px, pt, pl, pd, vocab,
-                                                                                       dloss_scale);
+        MPT_LAUNCH(static_cast<unsigned>(rows), kThreads, 0, st, cross_entropy_kernel<T, I, 1>)(
+            px, pt, pl, pd, vocab, dloss_scale);
     });
   });
   MPT_KERNEL_CHECK("softmax_cross_entropy");
@@ -146,11 +146,11 @@ void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int6
       float* pl = static_cast<float*>(lse.data_ptr());
       float* ptl = static_cast<float*>(target_logit.data_ptr());
       if (vocab % kMapVec == 0 && vec_aligned(px, sizeof(T)))
-        ce_local_stats_kernel<T, I, kMapVec>
-            <<<static_cast<unsigned>(rows), kThreads, 0, st>>>(px, pt, vocab, vocab_start, pl, ptl);
+        MPT_LAUNCH(static_cast<unsigned>(rows), kThreads, 0, st, ce_local_stats_kernel<T, I, kMapVec>)(
+            px, pt, vocab, vocab_start, pl, ptl);
       else
-        ce_local_stats_kernel<T, I, 1>
-            <<<static_cast<unsigned>(rows), kThreads, 0, st>>>(px, pt, vocab, vocab_start, pl, ptl);
+        MPT_LAUNCH(static_cast<unsigned>(rows), kThreads, 0, st, ce_local_stats_kernel<T, I, 1>)(
+            px, pt, vocab, vocab_start, pl, ptl);
     });
   });
   MPT_KERNEL_CHECK("cross_entropy_local_stats");

@@ -131,10 +131,11 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
     const bool vec = cols % kMapVec == 0 && vec_aligned(px, sizeof(T)) && vec_aligned(pw, sizeof(T)) &&
                      vec_aligned(pb, sizeof(T)) && vec_aligned(po, sizeof(T));
     if (vec)
-      layernorm_forward_kernel<T, kMapVec><<<grid, 32 * kWarpsPerBlock, 0, st>>>(px, pw, pb, po, pm, pr, rows, cols,
-                                                                                 eps);
+      MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, layernorm_forward_kernel<T, kMapVec>)(
+          px, pw, pb, po, pm, pr, rows, cols, eps);
     else
-      layernorm_forward_kernel<T, 1><<<grid, 32 * kWarpsPerBlock, 0, st>>>(px, pw, pb, po, pm, pr, rows, cols, eps);
+      MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, layernorm_forward_kernel<T, 1>)(
+          px, pw, pb, po, pm, pr, rows, cols, eps);
   });
   MPT_KERNEL_CHECK("layernorm_forward");
 }
@@ -157,11 +158,11 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
       const bool vec = cols % kMapVec == 0 && vec_aligned(pd, sizeof(T)) && vec_aligned(px, sizeof(T)) &&
                        vec_aligned(pw, sizeof(T)) && vec_aligned(pdx, sizeof(T));
       if (vec)
-        layernorm_backward_dx_kernel<T, kMapVec>
-            <<<grid, 32 * kWarpsPerBlock, 0, st>>>(pd, px, pw, pm, pr, pdx, rows, cols, accumulate_dx);
+        MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, layernorm_backward_dx_kernel<T, kMapVec>)(
+            pd, px, pw, pm, pr, pdx, rows, cols, accumulate_dx);
       else
-        layernorm_backward_dx_kernel<T, 1>
-            <<<grid, 32 * kWarpsPerBlock, 0, st>>>(pd, px, pw, pm, pr, pdx, rows, cols, accumulate_dx);
+        MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, layernorm_backward_dx_kernel<T, 1>)(
+            pd, px, pw, pm, pr, pdx, rows, cols, accumulate_dx);
       MPT_KERNEL_CHECK("layernorm_backward (dx)");
     }
     if (!dweight.defined() && !dbias.defined()) return;

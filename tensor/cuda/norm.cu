@@ -51,12 +51,12 @@ void sum_squares(const Tensor& x, const Tensor& out, Stream s) {
     using T = decltype(tag);
     const T* p = static_cast<const T*>(x.data_ptr());
     if (vec_aligned(p, sizeof(T)))
-      sum_squares_partials<T, kMapVec><<<grid, kThreads, 0, st>>>(p, n, partial.get<float>());
+      MPT_LAUNCH(grid, kThreads, 0, st, sum_squares_partials<T, kMapVec>)(p, n, partial.get<float>());
     else
-      sum_squares_partials<T, 1><<<grid, kThreads, 0, st>>>(p, n, partial.get<float>());
+      MPT_LAUNCH(grid, kThreads, 0, st, sum_squares_partials<T, 1>)(p, n, partial.get<float>());
   });
   MPT_KERNEL_CHECK("sum_squares");
-  sum_partials_into<<<1, 1024, 0, st>>>(partial.get<float>(), grid, static_cast<float*>(out.data_ptr()));
+  MPT_LAUNCH(1, 1024, 0, st, sum_partials_into)(partial.get<float>(), grid, static_cast<float*>(out.data_ptr()));
   MPT_KERNEL_CHECK("sum_squares (final)");
 }
 
