@@ -1,7 +1,8 @@
 // tensor/cuda/sim/scheduler.cpp — runs a kernel launch on the simulated device.
 //
 // Blocks run one after another (in a seeded permuted order); the threads of a
-// block are cooperative fibers (ucontext) on one OS thread. A fiber runs until it
+// block are cooperative fibers on one OS thread (a few lines of x86-64 assembly
+// switch stacks: no syscall, no ucontext). A fiber runs until it
 // reaches a barrier (__syncthreads, or one of the two warp barriers of a
 // __shfl_xor_sync) or returns. When no fiber can run, the scheduler releases a
 // barrier only if every thread it waits for is there:
@@ -15,11 +16,11 @@
 // Every launch is counted per kernel name; at exit the counts are appended to
 // $MPITRON_CUDA_SIM_COUNTS (one line "<kernel> <launches>") when that is set.
 #include <sys/mman.h>
-#include <ucontext.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
@@ -30,9 +31,49 @@
 #include "tensor/cuda/sim/sim.h"
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define MPT_SIM_ASAN 1
 #endif
+
+#if !defined(__x86_64__)
+#error "the simulated CUDA device switches fibers with x86-64 assembly"
+#endif
+
+// mpt_sim_switch(save, to): saves the callee-saved registers, MXCSR and the x87
+// control word on this stack, stores the stack pointer in *save, and resumes the
+// stack `to` (saved the same way, or prepared by new_stack()).
+extern "C" void mpt_sim_switch(void** save, void* to);
+asm(R"(
+.text
+.globl mpt_sim_switch
+.type mpt_sim_switch, @function
+mpt_sim_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size mpt_sim_switch, .-mpt_sim_switch
+.section .note.GNU-stack,"",@progbits
+.text
+)");
 
 namespace mpitron::cuda::sim {
 
@@ -40,11 +81,11 @@ thread_local const ThreadState* g_thread = nullptr;
 
 namespace {
 
-constexpr size_t kStackBytes = size_t(256) << 10;
+constexpr size_t kStackBytes = size_t(128) << 10;
 
 struct Fiber {
   enum State { Ready, AtSync, AtWarp, Done, Failed };
-  ucontext_t ctx;
+  void* sp = nullptr;  // saved stack pointer while not running
   ThreadState ts;
   State state = Ready;
   int linear = 0;
@@ -56,7 +97,7 @@ struct BlockRun {
   dim3 block;
   std::vector<Fiber> fibers;
   std::vector<uint64_t> slots;  // one shuffle slot per thread
-  ucontext_t sched;
+  void* sched_sp = nullptr;
   const void* sched_stack = nullptr;  // the scheduler's stack (for AddressSanitizer's fiber switches)
   size_t sched_stack_size = 0;
   void (*body)(void*) = nullptr;
@@ -101,10 +142,10 @@ void to_scheduler(Fiber& f) {
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(f.state == Fiber::Done ? nullptr : &fake, g_run->sched_stack,
                                  g_run->sched_stack_size);
-  swapcontext(&f.ctx, &g_run->sched);
+  mpt_sim_switch(&f.sp, g_run->sched_sp);
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
-  swapcontext(&f.ctx, &g_run->sched);
+  mpt_sim_switch(&f.sp, g_run->sched_sp);
 #endif
 }
 
@@ -114,10 +155,10 @@ void to_fiber(BlockRun& r, Fiber& f) {
 #ifdef MPT_SIM_ASAN
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
-  swapcontext(&r.sched, &f.ctx);
+  mpt_sim_switch(&r.sched_sp, f.sp);
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
-  swapcontext(&r.sched, &f.ctx);
+  mpt_sim_switch(&r.sched_sp, f.sp);
 #endif
   g_fiber = nullptr;
   g_thread = nullptr;
@@ -131,6 +172,21 @@ void fiber_entry() {
   g_fiber->state = Fiber::Done;
   to_scheduler(*g_fiber);  // never resumed
   std::abort();
+}
+
+// A fresh stack that mpt_sim_switch "resumes" into fiber_entry (16-byte aligned at its call).
+void* new_stack(char* stack) {
+  auto* top = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(stack + kStackBytes) & ~uintptr_t(15)));
+  uint64_t* sp = top - 2;  // return address slot at a 16-byte boundary: rsp ≡ 8 (mod 16) on entry
+  sp[0] = reinterpret_cast<uint64_t>(&fiber_entry);
+  sp[1] = 0;
+  sp -= 6;  // rbp rbx r12 r13 r14 r15 (zero)
+  for (int i = 0; i < 6; ++i) sp[i] = 0;
+  sp -= 1;  // MXCSR (default: all exceptions masked, round to nearest) and the x87 control word
+  const uint32_t mxcsr = 0x1F80, fpcw = 0x037F;
+  std::memcpy(reinterpret_cast<char*>(sp), &mxcsr, 4);
+  std::memcpy(reinterpret_cast<char*>(sp) + 4, &fpcw, 4);
+  return sp;
 }
 
 // Called from a simulated thread: fail the launch; this fiber never runs again.
@@ -208,11 +264,7 @@ void run_block(BlockRun& r, dim3 grid, dim3 block_dim, std::mt19937_64& rng) {
     f.ts.block = r.block;
     f.ts.block_dim = block_dim;
     f.ts.grid_dim = grid;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack;
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, fiber_entry, 0);
+    f.sp = new_stack(f.stack);
   }
   std::vector<int> order(static_cast<size_t>(n));
   for (;;) {
@@ -290,6 +342,10 @@ void run_grid(const char* kernel, dim3 grid, dim3 block, size_t shmem, cudaStrea
                    static_cast<unsigned>(b / (uint64_t(grid.x) * grid.y)));
     run_block(r, grid, block, rng);
     if (!r.error.empty()) {
+#ifdef MPT_SIM_ASAN
+      // Abandoned fibers leave their frames' redzones poisoned on the pooled stacks.
+      for (char* st : stack_pool()) __asan_unpoison_memory_region(st, kStackBytes);
+#endif
       std::fprintf(stderr, "cuda-sim: %s\n", r.error.c_str());
       set_launch_error(cudaErrorLaunchFailure, r.error);
       break;
