@@ -13,14 +13,14 @@ cd "$ROOT"
 BUILD=${SIM_BUILD:-build-sim}
 JOBS=${JOBS:-$(nproc)}
 
-# id | file | perl substitution (applied once) | ctest regex | what
+# id # file # perl substitution # ctest regex # what
 DEFECTS=(
-  'M1|tensor/cuda/map.cuh|s/for \(int64_t i = nv \* V \+ tid; i < n;/for (int64_t i = nv * V + tid; i <= n;/|^tensor_test_(elementwise|gelu)$|off-by-one bound: the element-wise tail loop runs to i <= n'
-  'M2|tensor/cuda/embedding.cu|s/if \(n >= n_ids\) return;/if (n > n_ids) return;/|^tensor_test_embedding$|off-by-one bound: embedding forward lets warp n_ids through'
-  'M3|tensor/cuda/common.cuh|s/for \(int o = 16; o > 0; o >>= 1\) v \+= __shfl_xor_sync/for (int o = 16; o > 1; o >>= 1) v += __shfl_xor_sync/|^tensor_test_(norm|adamw)$|shuffle loop one step short: warp_sum stops before offset 1'
-  'M4|tensor/cuda/row_stats.cuh|s/for \(int o = 16; o > 0; o >>= 1\) \{/for (int o = 16; o > 1; o >>= 1) {/|^tensor_test_(softmax|cross_entropy|cross_entropy_vp|attention)$|shuffle loop one step short: warp_max_sum (softmax / cross-entropy row statistics)'
-  'M5|tensor/cuda/common.cuh|s/(if \(lane == 0\) shared\[warp\] = v;\n)  __syncthreads\(\);\n(  v = lane < nwarps \? shared\[lane\] : 0\.0f;)/$1$2/|^tensor_test_(norm|adamw)$|removed __syncthreads: block_sum reads the per-warp sums before all are written'
-  'M6|tensor/cuda/row_stats.cuh|s/(    sh_s\[warp\] = s;\n  \}\n)  __syncthreads\(\);\n/$1/|^tensor_test_(cross_entropy|cross_entropy_vp)$|removed __syncthreads: block_logsumexp reads the per-warp (max, sum) before all are written'
+  'M1#tensor/cuda/map.cuh#s/for \(int64_t i = nv \* V \+ tid; i < n;/for (int64_t i = nv * V + tid; i <= n;/#^tensor_test_(elementwise|gelu)$#off-by-one bound: the element-wise tail loop runs to i <= n'
+  'M2#tensor/cuda/embedding.cu#s/if \(n >= n_ids\) return;/if (n > n_ids) return;/#^tensor_test_embedding$#off-by-one bound: embedding forward lets warp n_ids through'
+  'M3#tensor/cuda/common.cuh#s/for \(int o = 16; o > 0; o >>= 1\) v \+= __shfl_xor_sync/for (int o = 16; o > 1; o >>= 1) v += __shfl_xor_sync/#^tensor_test_(norm|layernorm)$#shuffle loop one step short: warp_sum stops before offset 1'
+  'M4#tensor/cuda/row_stats.cuh#s/for \(int o = 16; o > 0; o >>= 1\) \{/for (int o = 16; o > 1; o >>= 1) {/#^tensor_test_(softmax|cross_entropy|cross_entropy_vp|attention)$#shuffle loop one step short: warp_max_sum (softmax / cross-entropy row statistics)'
+  'M5#tensor/cuda/common.cuh#s/(if \(lane == 0\) shared\[warp\] = v;\n)  __syncthreads\(\);\n(  v = lane < nwarps \? shared\[lane\] : 0\.0f;)/$1$2/#^tensor_test_(norm|adamw)$#removed __syncthreads: block_sum reads the per-warp sums before all are written'
+  'M6#tensor/cuda/row_stats.cuh#s/(    sh_s\[warp\] = s;\n  \}\n)  __syncthreads\(\);\n/$1/#^tensor_test_(cross_entropy|cross_entropy_vp)$#removed __syncthreads: block_logsumexp reads the per-warp (max, sum) before all are written'
 )
 
 want=("$@")
@@ -38,7 +38,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:detect_stack
 export MPITRON_TEST_DEVICE=cuda
 summary=()
 for d in "${DEFECTS[@]}"; do
-  IFS='|' read -r id file subst regex what <<<"$d"
+  IFS='#' read -r id file subst regex what <<<"$d"
   if [ ${#want[@]} -gt 0 ] && ! printf '%s\n' "${want[@]}" | grep -qx "$id"; then continue; fi
   restore
   before=$(md5sum "$file")
