@@ -37,6 +37,7 @@ cp -p tensor/cuda/*.cu tensor/cuda/*.cuh tensor/cuda/*.cpp tensor/cuda/*.h "$bac
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:detect_stack_use_after_return=0}
 export MPITRON_TEST_DEVICE=cuda
 summary=()
+all_targets=""
 for d in "${DEFECTS[@]}"; do
   IFS='#' read -r id file subst regex what <<<"$d"
   if [ ${#want[@]} -gt 0 ] && ! printf '%s\n' "${want[@]}" | grep -qx "$id"; then continue; fi
@@ -52,6 +53,7 @@ for d in "${DEFECTS[@]}"; do
   t0=$(date +%s)
   targets=$(sed -E 's/[\^$()]//g; s/\|/ /g' <<<"$regex")
   targets=$(for t in $targets; do case $t in tensor_test_*) echo "$t";; *) echo "tensor_test_$t";; esac; done | sort -u)
+  all_targets+=" $targets"$'\n'
   if ! cmake --build "$BUILD" -j "$JOBS" --target $targets >/tmp/mutate_build_$id.log 2>&1; then
     summary+=("$id BUILD FAILED (see /tmp/mutate_build_$id.log): $what")
     continue
@@ -66,7 +68,7 @@ for d in "${DEFECTS[@]}"; do
 done
 restore
 echo "=== restoring the kernels and rebuilding"
-cmake --build "$BUILD" -j "$JOBS" >/dev/null 2>&1 || true
+cmake --build "$BUILD" -j "$JOBS" --target $(sort -u <<<"$all_targets") >/dev/null 2>&1 || true
 printf '%s\n' "${summary[@]}"
 printf '%s\n' "${summary[@]}" | grep -q "MISSED\|NOT APPLIED\|BUILD FAILED" && exit 1
 exit 0
