@@ -32,13 +32,15 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:detect_stack
 # At 2 ranks: TP2 with sequence parallelism and PP2 1F1B (MPITRON_TEST_LAYOUTS picks them
 # from tests/model/test_trainer_mp.cpp; all six cost ~4x the time under the simulation).
 export MPITRON_CUDA_SIM_COUNTS="$counts" MPITRON_TEST_DEVICE=cuda MPITRON_TEST_LAYOUTS=${MPITRON_TEST_LAYOUTS:-1,3}
-(cd "$BUILD" && ctest --output-on-failure -j "$JOBS" -R "$REGEX")
+status=0
+(cd "$BUILD" && ctest --output-on-failure -j "$JOBS" -R "$REGEX") || status=1
 if [ -z "${SIM_TESTS:-}" ]; then
   # Bitwise resume on the device (the rest of model_test_trainer is CPU-only flag checks).
-  (cd "$BUILD" && ./tests/model_test_trainer --test-case='resume*')
+  (cd "$BUILD" && ./tests/model_test_trainer --test-case='resume*') || status=1
 fi
 echo "cuda-sim: tests done in $(( $(date +%s) - start )) s"
 if [ -z "${SIM_TESTS:-}" ]; then
-  tests/cuda_sim/kernel_report.sh "$counts"
+  tests/cuda_sim/kernel_report.sh "$counts" || status=1
 fi
 echo "cuda-sim: done in $(( $(date +%s) - start )) s"
+exit $status
