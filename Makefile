@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all build configure test deps demo clean bench
+.PHONY: all build configure test test-cuda-sim deps demo clean bench
 
 all: build
 
@@ -21,6 +21,11 @@ build: configure
 
 test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# Every CUDA kernel on the simulated device (build-sim/, AddressSanitizer, no GPU):
+# docs/cuda.md "The simulated device".
+test-cuda-sim: deps
+	./tests/cuda_sim/run.sh
 
 # Train a small GPT on the bundled tiny Shakespeare and show the loss falling.
 demo:

@@ -8,6 +8,17 @@
 #ifdef MPITRON_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
+#if defined(MPITRON_CUDA_SIM) && defined(__SANITIZE_ADDRESS__)
+// The simulated device (tensor/cuda/sim): a block's slack beyond the bytes asked
+// for, and every free (cached) block, are poisoned, so AddressSanitizer reports a
+// kernel that reads past its tensor or into released memory.
+#include <sanitizer/asan_interface.h>
+#define MPT_SIM_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define MPT_SIM_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define MPT_SIM_POISON(p, n) ((void)0)
+#define MPT_SIM_UNPOISON(p, n) ((void)0)
+#endif
 
 namespace mpitron {
 
@@ -64,6 +75,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t size, void* stream
   st_.raw_allocs++;
   st_.reserved_bytes += size;
   st_.peak_reserved_bytes = std::max(st_.peak_reserved_bytes, st_.reserved_bytes);
+  MPT_SIM_POISON(p, size);
   return new Block{static_cast<char*>(p), size, stream, small};
 }
 
@@ -84,6 +96,7 @@ void CachingAllocator::split(Block* b, size_t size) {
 
 void CachingAllocator::free_segment(Block* b) {
   pool(b->small).erase(b);
+  MPT_SIM_UNPOISON(b->ptr, b->size);
   raw_->raw_free(b->ptr);
   st_.reserved_bytes -= b->size;
   st_.raw_frees++;
@@ -129,6 +142,8 @@ void* CachingAllocator::allocate(size_t bytes, Stream stream) {
                 "reduce --micro-batch-size, enable --recompute-activations, or use more GPUs");
   }
   split(b, size);
+  MPT_SIM_UNPOISON(b->ptr, bytes);
+  MPT_SIM_POISON(b->ptr + bytes, b->size - bytes);
   b->allocated = true;
   live_[b->ptr] = b;
   st_.current_bytes += b->size;
@@ -146,6 +161,7 @@ void CachingAllocator::release(void* p) {
   live_.erase(it);
   b->allocated = false;
   st_.current_bytes -= b->size;
+  MPT_SIM_POISON(b->ptr, b->size);
   FreeSet& free = pool(b->small);
   if (Block* prev = b->prev; prev && !prev->allocated) {  // merge into the free block before
     free.erase(prev);

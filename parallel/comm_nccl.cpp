@@ -20,7 +20,7 @@
 // communicator is broken.
 #include "parallel/communicator.h"
 
-#ifdef MPITRON_WITH_CUDA
+#if defined(MPITRON_WITH_CUDA) && !defined(MPITRON_CUDA_SIM)  // the simulated device has no NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
 

@@ -139,7 +139,7 @@ void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tens
         const int grid = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
         MPT_DISPATCH_DEV_FLOAT(dt, "attention_forward", [&](auto tag) {
           using T = decltype(tag);
-          causal_softmax_forward_kernel<T><<<grid, 32 * kWarpsPerBlock, 0, st>>>(
+          MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, causal_softmax_forward_kernel<T>)(
               S.get<float>(), P.get<T>(), lse_p + (b * d.NH + h0) * d.T, rows, static_cast<int>(d.T),
               static_cast<int>(d.rep));
         });
@@ -194,7 +194,7 @@ void attention_backward_fallback(const Tensor& dout, const Tensor& qkv, const Te
         const int grid = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
         MPT_DISPATCH_DEV_FLOAT(dt, "attention_backward", [&](auto tag) {
           using T = decltype(tag);
-          causal_softmax_backward_kernel<T><<<grid, 32 * kWarpsPerBlock, 0, st>>>(
+          MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, causal_softmax_backward_kernel<T>)(
               S.get<float>(), dP.get<float>(), lse_p + (b * d.NH + h0) * d.T,
               reinterpret_cast<const T*>(do_base + ooff), reinterpret_cast<const T*>(o_base + ooff), P.get<T>(),
               dS.get<T>(), rows, static_cast<int>(d.T), static_cast<int>(d.NH), static_cast<int>(d.HD),
@@ -218,9 +218,9 @@ void attention_backward_fallback(const Tensor& dout, const Tensor& qkv, const Te
         const int64_t n = gc * d.T * d.HD;
         MPT_DISPATCH_DEV_FLOAT(dt, "attention_backward", [&](auto tag) {
           using T = decltype(tag);
-          store_group_grad_kernel<T><<<grid_for(n, 256), 256, 0, st>>>(
+          MPT_LAUNCH(grid_for(n, 256), 256, 0, st, store_group_grad_kernel<T>)(
               dKf.get<float>(), reinterpret_cast<T*>(db + koff), n, static_cast<int>(d.T), static_cast<int>(d.HD), d.W);
-          store_group_grad_kernel<T><<<grid_for(n, 256), 256, 0, st>>>(
+          MPT_LAUNCH(grid_for(n, 256), 256, 0, st, store_group_grad_kernel<T>)(
               dVf.get<float>(), reinterpret_cast<T*>(db + voff), n, static_cast<int>(d.T), static_cast<int>(d.HD), d.W);
         });
         MPT_KERNEL_CHECK("attention_backward (GQA dK/dV)");

@@ -6,7 +6,7 @@
 //   * the device guard, stream and scratch-memory helpers (scratch comes from the
 //     caching allocator, never from cudaMalloc),
 //   * the per-device cuBLASLt handle and per-(device, stream) workspace.
-// Host-only helpers are guarded by __CUDACC__ where they need device code.
+// Device code is guarded by MPT_DEVICE_CODE (nvcc, or the simulated device of tensor/cuda/sim).
 #pragma once
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -55,6 +55,26 @@
                                cublasGetStatusString(st_), ") in ", #expr),                        \
                 "check shapes, dtypes and alignment; CUBLASLT_LOG_LEVEL=2 prints cuBLASLt's view"); \
   } while (0)
+
+// ---- kernel launches -----------------------------------------------------------------
+// Every launch is written MPT_LAUNCH(grid, block, shmem, stream, kernel)(args...):
+// under nvcc it is kernel<<<grid, block, shmem, stream>>>(args...); in the
+// simulated-device build (MPITRON_CUDA_SIM, tensor/cuda/sim) it runs the kernel's
+// threads as fibers on the host. The kernel goes last (its template arguments may
+// hold commas) and is named exactly as in <<<>>> (template arguments deduced or not).
+#if defined(MPITRON_CUDA_SIM)
+#define MPT_LAUNCH(grid, block, shmem, stream, ...) \
+  ::mpitron::cuda::sim::launch(#__VA_ARGS__, grid, block, shmem, stream, [](auto... a_) { __VA_ARGS__(a_...); })
+// Vector accesses must be aligned to their size (a misaligned address fault on a GPU).
+#define MPT_CHECK_VECTOR_ALIGNED(p, bytes) ::mpitron::cuda::sim::check_aligned(p, bytes, __func__)
+#define MPT_DEVICE_CODE 1
+#else
+#define MPT_LAUNCH(grid, block, shmem, stream, ...) __VA_ARGS__<<<grid, block, shmem, stream>>>
+#define MPT_CHECK_VECTOR_ALIGNED(p, bytes) ((void)0)
+#if defined(__CUDACC__)
+#define MPT_DEVICE_CODE 1
+#endif
+#endif
 
 namespace mpitron::cuda {
 
@@ -174,7 +194,7 @@ cublasLtHandle_t cublaslt_handle(int device);
 // for the process lifetime, from the caching allocator).
 void* cublaslt_workspace(int device, Stream s, size_t* bytes);
 
-#if defined(__CUDACC__)
+#if defined(MPT_DEVICE_CODE)  // nvcc, or the simulated device
 // ---- f32 load / store ------------------------------------------------------------------
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -191,17 +211,20 @@ template <typename T> struct alignas(16) Pack {
   T v[N];
 };
 template <typename T> __device__ __forceinline__ Pack<T> load_pack(const T* p) {
+  MPT_CHECK_VECTOR_ALIGNED(p, 16);
   Pack<T> r;
   *reinterpret_cast<int4*>(&r) = *reinterpret_cast<const int4*>(p);
   return r;
 }
 // Streaming load (read once, do not keep in L1).
 template <typename T> __device__ __forceinline__ Pack<T> load_pack_cs(const T* p) {
+  MPT_CHECK_VECTOR_ALIGNED(p, 16);
   Pack<T> r;
   *reinterpret_cast<int4*>(&r) = __ldcs(reinterpret_cast<const int4*>(p));
   return r;
 }
 template <typename T> __device__ __forceinline__ void store_pack(T* p, const Pack<T>& v) {
+  MPT_CHECK_VECTOR_ALIGNED(p, 16);
   *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&v);
 }
 
@@ -236,6 +259,6 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
   v = lane < nwarps ? shared[lane] : -INFINITY;
   return warp_max(v);
 }
-#endif  // __CUDACC__
+#endif  // MPT_DEVICE_CODE
 
 }  // namespace mpitron::cuda

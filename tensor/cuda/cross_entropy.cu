@@ -72,10 +72,9 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, const Te
       const bool vec = vocab % kMapVec == 0 && vec_aligned(px, sizeof(T)) && vec_aligned(pd, sizeof(T));
       count_vec_path("softmax_cross_entropy", vec);
       if (vec)
-        cross_entropy_kernel<T, I, kMapVec>
-            <<<static_cast<unsigned>(rows), kThreads, 0, st>>>(px, pt, pl, pd, vocab, dloss_scale);
+        MPT_LAUNCH(static_cast<unsigned>(rows), kThreads, 0, st, cross_entropy_kernel<T, I, kMapVec>)(px, pt, pl, pd, vocab, dloss_scale);
       else
-        cross_entropy_kernel<T, I, 1><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(px, pt, pl, pd, vocab,
+        MPT_LAUNCH(static_cast<unsigned>(rows), kThreads, 0, st, cross_entropy_kernel<T, I, 1>)(px, pt, pl, pd, vocab,
                                                                                        dloss_scale);
     });
   });
@@ -150,11 +149,9 @@ void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int6
       const bool vec = vocab % kMapVec == 0 && vec_aligned(px, sizeof(T));
       count_vec_path("cross_entropy_local_stats", vec);
       if (vec)
-        ce_local_stats_kernel<T, I, kMapVec>
-            <<<static_cast<unsigned>(rows), kThreads, 0, st>>>(px, pt, vocab, vocab_start, pl, ptl);
+        MPT_LAUNCH(static_cast<unsigned>(rows), kThreads, 0, st, ce_local_stats_kernel<T, I, kMapVec>)(px, pt, vocab, vocab_start, pl, ptl);
       else
-        ce_local_stats_kernel<T, I, 1>
-            <<<static_cast<unsigned>(rows), kThreads, 0, st>>>(px, pt, vocab, vocab_start, pl, ptl);
+        MPT_LAUNCH(static_cast<unsigned>(rows), kThreads, 0, st, ce_local_stats_kernel<T, I, 1>)(px, pt, vocab, vocab_start, pl, ptl);
     });
   });
   MPT_KERNEL_CHECK("cross_entropy_local_stats");

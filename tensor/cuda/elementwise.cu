@@ -215,15 +215,15 @@ void copy_strided(const Tensor& src, const Tensor& dst, Stream s) {
   const int grid = grid_for(n, 256, 16);
   switch (dtype_size(src.dtype())) {
     case 2:
-      copy_strided_kernel<<<grid, 256, 0, st>>>(static_cast<const uint16_t*>(src.data_ptr()),
+      MPT_LAUNCH(grid, 256, 0, st, copy_strided_kernel)(static_cast<const uint16_t*>(src.data_ptr()),
                                                 static_cast<uint16_t*>(dst.data_ptr()), n, d);
       break;
     case 4:
-      copy_strided_kernel<<<grid, 256, 0, st>>>(static_cast<const uint32_t*>(src.data_ptr()),
+      MPT_LAUNCH(grid, 256, 0, st, copy_strided_kernel)(static_cast<const uint32_t*>(src.data_ptr()),
                                                 static_cast<uint32_t*>(dst.data_ptr()), n, d);
       break;
     case 8:
-      copy_strided_kernel<<<grid, 256, 0, st>>>(static_cast<const uint64_t*>(src.data_ptr()),
+      MPT_LAUNCH(grid, 256, 0, st, copy_strided_kernel)(static_cast<const uint64_t*>(src.data_ptr()),
                                                 static_cast<uint64_t*>(dst.data_ptr()), n, d);
       break;
     default: MPT_THROW(str("copy_strided: unsupported element size for ", src.describe()), "");
@@ -268,12 +268,12 @@ void fill(const Tensor& t, double value, Stream s) {
   const int grid = grid_for(n, 256, 16);
   switch (dtype_size(t.dtype())) {
     case 2:
-      fill_kernel<<<grid, 256, 0, st>>>(static_cast<uint16_t*>(t.data_ptr()), n, static_cast<uint16_t>(bits));
+      MPT_LAUNCH(grid, 256, 0, st, fill_kernel)(static_cast<uint16_t*>(t.data_ptr()), n, static_cast<uint16_t>(bits));
       break;
     case 4:
-      fill_kernel<<<grid, 256, 0, st>>>(static_cast<uint32_t*>(t.data_ptr()), n, static_cast<uint32_t>(bits));
+      MPT_LAUNCH(grid, 256, 0, st, fill_kernel)(static_cast<uint32_t*>(t.data_ptr()), n, static_cast<uint32_t>(bits));
       break;
-    default: fill_kernel<<<grid, 256, 0, st>>>(static_cast<uint64_t*>(t.data_ptr()), n, bits); break;
+    default: MPT_LAUNCH(grid, 256, 0, st, fill_kernel)(static_cast<uint64_t*>(t.data_ptr()), n, bits); break;
   }
   MPT_KERNEL_CHECK("fill");
 }

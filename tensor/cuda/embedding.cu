@@ -104,11 +104,9 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
       const bool vec = cols % kMapVec == 0 && vec_aligned(pt, sizeof(T)) && vec_aligned(po, sizeof(T));
       count_vec_path("embedding_forward", vec);
       if (vec)
-        embedding_forward_kernel<T, I, kMapVec>
-            <<<grid, 32 * kWarpsPerBlock, 0, st>>>(pi, pt, po, n_ids, vocab, cols, vocab_start, accumulate);
+        MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, embedding_forward_kernel<T, I, kMapVec>)(pi, pt, po, n_ids, vocab, cols, vocab_start, accumulate);
       else
-        embedding_forward_kernel<T, I, 1>
-            <<<grid, 32 * kWarpsPerBlock, 0, st>>>(pi, pt, po, n_ids, vocab, cols, vocab_start, accumulate);
+        MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, embedding_forward_kernel<T, I, 1>)(pi, pt, po, n_ids, vocab, cols, vocab_start, accumulate);
     });
   });
   MPT_KERNEL_CHECK("embedding_forward");
@@ -131,7 +129,7 @@ void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dta
   Scratch keys_in(dev, n_bytes, s), keys_out(dev, n_bytes, s), vals_in(dev, n_bytes, s), vals_out(dev, n_bytes, s);
   MPT_DISPATCH_INDEX(ids.dtype(), "embedding_backward", [&](auto itag) {
     using I = decltype(itag);
-    embedding_keys_kernel<I><<<grid_for(n_ids, 256), 256, 0, st>>>(static_cast<const I*>(ids.data_ptr()), n_ids,
+    MPT_LAUNCH(grid_for(n_ids, 256), 256, 0, st, embedding_keys_kernel<I>)(static_cast<const I*>(ids.data_ptr()), n_ids,
                                                                     vocab, vocab_start, keys_in.get<uint32_t>(),
                                                                     vals_in.get<int32_t>());
   });
@@ -155,10 +153,10 @@ void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dta
       const bool vec = cols % kMapVec == 0 && vec_aligned(pd, sizeof(T)) && vec_aligned(pt, sizeof(D));
       count_vec_path("embedding_backward", vec);
       if (vec)
-        embedding_backward_kernel<T, D, kMapVec><<<grid, 32 * kWarpsPerBlock, 0, st>>>(
+        MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, embedding_backward_kernel<T, D, kMapVec>)(
             pd, keys_out.get<uint32_t>(), vals_out.get<int32_t>(), pt, n_ids, static_cast<uint32_t>(vocab), cols);
       else
-        embedding_backward_kernel<T, D, 1><<<grid, 32 * kWarpsPerBlock, 0, st>>>(
+        MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, embedding_backward_kernel<T, D, 1>)(
             pd, keys_out.get<uint32_t>(), vals_out.get<int32_t>(), pt, n_ids, static_cast<uint32_t>(vocab), cols);
     });
   });

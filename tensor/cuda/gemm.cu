@@ -73,8 +73,8 @@ void bias_rows(void* out, DType dt, int64_t rows, int64_t cols, float beta, bool
   if (rows * cols == 0) return;
   MPT_DISPATCH_DEV_FLOAT(dt, "gemm bias", [&](auto tag) {
     using T = decltype(tag);
-    bias_rows_kernel<T><<<grid_for(rows * cols, 256), 256, 0, st>>>(static_cast<T*>(out), rows, cols, beta, read_out,
-                                                                      static_cast<const T*>(bias));
+    MPT_LAUNCH(grid_for(rows * cols, 256), 256, 0, st, bias_rows_kernel<T>)(
+        static_cast<T*>(out), rows, cols, beta, read_out, static_cast<const T*>(bias));
   });
   MPT_KERNEL_CHECK("gemm bias");
 }

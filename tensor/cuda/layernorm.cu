@@ -132,10 +132,11 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
                      vec_aligned(pb, sizeof(T)) && vec_aligned(po, sizeof(T));
     count_vec_path("layernorm_forward", vec);
     if (vec)
-      layernorm_forward_kernel<T, kMapVec><<<grid, 32 * kWarpsPerBlock, 0, st>>>(px, pw, pb, po, pm, pr, rows, cols,
-                                                                                 eps);
+      MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, layernorm_forward_kernel<T, kMapVec>)(
+          px, pw, pb, po, pm, pr, rows, cols, eps);
     else
-      layernorm_forward_kernel<T, 1><<<grid, 32 * kWarpsPerBlock, 0, st>>>(px, pw, pb, po, pm, pr, rows, cols, eps);
+      MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, layernorm_forward_kernel<T, 1>)(
+          px, pw, pb, po, pm, pr, rows, cols, eps);
   });
   MPT_KERNEL_CHECK("layernorm_forward");
 }
@@ -159,11 +160,11 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
                        vec_aligned(pw, sizeof(T)) && vec_aligned(pdx, sizeof(T));
       count_vec_path("layernorm_backward", vec);
       if (vec)
-        layernorm_backward_dx_kernel<T, kMapVec>
-            <<<grid, 32 * kWarpsPerBlock, 0, st>>>(pd, px, pw, pm, pr, pdx, rows, cols, accumulate_dx);
+        MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, layernorm_backward_dx_kernel<T, kMapVec>)(
+            pd, px, pw, pm, pr, pdx, rows, cols, accumulate_dx);
       else
-        layernorm_backward_dx_kernel<T, 1>
-            <<<grid, 32 * kWarpsPerBlock, 0, st>>>(pd, px, pw, pm, pr, pdx, rows, cols, accumulate_dx);
+        MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, layernorm_backward_dx_kernel<T, 1>)(
+            pd, px, pw, pm, pr, pdx, rows, cols, accumulate_dx);
       MPT_KERNEL_CHECK("layernorm_backward (dx)");
     }
     if (!dweight.defined() && !dbias.defined()) return;

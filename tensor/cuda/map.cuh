@@ -19,6 +19,7 @@ template <typename T, int V> struct alignas(sizeof(T) * V <= 16 ? sizeof(T) * V 
 };
 
 template <int V, typename T> __device__ __forceinline__ void load_f(const T* p, float (&f)[V]) {
+  MPT_CHECK_VECTOR_ALIGNED(p, alignof(Vec<T, V>));
   const Vec<T, V> x = *reinterpret_cast<const Vec<T, V>*>(p);
 #pragma unroll
   for (int k = 0; k < V; ++k) f[k] = to_float(x.v[k]);
@@ -27,6 +28,7 @@ template <int V, typename T> __device__ __forceinline__ void store_f(T* p, const
   Vec<T, V> x;
 #pragma unroll
   for (int k = 0; k < V; ++k) x.v[k] = from_float<T>(f[k]);
+  MPT_CHECK_VECTOR_ALIGNED(p, alignof(Vec<T, V>));
   *reinterpret_cast<Vec<T, V>*>(p) = x;
 }
 
@@ -51,9 +53,9 @@ template <typename F> void launch_map(int64_t n, const F& f, bool vec_ok, Stream
   const cudaStream_t st = stream_of(s);
   count_vec_path(what, vec_ok);
   if (vec_ok)
-    map_kernel<kMapVec><<<grid_for((n + kMapVec - 1) / kMapVec, kThreads, 16), kThreads, 0, st>>>(n, f);
+    MPT_LAUNCH(grid_for((n + kMapVec - 1) / kMapVec, kThreads, 16), kThreads, 0, st, map_kernel<kMapVec>)(n, f);
   else
-    map_kernel<1><<<grid_for(n, kThreads, 16), kThreads, 0, st>>>(n, f);
+    MPT_LAUNCH(grid_for(n, kThreads, 16), kThreads, 0, st, map_kernel<1>)(n, f);
   MPT_KERNEL_CHECK(what);
 }
 

@@ -53,12 +53,12 @@ void sum_squares(const Tensor& x, const Tensor& out, Stream s) {
     const bool vec = vec_aligned(p, sizeof(T));
     count_vec_path("sum_squares", vec);
     if (vec)
-      sum_squares_partials<T, kMapVec><<<grid, kThreads, 0, st>>>(p, n, partial.get<float>());
+      MPT_LAUNCH(grid, kThreads, 0, st, sum_squares_partials<T, kMapVec>)(p, n, partial.get<float>());
     else
-      sum_squares_partials<T, 1><<<grid, kThreads, 0, st>>>(p, n, partial.get<float>());
+      MPT_LAUNCH(grid, kThreads, 0, st, sum_squares_partials<T, 1>)(p, n, partial.get<float>());
   });
   MPT_KERNEL_CHECK("sum_squares");
-  sum_partials_into<<<1, 1024, 0, st>>>(partial.get<float>(), grid, static_cast<float*>(out.data_ptr()));
+  MPT_LAUNCH(1, 1024, 0, st, sum_partials_into)(partial.get<float>(), grid, static_cast<float*>(out.data_ptr()));
   MPT_KERNEL_CHECK("sum_squares (final)");
 }
 

@@ -57,7 +57,7 @@ void column_sums(F f, int64_t rows, int cols, O0* out0, O1* out1, bool accumulat
     if (!accumulate) {
       Scratch zero(device, sizeof(float2) * cols, s);
       MPT_CUDA_CHECK(cudaMemsetAsync(zero.get(), 0, sizeof(float2) * cols, st));
-      column_finalize_kernel<<<gx, kThreads, 0, st>>>(zero.get<float2>(), 1, cols, out0, out1, false);
+      MPT_LAUNCH(gx, kThreads, 0, st, column_finalize_kernel)(zero.get<float2>(), 1, cols, out0, out1, false);
       MPT_KERNEL_CHECK("column_sums");
     }
     return;
@@ -68,10 +68,10 @@ void column_sums(F f, int64_t rows, int cols, O0* out0, O1* out1, bool accumulat
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
   chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
   Scratch partial(device, sizeof(float2) * chunks * cols, s);
-  column_partials_kernel<<<dim3(gx, static_cast<unsigned>(chunks)), kThreads, 0, st>>>(
+  MPT_LAUNCH(dim3(gx, static_cast<unsigned>(chunks)), kThreads, 0, st, column_partials_kernel)(
       f, rows, cols, rows_per_chunk, partial.get<float2>());
   MPT_KERNEL_CHECK("column_sums (partials)");
-  column_finalize_kernel<<<gx, kThreads, 0, st>>>(partial.get<float2>(), static_cast<int>(chunks), cols, out0,
+  MPT_LAUNCH(gx, kThreads, 0, st, column_finalize_kernel)(partial.get<float2>(), static_cast<int>(chunks), cols, out0,
                                                   out1, accumulate);
   MPT_KERNEL_CHECK("column_sums (finalize)");
 }

@@ -109,9 +109,9 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, const Tensor& out, c
     const bool vec = cols % kMapVec == 0 && vec_aligned(px, sizeof(T)) && vec_aligned(pw, sizeof(T)) &&
                      vec_aligned(po, sizeof(T));
     if (vec)
-      rmsnorm_forward_kernel<T, kMapVec><<<grid, 32 * kWarpsPerBlock, 0, st>>>(px, pw, po, pr, rows, cols, eps);
+      MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, rmsnorm_forward_kernel<T, kMapVec>)(px, pw, po, pr, rows, cols, eps);
     else
-      rmsnorm_forward_kernel<T, 1><<<grid, 32 * kWarpsPerBlock, 0, st>>>(px, pw, po, pr, rows, cols, eps);
+      MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, rmsnorm_forward_kernel<T, 1>)(px, pw, po, pr, rows, cols, eps);
   });
   MPT_KERNEL_CHECK("rmsnorm_forward");
 }
@@ -133,11 +133,9 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
       const bool vec = cols % kMapVec == 0 && vec_aligned(pd, sizeof(T)) && vec_aligned(px, sizeof(T)) &&
                        vec_aligned(pw, sizeof(T)) && vec_aligned(pdx, sizeof(T));
       if (vec)
-        rmsnorm_backward_dx_kernel<T, kMapVec>
-            <<<grid, 32 * kWarpsPerBlock, 0, st>>>(pd, px, pw, pr, pdx, rows, cols, accumulate_dx);
+        MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, rmsnorm_backward_dx_kernel<T, kMapVec>)(pd, px, pw, pr, pdx, rows, cols, accumulate_dx);
       else
-        rmsnorm_backward_dx_kernel<T, 1>
-            <<<grid, 32 * kWarpsPerBlock, 0, st>>>(pd, px, pw, pr, pdx, rows, cols, accumulate_dx);
+        MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, rmsnorm_backward_dx_kernel<T, 1>)(pd, px, pw, pr, pdx, rows, cols, accumulate_dx);
       MPT_KERNEL_CHECK("rmsnorm_backward (dx)");
     }
     if (!dweight.defined()) return;

@@ -62,13 +62,13 @@ void rope_apply(const Tensor& x, const Tensor& out, int64_t rotate_heads, const 
     const T_* px = static_cast<const T_*>(x.data_ptr());
     T_* po = static_cast<T_*>(out.data_ptr());
     if (rotate_heads > 0) {
-      rope_rotate_kernel<T_><<<grid_for(tokens * half, kThreads), kThreads, 0, st>>>(
+      MPT_LAUNCH(grid_for(tokens * half, kThreads), kThreads, 0, st, rope_rotate_kernel<T_>)(
           px, po, tokens, static_cast<int>(T), static_cast<int>(H), static_cast<int>(D),
           static_cast<int>(rotate_heads), static_cast<int>(half), std::log2(args.base), args.position_offset, sign);
       MPT_KERNEL_CHECK(str(what, " (rotate)").c_str());
     }
     if (px != po && (rotate_heads < H || R < D)) {
-      rope_copy_kernel<T_><<<grid_for(tokens * H * D, kThreads), kThreads, 0, st>>>(
+      MPT_LAUNCH(grid_for(tokens * H * D, kThreads), kThreads, 0, st, rope_copy_kernel<T_>)(
           px, po, tokens * H * D, static_cast<int>(H), static_cast<int>(D), static_cast<int>(rotate_heads),
           static_cast<int>(R));
       MPT_KERNEL_CHECK(str(what, " (copy)").c_str());

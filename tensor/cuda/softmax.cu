@@ -75,9 +75,9 @@ void softmax_forward(const Tensor& x, const Tensor& out, Stream s) {
     const bool vec = cols % kMapVec == 0 && vec_aligned(px, sizeof(T)) && vec_aligned(po, sizeof(T));
     count_vec_path("softmax_forward", vec);
     if (vec)
-      softmax_forward_kernel<T, kMapVec><<<grid, 32 * kWarpsPerBlock, 0, st>>>(px, po, rows, cols);
+      MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, softmax_forward_kernel<T, kMapVec>)(px, po, rows, cols);
     else
-      softmax_forward_kernel<T, 1><<<grid, 32 * kWarpsPerBlock, 0, st>>>(px, po, rows, cols);
+      MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, softmax_forward_kernel<T, 1>)(px, po, rows, cols);
   });
   MPT_KERNEL_CHECK("softmax_forward");
 }
@@ -96,9 +96,9 @@ void softmax_backward(const Tensor& dout, const Tensor& out, const Tensor& dx, S
     const bool vec = cols % kMapVec == 0 && vec_aligned(pd, sizeof(T)) && vec_aligned(py, sizeof(T)) && vec_aligned(pdx, sizeof(T));
     count_vec_path("softmax_backward", vec);
     if (vec)
-      softmax_backward_kernel<T, kMapVec><<<grid, 32 * kWarpsPerBlock, 0, st>>>(pd, py, pdx, rows, cols);
+      MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, softmax_backward_kernel<T, kMapVec>)(pd, py, pdx, rows, cols);
     else
-      softmax_backward_kernel<T, 1><<<grid, 32 * kWarpsPerBlock, 0, st>>>(pd, py, pdx, rows, cols);
+      MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, softmax_backward_kernel<T, 1>)(pd, py, pdx, rows, cols);
   });
   MPT_KERNEL_CHECK("softmax_backward");
 }

@@ -32,12 +32,18 @@ TrainArgs parse(std::vector<std::string> flags) {
   return a;
 }
 
+// MPITRON_TEST_DEVICE=cuda trains on the GPU (make test-cuda-sim: the simulated one).
+std::string test_device() {
+  const char* d = std::getenv("MPITRON_TEST_DEVICE");
+  return d && *d ? d : "cpu";
+}
+
 std::vector<std::string> base_flags(const std::string& data, int iters) {
   return {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "24",
           "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", std::to_string(iters),
           "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "3", "--lr-decay-style", "cosine",
           "--hidden-dropout", "0.1", "--data-path", data, "--split", "90,10,0", "--log-interval", "1",
-          "--eval-interval", "5", "--eval-iters", "1", "--seed", "99", "--device", "cpu"};
+          "--eval-interval", "5", "--eval-iters", "1", "--seed", "99", "--device", test_device()};
 }
 
 std::vector<double> train(std::vector<std::string> flags) {

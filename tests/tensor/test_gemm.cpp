@@ -356,3 +356,13 @@ TEST_CASE("gemm: invalid arguments throw naming the op") {
     gemm_backward(Tensor::zeros({4, 7}, DType::F32), a, b, Tensor(), Tensor(), Tensor());
   }, "dout shape");
 }
+
+TEST_CASE("gemm forward: K = 0 gives beta * out + bias (no GEMM: the bias kernel alone)") {
+  uint64_t seed = 900;
+  for (Device dev : test_devices())
+    for (DType dt : float_dtypes()) {
+      run_forward(dev, dt, dt, {1, false, false, 5, 7, 0, false, false}, 1.0f, 0.5f, true, ++seed);
+      run_forward(dev, dt, dt, {1, false, false, 5, 7, 0, true, true}, 1.0f, 0.0f, true, ++seed);
+      run_forward(dev, dt, dt, {2, true, false, 3, 4, 0, false, false}, 1.0f, 1.0f, false, ++seed);
+    }
+}

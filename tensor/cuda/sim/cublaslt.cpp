@@ -1,0 +1,291 @@
+// tensor/cuda/sim/cublaslt.cpp — cuBLASLt on the simulated device: a reference GEMM.
+//
+// Semantics are cuBLASLt's (column-major): with op(X) = X or Xᵀ per TRANSA/TRANSB,
+//   D[b] (m, n) = alpha · op(A[b]) (m, k) · op(B[b]) (k, n) + beta · C[b]  [+ bias (m) per column]
+// where each layout is (rows, cols, ld) column-major with an optional batch count
+// and strided-batch offset (elements). Accumulation is f32 in k order, one rounding
+// to D's type. Layout shapes, types, batch counts, ld ≥ rows and the alignments
+// promised through the preference (MIN_ALIGNMENT_*) are checked: a violation is
+// CUBLAS_STATUS_INVALID_VALUE with a message on stderr, where real cuBLASLt might
+// silently pick a kernel that faults.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cublasLt.h"
+
+struct cublasLtContext {
+  int unused = 0;
+};
+struct cublasLtMatmulDescOpaque_sim {
+  cublasComputeType_t compute;
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  int32_t bias_type = -1;
+};
+struct cublasLtMatrixLayoutOpaque_sim {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+  int32_t batch = 1;
+  int64_t stride = 0;
+};
+struct cublasLtMatmulPreferenceOpaque_sim {
+  uint64_t ws = 0;
+  uint32_t align[4] = {256, 256, 256, 256};
+};
+
+namespace {
+
+cublasStatus_t misuse(const std::string& what) {
+  std::fprintf(stderr, "cuda-sim cuBLASLt: %s\n", what.c_str());
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+size_t type_size(cudaDataType_t t) {
+  switch (t) {
+    case CUDA_R_32F: return 4;
+    case CUDA_R_16F: return 2;
+    case CUDA_R_16BF: return 2;
+    case CUDA_R_32I: return 4;
+  }
+  return 0;
+}
+
+float load(const void* p, cudaDataType_t t, int64_t i) {
+  switch (t) {
+    case CUDA_R_32F: return static_cast<const float*>(p)[i];
+    case CUDA_R_16F: {
+      _Float16 h;
+      std::memcpy(&h, static_cast<const char*>(p) + 2 * i, 2);
+      return static_cast<float>(h);
+    }
+    case CUDA_R_16BF: {
+      uint32_t u = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    }
+    default: return 0.0f;
+  }
+}
+
+void store(void* p, cudaDataType_t t, int64_t i, float v) {
+  switch (t) {
+    case CUDA_R_32F: static_cast<float*>(p)[i] = v; break;
+    case CUDA_R_16F: {
+      const _Float16 h = static_cast<_Float16>(v);
+      std::memcpy(static_cast<char*>(p) + 2 * i, &h, 2);
+      break;
+    }
+    case CUDA_R_16BF: {
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      if ((u & 0x7fffffffu) > 0x7f800000u) {
+        u = (u >> 16) | 0x40;
+      } else {
+        u += 0x7fffu + ((u >> 16) & 1u);
+        u >>= 16;
+      }
+      static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(u);
+      break;
+    }
+    default: break;
+  }
+}
+
+// Shape checks shared by the heuristic and the matmul.
+cublasStatus_t check(const cublasLtMatmulDescOpaque_sim& d, const cublasLtMatrixLayoutOpaque_sim& a,
+                     const cublasLtMatrixLayoutOpaque_sim& b, const cublasLtMatrixLayoutOpaque_sim& c,
+                     const cublasLtMatrixLayoutOpaque_sim& dl) {
+  const uint64_t m = d.ta == CUBLAS_OP_N ? a.rows : a.cols, k = d.ta == CUBLAS_OP_N ? a.cols : a.rows;
+  const uint64_t kb = d.tb == CUBLAS_OP_N ? b.rows : b.cols, n = d.tb == CUBLAS_OP_N ? b.cols : b.rows;
+  const auto dims = [](const cublasLtMatrixLayoutOpaque_sim& l) {
+    return "(" + std::to_string(l.rows) + "x" + std::to_string(l.cols) + " ld " + std::to_string(l.ld) + ")";
+  };
+  if (k != kb || dl.rows != m || dl.cols != n || c.rows != m || c.cols != n)
+    return misuse("inconsistent shapes: A " + dims(a) + (d.ta ? "ᵀ" : "") + " B " + dims(b) + (d.tb ? "ᵀ" : "") +
+                  " C " + dims(c) + " D " + dims(dl));
+  for (const auto* l : {&a, &b, &c, &dl})
+    if (l->ld < static_cast<int64_t>(l->rows) || l->ld < 1) return misuse("leading dimension below rows: " + dims(*l));
+  if (a.type != b.type) return misuse("A and B differ in type");
+  if (c.type != dl.type || (dl.type != a.type && dl.type != CUDA_R_32F)) return misuse("unsupported C/D type");
+  if (a.batch != dl.batch || b.batch != dl.batch || c.batch != dl.batch) return misuse("batch counts differ");
+  if (d.epilogue == CUBLASLT_EPILOGUE_BIAS && d.bias_type != dl.type) return misuse("bias type is not D's type");
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+const char* cublasGetStatusName(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+  }
+  return "CUBLAS_STATUS_UNKNOWN";
+}
+const char* cublasGetStatusString(cublasStatus_t s) {
+  return s == CUBLAS_STATUS_INVALID_VALUE ? "invalid value (simulated cuBLASLt: see stderr)" : cublasGetStatusName(s);
+}
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
+  *h = new cublasLtContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+  delete h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
+  if (scale != CUDA_R_32F) return misuse("scale type must be f32");
+  *d = new cublasLtMatmulDescOpaque_sim{compute};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  delete d;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a,
+                                              const void* buf, size_t bytes) {
+  switch (a) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      if (bytes != sizeof(int32_t)) return misuse("TRANSA size");
+      std::memcpy(&d->ta, buf, 4);
+      break;
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      if (bytes != sizeof(int32_t)) return misuse("TRANSB size");
+      std::memcpy(&d->tb, buf, 4);
+      break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      if (bytes != sizeof(int32_t)) return misuse("EPILOGUE size");
+      std::memcpy(&d->epilogue, buf, 4);
+      if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS)
+        return misuse("only the DEFAULT and BIAS epilogues are simulated");
+      break;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      if (bytes != sizeof(void*)) return misuse("BIAS_POINTER size");
+      std::memcpy(&d->bias, buf, sizeof(void*));
+      break;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+      if (bytes != sizeof(int32_t)) return misuse("BIAS_DATA_TYPE size");
+      std::memcpy(&d->bias_type, buf, 4);
+      break;
+    default: return misuse("matmul attribute " + std::to_string(a) + " is not simulated");
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType_t t, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+  if (type_size(t) == 0) return misuse("layout type");
+  *l = new cublasLtMatrixLayoutOpaque_sim{t, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  delete l;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a,
+                                                const void* buf, size_t bytes) {
+  if (a == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && bytes == sizeof(int32_t)) {
+    std::memcpy(&l->batch, buf, 4);
+    return l->batch >= 1 ? CUBLAS_STATUS_SUCCESS : misuse("batch count < 1");
+  }
+  if (a == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET && bytes == sizeof(int64_t)) {
+    std::memcpy(&l->stride, buf, 8);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return misuse("layout attribute " + std::to_string(a) + " (or its size) is not simulated");
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
+  *p = new cublasLtMatmulPreferenceOpaque_sim;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  delete p;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a, const void* buf,
+                                                    size_t bytes) {
+  if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && bytes == sizeof(uint64_t)) {
+    std::memcpy(&p->ws, buf, 8);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (a >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && a <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES &&
+      bytes == sizeof(uint32_t)) {
+    std::memcpy(&p->align[a - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, 4);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return misuse("preference attribute " + std::to_string(a) + " (or its size) is not simulated");
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t dl, cublasLtMatmulPreference_t p,
+                                              int requested, cublasLtMatmulHeuristicResult_t* results, int* found) {
+  if (!h || !d || !a || !b || !c || !dl || !p || requested < 1) return misuse("heuristic: null argument");
+  const cublasStatus_t st = check(*d, *a, *b, *c, *dl);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  // The "algorithm" remembers the alignments it was chosen for.
+  results[0] = cublasLtMatmulHeuristicResult_t{};
+  for (int i = 0; i < 4; ++i) results[0].algo.data[i] = p->align[i];
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  *found = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void* alpha, const void* A,
+                              cublasLtMatrixLayout_t la, const void* B, cublasLtMatrixLayout_t lb, const void* beta,
+                              const void* C, cublasLtMatrixLayout_t lc, void* D, cublasLtMatrixLayout_t ld,
+                              const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream) {
+  if (!h || !d || !la || !lb || !lc || !ld || !alpha || !beta) return misuse("matmul: null argument");
+  const cublasStatus_t st = check(*d, *la, *lb, *lc, *ld);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (algo) {
+    const void* ptrs[4] = {A, B, C, D};
+    const cublasLtMatrixLayoutOpaque_sim* ls[4] = {la, lb, lc, ld};
+    for (int i = 0; i < 4; ++i) {
+      const uint64_t need = algo->data[i];
+      const uint64_t stride_bytes = ls[i]->batch > 1 ? ls[i]->stride * type_size(ls[i]->type) : 0;
+      if (need && (reinterpret_cast<uintptr_t>(ptrs[i]) % need != 0 || (stride_bytes % need) != 0))
+        return misuse(std::string("operand ") + "ABCD"[i] + " is less aligned than the " + std::to_string(need) +
+                      " bytes promised to the heuristic");
+    }
+  }
+  if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && !d->bias) return misuse("BIAS epilogue without a bias pointer");
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  const bool ta = d->ta != CUBLAS_OP_N, tb = d->tb != CUBLAS_OP_N;
+  const int64_t m = ld->rows, n = ld->cols, k = ta ? la->rows : la->cols;
+  std::vector<float> at(static_cast<size_t>(m * k)), bt(static_cast<size_t>(n * k));
+  for (int32_t bi = 0; bi < ld->batch; ++bi) {
+    const auto off = [&](const cublasLtMatrixLayoutOpaque_sim* l) { return l->batch > 1 ? bi * l->stride : 0; };
+    const int64_t oa = off(la), ob = off(lb), oc = off(lc), od = off(ld);
+    // at[i][l] = op(A)(i, l), bt[j][l] = op(B)(l, j): contiguous in l for the dot products.
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t l = 0; l < k; ++l)
+        at[i * k + l] = load(A, la->type, oa + (ta ? i * la->ld + l : l * la->ld + i));
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t l = 0; l < k; ++l)
+        bt[j * k + l] = load(B, lb->type, ob + (tb ? l * lb->ld + j : j * lb->ld + l));
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < m; ++i) {
+        const float* x = &at[i * k];
+        const float* y = &bt[j * k];
+        float acc = 0.0f;
+        for (int64_t l = 0; l < k; ++l) acc += x[l] * y[l];
+        float v = al * acc;
+        if (be != 0.0f) v += be * load(C, lc->type, oc + j * lc->ld + i);
+        if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) v += load(d->bias, ld->type, i);
+        store(D, ld->type, od + j * ld->ld + i, v);
+      }
+    }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# tests/cuda_sim/run.sh — `make test-cuda-sim`: the CUDA backend's kernels on the
+# simulated device (tensor/cuda/sim, docs/cuda.md "The simulated device"), under
+# AddressSanitizer, no GPU needed:
+#   1. configure $SIM_BUILD (default build-sim) with -DMPITRON_CUDA_SIM=ON,
+#   2. build the tests below,
+#   3. run them with device=cuda (MPITRON_TEST_DEVICE=cuda for the trainer tests),
+#   4. print `kernel <name> launches <n>` per __global__ of tensor/cuda and fail
+#      if one was never launched.
+# SIM_TESTS (a ctest regex) narrows the run, e.g. SIM_TESTS=tensor_test_softmax.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+BUILD=${SIM_BUILD:-build-sim}
+JOBS=${JOBS:-$(nproc)}
+start=$(date +%s)
+# The op conformance suite (device=cuda), the GPT reference against PyTorch,
+# bitwise resume, and the TP/PP/DP equivalence at 2 ranks.
+# Every tests/tensor/test_*.cpp (new op families join by themselves), then the model tests.
+TESTS=($(for f in tests/tensor/test_*.cpp; do f=${f##*/}; echo "tensor_${f%.cpp}"; done)
+       model_test_gpt_reference model_test_trainer model_test_trainer_mp)
+REGEX=${SIM_TESTS:-'^(tensor_test_.*|model_test_gpt_reference|model_test_trainer_mp_np2)$'}
+
+[ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -G Ninja -DMPITRON_CUDA_SIM=ON ${SIM_CMAKE_FLAGS:-}
+cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}"
+
+counts="$ROOT/$BUILD/cuda_sim_kernel_counts.txt"
+rm -f "$counts"
+# Leak checks are off: MPI and the process-lifetime caches hold memory at exit by design.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:detect_stack_use_after_return=0}
+# At 2 ranks: TP2 with sequence parallelism and PP2 1F1B (MPITRON_TEST_LAYOUTS picks them
+# from tests/model/test_trainer_mp.cpp; all six cost ~4x the time under the simulation).
+export MPITRON_CUDA_SIM_COUNTS="$counts" MPITRON_TEST_DEVICE=cuda MPITRON_TEST_LAYOUTS=${MPITRON_TEST_LAYOUTS:-1,3}
+status=0
+(cd "$BUILD" && ctest --output-on-failure -j "$JOBS" -R "$REGEX") || status=1
+if [ -z "${SIM_TESTS:-}" ]; then
+  # Bitwise resume on the device (the rest of model_test_trainer is CPU-only flag checks).
+  (cd "$BUILD" && ./tests/model_test_trainer --test-case='resume*') || status=1
+fi
+echo "cuda-sim: tests done in $(( $(date +%s) - start )) s"
+if [ -z "${SIM_TESTS:-}" ]; then
+  tests/cuda_sim/kernel_report.sh "$counts" || status=1
+fi
+echo "cuda-sim: done in $(( $(date +%s) - start )) s"
+exit $status
