@@ -12,10 +12,11 @@ std::string MemoryEstimate::to_string() const {
   char buf[384];
   std::snprintf(buf, sizeof buf,
                 "weights %.1f MB | gradients %.1f MB | master weights %.1f MB | moments %.1f MB | "
-                "activations %.1f MB%s | total %.1f MB",
+                "activations %.1f MB%s%s | total %.1f MB",
                 mb(weights), mb(gradients), mb(master_weights), mb(moments), mb(activations),
                 comm_staging ? str(" | MPI reduce-scatter staging ", static_cast<double>(comm_staging) / 1e6, " MB").c_str()
                              : "",
+                device_workspace ? str(" | cuBLASLt workspace ", mb(device_workspace), " MB").c_str() : "",
                 mb(total()));
   return buf;
 }

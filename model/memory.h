@@ -23,8 +23,11 @@ struct MemoryEstimate {
   // while the gradients are reduced, when most activations are gone, so the
   // peak counts the larger of the two.
   int64_t comm_staging = 0;
+  // CUDA: the cuBLASLt workspace (32 MiB per stream, tensor/cuda/common.cu), held
+  // from the first matmul for the process lifetime. 0 on the CPU.
+  int64_t device_workspace = 0;
   int64_t total() const {
-    return weights + gradients + master_weights + moments + std::max(activations, comm_staging);
+    return weights + gradients + master_weights + moments + std::max(activations, comm_staging) + device_workspace;
   }
   std::string to_string() const;
 };

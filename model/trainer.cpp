@@ -588,8 +588,9 @@ TrainSummary Trainer::run() {
     for (const parallel::Action& act : m.schedule_for(n_micro).ranks[static_cast<size_t>(m.par.pp_rank)])
       if (parallel::is_compute(act.op)) shard.compute_order.push_back({act.chunk, act.op == parallel::Op::Forward});
   }
-  const MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.par.dp_size, static_cast<int>(a.zero_stage),
-                                             a.recompute_activations, shard);
+  MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.par.dp_size, static_cast<int>(a.zero_stage),
+                                       a.recompute_activations, shard);
+  if (m.device.is_cuda()) est.device_workspace = int64_t{32} << 20;  // cuBLASLt's, tensor/cuda/common.cu
   log_info("memory per rank (estimate): ", est.to_string());
   check_estimate_fits(est, device_memory_bytes(m.device), m.device.name());
 

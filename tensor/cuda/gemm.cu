@@ -35,6 +35,7 @@
 #include "tensor/cuda/internal.h"
 #include "tensor/cuda/ops.h"
 #include "tensor/cuda/reduce.cuh"
+#include "tensor/elementwise.h"
 
 namespace mpitron::cuda {
 
@@ -303,6 +304,23 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, const GemmArgs& a
          out.ndim() == 3 ? m * n : 0, batch, args.alpha, args.beta, bias.defined() ? bias.data_ptr() : nullptr);
 }
 
+// The gradient of an operand shared by every batch entry is a sum of one GEMM per
+// entry. Summed into a bf16/f16 gradient with beta = 1, the running sum would be
+// rounded to 16 bits after every entry (errors grow with the batch: the simulated
+// device's gemm test caught it); the entries are summed in an f32 buffer instead
+// and the result is added (accumulate) or written once. per_entry(i, out, out_dt, beta)
+// runs entry i's GEMM into `out`.
+template <class PerEntry>
+void sum_over_batch(const Tensor& grad, bool accumulate, int64_t batch, PerEntry per_entry, Stream s) {
+  if (grad.dtype() == DType::F32) {
+    for (int64_t i = 0; i < batch; ++i) per_entry(i, grad.data_ptr(), DType::F32, i == 0 && !accumulate ? 0.0f : 1.0f);
+    return;
+  }
+  const Tensor acc = Tensor::empty(grad.shape(), DType::F32, grad.device(), s);
+  for (int64_t i = 0; i < batch; ++i) per_entry(i, acc.data_ptr(), DType::F32, i == 0 ? 0.0f : 1.0f);
+  axpby(1.0f, acc, accumulate ? 1.0f : 0.0f, grad, s);
+}
+
 // Gradients of out = op(a)·op(b) + bias given dout (B?, M, N); see gemm.h.
 void gemm_backward(const Tensor& dout, const Tensor& a, const Tensor& b, const Tensor& da, const Tensor& db,
                    const Tensor& dbias, const GemmArgs& args, bool accumulate_a, bool accumulate_b, Stream s) {
@@ -326,16 +344,13 @@ void gemm_backward(const Tensor& dout, const Tensor& a, const Tensor& b, const T
       else
         matmul(dev, s, dt, da.dtype(), ob, tb, od, true, da.data_ptr(), c, bs, batch, 1.0f, beta, nullptr);
     } else {
-      // a shared by every batch entry: da = Σ_batch (…), one GEMM per batch entry.
-      for (int64_t i = 0; i < batch; ++i) {
-        const float bi = i == 0 ? beta : 1.0f;
+      // a shared by every batch entry: da = Σ_batch (…), one GEMM per batch entry, summed in f32.
+      sum_over_batch(da, accumulate_a, batch, [&](int64_t i, void* out, DType out_dt, float bi) {
         if (!ta)
-          matmul(dev, s, dt, da.dtype(), od.at(i, dt), false, ob.at(i, dt), !tb, da.data_ptr(), c, 0, 1, 1.0f, bi,
-                 nullptr);
+          matmul(dev, s, dt, out_dt, od.at(i, dt), false, ob.at(i, dt), !tb, out, c, 0, 1, 1.0f, bi, nullptr);
         else
-          matmul(dev, s, dt, da.dtype(), ob.at(i, dt), tb, od.at(i, dt), true, da.data_ptr(), c, 0, 1, 1.0f, bi,
-                 nullptr);
-      }
+          matmul(dev, s, dt, out_dt, ob.at(i, dt), tb, od.at(i, dt), true, out, c, 0, 1, 1.0f, bi, nullptr);
+      }, s);
     }
   }
 
@@ -359,16 +374,13 @@ void gemm_backward(const Tensor& dout, const Tensor& a, const Tensor& b, const T
         matmul(dev, s, dt, db.dtype(), fa, true, fd, false, db.data_ptr(), c, 0, 1, 1.0f, beta, nullptr);
       else
         matmul(dev, s, dt, db.dtype(), fd, true, fa, false, db.data_ptr(), c, 0, 1, 1.0f, beta, nullptr);
-    } else {
-      for (int64_t i = 0; i < batch; ++i) {
-        const float bi = i == 0 ? beta : 1.0f;
+    } else {  // b shared, a transposed: one GEMM per batch entry, summed in f32
+      sum_over_batch(db, accumulate_b, batch, [&](int64_t i, void* out, DType out_dt, float bi) {
         if (!tb)
-          matmul(dev, s, dt, db.dtype(), oa.at(i, dt), false, od.at(i, dt), false, db.data_ptr(), c, 0, 1, 1.0f,
-                 bi, nullptr);
+          matmul(dev, s, dt, out_dt, oa.at(i, dt), false, od.at(i, dt), false, out, c, 0, 1, 1.0f, bi, nullptr);
         else
-          matmul(dev, s, dt, db.dtype(), od.at(i, dt), true, oa.at(i, dt), true, db.data_ptr(), c, 0, 1, 1.0f, bi,
-                 nullptr);
-      }
+          matmul(dev, s, dt, out_dt, od.at(i, dt), true, oa.at(i, dt), true, out, c, 0, 1, 1.0f, bi, nullptr);
+      }, s);
     }
   }
 

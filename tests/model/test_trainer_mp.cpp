@@ -92,8 +92,12 @@ Result run(std::vector<std::string> f, MPI_Comm comm) {
                   "replicated parameters differ between tensor-parallel ranks");
   }
   // The start-up estimate of this rank's memory agrees with the measured peak.
+  // On CUDA the caching allocator hands out blocks of 1 MiB and more rounded up to
+  // 2 MiB (core/allocator.cpp), which the estimate does not model: up to 1 MiB per
+  // large buffer (weights, gradients, moments, logits, …) on top of the 10%.
   const double est = static_cast<double>(s.estimated_memory_bytes), peak = static_cast<double>(s.peak_memory_bytes);
-  CHECK_MESSAGE(std::abs(peak - est) <= 0.1 * est, "rank ", world_rank(), ": measured peak ", peak / 1e6,
+  const double rounding = test_device() == "cuda" ? 16.0 * (1 << 20) : 0.0;
+  CHECK_MESSAGE(std::abs(peak - est) <= 0.1 * est + rounding, "rank ", world_rank(), ": measured peak ", peak / 1e6,
                 " MB vs estimate ", est / 1e6, " MB");
   return {s.losses, s.grad_norms, s.valid_loss};
 }
