@@ -318,7 +318,7 @@ void sum_over_batch(const Tensor& grad, bool accumulate, int64_t batch, PerEntry
   }
   const Tensor acc = Tensor::empty(grad.shape(), DType::F32, grad.device(), s);
   for (int64_t i = 0; i < batch; ++i) per_entry(i, acc.data_ptr(), DType::F32, i == 0 ? 0.0f : 1.0f);
-  axpby(1.0f, acc, accumulate ? 1.0f : 0.0f, grad, s);
+  ::mpitron::axpby(1.0f, acc, accumulate ? 1.0f : 0.0f, grad, s);
 }
 
 // Gradients of out = op(a)·op(b) + bias given dout (B?, M, N); see gemm.h.
