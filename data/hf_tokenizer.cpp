@@ -435,7 +435,6 @@ class HFEncoder : public TextEncoder {
   pcre2_jit_stack* stack_ = nullptr;
 };
 
-std::unique_ptr<TextEncoder> HFTokenizer::make_encoder() const { return make_encoder(true); }
 std::unique_ptr<TextEncoder> HFTokenizer::make_encoder(bool add_special) const {
   return std::make_unique<HFEncoder>(*this, add_special);
 }

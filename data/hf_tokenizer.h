@@ -35,9 +35,9 @@ class HFTokenizer : public TextTokenizer {
   ~HFTokenizer() override;
 
   std::string type() const override { return "HuggingFaceTokenizer"; }
-  std::unique_ptr<TextEncoder> make_encoder() const override;
+  using TextTokenizer::make_encoder;
   // add_special = false: HF's encode(text, add_special_tokens=False).
-  std::unique_ptr<TextEncoder> make_encoder(bool add_special) const;
+  std::unique_ptr<TextEncoder> make_encoder(bool add_special) const override;
   using TextTokenizer::decode;
   using TextTokenizer::encode;
   std::string decode(const int32_t* ids, size_t n) const override;

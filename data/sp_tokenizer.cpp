@@ -66,11 +66,11 @@ void SPTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out)
   out.insert(out.end(), ids.begin(), ids.end());
 }
 
-void SPTokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
+void SPTokenizer::encode(std::string_view text, std::vector<int32_t>& out, bool add_special) const {
   int64_t bad = find_invalid_utf8(text);
   MPT_CHECK(bad < 0, str("text is not valid UTF-8 (byte offset ", bad, ")"), "decode the input as UTF-8 before tokenising");
   if (llama2_) {
-    out.push_back(bos_);
+    if (add_special) out.push_back(bos_);
     encode_plain(text, out);
     return;
   }
@@ -120,15 +120,18 @@ std::string SPTokenizer::decode(const int32_t* ids, size_t n) const {
 namespace {
 class SPEncoder : public TextEncoder {
  public:
-  explicit SPEncoder(const SPTokenizer& t) : t_(t) {}
+  SPEncoder(const SPTokenizer& t, bool add_special) : t_(t), add_special_(add_special) {}
   using TextEncoder::encode;
-  void encode(std::string_view text, std::vector<int32_t>& out) override { t_.encode(text, out); }
+  void encode(std::string_view text, std::vector<int32_t>& out) override { t_.encode(text, out, add_special_); }
 
  private:
   const SPTokenizer& t_;
+  bool add_special_;
 };
 }  // namespace
 
-std::unique_ptr<TextEncoder> SPTokenizer::make_encoder() const { return std::make_unique<SPEncoder>(*this); }
+std::unique_ptr<TextEncoder> SPTokenizer::make_encoder(bool add_special) const {
+  return std::make_unique<SPEncoder>(*this, add_special);
+}
 
 }  // namespace mpitron::data

@@ -33,7 +33,8 @@ class SPTokenizer : public TextTokenizer {
   ~SPTokenizer() override;
 
   std::string type() const override { return llama2_ ? "Llama2Tokenizer" : "SentencePieceTokenizer"; }
-  std::unique_ptr<TextEncoder> make_encoder() const override;
+  using TextTokenizer::make_encoder;
+  std::unique_ptr<TextEncoder> make_encoder(bool add_special) const override;
   using TextTokenizer::decode;
   using TextTokenizer::encode;
   std::string decode(const int32_t* ids, size_t n) const override;
@@ -44,7 +45,7 @@ class SPTokenizer : public TextTokenizer {
 
   // sp.encode(text) alone (no special-token cut, no BOS).
   void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
-  void encode(std::string_view text, std::vector<int32_t>& out) const;  // tokenize()
+  void encode(std::string_view text, std::vector<int32_t>& out, bool add_special = true) const;  // tokenize()
 
  private:
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;

@@ -14,7 +14,7 @@ class GPT2Adapter : public TextTokenizer {
  public:
   GPT2Adapter(const std::string& vocab, const std::string& merges) : tok_(vocab, merges) {}
   std::string type() const override { return "GPT2BPETokenizer"; }
-  std::unique_ptr<TextEncoder> make_encoder() const override { return std::make_unique<Enc>(tok_); }
+  std::unique_ptr<TextEncoder> make_encoder(bool) const override { return std::make_unique<Enc>(tok_); }
   std::string decode(const int32_t* ids, size_t n) const override { return tok_.decode(ids, n); }
   int64_t vocab_size() const override { return tok_.vocab_size(); }
   int32_t eod() const override { return tok_.eod(); }

@@ -38,7 +38,11 @@ class TextTokenizer {
  public:
   virtual ~TextTokenizer() = default;
   virtual std::string type() const = 0;  // Megatron's --tokenizer-type name
-  virtual std::unique_ptr<TextEncoder> make_encoder() const = 0;
+  std::unique_ptr<TextEncoder> make_encoder() const { return make_encoder(true); }
+  // add_special = false: without the BOS / template tokens the tokenizer adds around a
+  // text (HF add_special_tokens=False, Llama2Tokenizer without BOS); GPT-2 and
+  // SentencePieceTokenizer add none either way. For continuations such as LAMBADA targets.
+  virtual std::unique_ptr<TextEncoder> make_encoder(bool add_special) const = 0;
   std::vector<int32_t> encode(std::string_view text) const { return make_encoder()->encode(text); }
   // Bytes of the ids (special tokens as their text; no UTF-8 repair).
   virtual std::string decode(const int32_t* ids, size_t n) const = 0;
