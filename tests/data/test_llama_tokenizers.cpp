@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/timer.h"
 #include "data/hf_tokenizer.h"
 #include "data/sp_tokenizer.h"
 #include "data/text_tokenizer.h"
@@ -56,6 +57,50 @@ TEST_CASE("HuggingFaceTokenizer: ids equal HF tokenizers, with and without speci
   check_all("hf", *plain);
   auto special = tok.make_encoder();  // Megatron's tokenize(): add_special_tokens=True
   check_all("hf_special", *special);
+}
+
+TEST_CASE("HuggingFaceTokenizer: GPT-NeoX-style ByteLevel pre-tokenizer (GPT-2 regex, add_prefix_space), eos by name") {
+  HFTokenizer tok(source_path("tests/data/ref/neox_style/tokenizer.json"));
+  CHECK(tok.bos() == -1);                                  // no template, no tokenizer_config.json
+  CHECK(tok.eod() == tok.token_to_id("<|end_of_text|>"));  // found among the special added tokens
+  check_all("neox", *tok.make_encoder());
+}
+
+TEST_CASE("HuggingFaceTokenizer: merges as [left, right] pairs read the same as \"left right\" strings") {
+  TempDir dir("hfpairs");
+  auto j = nlohmann::json::parse(read_all(hf_file()));
+  for (auto& m : j["model"]["merges"]) {
+    std::string s = m.get<std::string>();
+    m = nlohmann::json::array({s.substr(0, s.find(' ', 1)), s.substr(s.find(' ', 1) + 1)});
+  }
+  write_all((dir.path / "tokenizer.json").string(), j.dump());
+  write_all((dir.path / "tokenizer_config.json").string(), read_all(source_path("tests/data/ref/llama3_style/tokenizer_config.json")));
+  HFTokenizer tok((dir.path / "tokenizer.json").string());
+  check_all("hf_special", *tok.make_encoder());
+}
+
+TEST_CASE("whole bundled files: id count and FNV-1a equal the references") {
+  HFTokenizer hf(hf_file()), neox(source_path("tests/data/ref/neox_style/tokenizer.json"));
+  SPTokenizer sp(sp_file(), false);
+  auto hf_enc = hf.make_encoder(false), neox_enc = neox.make_encoder(false);
+  for (const auto& f : ref()["files"]) {
+    const std::string text = read_all(source_path(f["path"].get<std::string>()));
+    CAPTURE(f["path"].get<std::string>());
+    std::vector<int32_t> sp_ids;
+    Timer t;
+    auto hf_ids = hf_enc->encode(text);
+    const double hf_s = t.seconds();
+    auto neox_ids = neox_enc->encode(text);
+    Timer t2;
+    sp.encode_plain(text, sp_ids);
+    const double sp_s = t2.seconds();
+    MESSAGE(f["path"].get<std::string>(), ": HF ", text.size() / hf_s / 1e6, " MB/s, SentencePiece ", text.size() / sp_s / 1e6, " MB/s");
+    for (auto [key, ids] : {std::pair<const char*, std::vector<int32_t>*>{"hf", &hf_ids}, {"neox", &neox_ids}, {"sp", &sp_ids}}) {
+      CAPTURE(key);
+      CHECK(static_cast<int64_t>(ids->size()) == f[key]["count"].get<int64_t>());
+      CHECK(std::to_string(fnv1a_ids(*ids)) == f[key]["fnv1a"].get<std::string>());
+    }
+  }
 }
 
 TEST_CASE("HuggingFaceTokenizer: decode gives back the text") {

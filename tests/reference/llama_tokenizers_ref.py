@@ -8,6 +8,7 @@ Writes:
   tests/data/ref/llama3_style/tokenizer.json  byte-level BPE, Llama-3 Split regex,
       special tokens <|begin_of_text|> <|end_of_text|>, TemplateProcessing adds BOS
   tests/data/ref/llama3_style/tokenizer_config.json  (bos/eos names, as AutoTokenizer reads them)
+  tests/data/ref/neox_style/tokenizer.json    the same BPE with a GPT-NeoX-style ByteLevel pre-tokenizer
   tests/data/ref/sp_bpe.model                 SentencePiece BPE (Llama-2 style options)
   tests/data/ref/llama_tokenizers_ref.json    {cases: [{name, text, hf, hf_special, sp, sp_megatron, sp_llama2}]}
 """
@@ -44,6 +45,28 @@ def train_hf(lines):
         single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
         special_tokens=[("<|begin_of_text|>", bos)])
     return tok
+
+
+def fnv1a_ids(ids):
+    """FNV-1a 64 over the ids as little-endian uint32 (tests/data/data_test_util.h)."""
+    h = 0xcbf29ce484222325
+    for i in ids:
+        for b in (i & 0xFFFFFFFF).to_bytes(4, "little"):
+            h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def neox_variant(path_in, path_out):
+    """Same vocab/merges, GPT-NeoX-style: ByteLevel(use_regex, add_prefix_space) pre-tokenizer,
+    ByteLevel post-processor, no tokenizer_config.json (eos found by name)."""
+    with open(path_in) as f:
+        j = json.load(f)
+    j["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    j["post_processor"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
+    j["model"]["ignore_merges"] = False
+    with open(path_out, "w") as f:
+        json.dump(j, f, ensure_ascii=False)
+    return Tokenizer.from_file(path_out)
 
 
 def megatron_sp_specials(sp):
@@ -112,18 +135,31 @@ def main():
     ]
     specials = megatron_sp_specials(sp)
     cases.append(("sp_special_in_text", "a<EOD>b</s> <s>c<MASK><CLS>d<SEP>e<PAD>"))
+    os.makedirs(f"{REF}/neox_style", exist_ok=True)
+    neox = neox_variant(f"{REF}/llama3_style/tokenizer.json", f"{REF}/neox_style/tokenizer.json")
+    # Whole bundled files, one string each: id count and FNV-1a of the ids.
+    files = []
+    for p in TEXTS + ["assets/text/wikitext-2.test.txt"]:
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
+        row = {"path": p}
+        for key, ids in [("hf", hf.encode(text, add_special_tokens=False).ids),
+                         ("neox", neox.encode(text, add_special_tokens=False).ids), ("sp", sp.encode(text))]:
+            row[key] = {"count": len(ids), "fnv1a": str(fnv1a_ids(ids))}
+        files.append(row)
     out = []
     for name, text in cases:
         out.append({"name": name, "text": text,
                     "hf": hf.encode(text, add_special_tokens=False).ids,
                     "hf_special": hf.encode(text, add_special_tokens=True).ids,
+                    "neox": neox.encode(text, add_special_tokens=True).ids,
                     "sp": sp.encode(text),
                     "sp_megatron": megatron_sp_tokenize(sp, specials, text),
                     "sp_llama2": [sp.bos_id()] + sp.encode(text)})
     with open(f"{REF}/llama_tokenizers_ref.json", "w") as f:
         json.dump({"hf_vocab_size": hf.get_vocab_size(), "sp_vocab_size": sp.get_piece_size(),
                    "sp_megatron_vocab_size": sp.get_piece_size() + sum(v >= sp.get_piece_size() for v in specials.values()),
-                   "sp_megatron_eod": specials["<EOD>"], "cases": out},
+                   "sp_megatron_eod": specials["<EOD>"], "files": files, "cases": out},
                   f, ensure_ascii=False, indent=0)
 
 
