@@ -10,8 +10,8 @@
 
 namespace mpitron::data {
 
-SPTokenizer::SPTokenizer(const std::string& path, bool llama2)
-    : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()), llama2_(llama2), file_(path) {
+SPTokenizer::SPTokenizer(const std::string& path, Mode mode)
+    : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()), mode_(mode), file_(path) {
   MPT_CHECK(std::ifstream(path).good(), str("cannot open tokenizer model '", path, "'"),
             "pass --tokenizer-model path/to/tokenizer.model");
   auto st = sp_->Load(path);
@@ -19,9 +19,10 @@ SPTokenizer::SPTokenizer(const std::string& path, bool llama2)
             "pass a SentencePiece tokenizer.model (for a tokenizer.json use --tokenizer-type HuggingFaceTokenizer)");
   sp_size_ = sp_->GetPieceSize();
   bos_ = sp_->bos_id();
-  if (llama2_) {
-    MPT_CHECK(bos_ >= 0 && sp_->eos_id() >= 0, str("tokenizer model '", path, "' has no bos/eos piece"),
-              "Llama2Tokenizer needs a model trained with bos_id and eos_id; use SentencePieceTokenizer");
+  if (mode_ != Mode::kSentencePiece) {
+    MPT_CHECK(sp_->eos_id() >= 0 && (mode_ == Mode::kGPT || bos_ >= 0),
+              str("tokenizer model '", path, "' has no ", mode_ == Mode::kGPT ? "eos" : "bos/eos", " piece"),
+              str(type(), " needs a model trained with bos_id and eos_id; use SentencePieceTokenizer"));
     eod_ = sp_->eos_id();
     return;
   }
@@ -69,8 +70,8 @@ void SPTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out)
 void SPTokenizer::encode(std::string_view text, std::vector<int32_t>& out, bool add_special) const {
   int64_t bad = find_invalid_utf8(text);
   MPT_CHECK(bad < 0, str("text is not valid UTF-8 (byte offset ", bad, ")"), "decode the input as UTF-8 before tokenising");
-  if (llama2_) {
-    if (add_special) out.push_back(bos_);
+  if (mode_ != Mode::kSentencePiece) {
+    if (add_special && mode_ == Mode::kLlama2) out.push_back(bos_);
     encode_plain(text, out);
     return;
   }

@@ -11,6 +11,8 @@
 // Llama2Tokenizer (Megatron's Llama2Tokenizer): tokenize() = [bos] + sp.encode(text)
 //   (special tokens in text are ordinary text), eod() = eos_id, vocab_size() = the
 //   model's piece count.
+// GPTSentencePieceTokenizer (Megatron's _GPTSentencePieceTokenizer): tokenize() =
+//   sp.encode(text), eod() = eos_id, vocab_size() = the model's piece count.
 // decode: sp.decode of the pieces, special added tokens as their text.
 #pragma once
 #include <memory>
@@ -28,11 +30,13 @@ namespace mpitron::data {
 
 class SPTokenizer : public TextTokenizer {
  public:
-  // llama2: Llama2Tokenizer semantics, else SentencePieceTokenizer's.
-  SPTokenizer(const std::string& model_file, bool llama2);
+  enum class Mode { kSentencePiece, kLlama2, kGPT };  // the three Megatron classes above
+  SPTokenizer(const std::string& model_file, Mode mode);
   ~SPTokenizer() override;
 
-  std::string type() const override { return llama2_ ? "Llama2Tokenizer" : "SentencePieceTokenizer"; }
+  std::string type() const override {
+    return mode_ == Mode::kLlama2 ? "Llama2Tokenizer" : mode_ == Mode::kGPT ? "GPTSentencePieceTokenizer" : "SentencePieceTokenizer";
+  }
   using TextTokenizer::make_encoder;
   std::unique_ptr<TextEncoder> make_encoder(bool add_special) const override;
   using TextTokenizer::decode;
@@ -49,7 +53,7 @@ class SPTokenizer : public TextTokenizer {
 
  private:
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
-  bool llama2_;
+  Mode mode_;
   int32_t sp_size_ = 0, bos_ = -1, eod_ = -1;
   std::vector<std::pair<std::string, int32_t>> special_;  // Megatron's _special_tokens, in order
   std::unordered_map<int32_t, std::string> added_text_;   // ids beyond the model → text

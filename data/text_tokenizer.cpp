@@ -44,7 +44,7 @@ std::unique_ptr<TextTokenizer> make_tokenizer(const TokenizerSpec& s) {
                                          s.merge_file.empty() ? Tokenizer::default_merges_file() : s.merge_file);
   }
   const bool hf = s.type == "HuggingFaceTokenizer";
-  const bool sp = s.type == "SentencePieceTokenizer" || s.type == "Llama2Tokenizer";
+  const bool sp = s.type == "SentencePieceTokenizer" || s.type == "Llama2Tokenizer" || s.type == "GPTSentencePieceTokenizer";
   MPT_CHECK(hf || sp, str("--tokenizer-type ", s.type, " is not built in mpitron"), str("use one of ", kTokenizerTypes));
   MPT_CHECK(!s.model.empty(), str("--tokenizer-type ", s.type, " needs --tokenizer-model"),
             hf ? "pass --tokenizer-model path/to/tokenizer.json" : "pass --tokenizer-model path/to/tokenizer.model");
@@ -52,7 +52,9 @@ std::unique_ptr<TextTokenizer> make_tokenizer(const TokenizerSpec& s) {
             str("--vocab-file / --merge-file are GPT2BPETokenizer's; ", s.type, " reads only --tokenizer-model"),
             "drop --vocab-file and --merge-file");
   if (hf) return std::make_unique<HFTokenizer>(s.model);
-  return std::make_unique<SPTokenizer>(s.model, s.type == "Llama2Tokenizer");
+  return std::make_unique<SPTokenizer>(s.model, s.type == "Llama2Tokenizer"      ? SPTokenizer::Mode::kLlama2
+                                                : s.type == "GPTSentencePieceTokenizer" ? SPTokenizer::Mode::kGPT
+                                                                                        : SPTokenizer::Mode::kSentencePiece);
 }
 
 }  // namespace mpitron::data

@@ -8,6 +8,7 @@
 //   SentencePieceTokenizer  --tokenizer-model tokenizer.model  (Llama 2, Mistral; Debian
 //                           libsentencepiece; data/sp_tokenizer.h)
 //   Llama2Tokenizer         same .model, but encode() prepends BOS (Megatron's Llama2Tokenizer)
+//   GPTSentencePieceTokenizer  same .model, plain sp.encode, eod = eos (Megatron's)
 // encode() follows Megatron's `tokenizer.tokenize(text)` for each type (see each header for
 // which special tokens it adds); eod() is Megatron's `tokenizer.eod`.
 //
@@ -65,6 +66,6 @@ std::unique_ptr<TextTokenizer> make_tokenizer(const TokenizerSpec& spec);
 
 // Types make_tokenizer accepts, for help texts and errors.
 constexpr const char* kTokenizerTypes =
-    "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, Llama2Tokenizer";
+    "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer";
 
 }  // namespace mpitron::data

@@ -81,7 +81,7 @@ TEST_CASE("HuggingFaceTokenizer: merges as [left, right] pairs read the same as 
 
 TEST_CASE("whole bundled files: id count and FNV-1a equal the references") {
   HFTokenizer hf(hf_file()), neox(source_path("tests/data/ref/neox_style/tokenizer.json"));
-  SPTokenizer sp(sp_file(), false);
+  SPTokenizer sp(sp_file(), SPTokenizer::Mode::kSentencePiece);
   auto hf_enc = hf.make_encoder(false), neox_enc = neox.make_encoder(false);
   for (const auto& f : ref()["files"]) {
     const std::string text = read_all(source_path(f["path"].get<std::string>()));
@@ -112,8 +112,9 @@ TEST_CASE("HuggingFaceTokenizer: decode gives back the text") {
   }
 }
 
-TEST_CASE("SentencePieceTokenizer / Llama2Tokenizer: ids equal sentencepiece and Megatron's semantics") {
-  SPTokenizer sp(sp_file(), false), llama(sp_file(), true);
+TEST_CASE("SentencePieceTokenizer / Llama2Tokenizer / GPTSentencePieceTokenizer: ids equal sentencepiece and Megatron's semantics") {
+  SPTokenizer sp(sp_file(), SPTokenizer::Mode::kSentencePiece), llama(sp_file(), SPTokenizer::Mode::kLlama2),
+      gpt(sp_file(), SPTokenizer::Mode::kGPT);
   CHECK(sp.vocab_size() == ref()["sp_megatron_vocab_size"].get<int64_t>());
   CHECK(sp.eod() == ref()["sp_megatron_eod"].get<int32_t>());
   CHECK(llama.vocab_size() == ref()["sp_vocab_size"].get<int64_t>());
@@ -128,6 +129,9 @@ TEST_CASE("SentencePieceTokenizer / Llama2Tokenizer: ids equal sentencepiece and
   }
   check_all("sp_megatron", *sp.make_encoder());
   check_all("sp_llama2", *llama.make_encoder());
+  check_all("sp", *gpt.make_encoder());  // GPTSentencePieceTokenizer: plain sp.encode
+  CHECK(gpt.eod() == 2);
+  CHECK(gpt.vocab_size() == ref()["sp_vocab_size"].get<int64_t>());
   auto ids = sp.encode("a<EOD>b");
   CHECK(sp.decode(ids) == "a<EOD>b");
 }

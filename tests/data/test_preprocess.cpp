@@ -132,9 +132,9 @@ TEST_CASE("preprocess_data: Megatron flags that are not built are refused clearl
   CHECK(out.find("--split-sentences is not built") != std::string::npos);
   out = run_pp(base + "--keep-newlines", &rc);
   CHECK(out.find("--keep-newlines is not built") != std::string::npos);
-  out = run_pp(base + "--tokenizer-type GPTSentencePieceTokenizer", &rc);
+  out = run_pp(base + "--tokenizer-type BertWordPieceLowerCase", &rc);
   CHECK(rc != 0);
-  CHECK(out.find("GPTSentencePieceTokenizer is not built") != std::string::npos);
+  CHECK(out.find("BertWordPieceLowerCase is not built") != std::string::npos);
   out = run_pp(base + "--on-error maybe", &rc);
   CHECK(rc != 0);
   out = run_pp(base + "--vocab-file /nonexistent/v.json", &rc);
