@@ -160,7 +160,7 @@ def main():
         json.dump({"hf_vocab_size": hf.get_vocab_size(), "sp_vocab_size": sp.get_piece_size(),
                    "sp_megatron_vocab_size": sp.get_piece_size() + sum(v >= sp.get_piece_size() for v in specials.values()),
                    "sp_megatron_eod": specials["<EOD>"], "files": files, "cases": out},
-                  f, ensure_ascii=False, indent=0)
+                  f, ensure_ascii=False, separators=(",", ":"))
 
 
 if __name__ == "__main__":
