@@ -21,6 +21,10 @@
 //    --strict-lambada: the target is the last whitespace-separated word, tokenised as
 //    " " + word, after the text before it (stripped) — a multi-token word must be
 //    predicted entirely.
+// Tokenizers (--tokenizer-type / --tokenizer-model, data/text_tokenizer.h): the text is
+// tokenised as Megatron's tokenizer.tokenize() does (HuggingFaceTokenizer / Llama2Tokenizer
+// put their BOS first); the WikiText rules undo WikiText's own tokenisation and are applied
+// whatever the tokenizer (as Megatron does); a strict-LAMBADA target is encoded without BOS.
 // Losses and argmaxes use the first vocab_size logits (padded vocabulary rows excluded).
 // Runs on one process; a checkpoint saved under any parallel layout loads here.
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -39,6 +43,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
 #include "model/inference_flags.h"
 #include "model/inference_load.h"
@@ -50,7 +55,7 @@ namespace po = boost::program_options;
 namespace {
 
 struct Args {
-  std::string task, valid_data, load, vocab_file, merge_file, results_json;
+  std::string task, valid_data, load, vocab_file, merge_file, results_json, tokenizer_type = "GPT2BPETokenizer", tokenizer_model;
   int64_t seq_length = 0, overlapping_eval = 32, micro_batch_size = 1;
   bool strict_lambada = false;
   InferenceFlags inf;  // the pretraining GPT_ARGS a Megatron evaluation script passes too
@@ -69,6 +74,8 @@ bool parse(int argc, char** argv, Args& a) {
       ("micro-batch-size", po::value(&a.micro_batch_size), "WikiText: full windows per forward (default 1)")
       ("vocab-file", po::value(&a.vocab_file), "GPT-2 vocab (default: bundled assets/gpt2)")
       ("merge-file", po::value(&a.merge_file), "GPT-2 merges (default: bundled assets/gpt2)")
+      ("tokenizer-type", po::value(&a.tokenizer_type)->default_value("GPT2BPETokenizer"), data::kTokenizerTypes)
+      ("tokenizer-model", po::value(&a.tokenizer_model), "tokenizer.json (HuggingFaceTokenizer) or tokenizer.model")
       ("results-json", po::value(&a.results_json), "also write the results as JSON to this file")
       ("tensor-model-parallel-size", po::value(&tp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)")
       ("pipeline-model-parallel-size", po::value(&pp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)");
@@ -212,7 +219,7 @@ std::vector<float> token_losses(GPT& model, const std::vector<int64_t>& in, cons
   return losses.to_floats();
 }
 
-nlohmann::json eval_wikitext(GPT& model, const data::Tokenizer& tok, const Args& a, int64_t seq, int64_t overlap) {
+nlohmann::json eval_wikitext(GPT& model, const data::TextTokenizer& tok, const Args& a, int64_t seq, int64_t overlap) {
   const std::string raw = read_file(a.valid_data);
   // Megatron: len(entire_data.strip().split(" ")) on the raw text.
   const std::string stripped = py_strip(raw);
@@ -279,10 +286,11 @@ nlohmann::json eval_wikitext(GPT& model, const data::Tokenizer& tok, const Args&
   return r;
 }
 
-nlohmann::json eval_lambada(GPT& model, const data::Tokenizer& tok, const Args& a, int64_t seq) {
+nlohmann::json eval_lambada(GPT& model, const data::TextTokenizer& tok, const Args& a, int64_t seq) {
   std::ifstream f(a.valid_data);
   MPT_CHECK(f.good(), str("cannot open ", a.valid_data), "check --valid-data");
   auto enc = tok.make_encoder();
+  auto plain = tok.make_encoder(false);  // the target word: no BOS before it (HF / Llama2Tokenizer)
   const int64_t V = model.config().vocab_size;
   nlohmann::json examples = nlohmann::json::array();
   int64_t correct = 0, n = 0, lineno = 0, truncated = 0;
@@ -302,7 +310,7 @@ nlohmann::json eval_lambada(GPT& model, const data::Tokenizer& tok, const Args& 
       const std::string last = py_last_word(text);
       MPT_CHECK(!last.empty(), str(a.valid_data, ":", lineno, ": empty text"), "");
       ctx = enc->encode(py_strip(text.substr(0, text.rfind(last))));
-      target = enc->encode(" " + last);
+      target = plain->encode(" " + last);
     } else {
       ctx = enc->encode(text);
       MPT_CHECK(ctx.size() >= 2, str(a.valid_data, ":", lineno, ": fewer than 2 tokens"), "");
@@ -366,15 +374,14 @@ int main(int argc, char** argv) {
               "run it without mpirun (or with -np 1)");
     Args a;
     if (parse(argc, argv, a)) {
-      if (a.vocab_file.empty()) a.vocab_file = data::Tokenizer::default_vocab_file();
-      if (a.merge_file.empty()) a.merge_file = data::Tokenizer::default_merges_file();
-      data::Tokenizer tok(a.vocab_file, a.merge_file);
+      const auto tok_ptr = data::make_tokenizer({a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file});
+      const data::TextTokenizer& tok = *tok_ptr;
       const Device dev = cuda_available() ? Device::cuda(0) : Device::cpu();
       InferenceModel m = load_model_for_inference(a.load, dev, a.inf.dtype());
       const GPTConfig& c = m.model->config();
       MPT_CHECK(c.vocab_size == tok.vocab_size(),
                 str("the checkpoint's vocab_size ", c.vocab_size, " differs from the tokenizer's ", tok.vocab_size()),
-                "pass the --vocab-file/--merge-file the model was trained with");
+                "pass the tokenizer flags the model was trained with (--tokenizer-type, --tokenizer-model or --vocab-file/--merge-file)");
       log_info("loaded ", m.dir, " (", c.num_layers, " layers, hidden ", c.hidden_size, ") on ", dev.name());
       const int64_t seq = a.seq_length > 0 ? a.seq_length : c.seq_length;
       MPT_CHECK(seq <= c.max_position_embeddings,

@@ -20,7 +20,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "data/tokenizer.h"
+#include "data/text_tokenizer.h"
 #include "model/generate.h"
 #include "model/inference_flags.h"
 #include "model/inference_load.h"
@@ -31,7 +31,7 @@ namespace po = boost::program_options;
 namespace {
 
 struct Args {
-  std::string load, sample_input_file, genfile, vocab_file, merge_file;
+  std::string load, sample_input_file, genfile, vocab_file, merge_file, tokenizer_type = "GPT2BPETokenizer", tokenizer_model;
   int64_t num_samples = 0, out_seq_length = 64, micro_batch_size = 8;
   bool interactive = false;
   SamplingParams sampling;
@@ -57,6 +57,8 @@ bool parse(int argc, char** argv, Args& a) {
       ("genfile", po::value(&a.genfile), "write the samples as JSON lines here (default: stdout)")
       ("vocab-file", po::value(&a.vocab_file), "GPT-2 vocab (default: bundled assets/gpt2)")
       ("merge-file", po::value(&a.merge_file), "GPT-2 merges (default: bundled assets/gpt2)")
+      ("tokenizer-type", po::value(&a.tokenizer_type)->default_value("GPT2BPETokenizer"), data::kTokenizerTypes)
+      ("tokenizer-model", po::value(&a.tokenizer_model), "tokenizer.json (HuggingFaceTokenizer) or tokenizer.model")
       ("tensor-model-parallel-size", po::value(&tp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)")
       ("pipeline-model-parallel-size", po::value(&pp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)");
   add_inference_flags(d, a.inf, /*with_seq_length=*/true);
@@ -82,7 +84,7 @@ bool parse(int argc, char** argv, Args& a) {
 
 class Generator {
  public:
-  Generator(const Args& a, GPT& model, const data::Tokenizer& tok, std::ostream& out)
+  Generator(const Args& a, GPT& model, const data::TextTokenizer& tok, std::ostream& out)
       : a_(a), model_(model), tok_(tok), enc_(tok.make_encoder()), out_(out) {}
 
   // Generates for prompts (strings) and writes one JSON line each.
@@ -118,21 +120,21 @@ class Generator {
  private:
   const Args& a_;
   GPT& model_;
-  const data::Tokenizer& tok_;
-  std::unique_ptr<data::Encoder> enc_;
+  const data::TextTokenizer& tok_;
+  std::unique_ptr<data::TextEncoder> enc_;
   std::ostream& out_;
   uint64_t batches_ = 0;
   int64_t prompts_seen_ = 0;
 };
 
 void run(const Args& a) {
-  data::Tokenizer tok(a.vocab_file.empty() ? data::Tokenizer::default_vocab_file() : a.vocab_file,
-                      a.merge_file.empty() ? data::Tokenizer::default_merges_file() : a.merge_file);
+  const auto tok_ptr = data::make_tokenizer({a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file});
+  const data::TextTokenizer& tok = *tok_ptr;
   const Device dev = cuda_available() ? Device::cuda(0) : Device::cpu();
   InferenceModel m = load_model_for_inference(a.load, dev, a.inf.dtype());
   MPT_CHECK(m.model->config().vocab_size == tok.vocab_size(),
             str("the checkpoint's vocab_size ", m.model->config().vocab_size, " differs from the tokenizer's ",
-                tok.vocab_size()), "pass the --vocab-file/--merge-file the model was trained with");
+                tok.vocab_size()), "pass the tokenizer flags the model was trained with (--tokenizer-type, --tokenizer-model or --vocab-file/--merge-file)");
   std::fprintf(stderr, "loaded %s on %s\n", m.dir.c_str(), dev.name().c_str());  // stdout may carry the samples
   std::ofstream file;
   if (!a.genfile.empty()) {

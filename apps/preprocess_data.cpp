@@ -3,6 +3,9 @@
 //   preprocess_data --input corpus.jsonl --output-prefix out/corpus
 //       --json-keys text --append-eod --workers 4
 //       --tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt
+//   or  --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json (text encoded as
+//       AutoTokenizer(text).input_ids, i.e. with its BOS; --append-eod appends eos_token), or
+//       --tokenizer-type SentencePieceTokenizer | Llama2Tokenizer --tokenizer-model tokenizer.model
 // writes out/corpus_text_document.{bin,idx} (one per --json-keys key).
 //
 // The input is read in chunks of whole lines (memory stays bounded whatever
@@ -25,6 +28,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "data/indexed_dataset.h"
+#include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
 
 namespace po = boost::program_options;
@@ -34,7 +38,7 @@ using namespace mpitron::data;
 namespace {
 
 struct Options {
-  std::string input, output_prefix, tokenizer_type = "GPT2BPETokenizer", vocab_file, merge_file, on_error = "fail";
+  std::string input, output_prefix, tokenizer_type = "GPT2BPETokenizer", tokenizer_model, vocab_file, merge_file, on_error = "fail";
   std::vector<std::string> json_keys{"text"};
   bool append_eod = false;
   int workers = 1;
@@ -61,7 +65,7 @@ bool is_blank(std::string_view s) {
 }
 
 void process_slice(const std::vector<std::string_view>& lines, size_t begin, size_t end, int64_t first_line_no,
-                   const Options& opt, const Tokenizer& tok, Encoder& enc, SliceResult& out) {
+                   const Options& opt, const TextTokenizer& tok, TextEncoder& enc, SliceResult& out) {
   out = SliceResult();
   out.keys.resize(opt.json_keys.size());
   std::vector<size_t> mark(opt.json_keys.size());
@@ -157,8 +161,10 @@ int run(const Options& opt) {
               str("--input '", opt.input, "' is a directory"),
               "give one JSON-lines file (run once per file, then merge_datasets to join the outputs)");
   }
-  Tokenizer tok(opt.vocab_file, opt.merge_file);
-  std::vector<std::unique_ptr<Encoder>> encoders;
+  const auto tok_ptr = make_tokenizer({opt.tokenizer_type, opt.tokenizer_model, opt.vocab_file, opt.merge_file});
+  const TextTokenizer& tok = *tok_ptr;
+  if (opt.append_eod) tok.eod();  // a tokenizer without one fails here, naming its file
+  std::vector<std::unique_ptr<TextEncoder>> encoders;
   for (int w = 0; w < opt.workers; ++w) encoders.push_back(tok.make_encoder());
 
   std::ifstream in(opt.input, std::ios::binary);
@@ -293,18 +299,20 @@ int run(const Options& opt) {
 
 int main(int argc, char** argv) {
   Options opt;
-  po::options_description desc("preprocess_data: JSON lines → Megatron .bin/.idx (GPT-2 BPE)");
+  po::options_description desc("preprocess_data: JSON lines → Megatron .bin/.idx");
   // clang-format off
   desc.add_options()
     ("help,h", "show this help")
     ("input", po::value(&opt.input)->required(), "input file, one JSON object per line")
     ("output-prefix", po::value(&opt.output_prefix)->required(), "writes <prefix>_<key>_document.{bin,idx}")
     ("json-keys", po::value(&opt.json_keys)->multitoken(), "keys to extract (default: text)")
-    ("append-eod", po::bool_switch(&opt.append_eod), "append <|endoftext|> to every non-empty document")
+    ("append-eod", po::bool_switch(&opt.append_eod), "append the tokenizer's eod (GPT-2: <|endoftext|>; HF: eos_token) to every non-empty document")
     ("workers", po::value(&opt.workers)->default_value(1), "tokeniser threads")
-    ("tokenizer-type", po::value(&opt.tokenizer_type)->default_value("GPT2BPETokenizer"), "only GPT2BPETokenizer")
-    ("vocab-file", po::value(&opt.vocab_file)->default_value(Tokenizer::default_vocab_file()), "gpt2-vocab.json")
-    ("merge-file", po::value(&opt.merge_file)->default_value(Tokenizer::default_merges_file()), "gpt2-merges.txt")
+    ("tokenizer-type", po::value(&opt.tokenizer_type)->default_value("GPT2BPETokenizer"), kTokenizerTypes)
+    ("tokenizer-model", po::value(&opt.tokenizer_model),
+     "HuggingFaceTokenizer: tokenizer.json; SentencePieceTokenizer / Llama2Tokenizer: tokenizer.model")
+    ("vocab-file", po::value(&opt.vocab_file), "GPT2BPETokenizer: gpt2-vocab.json (default: assets/gpt2)")
+    ("merge-file", po::value(&opt.merge_file), "GPT2BPETokenizer: gpt2-merges.txt (default: assets/gpt2)")
     ("log-interval", po::value(&opt.log_interval)->default_value(100000), "progress line every N documents")
     ("on-error", po::value(&opt.on_error)->default_value("fail"),
      "bad JSON / missing key / invalid UTF-8 line: 'fail' (stop, naming the line) or 'skip' (skip and count)")
@@ -317,7 +325,6 @@ int main(int argc, char** argv) {
     ("split-sentences", po::bool_switch(), "not built")
     ("keep-newlines", po::bool_switch(), "not built")
     ("lang", po::value<std::string>(), "not built")
-    ("tokenizer-model", po::value<std::string>(), "not built")
     ("vocab-size", po::value<int64_t>(), "not built")
     ("vocab-extra-ids", po::value<int64_t>(), "not built");
   // clang-format on
@@ -332,18 +339,15 @@ int main(int argc, char** argv) {
       if (vm[flag].as<bool>())
         MPT_THROW(str("--", flag, " is not built in mpitron (it needs NLTK sentence splitting)"),
                   "preprocess without it: each JSON document becomes one sequence");
-    for (const char* flag : {"lang", "tokenizer-model", "vocab-size", "vocab-extra-ids"})
+    for (const char* flag : {"lang", "vocab-size", "vocab-extra-ids"})
       if (vm.count(flag))
-        MPT_THROW(str("--", flag, " is not built in mpitron (only GPT2BPETokenizer is)"), "drop the flag");
+        MPT_THROW(str("--", flag, " is not built in mpitron"), "drop the flag");
     if (vm["partitions"].as<int>() != 1)
       MPT_THROW("--partitions > 1 is not built in mpitron", "use --workers for parallelism; the output is one file");
     if (vm["dataset-impl"].as<std::string>() != "mmap")
       MPT_THROW(str("--dataset-impl ", vm["dataset-impl"].as<std::string>(), " is not built in mpitron"),
                 "only the mmap format (MMIDIDX) is written");
     po::notify(vm);
-    if (opt.tokenizer_type != "GPT2BPETokenizer")
-      MPT_THROW(str("--tokenizer-type ", opt.tokenizer_type, " is not built in mpitron"),
-                "use --tokenizer-type GPT2BPETokenizer with --vocab-file and --merge-file");
     return run(opt);
   } catch (const po::error& e) {
     std::cerr << "preprocess_data: " << e.what() << "\n(see --help)\n";

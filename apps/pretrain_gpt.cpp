@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
 #include "model/arguments.h"
 #include "model/gpt_data.h"
@@ -40,9 +41,8 @@ int main(int argc, char** argv) {
       if (world > 1)
         log_info(runtime.describe(), args.sequence_parallel ? ", sequence parallel" : "",
                  args.zero_stage ? str(", ZeRO stage ", args.zero_stage) : "");
-      if (args.vocab_file.empty()) args.vocab_file = data::Tokenizer::default_vocab_file();
-      if (args.merge_file.empty()) args.merge_file = data::Tokenizer::default_merges_file();
-      data::Tokenizer tok(args.vocab_file, args.merge_file);
+      const auto tok_ptr = data::make_tokenizer({args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file});
+      const data::TextTokenizer& tok = *tok_ptr;
       args.model.vocab_size = tok.vocab_size();
       args.model.padded_vocab_size = data::padded_vocab_size(tok.vocab_size(), static_cast<int>(args.tensor_model_parallel_size),
                                                              static_cast<int>(args.make_vocab_size_divisible_by));

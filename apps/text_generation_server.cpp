@@ -43,6 +43,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
 #include "model/inference_flags.h"
@@ -177,7 +178,7 @@ void send_response(int fd, const Response& r) {
 
 class Api {
  public:
-  Api(GPT& model, const data::Tokenizer& tok, uint64_t seed)
+  Api(GPT& model, const data::TextTokenizer& tok, uint64_t seed)
       : model_(model), tok_(tok), enc_(tok.make_encoder()), seed_(seed) {}
 
   Response handle(const Request& req) {
@@ -287,8 +288,8 @@ class Api {
     for (size_t i = 0; i < prompts.size(); ++i) {
       text.push_back(prompts[i] + tok_.decode(g.generated[i]));
       nlohmann::json seg = nlohmann::json::array();
-      for (int32_t t : ids[i]) seg.push_back(std::string(tok_.token_bytes(t)));
-      for (int32_t t : g.generated[i]) seg.push_back(std::string(tok_.token_bytes(t)));
+      for (int32_t t : ids[i]) seg.push_back(tok_.decode(&t, 1));
+      for (int32_t t : g.generated[i]) seg.push_back(tok_.decode(&t, 1));
       segments.push_back(seg);
       lps.push_back(g.logprobs[i]);
     }
@@ -298,13 +299,13 @@ class Api {
   }
 
   GPT& model_;
-  const data::Tokenizer& tok_;
-  std::unique_ptr<data::Encoder> enc_;
+  const data::TextTokenizer& tok_;
+  std::unique_ptr<data::TextEncoder> enc_;
   uint64_t seed_;
 };
 
 int run(int argc, char** argv) {
-  std::string load, host = "127.0.0.1", vocab_file, merge_file;
+  std::string load, host = "127.0.0.1", vocab_file, merge_file, tokenizer_type = "GPT2BPETokenizer", tokenizer_model;
   int port = 5000;
   int64_t max_requests = 0, tp = 1, pp = 1;
   uint64_t seed = 1234;
@@ -317,6 +318,8 @@ int run(int argc, char** argv) {
       ("max-requests", po::value(&max_requests), "exit after this many requests (default 0: serve until SIGTERM)")
       ("vocab-file", po::value(&vocab_file), "GPT-2 vocab (default: bundled assets/gpt2)")
       ("merge-file", po::value(&merge_file), "GPT-2 merges (default: bundled assets/gpt2)")
+      ("tokenizer-type", po::value(&tokenizer_type)->default_value("GPT2BPETokenizer"), data::kTokenizerTypes)
+      ("tokenizer-model", po::value(&tokenizer_model), "tokenizer.json (HuggingFaceTokenizer) or tokenizer.model")
       ("tensor-model-parallel-size", po::value(&tp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)")
       ("pipeline-model-parallel-size", po::value(&pp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)")
       ("micro-batch-size", po::value<int64_t>(), "accepted from Megatron's server script: requests are decoded one at a time");
@@ -331,12 +334,12 @@ int run(int argc, char** argv) {
   MPT_CHECK(tp == 1 && pp == 1, "text_generation_server runs on one process: parallel sizes must be 1", "");
   MPT_CHECK(port >= 0 && port <= 65535, str("--port ", port, " is not a TCP port"), "");
   MPT_CHECK(max_requests >= 0, str("--max-requests must be >= 0 (0: serve until SIGTERM), got ", max_requests), "");
-  data::Tokenizer tok(vocab_file.empty() ? data::Tokenizer::default_vocab_file() : vocab_file,
-                      merge_file.empty() ? data::Tokenizer::default_merges_file() : merge_file);
+  const auto tok_ptr = data::make_tokenizer({tokenizer_type, tokenizer_model, vocab_file, merge_file});
+  const data::TextTokenizer& tok = *tok_ptr;
   const Device dev = cuda_available() ? Device::cuda(0) : Device::cpu();
   InferenceModel m = load_model_for_inference(load, dev, inf.dtype());
   MPT_CHECK(m.model->config().vocab_size == tok.vocab_size(), "the checkpoint's vocabulary differs from the tokenizer's",
-            "pass the --vocab-file/--merge-file the model was trained with");
+            "pass the tokenizer flags the model was trained with (--tokenizer-type, --tokenizer-model or --vocab-file/--merge-file)");
   Api api(*m.model, tok, seed);
 
   const int srv = socket(AF_INET, SOCK_STREAM, 0);

@@ -95,7 +95,9 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("split", po::value(&a.split)->default_value("969, 30, 1"), "train, valid, test weights")
       ("vocab-file", po::value(&a.vocab_file), "GPT-2 vocab json (default: bundled)")
       ("merge-file", po::value(&a.merge_file), "GPT-2 merges (default: bundled)")
-      ("tokenizer-type", po::value(&a.tokenizer_type)->default_value("GPT2BPETokenizer"), "GPT2BPETokenizer");
+      ("tokenizer-type", po::value(&a.tokenizer_type)->default_value("GPT2BPETokenizer"),
+       "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer")
+      ("tokenizer-model", po::value(&a.tokenizer_model), "tokenizer.json (HuggingFaceTokenizer) or tokenizer.model");
   log.add_options()
       ("log-interval", po::value(&a.log_interval)->default_value(100), "iterations between log lines")
       ("eval-interval", po::value(&a.eval_interval)->default_value(1000), "iterations between evaluations")
@@ -397,8 +399,11 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(!(a.fp16 && a.bf16), "--fp16 and --bf16 were both given", "pick one");
   need(!vm.count("loss-scale") || a.fp16, "--loss-scale only applies with --fp16", "add --fp16 or drop --loss-scale");
   m.compute_dtype = a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32;
-  need(a.tokenizer_type == "GPT2BPETokenizer",
-       str("--tokenizer-type ", a.tokenizer_type, " is not supported"), "use GPT2BPETokenizer");
+  need(a.tokenizer_type == "GPT2BPETokenizer" || a.tokenizer_type == "HuggingFaceTokenizer" ||
+           a.tokenizer_type == "SentencePieceTokenizer" || a.tokenizer_type == "Llama2Tokenizer" ||
+           a.tokenizer_type == "GPTSentencePieceTokenizer",
+       str("--tokenizer-type ", a.tokenizer_type, " is not supported"),
+       "use GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, Llama2Tokenizer or GPTSentencePieceTokenizer");
   const int64_t tp = a.tensor_model_parallel_size, pp = a.pipeline_model_parallel_size;
   need(tp >= 1 && pp >= 1, str("--tensor-model-parallel-size (", tp, ") and --pipeline-model-parallel-size (", pp,
                                ") must be >= 1"));

@@ -57,6 +57,7 @@ struct TrainArgs {
   std::string split = "969, 30, 1";        // --split
   std::string vocab_file, merge_file;      // --vocab-file / --merge-file (default: bundled GPT-2)
   std::string tokenizer_type = "GPT2BPETokenizer";
+  std::string tokenizer_model;             // --tokenizer-model (HF tokenizer.json / SentencePiece .model)
   int64_t make_vocab_size_divisible_by = 128;
   uint64_t seed = 1234;                    // --seed
   // logging, evaluation, exit

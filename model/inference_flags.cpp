@@ -42,8 +42,7 @@ void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool 
       ("max-position-embeddings", po::value(&m.max_position_embeddings), "position table rows")
       ("layernorm-epsilon", po::value(&m.layernorm_epsilon), "layernorm epsilon")
       ("fp16", po::bool_switch(&f.fp16), "run the model in fp16 (weights rounded from the f32 checkpoint)")
-      ("bf16", po::bool_switch(&f.bf16), "run the model in bf16")
-      ("tokenizer-type", po::value(&f.tokenizer_type), "GPT2BPETokenizer");
+      ("bf16", po::bool_switch(&f.bf16), "run the model in bf16");
   if (with_seq_length) g.add_options()("seq-length", po::value(&m.seq_length), "tokens per sample in training");
   for (const Ignored& i : kIgnored) {
     if (i.takes_value) g.add_options()(i.name, po::value<std::string>(), i.why);
@@ -55,8 +54,6 @@ void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool 
 
 void check_inference_flags(const po::variables_map& vm, InferenceFlags& f) {
   MPT_CHECK(!(f.fp16 && f.bf16), "--fp16 and --bf16 were both given", "pick one");
-  MPT_CHECK(f.tokenizer_type == "GPT2BPETokenizer", str("--tokenizer-type ", f.tokenizer_type, " is not supported"),
-            "use GPT2BPETokenizer");
   for (const Ignored& i : kIgnored) {
     if (!vm.count(i.name)) continue;
     if (!i.takes_value && !vm[i.name].as<bool>()) continue;

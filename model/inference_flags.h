@@ -2,7 +2,7 @@
 // to generate_text, evaluate and text_generation_server beside their own flags:
 // the same GPT_ARGS as pretraining. The model shape is checked against the
 // checkpoint (an error names each flag that disagrees), --fp16/--bf16 choose the
-// compute dtype of the loaded model, --tokenizer-type must be GPT2BPETokenizer,
+// compute dtype of the loaded model (the tools take --tokenizer-type themselves),
 // and flags that mean nothing for inference are accepted with one start-up note
 // each (as are Megatron's performance switches, model/megatron_compat.h).
 #pragma once
@@ -18,7 +18,6 @@ namespace mpitron {
 struct InferenceFlags {
   GPTConfig shape;                                // the model-shape flags, where given
   bool fp16 = false, bf16 = false;                // --fp16 / --bf16
-  std::string tokenizer_type = "GPT2BPETokenizer";
   std::vector<std::string> notes;                 // one start-up line per accepted no-op flag
   bool with_seq_length = true;                    // --seq-length is the training length (not evaluate's window)
   DType dtype() const { return bf16 ? DType::BF16 : fp16 ? DType::F16 : DType::F32; }

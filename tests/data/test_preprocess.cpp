@@ -132,9 +132,9 @@ TEST_CASE("preprocess_data: Megatron flags that are not built are refused clearl
   CHECK(out.find("--split-sentences is not built") != std::string::npos);
   out = run_pp(base + "--keep-newlines", &rc);
   CHECK(out.find("--keep-newlines is not built") != std::string::npos);
-  out = run_pp(base + "--tokenizer-type GPTSentencePieceTokenizer", &rc);
+  out = run_pp(base + "--tokenizer-type BertWordPieceLowerCase", &rc);
   CHECK(rc != 0);
-  CHECK(out.find("GPTSentencePieceTokenizer is not built") != std::string::npos);
+  CHECK(out.find("BertWordPieceLowerCase is not built") != std::string::npos);
   out = run_pp(base + "--on-error maybe", &rc);
   CHECK(rc != 0);
   out = run_pp(base + "--vocab-file /nonexistent/v.json", &rc);
@@ -174,4 +174,53 @@ TEST_CASE("merge_datasets: directory or prefixes; dtypes must match") {
   CHECK(rc != 0);
   CHECK_MESSAGE(out.find("int32") != std::string::npos, out);
   CHECK_FALSE(std::filesystem::exists(dir / "m3.bin"));
+}
+
+// Ids from HF `tokenizers` / `sentencepiece` (tests/reference/llama_tokenizers_ref.py) for
+// the bundled texts' first 4 KB and the edge cases, each case one document.
+TEST_CASE("preprocess_data: HuggingFaceTokenizer and SentencePieceTokenizer documents equal the reference ids") {
+  TempDir dir("pptok");
+  auto ref = nlohmann::json::parse(read_all(source_path("tests/data/ref/llama_tokenizers_ref.json")));
+  std::string jsonl;
+  for (const auto& c : ref["cases"]) jsonl += nlohmann::json({{"text", c["text"]}}).dump() + "\n";
+  write_all(dir / "in.jsonl", jsonl);
+  struct Run {
+    const char* type;
+    std::string model;
+    const char* key;  // reference ids: Megatron's tokenize()
+    int32_t eod;
+  };
+  for (const Run& r : {Run{"HuggingFaceTokenizer", source_path("tests/data/ref/llama3_style/tokenizer.json"), "hf_special", 1},
+                       Run{"SentencePieceTokenizer", source_path("tests/data/ref/sp_bpe.model"), "sp_megatron",
+                           ref["sp_megatron_eod"].get<int32_t>()}}) {
+    CAPTURE(r.type);
+    int rc = 0;
+    std::string out = run_pp(str("--input ", dir / "in.jsonl", " --output-prefix ", dir / r.type, " --tokenizer-type ",
+                                 r.type, " --tokenizer-model ", r.model, " --append-eod --workers 2"), &rc);
+    REQUIRE_MESSAGE(rc == 0, out);
+    IndexedDataset ds(dir / str(r.type, "_text_document"));
+    REQUIRE(ds.document_count() == static_cast<int64_t>(ref["cases"].size()));
+    int64_t seq = 0;
+    for (size_t d = 0; d < ref["cases"].size(); ++d) {
+      CAPTURE(ref["cases"][d]["name"].get<std::string>());
+      auto expect = ref["cases"][d][r.key].get<std::vector<int32_t>>();
+      const int64_t nseq = ds.document_indices()[d + 1] - ds.document_indices()[d];
+      if (expect.empty()) {
+        CHECK(nseq == 0);
+        continue;
+      }
+      expect.push_back(r.eod);
+      REQUIRE(nseq == 1);
+      std::vector<int32_t> got;
+      ds.get(seq++).append_to(got);
+      CHECK(got == expect);
+    }
+  }
+  int rc = 0;
+  std::string out = run_pp(str("--input ", dir / "in.jsonl", " --output-prefix ", dir / "x --tokenizer-type HuggingFaceTokenizer"), &rc);
+  CHECK(rc != 0);
+  CHECK(out.find("needs --tokenizer-model") != std::string::npos);
+  out = run_pp(str("--input ", dir / "in.jsonl", " --output-prefix ", dir / "x --tokenizer-model ", dir / "in.jsonl"), &rc);
+  CHECK(rc != 0);
+  CHECK(out.find("--tokenizer-model is not used by GPT2BPETokenizer") != std::string::npos);
 }

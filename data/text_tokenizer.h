@@ -1,0 +1,71 @@
+// data/text_tokenizer.h — the tokenizer interface the apps use, and its factory.
+//
+// Three implementations, chosen by Megatron's flags:
+//   GPT2BPETokenizer        --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt
+//                           (data/tokenizer.h, unchanged GPT-2 behaviour)
+//   HuggingFaceTokenizer    --tokenizer-model tokenizer.json   (byte-level BPE: Llama 3,
+//                           Qwen without NFC, GPT-NeoX; data/hf_tokenizer.h)
+//   SentencePieceTokenizer  --tokenizer-model tokenizer.model  (Llama 2, Mistral; Debian
+//                           libsentencepiece; data/sp_tokenizer.h)
+//   Llama2Tokenizer         same .model, but encode() prepends BOS (Megatron's Llama2Tokenizer)
+//   GPTSentencePieceTokenizer  same .model, plain sp.encode, eod = eos (Megatron's)
+// encode() follows Megatron's `tokenizer.tokenize(text)` for each type (see each header for
+// which special tokens it adds); eod() is Megatron's `tokenizer.eod`.
+//
+// Threading: a TextTokenizer is immutable and shared; a TextEncoder holds per-thread
+// scratch, so use one per thread.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mpitron::data {
+
+class TextEncoder {
+ public:
+  virtual ~TextEncoder() = default;
+  // Appends the ids of `text` to `out` (Megatron's tokenize()).
+  virtual void encode(std::string_view text, std::vector<int32_t>& out) = 0;
+  std::vector<int32_t> encode(std::string_view text) {
+    std::vector<int32_t> out;
+    encode(text, out);
+    return out;
+  }
+};
+
+class TextTokenizer {
+ public:
+  virtual ~TextTokenizer() = default;
+  virtual std::string type() const = 0;  // Megatron's --tokenizer-type name
+  std::unique_ptr<TextEncoder> make_encoder() const { return make_encoder(true); }
+  // add_special = false: without the BOS / template tokens the tokenizer adds around a
+  // text (HF add_special_tokens=False, Llama2Tokenizer without BOS); GPT-2 and
+  // SentencePieceTokenizer add none either way. For continuations such as LAMBADA targets.
+  virtual std::unique_ptr<TextEncoder> make_encoder(bool add_special) const = 0;
+  std::vector<int32_t> encode(std::string_view text) const { return make_encoder()->encode(text); }
+  // Bytes of the ids (special tokens as their text; no UTF-8 repair).
+  virtual std::string decode(const int32_t* ids, size_t n) const = 0;
+  std::string decode(const std::vector<int32_t>& ids) const { return decode(ids.data(), ids.size()); }
+  virtual int64_t vocab_size() const = 0;  // incl. added tokens (len(tokenizer) in HF)
+  virtual int32_t eod() const = 0;         // end of document (Megatron's tokenizer.eod)
+  virtual int32_t bos() const { return -1; }  // -1 when the tokenizer has none
+  virtual int32_t token_to_id(std::string_view token) const = 0;  // -1 when absent
+};
+
+struct TokenizerSpec {
+  std::string type = "GPT2BPETokenizer";
+  std::string model;       // --tokenizer-model
+  std::string vocab_file;  // --vocab-file  (GPT-2; defaults to assets/gpt2)
+  std::string merge_file;  // --merge-file
+};
+
+// Throws naming the flag when the type is unknown or a needed file is not given.
+std::unique_ptr<TextTokenizer> make_tokenizer(const TokenizerSpec& spec);
+
+// Types make_tokenizer accepts, for help texts and errors.
+constexpr const char* kTokenizerTypes =
+    "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer";
+
+}  // namespace mpitron::data
