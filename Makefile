@@ -2,6 +2,9 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# ccache keys on paths relative to the checkout, so a second clone (CI's) reuses
+# what an earlier build of the same sources compiled.
+export CCACHE_BASEDIR ?= $(CURDIR)
 
 .PHONY: all build configure test test-cuda-sim deps demo clean bench
 

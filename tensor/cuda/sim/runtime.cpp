@@ -163,6 +163,11 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   *s = new CUstream_st{flags};
   return cudaSuccess;
 }
+cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned* flags) {
+  if (!flags) return cudaErrorInvalidValue;
+  *flags = s ? s->flags : cudaStreamDefault;  // the legacy default stream is blocking
+  return cudaSuccess;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete s;
   return cudaSuccess;
