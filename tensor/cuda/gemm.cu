@@ -183,6 +183,7 @@ void strided_matmul(int device, Stream s, DType in_dt, DType out_dt, Operand a, 
   const cudaStream_t st = stream_of(s);
   if (m == 0 || n == 0 || batch == 0) return;
   if (k == 0) {  // op(a)·op(b) is zero: out = beta·out + bias
+    if (bias) path_count_add("gemm", "bias_kernel");
     for (int64_t i = 0; i < batch; ++i)
       bias_rows(static_cast<char*>(out) + i * out_bstride * dtype_size(out_dt), out_dt, m, n, beta, beta != 0.0f,
                 bias, st);

@@ -260,6 +260,11 @@ void run_block(BlockRun& r, dim3 grid, dim3 block_dim, std::mt19937_64& rng) {
     Fiber& f = r.fibers[i];
     f.linear = i;
     f.stack = pool[i];
+#if defined(__SANITIZE_ADDRESS__)
+    // A pooled stack keeps the shadow of the frames its last fiber left when it
+    // switched away for good (they never returned to unpoison their redzones).
+    ASAN_UNPOISON_MEMORY_REGION(f.stack, kStackBytes);
+#endif
     f.ts.thread = dim3(i % block_dim.x, (i / block_dim.x) % block_dim.y, i / (block_dim.x * block_dim.y));
     f.ts.block = r.block;
     f.ts.block_dim = block_dim;
