@@ -35,7 +35,7 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("max-position-embeddings", po::value(&m.max_position_embeddings), "position table rows (default seq-length)")
       ("init-method-std", po::value(&m.init_method_std)->default_value(0.02f), "weight init std")
       ("hidden-dropout", po::value(&m.hidden_dropout)->default_value(0.1f), "dropout after embeddings and blocks")
-      ("attention-dropout", po::value(&m.attention_dropout)->default_value(0.0f), "must be 0 (fused attention)")
+      ("attention-dropout", po::value(&m.attention_dropout)->default_value(0.1f), "dropout on the attention probabilities")
       ("layernorm-epsilon", po::value(&m.layernorm_epsilon)->default_value(1e-5f), "layernorm epsilon")
       ("make-vocab-size-divisible-by", po::value(&a.make_vocab_size_divisible_by)->default_value(128), "vocab padding");
   train.add_options()

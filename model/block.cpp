@@ -27,6 +27,14 @@ namespace {
 Tensor act(const Tensor& like, const Shape& shape) { return Tensor::empty(shape, like.dtype(), like.device()); }
 Tensor f32(const Tensor& like, const Shape& shape) { return Tensor::empty(shape, DType::F32, like.device()); }
 const GemmArgs kLinear{false, true, 1.0f, 0.0f};  // y = x · Wᵀ
+
+// The attention-probability dropout of a block: the mask of (batch, GLOBAL head,
+// i, j) — this rank's heads start at rank·NH/t — so TP ranks and a recompute draw
+// the single-process masks (the shape, with its stream, is saved for recompute).
+AttentionDropout attention_dropout(const BlockShape& s, uint64_t seed) {
+  if (s.attention_dropout == 0.0f) return {};
+  return {s.attention_dropout, seed, s.attention_offset, s.tp.rank * (s.heads / s.tp.size)};
+}
 }  // namespace
 
 // Shapes below: N tokens, Nl = N (or N/t with sequence parallelism) local rows,
@@ -53,7 +61,8 @@ void block_forward(const BlockShape& s, const BlockParams& p, const Tensor& x, c
   a.att = act(x, {N, Cl});
   a.lse = f32(x, {s.batch, NHl, s.seq});
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  attention_forward(a.qkv.view({s.batch, s.seq, 3, NHl, HD}), a.att.view({s.batch, s.seq, NHl, HD}), a.lse, scale);
+  attention_forward(a.qkv.view({s.batch, s.seq, 3, NHl, HD}), a.att.view({s.batch, s.seq, NHl, HD}), a.lse, scale,
+                    attention_dropout(s, seed));
   Tensor proj = act(x, {N, C});
   gemm(a.att, p.proj_w.value(), proj, kLinear, bias_here ? p.proj_b.value() : Tensor());
   if (tp.sequence_parallel) proj = tp_reduce_scatter_rows(tp, proj);  // (Nl, C)
@@ -130,7 +139,8 @@ void block_backward(const BlockShape& s, const BlockParams& p, const Tensor& x, 
   Tensor dqkv = act(x, {N, 3 * Cl});
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   attention_backward(datt.view({s.batch, s.seq, NHl, HD}), a.qkv.view({s.batch, s.seq, 3, NHl, HD}),
-                     a.att.view({s.batch, s.seq, NHl, HD}), a.lse, dqkv.view({s.batch, s.seq, 3, NHl, HD}), scale);
+                     a.att.view({s.batch, s.seq, NHl, HD}), a.lse, dqkv.view({s.batch, s.seq, 3, NHl, HD}), scale,
+                     attention_dropout(s, seed));
   Tensor dln1 = act(x, {N, C});
   gemm_backward(dqkv, sp ? tp_all_gather_rows(tp, a.ln1) : a.ln1, p.qkv_w.value(), dln1, pg(p.qkv_w), pg(p.qkv_b),
                 kLinear, false, true);

@@ -3,7 +3,8 @@
 //   x (N, C), N = B·T tokens of the micro-batch
 //   h1  = LN1(x)                          ln1 (N, C), mean1/rstd1 (N)
 //   qkv = h1 · Wqkvᵀ + bqkv               qkv (N, 3C)  = (B, T, 3, NH, HD)
-//   att = causal_attention(qkv)           att (N, C), lse (B, NH, T)
+//   att = causal_attention(qkv)           att (N, C), lse (B, NH, T); with attention dropout
+//                                         softmax(S) ∘ M/(1 − p) · V (M regenerated in backward)
 //   x2  = x + dropout(att · Wprojᵀ + bproj)
 //   h2  = LN2(x2)                         ln2 (N, C), mean2/rstd2 (N)
 //   fc  = h2 · Wfcᵀ + bfc                 fc (N, F)   (pre-GELU, saved)
@@ -56,11 +57,15 @@ struct BlockShape {
   float dropout;
   float eps;
   TensorParallel tp{};
+  float attention_dropout = 0.0f;  // on the attention probabilities
+  uint64_t attention_offset = 0;   // its Philox stream (attention.h): layer l uses l·⌈T²/4⌉
   int64_t tokens() const { return batch * seq; }                   // N
   int64_t local_rows() const { return tp.local_rows(tokens()); }   // rows of x and y
 };
 
-// y = block(x); fills acts. seed/offset name the two dropout masks (offset, offset + N·C).
+// y = block(x); fills acts. seed/offset name the two dropout masks (offset, offset + N·C);
+// the attention-probability mask is (seed, s.attention_offset) in attention.h's
+// streams (their own high counter word: never a hidden-dropout mask).
 void block_forward(const BlockShape& s, const BlockParams& p, const Tensor& x, const Tensor& y, BlockActs& a,
                    uint64_t seed, uint64_t offset);
 // dx (N, C) = d(block)/dx · dy (overwritten); parameter grads +=.

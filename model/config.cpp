@@ -18,9 +18,8 @@ void GPTConfig::validate() const {
   MPT_CHECK(padded_vocab_size >= vocab_size,
             str("padded vocabulary (", padded_vocab_size, ") smaller than the vocabulary (", vocab_size, ")"), "");
   MPT_CHECK(hidden_dropout >= 0 && hidden_dropout < 1, str("--hidden-dropout must be in [0, 1), got ", hidden_dropout), "");
-  MPT_CHECK(attention_dropout == 0.0f,
-            str("--attention-dropout ", attention_dropout, " is not supported: the fused attention kernels have no dropout"),
-            "pass --attention-dropout 0 (GPT-2 style training with --hidden-dropout still regularises)");
+  MPT_CHECK(attention_dropout >= 0 && attention_dropout < 1,
+            str("--attention-dropout must be in [0, 1), got ", attention_dropout), "");
   MPT_CHECK(init_method_std > 0, str("--init-method-std must be > 0, got ", init_method_std), "");
 }
 

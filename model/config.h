@@ -17,7 +17,7 @@ struct GPTConfig {
   int64_t vocab_size = 50257;            // tokenizer vocabulary (GPT-2: 50257)
   int64_t padded_vocab_size = 50304;     // V: vocab rounded up (make-vocab-size-divisible-by × TP)
   float hidden_dropout = 0.1f;           // --hidden-dropout: after embeddings, attn proj and MLP
-  float attention_dropout = 0.0f;        // --attention-dropout: must be 0 (fused attention has none)
+  float attention_dropout = 0.1f;        // --attention-dropout: on the attention probabilities (Megatron's 0.1)
   float init_method_std = 0.02f;         // --init-method-std: N(0, std) for weights; output
                                          //   projections use std / sqrt(2·num_layers)
   float layernorm_epsilon = 1e-5f;       // --layernorm-epsilon

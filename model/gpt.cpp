@@ -174,7 +174,7 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
   const float p = opt.train ? cfg_.hidden_dropout : 0.0f;
   const uint64_t nc = static_cast<uint64_t>(N * cfg_.hidden_size);
   const BlockShape s{batch, seq, cfg_.hidden_size, cfg_.num_attention_heads, cfg_.ffn(), p, cfg_.layernorm_epsilon,
-                     mp_.tp};
+                     mp_.tp, opt.train ? cfg_.attention_dropout : 0.0f};
   constexpr size_t kParamsPerBlock = 12;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const int64_t l = block_layer_[i];
@@ -185,7 +185,9 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
       ready = [cb = opt.grads_ready, first] { cb(first, first + kParamsPerBlock); };
     }
     const bool recompute = opt.recompute && (opt.recompute_num_layers == 0 || l - ch.first_layer < opt.recompute_num_layers);
-    x = block(tape, s, blocks_[i], x, opt.dropout_seed, nc * (1 + 2 * static_cast<uint64_t>(l)), recompute,
+    BlockShape sl = s;  // attention dropout: layer l's blocks [l·⌈T²/4⌉, (l+1)·⌈T²/4⌉) of each (batch, head)
+    sl.attention_offset = static_cast<uint64_t>(l) * static_cast<uint64_t>((seq * seq + 3) / 4);
+    x = block(tape, sl, blocks_[i], x, opt.dropout_seed, nc * (1 + 2 * static_cast<uint64_t>(l)), recompute,
               std::move(ready));
   }
   return x;

@@ -149,6 +149,7 @@ GPTConfig hf_gpt2_config(const io::Safetensors& st, const std::string& hf_config
   MPT_CHECK(fc.size() == 2 && fc[0] == c.hidden_size, str("h.0.mlp.c_fc.weight is ", shape_str(fc), ", expected (C, F)"), "");
   c.ffn_hidden_size = fc[1];
   c.hidden_dropout = 0.0f;
+  c.attention_dropout = 0.0f;
   int64_t heads = num_attention_heads;
   if (!hf_config_json.empty()) {
     nlohmann::json j;

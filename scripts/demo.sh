@@ -38,7 +38,7 @@ OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} "$BUILD/apps/pretrain_gpt" \
   --num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 128 \
   --micro-batch-size 8 --global-batch-size 16 --train-iters "$ITERS" \
   --lr 2e-3 --min-lr 2e-4 --lr-warmup-iters 10 --lr-decay-style cosine \
-  --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --hidden-dropout 0.0 \
+  --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --hidden-dropout 0.0 --attention-dropout 0.0 \
   --data-path "$OUT/shakespeare_text_document" --split 95,5,0 \
   --log-interval 10 --eval-interval 40 --eval-iters 4 --device "$DEVICE" \
   --save "$OUT/checkpoints" --tensorboard-dir "$OUT/tensorboard"

@@ -13,18 +13,55 @@
 //   lse: (B, NH, T) f32  = log Σ_j exp(score_ij) of each (scaled, masked) row;
 //        saved by forward for backward (the flash-attention statistics).
 // dtypes: qkv/out/dout/dqkv share f32, bf16 or f16; math in f32.
+//
+// Attention dropout (Megatron's --attention-dropout; drop.p = 0: none, exactly the
+// op without it). P = softmax(S) and lse are unchanged; with M the Bernoulli(1 − p)
+// keep mask of attention_keep (below):
+//   forward   O  = (P ∘ M / (1 − p)) · V
+//   backward  dV = (P ∘ M / (1 − p))ᵀ · dO;  dP = (dO · Vᵀ) ∘ M / (1 − p);
+//             D_i = Σ_d dO_id·O_id;  dS = P ∘ (dP − D);  dQ, dK from dS as without dropout.
+// The mask is never stored: backward regenerates it, so a recomputed forward and
+// every backend use the same one.
 // CUDA: cuDNN fused flash attention when available (bf16/f16), otherwise a
 // cuBLAS + softmax path; CPU: a direct implementation (the reference).
 #pragma once
+#include <cstdint>
+
+#include "core/philox.h"
 #include "tensor/tensor.h"
 
 namespace mpitron {
 
+// Dropout on the attention probabilities. first_head: the global index of this
+// call's head 0 (TP rank r of t holds heads r·NH/t …, so it passes r·NH/t): the
+// mask is a pure function of (seed, offset, batch b, GLOBAL head, i, j) and a
+// tensor-parallel run, or a recompute, draws the single-process masks.
+struct AttentionDropout {
+  float p = 0.0f;          // 0 <= p < 1
+  uint64_t seed = 0;       // Philox key
+  uint64_t offset = 0;     // Philox counter base of this call (a layer's own stream)
+  int64_t first_head = 0;  // global index of out's head 0
+};
+
+// Keep element (b, global head h, query i, key j) of a T×T attention: Philox
+// block offset + (i·T + j)/4 lane (i·T + j) % 4 under key seed, with the high
+// counter word (1 << 63) | b << 24 | h — so its streams never meet the hidden
+// dropout's (high word 0) for any offset. Needs h < 2^24, b < 2^39. Within one
+// (b, h) the call uses blocks [offset, offset + ⌈T²/4⌉): callers give layers
+// offsets at least that far apart.
+MPT_HD bool attention_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h, int64_t i, int64_t j, int64_t T,
+                           float p) {
+  const uint64_t e = static_cast<uint64_t>(i * T + j);
+  const uint64_t hi = (uint64_t{1} << 63) | (static_cast<uint64_t>(b) << 24) | static_cast<uint64_t>(h);
+  const Philox4 r = philox4x32_10(offset + (e >> 2), hi, seed);
+  return static_cast<float>(r.x[e & 3] >> 8) * (1.0f / 16777216.0f) >= p;
+}
+
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
-                       Stream s = Stream());
+                       const AttentionDropout& drop = {}, Stream s = Stream());
 // dqkv (qkv's shape): overwritten; dK and dV of a kv group sum over the group's NH/G query heads.
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dqkv, float scale, Stream s = Stream());
+                        const Tensor& dqkv, float scale, const AttentionDropout& drop = {}, Stream s = Stream());
 
 // Which implementation attention_* uses on CUDA right now ("cudnn" or "cublas").
 std::string cuda_attention_backend();

@@ -299,25 +299,32 @@ void check_attention(const char* op, const Tensor& qkv, const Tensor& out, const
   need_shape(op, lse, "lse", {b, nh, t});
   need_f32(op, lse, "lse");
 }
+void check_attention_dropout(const char* op, const AttentionDropout& d) {
+  need(d.p >= 0.0f && d.p < 1.0f, str(op, ": dropout probability must be in [0, 1), got ", d.p));
+  need(d.first_head >= 0 && d.first_head < (int64_t{1} << 24), str(op, ": first_head ", d.first_head, " out of range"));
+}
 }  // namespace
 
-void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale, Stream s) {
+void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
+                       const AttentionDropout& drop, Stream s) {
   const char* op = "attention_forward";
   check_attention(op, qkv, out, lse);
+  check_attention_dropout(op, drop);
   check_same_device(op, {&qkv, &out, &lse});
   check_contiguous(op, {{&qkv, "qkv"}, {&out, "out"}, {&lse, "lse"}});
-  MPT_BACKEND(qkv, attention_forward, qkv, out, lse, scale, s);
+  MPT_BACKEND(qkv, attention_forward, qkv, out, lse, scale, drop, s);
 }
 
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dqkv, float scale, Stream s) {
+                        const Tensor& dqkv, float scale, const AttentionDropout& drop, Stream s) {
   const char* op = "attention_backward";
   check_attention(op, qkv, out, lse);
+  check_attention_dropout(op, drop);
   need_like(op, out, "out", dout, "dout");
   need_like(op, qkv, "qkv", dqkv, "dqkv");
   check_same_device(op, {&dout, &qkv, &out, &lse, &dqkv});
   check_contiguous(op, {{&dout, "dout"}, {&qkv, "qkv"}, {&out, "out"}, {&lse, "lse"}, {&dqkv, "dqkv"}});
-  MPT_BACKEND(qkv, attention_backward, dout, qkv, out, lse, dqkv, scale, s);
+  MPT_BACKEND(qkv, attention_backward, dout, qkv, out, lse, dqkv, scale, drop, s);
 }
 
 std::string cuda_attention_backend() {

@@ -8,6 +8,8 @@
 // backward run OpenMP-parallel over rows. Backward recomputes P from lse (as
 // flash attention does) instead of storing it; dK_g and dV_g sum over the heads
 // of group g (consecutive, so the first one writes and the others add).
+// Attention dropout (attention.h) scales P by M/(1 − p) before P·V in forward;
+// backward regenerates M from the Philox stream, masks dO·Vᵀ and P (for dV).
 #include <cblas.h>
 
 #include <cmath>
@@ -53,9 +55,16 @@ Dims dims_of(const Tensor& qkv, const Tensor& out) {
   return {out.dim(0), out.dim(1), nh, (heads - nh) / 2, hd, heads * hd};
 }
 
+// Row i of M/(1 − p) for (batch b, global head h), j <= i, into m.
+void keep_row(const AttentionDropout& dr, int64_t b, int64_t h, int64_t i, int64_t T, float* m) {
+  const float inv = 1.0f / (1.0f - dr.p);
+  for (int64_t j = 0; j <= i; ++j) m[j] = attention_keep(dr.seed, dr.offset, b, h, i, j, T, dr.p) ? inv : 0.0f;
+}
+
 }  // namespace
 
-void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale, Stream) {
+void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
+                       const AttentionDropout& dr, Stream) {
   const Dims d = dims_of(qkv, out);
   const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD, C = NH * HD, W = d.W;
   F32In fin(qkv);
@@ -63,7 +72,7 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
   const float* x = fin.get();
   float* o = fout.get();
   float* l = lse.data<float>();
-  std::vector<float> s(static_cast<size_t>(T * T));
+  std::vector<float> s(static_cast<size_t>(T * T)), mask(dr.p > 0 ? static_cast<size_t>(T * T) : 0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h) {
       const float* xb = x + b * T * W;
@@ -82,6 +91,11 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
         for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
         for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
         lrow[i] = mx + std::log(sum);
+        if (dr.p > 0) {  // P ∘ M/(1 − p): lse stays the undropped softmax's
+          float* m = mask.data() + i * T;
+          keep_row(dr, b, dr.first_head + h, i, T, m);
+          for (int64_t j = 0; j <= i; ++j) row[j] *= m[j];
+        }
       }
       sgemm(false, false, T, HD, T, 1.0f, s.data(), T, xb + d.v(h), W, 0.0f, o + b * T * C + h * HD, C);  // O = P·V
     }
@@ -89,7 +103,7 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
 }
 
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dqkv, float scale, Stream) {
+                        const Tensor& dqkv, float scale, const AttentionDropout& dr, Stream) {
   const Dims d = dims_of(qkv, out);
   const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD, C = NH * HD, W = d.W, rep = d.NH / d.G;
   F32In fin(qkv), fo(out), fd(dout);
@@ -97,7 +111,8 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   const float *x = fin.get(), *o = fo.get(), *dO = fd.get();
   const float* l = lse.data<float>();
   float* dx = fdq.get();
-  std::vector<float> p(static_cast<size_t>(T * T)), dp(static_cast<size_t>(T * T));
+  std::vector<float> p(static_cast<size_t>(T * T)), dp(static_cast<size_t>(T * T)),
+      mask(dr.p > 0 ? static_cast<size_t>(T * T) : 0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h) {
       const float* xb = x + b * T * W;
@@ -113,13 +128,23 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
         float d = 0;
         for (int64_t e = 0; e < HD; ++e) d += doh[i * C + e] * oh[i * C + e];
         float* dprow = dp.data() + i * T;
-        const float* prow = p.data() + i * T;
+        float* prow = p.data() + i * T;
+        if (dr.p > 0) {  // dP = (dO·Vᵀ) ∘ M/(1 − p); P ← P ∘ M/(1 − p) for dV after dS is formed
+          float* m = mask.data() + i * T;
+          keep_row(dr, b, dr.first_head + h, i, T, m);
+          for (int64_t j = 0; j <= i; ++j) {
+            dprow[j] = prow[j] * (dprow[j] * m[j] - d) * scale;
+            prow[j] *= m[j];
+          }
+          for (int64_t j = i + 1; j < T; ++j) dprow[j] = 0.0f;
+          continue;
+        }
 #pragma omp simd
         for (int64_t j = 0; j < T; ++j) dprow[j] = prow[j] * (dprow[j] - d) * scale;  // dS (0 where P is 0)
       }
       sgemm(false, false, T, HD, T, 1.0f, dp.data(), T, xb + d.k(h), W, 0.0f, db + d.q(h), W);     // dQ = dS·K
       sgemm(true, false, T, HD, T, 1.0f, dp.data(), T, xb + d.q(h), W, kv_beta, db + d.k(h), W);  // dK (+)= dSᵀ·Q
-      sgemm(true, false, T, HD, T, 1.0f, p.data(), T, doh, C, kv_beta, db + d.v(h), W);           // dV (+)= Pᵀ·dO
+      sgemm(true, false, T, HD, T, 1.0f, p.data(), T, doh, C, kv_beta, db + d.v(h), W);  // dV (+)= (P∘M/(1−p))ᵀ·dO
     }
   fdq.commit();
 }

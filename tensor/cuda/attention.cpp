@@ -19,7 +19,10 @@
 //   has MPITRON_ATTENTION=cublas), the pointers are 16-byte aligned, and
 //   cuDNN accepts the graph for this shape (checked once per shape and cached:
 //   e.g. HD must be a multiple of 8 and ≤ 128/256 depending on the GPU/cuDNN).
-//   Otherwise the fallback.
+//   Otherwise the fallback — and always the fallback with attention dropout
+//   (drop.p > 0): cuDNN's SDPA dropout draws its own Philox mask, which cannot
+//   equal attention_keep's (attention.h), so CPU, CUDA, TP ranks and recompute
+//   would disagree (docs/cuda.md). Such calls count as `.fallback`.
 // Built graphs are cached by (device, B, T, NH, G, HD, dtype, scale, fwd/bwd); the
 // cuDNN workspace comes from the caching allocator. Compiled by the host
 // compiler (the frontend is plain C++), so kernels live in the .cu files.
@@ -223,13 +226,14 @@ void execute(const GraphEntry& e, cudnnHandle_t h, int device, std::unordered_ma
 #endif  // MPITRON_WITH_CUDNN
 
 // out = softmax(Q·Kᵀ·scale, causal)·V, lse = its row statistics (attention.h)
-void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale, Stream s) {
+void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
+                       const AttentionDropout& drop, Stream s) {
 #ifdef MPITRON_WITH_CUDNN
   const AttnShape d = attn_shape(qkv, out);
   const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD;
   const size_t es = dtype_size(qkv.dtype());
   char* q = static_cast<char*>(qkv.data_ptr());
-  if (B * T * NH > 0 && cudnn_eligible(qkv, out, lse, Tensor(), Tensor())) {
+  if (B * T * NH > 0 && drop.p == 0.0f && cudnn_eligible(qkv, out, lse, Tensor(), Tensor())) {
     DeviceGuard g(qkv);
     const int dev = qkv.device().index;
     const cudnnHandle_t h = cudnn_handle(dev);
@@ -247,19 +251,19 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
   }
 #endif
   path_count_add("attention_forward", "fallback");
-  attention_forward_fallback(qkv, out, lse, scale, s);
+  attention_forward_fallback(qkv, out, lse, scale, drop, s);
 }
 
 // dqkv (qkv's shape) = gradients of Q, K, V (overwritten; dK/dV summed over each group's heads)
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dqkv, float scale, Stream s) {
+                        const Tensor& dqkv, float scale, const AttentionDropout& drop, Stream s) {
 #ifdef MPITRON_WITH_CUDNN
   const AttnShape d = attn_shape(qkv, out);
   const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD;
   const size_t es = dtype_size(qkv.dtype());
   char* q = static_cast<char*>(qkv.data_ptr());
   char* dq = static_cast<char*>(dqkv.data_ptr());
-  if (B * T * NH > 0 && cudnn_eligible(qkv, out, lse, dout, dqkv)) {
+  if (B * T * NH > 0 && drop.p == 0.0f && cudnn_eligible(qkv, out, lse, dout, dqkv)) {
     DeviceGuard g(qkv);
     const int dev = qkv.device().index;
     const cudnnHandle_t h = cudnn_handle(dev);
@@ -281,7 +285,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   }
 #endif
   path_count_add("attention_backward", "fallback");
-  attention_backward_fallback(dout, qkv, out, lse, dqkv, scale, s);
+  attention_backward_fallback(dout, qkv, out, lse, dqkv, scale, drop, s);
 }
 
 }  // namespace mpitron::cuda

@@ -23,8 +23,12 @@
 // Scratch comes from the caching allocator; groups are processed in chunks so it
 // stays under ~512 MiB whatever T is. P and dS are rounded to the io dtype before
 // their GEMMs (as flash attention kernels do); all accumulation is f32.
+// Attention dropout (attention.h): the kernels multiply P by M/(1 − p) before
+// P·V (forward) and Pᵀ·dO (backward) and mask dP before dS, M from attention_keep
+// for (b, first_head + local head, i, j) — the CPU path's mask exactly.
 #include <algorithm>
 
+#include "tensor/attention.h"
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/internal.h"
 
@@ -51,9 +55,22 @@ int64_t group_chunk(const AttnDims& d, size_t bytes_per_elem) {
 
 // Row r = k·T + i of S (gc·T rows of length T; batch entry k is head h0 + k·head_step):
 // lse and P for the causal row. lse points at head h0's row (B, NH, T) layout.
+// Dropout of one kernel launch: batch entry k of the launch is global head
+// head0 + k·head_step of batch b.
+struct DropRows {
+  float p;  // 0: no dropout
+  uint64_t seed, offset;
+  int64_t b, head0;
+  // M/(1 − p) at (k, i, j)
+  __device__ float keep(int64_t k, int i, int j, int t_len, int head_step) const {
+    if (p == 0.0f) return 1.0f;
+    return attention_keep(seed, offset, b, head0 + k * head_step, i, j, t_len, p) ? 1.0f / (1.0f - p) : 0.0f;
+  }
+};
+
 template <typename T>
 __global__ void causal_softmax_forward_kernel(const float* S, T* P, float* lse, int64_t rows, int t_len,
-                                              int head_step) {
+                                              int head_step, DropRows dr) {
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -67,17 +84,20 @@ __global__ void causal_softmax_forward_kernel(const float* S, T* P, float* lse, 
   for (int j = lane; j <= i; j += 32) sum += expf(sr[j] - m);
   sum = warp_sum(sum);
   const float l = m + logf(sum);
-  for (int j = lane; j < t_len; j += 32) pr[j] = from_float<T>(j <= i ? expf(sr[j] - l) : 0.0f);
+  const int64_t k = r / t_len;
+  for (int j = lane; j < t_len; j += 32)
+    pr[j] = from_float<T>(j <= i ? expf(sr[j] - l) * dr.keep(k, i, j, t_len, head_step) : 0.0f);
   if (lane == 0) lse[(r / t_len) * head_step * t_len + i] = l;
 }
 
-// Row r = k·T + i: P = exp(S − lse) (causal), dS = P ⊙ (dP − D_i), D_i = dO_i·O_i.
+// Row r = k·T + i: P = exp(S − lse) (causal), dS = P ⊙ (dP·M/(1−p) − D_i), D_i = dO_i·O_i;
+// the P written (for dV) is P·M/(1 − p).
 // dout/out/lse point at head h0 of batch b; batch entry k is head h0 + k·head_step,
 // whose row i is at (i·NH + k·head_step)·HD.
 template <typename T>
 __global__ void causal_softmax_backward_kernel(const float* S, const float* dP, const float* lse, const T* dout,
                                                const T* out, T* P, T* dS, int64_t rows, int t_len, int nh, int hd,
-                                               int head_step) {
+                                               int head_step, DropRows dr) {
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -94,8 +114,9 @@ __global__ void causal_softmax_backward_kernel(const float* S, const float* dP, 
   T* dsr = dS + r * t_len;
   for (int j = lane; j < t_len; j += 32) {
     const float p = j <= i ? expf(sr[j] - l) : 0.0f;
-    pr[j] = from_float<T>(p);
-    dsr[j] = from_float<T>(p * (dpr[j] - dsum));
+    const float m = j <= i ? dr.keep(r / t_len, i, j, t_len, head_step) : 0.0f;
+    pr[j] = from_float<T>(p * m);
+    dsr[j] = from_float<T>(p * (dpr[j] * m - dsum));
   }
 }
 
@@ -111,7 +132,8 @@ __global__ void store_group_grad_kernel(const float* src, T* dst, int64_t n, int
 }
 }  // namespace
 
-void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale, Stream s) {
+void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
+                                const AttentionDropout& drop, Stream s) {
   DeviceGuard g(qkv);
   const AttnDims d = attn_dims(qkv, out);
   if (d.B * d.T * d.NH == 0) return;
@@ -141,7 +163,7 @@ void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tens
           using T = decltype(tag);
           MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, causal_softmax_forward_kernel<T>)(
               S.get<float>(), P.get<T>(), lse_p + (b * d.NH + h0) * d.T, rows, static_cast<int>(d.T),
-              static_cast<int>(d.rep));
+              static_cast<int>(d.rep), DropRows{drop.p, drop.seed, drop.offset, b, drop.first_head + h0});
         });
         MPT_KERNEL_CHECK("attention_forward (softmax)");
         // O (gc heads, T, HD) = P · V, written into out (B, T, NH, HD)
@@ -154,7 +176,7 @@ void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tens
 }
 
 void attention_backward_fallback(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                 const Tensor& dqkv, float scale, Stream s) {
+                                 const Tensor& dqkv, float scale, const AttentionDropout& drop, Stream s) {
   DeviceGuard g(qkv);
   const AttnDims d = attn_dims(qkv, out);
   if (d.B * d.T * d.NH == 0) return;
@@ -198,7 +220,7 @@ void attention_backward_fallback(const Tensor& dout, const Tensor& qkv, const Te
               S.get<float>(), dP.get<float>(), lse_p + (b * d.NH + h0) * d.T,
               reinterpret_cast<const T*>(do_base + ooff), reinterpret_cast<const T*>(o_base + ooff), P.get<T>(),
               dS.get<T>(), rows, static_cast<int>(d.T), static_cast<int>(d.NH), static_cast<int>(d.HD),
-              static_cast<int>(d.rep));
+              static_cast<int>(d.rep), DropRows{drop.p, drop.seed, drop.offset, b, drop.first_head + h0});
         });
         MPT_KERNEL_CHECK("attention_backward (softmax)");
         const MatOperand Pm{P.get(), d.T, d.T, d.T, d.T * d.T};

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "tensor/attention.h"
 #include "tensor/tensor.h"
 
 namespace mpitron::cuda {
@@ -34,8 +35,9 @@ bool attention_cudnn_aligned(const Tensor& qkv, const Tensor& out, const Tensor&
 
 // The cuBLAS + softmax attention (attention_fallback.cu); same contract as
 // attention_forward / attention_backward in attention.h.
-void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale, Stream s);
+void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
+                                const AttentionDropout& drop, Stream s);
 void attention_backward_fallback(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                 const Tensor& dqkv, float scale, Stream s);
+                                 const Tensor& dqkv, float scale, const AttentionDropout& drop, Stream s);
 
 }  // namespace mpitron::cuda

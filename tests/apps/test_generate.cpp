@@ -22,6 +22,7 @@ GPTConfig small_config() {
   c.vocab_size = 90;  // padded rows [90, 128) are never sampled
   c.padded_vocab_size = 128;
   c.hidden_dropout = 0.0f;
+  c.attention_dropout = 0.0f;
   c.init_method_std = 0.3f;  // peaked distributions: greedy decisions far from ties
   return c;
 }

@@ -46,6 +46,7 @@ GPTConfig model_config(const nlohmann::json& j) {
   c.vocab_size = m["vocab_size"];
   c.padded_vocab_size = m["vocab_size"];
   c.hidden_dropout = 0.0f;
+  c.attention_dropout = 0.0f;
   c.layernorm_epsilon = m["ln_eps"];
   return c;
 }
@@ -217,4 +218,40 @@ TEST_CASE("bf16 on CUDA matches the fp32 PyTorch reference within bf16 bounds") 
     const double e = rel_err(grads.data() + p.offset, ref_grads.data() + p.offset, p.numel());
     CHECK_MESSAGE(e < 5e-2, p.name, " bf16 gradient relative error ", e);
   }
+}
+
+// Attention dropout in the model: it changes a training step (so the layouts of
+// test_trainer_mp compare runs that really drop attention probabilities), the
+// seed names its masks, evaluation has none, and --recompute-activations replays
+// the same masks (bitwise the same loss and gradients).
+TEST_CASE("attention dropout: active in training, off in eval, replayed by recompute") {
+  const auto j = config();
+  GPTConfig cfg = model_config(j);
+  const int64_t B = j["batch"]["B"], T = j["batch"]["T"];
+  const std::vector<int32_t> tok = read_bin<int32_t>("tokens.bin");
+  Tensor in, tgt;
+  split_batch(tok.data(), B, T, in, tgt);
+  auto step = [&](float p, uint64_t seed, bool recompute, bool train, std::vector<float>* grads) {
+    cfg.attention_dropout = p;
+    GPT model(cfg, Device::cpu());
+    load_weights(model, "weights.bin");
+    model.params().zero_grad();
+    ForwardOptions o = opts(recompute);
+    o.dropout_seed = seed, o.train = train;
+    Tape tape;
+    Var loss = model.forward(tape, in, tgt, o);
+    tape.backward(loss);
+    if (grads) *grads = model.params().grads().to_floats();
+    return loss.value().item();
+  };
+  std::vector<float> g_plain, g_recompute;
+  const double none = step(0.0f, 1, false, true, nullptr);
+  const double a = step(0.1f, 1, false, true, &g_plain), a_re = step(0.1f, 1, true, true, &g_recompute);
+  const double other_seed = step(0.1f, 2, false, true, nullptr), eval = step(0.1f, 1, false, false, nullptr);
+  CHECK(a != none);
+  CHECK(other_seed != a);
+  CHECK(eval == none);
+  CHECK(a_re == a);
+  CHECK(g_plain == g_recompute);
+  MESSAGE("loss without / with attention dropout 0.1: " << none << " / " << a);
 }

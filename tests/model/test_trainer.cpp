@@ -160,7 +160,7 @@ TEST_CASE("impossible flag combinations are rejected naming the flags") {
                       "--num-attention-heads (3) must divide --hidden-size"));
   CHECK(throws_naming(f({"--train-samples", "100"}), "exactly one of --train-iters and --train-samples"));
   CHECK(throws_naming(f({"--split-sentences"}), "split-sentences"));
-  CHECK(throws_naming(f({"--attention-dropout", "0.1"}), "--attention-dropout"));
+  CHECK(throws_naming(f({"--attention-dropout", "1"}), "--attention-dropout"));
   CHECK(throws_naming(f({"--tensor-model-parallel-size", "3"}), "is not divisible by --tensor-model-parallel-size 3"));
   CHECK(throws_naming(f({"--loss-scale", "128"}), "--loss-scale only applies with --fp16"));
   CHECK(throws_naming(f({"--lr-decay-style", "exponential"}), "lr-decay-style"));

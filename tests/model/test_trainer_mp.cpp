@@ -1,6 +1,6 @@
 // Tensor, sequence, pipeline and data parallelism end to end with real MPI
-// ranks: every layout that fits the world size trains a small GPT (dropout
-// on) for 10 steps and must give the single-process losses and grad norms
+// ranks: every layout that fits the world size trains a small GPT (hidden and
+// attention dropout 0.1, Megatron's defaults) for 10 steps and must give the single-process losses and grad norms
 // within 1e-5 relative (fp32); parameters replicated across tensor-parallel
 // ranks must stay bitwise identical. Checkpoints cross layouts (np=4).
 // mpitron-test: np=2,4,8
@@ -46,7 +46,8 @@ std::string test_device() {
 std::vector<std::string> flags(const std::string& data) {
   std::vector<std::string> f = {"--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
           "--micro-batch-size", "2", "--global-batch-size", "16", "--train-iters", "10", "--lr", "3e-3",
-          "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--hidden-dropout", "0.1", "--data-path", data,
+          "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--hidden-dropout", "0.1",
+          "--attention-dropout", "0.1", "--data-path", data,
           "--split", "90,10,0", "--log-interval", "5", "--eval-interval", "5", "--eval-iters", "1", "--seed", "7",
           "--device", test_device(), "--ddp-bucket-size", "3000"};
   if (test_device() == "cuda") f.push_back("--force-mpi-for-device");
