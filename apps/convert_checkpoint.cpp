@@ -3,7 +3,7 @@
 //       --hf-config gpt2/config.json --output ckpt/gpt2
 //   convert_checkpoint --direction mpitron-to-hf --input ckpt/gpt2 --output out/model.safetensors
 //       [--dtype F32|F16|BF16] [--hf-prefix transformer.|none] [--lm-head] [--hf-config-out out/config.json]
-// Name and layout mapping: model/inference_load.h. hf-to-mpitron pads wte to the padded
+// Name and layout mapping: model/inference/inference_load.h. hf-to-mpitron pads wte to the padded
 // vocabulary (zero rows) and writes iteration 0 with zero Adam moments (load it with
 // generate_text / evaluate --load, or pretrain_gpt --load --finetune); mpitron-to-hf drops
 // the padding rows and transposes the Conv1D matrices back. Values are copied exactly
@@ -21,7 +21,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/safetensors.h"
-#include "model/inference_load.h"
+#include "model/inference/inference_load.h"
 
 using namespace mpitron;
 namespace po = boost::program_options;
@@ -55,14 +55,17 @@ int run(int argc, char** argv) {
       ("hf-config", po::value(&hf_config), "hf-to-mpitron: HF config.json (n_head, layer_norm_epsilon)")
       ("num-attention-heads", po::value(&heads), "hf-to-mpitron: heads, when there is no config.json")
       ("make-vocab-size-divisible-by", po::value(&divisible_by), "hf-to-mpitron: vocabulary padding (default 128)")
-      ("tensor-model-parallel-size", po::value(&tp), "must be 1 (padding for TP > 1 lands with the parallel runtime)")
+      ("tensor-model-parallel-size", po::value(&tp),
+       "hf-to-mpitron: pad the vocabulary to a multiple of --make-vocab-size-divisible-by x this (Megatron's rule), "
+       "so the checkpoint loads at this TP with the same flags (it loads under any layout; default 1)")
       ("dtype", po::value(&dtype), "mpitron-to-hf: F32 (default), F16 or BF16")
       ("hf-prefix", po::value(&prefix), "mpitron-to-hf: name prefix, \"transformer.\" (default) or \"none\"")
       ("lm-head", po::bool_switch(&lm_head), "mpitron-to-hf: also write lm_head.weight (= wte)")
       ("hf-config-out", po::value(&hf_config_out), "mpitron-to-hf: also write HF's config.json here");
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "convert_checkpoint")) return 0;
-  MPT_CHECK(tp == 1, str("--tensor-model-parallel-size ", tp, " is not supported yet"), "pass 1");
+  MPT_CHECK(tp >= 1 && tp <= (1 << 20), str("--tensor-model-parallel-size must be in [1, 1048576], got ", tp),
+            "the tensor-parallel size the checkpoint will be trained at");
   MPT_CHECK(!vm.count("num-attention-heads") || heads >= 1, str("--num-attention-heads must be >= 1, got ", heads),
             "leave it out to read n_head from config.json");
   MPT_CHECK(divisible_by >= 1 && divisible_by <= (1 << 20),
@@ -74,7 +77,7 @@ int run(int argc, char** argv) {
       if (hf_config.empty() && std::ifstream(input + "/config.json").good()) hf_config = input + "/config.json";
     }
     const io::Safetensors st = io::read_safetensors(st_path);
-    const GPTConfig cfg = hf_gpt2_config(st, hf_config.empty() ? "" : slurp(hf_config), heads, divisible_by);
+    const GPTConfig cfg = hf_gpt2_config(st, hf_config.empty() ? "" : slurp(hf_config), heads, divisible_by * tp);
     auto model = gpt_from_hf_gpt2(st, cfg);
     const std::string dir = save_model_checkpoint(output, *model, st_path);
     log_info("wrote ", dir, ": ", cfg.num_layers, " layers, hidden ", cfg.hidden_size, ", ", cfg.num_attention_heads,

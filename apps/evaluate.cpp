@@ -45,8 +45,8 @@
 #include "core/timer.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
-#include "model/inference_flags.h"
-#include "model/inference_load.h"
+#include "model/inference/inference_flags.h"
+#include "model/inference/inference_load.h"
 #include "tensor/ops.h"
 
 using namespace mpitron;

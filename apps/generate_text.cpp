@@ -4,7 +4,7 @@
 //   generate_text --load ckpt --interactive  (stdin a terminal: prompts asked for; otherwise one prompt per stdin line)
 // One input mode is required (--sample-input-file, --num-samples N >= 1 or --interactive).
 // --out-seq-length is the number of NEW tokens per prompt (Megatron's meaning); a prompt plus
-// --out-seq-length beyond the model's max_position_embeddings is an error, not a silent cap. Decoding uses the KV cache of model/generate.h; sampling
+// --out-seq-length beyond the model's max_position_embeddings is an error, not a silent cap. Decoding uses the KV cache of model/inference/generate.h; sampling
 // with the same --seed gives the same text. --greedy (or --top_k 1, or --temperature 0) is argmax.
 // Output: one JSON object per sample, {"prompt", "text" (generated only), "tokens" (generated
 // ids), "finished" (stopped at <|endoftext|>)}, written to --genfile or stdout.
@@ -21,9 +21,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/text_tokenizer.h"
-#include "model/generate.h"
-#include "model/inference_flags.h"
-#include "model/inference_load.h"
+#include "model/inference/generate.h"
+#include "model/inference/inference_flags.h"
+#include "model/inference/inference_load.h"
 
 using namespace mpitron;
 namespace po = boost::program_options;

@@ -14,11 +14,11 @@
 #include "core/log.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
-#include "model/arguments.h"
-#include "model/gpt_data.h"
-#include "model/inference_load.h"
-#include "model/trainer.h"
-#include "model/parallel_runtime.h"
+#include "model/training/arguments.h"
+#include "model/training/gpt_data.h"
+#include "model/inference/inference_load.h"
+#include "model/training/trainer.h"
+#include "model/training/parallel_runtime.h"
 
 using namespace mpitron;
 

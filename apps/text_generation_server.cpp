@@ -45,9 +45,9 @@
 #include "core/log.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
-#include "model/generate.h"
-#include "model/inference_flags.h"
-#include "model/inference_load.h"
+#include "model/inference/generate.h"
+#include "model/inference/inference_flags.h"
+#include "model/inference/inference_load.h"
 
 using namespace mpitron;
 namespace po = boost::program_options;

@@ -2,7 +2,7 @@
 // bench_train (every size, CPU or CUDA, with/without recompute, PyTorch peer)
 // and bench_mfu (GPT-2 sizes, bf16, seq 1024, MFU on the GPU).
 //
-// One step is exactly what model/trainer.cpp does per iteration, through the
+// One step is exactly what model/training/trainer.cpp does per iteration, through the
 // library itself (no copy of the model):
 //   params.zero_grad();
 //   for k < micro_batches: loss = GPT::forward(tape, tokens_k, targets_k, {recompute});
@@ -57,7 +57,7 @@
 #include "core/error.h"        // mpitron::Error, str
 #include "model/config.h"      // GPTConfig, flops_per_token
 #include "model/gpt.h"         // GPT::forward
-#include "model/optimizer.h"   // AdamWOptimizer::step
+#include "model/training/optimizer.h"   // AdamWOptimizer::step
 #include "tensor/ops.h"        // gemm (the CUDA ceiling)
 
 namespace mpitron::bench {

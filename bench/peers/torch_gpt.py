@@ -7,7 +7,7 @@ linear (3C, C) whose rows are Q, K, V with heads contiguous, causal attention wi
 padded vocabulary. Dropout p after the embeddings, the attention projection and the MLP
 (default 0, as bench_train).
 
-Step (as model/trainer.cpp): zero grads; for each micro-batch: forward, loss.item(),
+Step (as model/training/trainer.cpp): zero grads; for each micro-batch: forward, loss.item(),
 (loss / micro_batches).backward(); clip_grad_norm_(1.0); AdamW(lr 1e-4, betas (0.9, 0.999),
 eps 1e-8, weight decay 0.01 on matrices and embeddings, none on biases and LayerNorm).
 

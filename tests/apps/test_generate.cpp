@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <set>
 
-#include "model/generate.h"
+#include "model/inference/generate.h"
 
 using namespace mpitron;
 

@@ -13,8 +13,8 @@
 #include "core/philox.h"
 #include "data/tokenizer.h"
 #include "io/safetensors.h"
-#include "model/generate.h"
-#include "model/inference_load.h"
+#include "model/inference/generate.h"
+#include "model/inference/inference_load.h"
 
 using namespace mpitron;
 using apps_test::TempDir;
@@ -168,6 +168,15 @@ TEST_CASE("reference GPT-2 (PyTorch): logits, bitwise F16 export, perplexity, LA
     const io::Safetensors back = io::read_safetensors(tmp / "back.safetensors");
     for (const io::SafeTensor& t : st.tensors) CHECK_MESSAGE(back.at(t.name).bytes == t.bytes, t.name);
     CHECK(run_app("convert_checkpoint", "--direction sideways --input x --output y", tmp / "bad.log") != 0);
+    // --tensor-model-parallel-size pads the vocabulary as Megatron does at that TP (multiple of 128 x 2).
+    const std::string ckpt_tp2 = tmp / "app_ckpt_tp2";
+    REQUIRE(run_app("convert_checkpoint", "--direction hf-to-mpitron --tensor-model-parallel-size 2 --input " + kRef +
+                                              "gpt2_tiny.safetensors --hf-config " + kRef + "gpt2_tiny_config.json --output " +
+                                              ckpt_tp2, tmp / "conv_tp2.log") == 0);
+    const int64_t v1 = read_checkpoint_config(ckpt).padded_vocab_size, v2 = read_checkpoint_config(ckpt_tp2).padded_vocab_size;
+    CHECK(v2 % 256 == 0);
+    CHECK(v2 >= v1);
+    CHECK(v1 % 128 == 0);
     CHECK(run_app("evaluate", "--task WIKITEXT2 --valid-data x --load " + ckpt + " --no-such-flag", tmp / "bad.log") != 0);
     CHECK(slurp(tmp / "bad.log").find("no-such-flag") != std::string::npos);
     CHECK(run_app("evaluate", "--task LAMBADA --valid-data x --load " + ckpt + " --tensor-model-parallel-size 2",

@@ -14,7 +14,7 @@
 #include "apps_test_util.h"
 #include "data/tokenizer.h"
 #include "io/safetensors.h"
-#include "model/inference_load.h"
+#include "model/inference/inference_load.h"
 
 using namespace mpitron;
 using apps_test::run_app;

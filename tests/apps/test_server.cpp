@@ -18,7 +18,7 @@
 
 #include "apps_test_util.h"
 #include "io/safetensors.h"
-#include "model/inference_load.h"
+#include "model/inference/inference_load.h"
 
 extern char** environ;
 

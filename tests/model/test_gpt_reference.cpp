@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/gpt.h"
-#include "model/optimizer.h"
+#include "model/training/optimizer.h"
 #include "tensor/ops.h"
 
 using namespace mpitron;

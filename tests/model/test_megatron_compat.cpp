@@ -11,10 +11,10 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "model/arguments.h"
-#include "model/gpt_data.h"
-#include "model/megatron_compat.h"
-#include "model/trainer.h"
+#include "model/training/arguments.h"
+#include "model/training/gpt_data.h"
+#include "model/training/megatron_compat.h"
+#include "model/training/trainer.h"
 #include "tests/model/model_test_util.h"
 
 using namespace mpitron;

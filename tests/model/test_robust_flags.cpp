@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/arguments.h"
-#include "model/trainer.h"
+#include "model/training/arguments.h"
+#include "model/training/trainer.h"
 
 using namespace mpitron;
 

@@ -13,10 +13,10 @@
 #include <random>
 
 #include "core/error.h"
-#include "model/arguments.h"
+#include "model/training/arguments.h"
 #include "model/gpt.h"
-#include "model/gpt_data.h"
-#include "model/trainer.h"
+#include "model/training/gpt_data.h"
+#include "model/training/trainer.h"
 #include "tests/model/model_test_util.h"
 
 using namespace mpitron;

@@ -7,8 +7,8 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "model/arguments.h"
-#include "model/schedule.h"
+#include "model/training/arguments.h"
+#include "model/training/lr_schedule.h"
 
 using namespace mpitron;
 

@@ -12,9 +12,9 @@
 #include "core/error.h"
 #include "data/indexed_dataset.h"
 #include "data/tokenizer.h"
-#include "model/arguments.h"
-#include "model/gpt_data.h"
-#include "model/trainer.h"
+#include "model/training/arguments.h"
+#include "model/training/gpt_data.h"
+#include "model/training/trainer.h"
 #include "tests/model/model_test_util.h"
 
 using namespace mpitron;

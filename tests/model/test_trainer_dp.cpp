@@ -12,9 +12,9 @@
 #include <random>
 
 #include "data/indexed_dataset.h"
-#include "model/arguments.h"
-#include "model/gpt_data.h"
-#include "model/trainer.h"
+#include "model/training/arguments.h"
+#include "model/training/gpt_data.h"
+#include "model/training/trainer.h"
 #include "tests/model/mpi_test_util.h"
 #include "parallel/communicator.h"
 

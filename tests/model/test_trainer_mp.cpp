@@ -18,10 +18,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "model/arguments.h"
-#include "model/gpt_data.h"
-#include "model/parallel_runtime.h"
-#include "model/trainer.h"
+#include "model/training/arguments.h"
+#include "model/training/gpt_data.h"
+#include "model/training/parallel_runtime.h"
+#include "model/training/trainer.h"
 #include "tests/model/mpi_test_util.h"
 
 using namespace mpitron;

@@ -1,5 +1,5 @@
 // tests/parallel/test_zero.cpp — ZeRO-1 and ZeRO-2 AdamW over 2/4 real ranks
-// against a single-process AdamWOptimizer (model/optimizer.h) fed the
+// against a single-process AdamWOptimizer (model/training/optimizer.h) fed the
 // dp-averaged gradients, for a ParamSet of several parameters with mixed
 // weight decay whose shards cut through parameters and decay segments; two
 // micro-batches per step, loss scaling and gradient clipping included.
@@ -12,7 +12,7 @@
 #include <limits>
 
 #include "core/device.h"
-#include "model/optimizer.h"
+#include "model/training/optimizer.h"
 #include "model/params.h"
 #include "parallel/zero.h"
 

@@ -1,4 +1,4 @@
-// model/arguments.h — pretrain_gpt's flags, with Megatron-LM's names.
+// model/training/arguments.h — pretrain_gpt's flags, with Megatron-LM's names.
 //
 // Every flag listed in `pretrain_gpt --help` works; flags Megatron has that
 // mpitron does not (yet) are unknown options and rejected by the parser with
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "model/config.h"
-#include "model/optimizer.h"
-#include "model/schedule.h"
+#include "model/training/optimizer.h"
+#include "model/training/lr_schedule.h"
 
 namespace mpitron {
 
@@ -75,7 +75,7 @@ struct TrainArgs {
   int64_t save_interval = 0;               // --save-interval
   bool no_load_optim = false, no_load_rng = false, finetune = false;
   int64_t keep_last = 0;                   // --keep-last N: keep only the newest N checkpoints (0: all)
-  bool async_save = false;                 // --async-save: write checkpoints in a background thread (model/async_save.h)
+  bool async_save = false;                 // --async-save: write checkpoints in a background thread (model/training/async_save.h)
   bool exit_signal_handler = false;        // --exit-signal-handler: SIGTERM/SIGUSR1 → save and exit 0
   double exit_duration_in_mins = 0;        // --exit-duration-in-mins: save and exit after this long
   // placement

@@ -1,4 +1,4 @@
-// model/parallel_runtime.h — the communicators of one training run, from a Grid.
+// model/training/parallel_runtime.h — the communicators of one training run, from a Grid.
 //
 // Built once per process after the flags are parsed: the Grid (tp fastest, then
 // dp, then pp) and one Communicator per group the trainer uses, on the device's
@@ -10,8 +10,8 @@
 
 #include <memory>
 
-#include "model/arguments.h"
-#include "model/trainer.h"
+#include "model/training/arguments.h"
+#include "model/training/trainer.h"
 #include "parallel/grid.h"
 
 namespace mpitron {

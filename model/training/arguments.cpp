@@ -1,4 +1,4 @@
-#include "model/arguments.h"
+#include "model/training/arguments.h"
 
 #include <boost/program_options.hpp>
 #include <cmath>
@@ -10,9 +10,9 @@
 
 #include "core/error.h"
 #include "model/checkpoint_args.h"
-#include "model/deepspeed_config.h"
-#include "model/inference_load.h"
-#include "model/megatron_compat.h"
+#include "model/training/deepspeed_config.h"
+#include "model/inference/inference_load.h"
+#include "model/training/megatron_compat.h"
 #include "data/gpt_dataset.h"
 #include "parallel/schedule.h"
 

@@ -1,4 +1,4 @@
-#include "model/gpt_data.h"
+#include "model/training/gpt_data.h"
 
 #include <algorithm>
 #include <map>

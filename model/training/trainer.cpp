@@ -1,4 +1,4 @@
-#include "model/trainer.h"
+#include "model/training/trainer.h"
 
 #include <cblas.h>
 #include <csignal>
@@ -13,15 +13,15 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "io/checkpoint.h"
-#include "model/async_save.h"
+#include "model/training/async_save.h"
 #include "io/metrics_jsonl.h"
 #include "io/tensorboard.h"
-#include "model/train_stats.h"
+#include "model/training/train_stats.h"
 #include "model/gpt.h"
 #include "model/memory.h"
-#include "model/optimizer.h"
-#include "model/schedule.h"
-#include "model/step_guard.h"
+#include "model/training/optimizer.h"
+#include "model/training/lr_schedule.h"
+#include "model/training/step_guard.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_exec.h"
 #include "parallel/schedule_check.h"

@@ -1,4 +1,4 @@
-#include "model/step_guard.h"
+#include "model/training/step_guard.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "model/optimizer.h"
+#include "model/training/optimizer.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,8 +1,8 @@
-#include "model/inference_flags.h"
+#include "model/inference/inference_flags.h"
 
 #include "core/error.h"
 #include "model/checkpoint_args.h"
-#include "model/megatron_compat.h"
+#include "model/training/megatron_compat.h"
 
 namespace po = boost::program_options;
 

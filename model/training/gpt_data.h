@@ -1,10 +1,10 @@
-// model/gpt_data.h — the trainer's samples from Megatron data: --data-path
+// model/training/gpt_data.h — the trainer's samples from Megatron data: --data-path
 // (one prefix, or weights and prefixes to blend) split by --split into train,
 // valid and test GPT datasets (data/gpt_dataset.h, data/blended_dataset.h).
 #pragma once
 #include <memory>
 
-#include "model/trainer.h"
+#include "model/training/trainer.h"
 
 namespace mpitron {
 

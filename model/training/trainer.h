@@ -1,4 +1,4 @@
-// model/trainer.h — the training loop (library code; apps/pretrain_gpt is a thin main).
+// model/training/trainer.h — the training loop (library code; apps/pretrain_gpt is a thin main).
 //
 // One iteration = one optimizer step over the global batch: num_micro_batches
 // forward/backward passes accumulate f32 gradients (each micro-batch's loss is
@@ -13,8 +13,8 @@
 
 #include <mpi.h>
 
-#include "model/arguments.h"
-#include "model/checkpointing.h"
+#include "model/training/arguments.h"
+#include "model/training/checkpointing.h"
 #include "parallel/communicator.h"
 
 namespace mpitron {
@@ -44,7 +44,7 @@ struct TrainSummary {
   int64_t estimated_memory_bytes = 0;  // model/memory.h's estimate printed at start-up
 };
 
-// The parallel layout the trainer runs in (model/parallel_runtime.h builds it
+// The parallel layout the trainer runs in (model/training/parallel_runtime.h builds it
 // from a Grid). Data parallelism: every rank of the dp group runs the same
 // Trainer on its slice of each global batch; gradients are averaged over dp (in
 // buckets overlapped with backward), or reduce-scattered to ZeRO shards.

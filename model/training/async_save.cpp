@@ -1,5 +1,5 @@
-// model/async_save.cpp — AsyncSaver (see the header).
-#include "model/async_save.h"
+// model/training/async_save.cpp — AsyncSaver (see the header).
+#include "model/training/async_save.h"
 
 #include <filesystem>
 

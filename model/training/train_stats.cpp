@@ -1,4 +1,4 @@
-#include "model/train_stats.h"
+#include "model/training/train_stats.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "model/parallel_runtime.h"
+#include "model/training/parallel_runtime.h"
 
 namespace mpitron {
 

@@ -1,4 +1,4 @@
-// model/checkpointing.h — what a GPT training checkpoint holds, on top of io/checkpoint.h.
+// model/training/checkpointing.h — what a GPT training checkpoint holds, on top of io/checkpoint.h.
 //
 // Datasets (global shapes; see docs/checkpoint-format.md):
 //   model/<param>              f32 master weights, e.g. model/layers.0.attn.qkv.weight (3C, C)
@@ -16,7 +16,7 @@
 #include <string>
 
 #include "model/gpt.h"
-#include "model/optimizer.h"
+#include "model/training/optimizer.h"
 
 namespace mpitron {
 

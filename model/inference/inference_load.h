@@ -1,4 +1,4 @@
-// model/inference_load.h — a GPT from a training checkpoint, for inference only.
+// model/inference/inference_load.h — a GPT from a training checkpoint, for inference only.
 //
 // Reads the newest intact checkpoint of a --save directory (io/checkpoint.h),
 // builds the GPTConfig from its `model_config` attribute (num_layers,

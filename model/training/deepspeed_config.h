@@ -1,4 +1,4 @@
-// model/deepspeed_config.h — a DeepSpeed JSON (`--deepspeed --deepspeed_config ds.json`)
+// model/training/deepspeed_config.h — a DeepSpeed JSON (`--deepspeed --deepspeed_config ds.json`)
 // read into the training options it stands for, as Megatron-DeepSpeed scripts use it.
 //
 //   train_micro_batch_size_per_gpu  → --micro-batch-size

@@ -1,4 +1,4 @@
-// model/schedule.h — learning-rate schedule and batch-size ramp-up (Megatron's semantics).
+// model/training/lr_schedule.h — learning-rate schedule and batch-size ramp-up (Megatron's semantics).
 //
 // LR: linear warmup from 0 to lr over warmup_steps, then decay to min_lr over
 // [warmup_steps, decay_steps] (cosine, linear or constant), min_lr afterwards.

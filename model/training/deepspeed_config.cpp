@@ -1,4 +1,4 @@
-#include "model/deepspeed_config.h"
+#include "model/training/deepspeed_config.h"
 
 #include <cmath>
 #include <fstream>
@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "model/arguments.h"
+#include "model/training/arguments.h"
 
 namespace mpitron {
 

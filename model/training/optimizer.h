@@ -1,4 +1,4 @@
-// model/optimizer.h — AdamW over the flat parameter buffer, with f32 master
+// model/training/optimizer.h — AdamW over the flat parameter buffer, with f32 master
 // weights, global-norm clipping and overflow detection.
 //
 // With f32 compute the master weights ARE the parameter values; with bf16/f16

@@ -1,4 +1,4 @@
-// model/generate.h — autoregressive generation with a KV cache, and sampling.
+// model/inference/generate.h — autoregressive generation with a KV cache, and sampling.
 //
 // Decoding never recomputes the prefix: the prompt of each sequence runs once
 // through an inference forward (the same ops as block_forward, without dropout

@@ -1,4 +1,4 @@
-#include "model/checkpointing.h"
+#include "model/training/checkpointing.h"
 
 #include <nlohmann/json.hpp>
 

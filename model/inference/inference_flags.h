@@ -1,10 +1,10 @@
-// model/inference_flags.h — what a Megatron generation or evaluation script passes
+// model/inference/inference_flags.h — what a Megatron generation or evaluation script passes
 // to generate_text, evaluate and text_generation_server beside their own flags:
 // the same GPT_ARGS as pretraining. The model shape is checked against the
 // checkpoint (an error names each flag that disagrees), --fp16/--bf16 choose the
 // compute dtype of the loaded model (the tools take --tokenizer-type themselves),
 // and flags that mean nothing for inference are accepted with one start-up note
-// each (as are Megatron's performance switches, model/megatron_compat.h).
+// each (as are Megatron's performance switches, model/training/megatron_compat.h).
 #pragma once
 #include <boost/program_options.hpp>
 #include <string>

@@ -1,4 +1,4 @@
-#include "model/inference_load.h"
+#include "model/inference/inference_load.h"
 
 #include <filesystem>
 
@@ -10,8 +10,8 @@
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "io/checkpoint.h"
-#include "model/checkpointing.h"
-#include "model/optimizer.h"
+#include "model/training/checkpointing.h"
+#include "model/training/optimizer.h"
 
 namespace mpitron {
 

@@ -1,4 +1,4 @@
-// model/async_save.h — --async-save: checkpoints written by a background thread.
+// model/training/async_save.h — --async-save: checkpoints written by a background thread.
 //
 // start() copies this rank's optimizer state (master weights, Adam moments;
 // its ZeRO shard) and the scalar state to host memory -- the only stall of
@@ -22,7 +22,7 @@
 #include <string>
 #include <thread>
 
-#include "model/checkpointing.h"
+#include "model/training/checkpointing.h"
 
 namespace mpitron {
 

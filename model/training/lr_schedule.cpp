@@ -1,4 +1,4 @@
-#include "model/schedule.h"
+#include "model/training/lr_schedule.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-// model/step_guard.h — may this step's update be applied? Non-finite loss or
+// model/training/step_guard.h — may this step's update be applied? Non-finite loss or
 // gradient norm, and loss / grad-norm spikes over a moving window.
 //
 // The trainer asks the guard between the gradient norm and the AdamW update

@@ -1,4 +1,4 @@
-#include "model/generate.h"
+#include "model/inference/generate.h"
 
 #include <algorithm>
 #include <cmath>

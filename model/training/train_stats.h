@@ -1,4 +1,4 @@
-// model/train_stats.h — the optional numbers of Megatron's log line:
+// model/training/train_stats.h — the optional numbers of Megatron's log line:
 // --log-params-norm (L2 norm of the weights) and --log-num-zeros-in-grad (how
 // many gradient elements are exactly 0 after reduction). Both count each
 // parameter once across the model-parallel group (ParamInfo::canonical), as the
