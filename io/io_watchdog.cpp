@@ -75,7 +75,10 @@ class Watchdog {
       for (auto it = steps_.begin(); it != steps_.end(); ++it)
         if (it->second.deadline < first->second.deadline) first = it;
       if (Clock::now() >= first->second.deadline) expire(first->second, io_timeout_s());
-      cv_.wait_until(lock, first->second.deadline);
+      // A copy: wait_until keeps reading its time_point while the lock is released,
+      // and disarm() may erase this step meanwhile (ASan on the simulated device caught it).
+      const Clock::time_point deadline = first->second.deadline;
+      cv_.wait_until(lock, deadline);
     }
   }
 
