@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/bpe_heap.h"
 #include "data/tokenizer.h"
 
 namespace mpitron::data {
@@ -98,40 +99,13 @@ struct HFTokenizer::Impl {
         return;
       }
     }
-    const int64_t n = static_cast<int64_t>(piece.size());
-    std::vector<int32_t> id(n);
-    std::vector<int64_t> prev(n), next(n);
-    for (int64_t i = 0; i < n; ++i) {
-      id[i] = byte_id[static_cast<unsigned char>(piece[i])];
-      prev[i] = i - 1;
-      next[i] = i + 1 < n ? i + 1 : -1;
-    }
-    struct Cand {
-      uint32_t rank;
-      int64_t pos;
-      int32_t left, right, merged;
-      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-    };
-    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
-    auto push = [&](int64_t i) {
-      if (i < 0 || next[i] < 0) return;
-      auto it = merges.find(key(id[i], id[next[i]]));
-      if (it != merges.end()) heap.push(Cand{it->second.first, i, id[i], id[next[i]], it->second.second});
-    };
-    for (int64_t i = 0; i + 1 < n; ++i) push(i);
-    while (!heap.empty()) {
-      Cand c = heap.top();
-      heap.pop();
-      if (id[c.pos] != c.left || next[c.pos] < 0 || id[next[c.pos]] != c.right) continue;  // stale
-      const int64_t r = next[c.pos];
-      id[c.pos] = c.merged;
-      id[r] = -1;
-      next[c.pos] = next[r];
-      if (next[r] >= 0) prev[next[r]] = c.pos;
-      push(prev[c.pos]);
-      push(c.pos);
-    }
-    for (int64_t i = 0; i >= 0 && n > 0; i = next[i]) out.push_back(id[i]);
+    bpe_merge_heap(piece, byte_id, [this](int32_t a, int32_t b, uint32_t& rank, int32_t& merged) {
+      auto it = merges.find(key(a, b));
+      if (it == merges.end()) return false;
+      rank = it->second.first;
+      merged = it->second.second;
+      return true;
+    }, out);
   }
 };
 

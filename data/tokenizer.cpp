@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "data/bpe_heap.h"
 
 #ifndef MPITRON_ASSETS_DIR
 #define MPITRON_ASSETS_DIR "assets"
@@ -317,41 +318,13 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& sym, std::vect
 // pair created by a merge always ranks after that merge, and equal ranks pop
 // left to right.
 void Tokenizer::bpe_long(std::string_view piece, std::vector<int32_t>& out) const {
-  const int64_t n = static_cast<int64_t>(piece.size());
-  std::vector<int32_t> id(n);
-  std::vector<int64_t> prev(n), next(n);
-  for (int64_t i = 0; i < n; ++i) {
-    id[i] = byte_id_[static_cast<unsigned char>(piece[i])];
-    prev[i] = i - 1;
-    next[i] = i + 1 < n ? i + 1 : -1;
-  }
-  struct Cand {
-    uint32_t rank;
-    int64_t pos;
-    int32_t left, right, merged;
-    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-  };
-  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
-  auto push = [&](int64_t i) {
-    if (i < 0 || next[i] < 0) return;
-    const MergeTable::Slot* s = merges_->find(MergeTable::key(id[i], id[next[i]]));
-    if (s) heap.push(Cand{s->rank, i, id[i], id[next[i]], s->merged});
-  };
-  for (int64_t i = 0; i + 1 < n; ++i) push(i);
-  while (!heap.empty()) {
-    Cand c = heap.top();
-    heap.pop();
-    // Stale entries: the left symbol was absorbed, or either side changed.
-    if (id[c.pos] != c.left || next[c.pos] < 0 || id[next[c.pos]] != c.right) continue;
-    const int64_t r = next[c.pos];
-    id[c.pos] = c.merged;
-    id[r] = -1;  // dead
-    next[c.pos] = next[r];
-    if (next[r] >= 0) prev[next[r]] = c.pos;
-    push(prev[c.pos]);
-    push(c.pos);
-  }
-  for (int64_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
+  bpe_merge_heap(piece, byte_id_, [this](int32_t a, int32_t b, uint32_t& rank, int32_t& merged) {
+    const MergeTable::Slot* s = merges_->find(MergeTable::key(a, b));
+    if (!s) return false;
+    rank = s->rank;
+    merged = s->merged;
+    return true;
+  }, out);
 }
 
 // ---- Encoder -----------------------------------------------------------------------
