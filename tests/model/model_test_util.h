@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include <doctest/doctest.h>
+
 #include "data/indexed_dataset.h"
+#include "model/training/arguments.h"
 
 namespace mpitron::testing {
 
@@ -37,6 +40,18 @@ inline std::string write_toy_dataset(const std::filesystem::path& dir, uint32_t 
   }
   w.finalize();
   return prefix;
+}
+
+// pretrain_gpt's flags parsed as the app parses them, with the GPT-2 vocabulary
+// the toy data uses (50257, padded to 50304).
+inline TrainArgs parse_flags(std::vector<std::string> flags) {
+  std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
+  for (auto& f : flags) argv.push_back(f.data());
+  TrainArgs a;
+  REQUIRE(parse_train_args(static_cast<int>(argv.size()), argv.data(), a));
+  a.model.vocab_size = 50257;
+  a.model.padded_vocab_size = 50304;
+  return a;
 }
 
 }  // namespace mpitron::testing

@@ -21,16 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-TrainArgs parse(std::vector<std::string> flags) {
-  std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
-  for (auto& f : flags) argv.push_back(f.data());
-  TrainArgs a;
-  REQUIRE(parse_train_args(static_cast<int>(argv.size()), argv.data(), a));
-  a.model.vocab_size = 50257;
-  a.model.padded_vocab_size = 50304;
-  return a;
-}
-
 std::vector<std::string> base_flags(const std::string& data, int iters) {
   return {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "24",
           "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", std::to_string(iters),
@@ -40,7 +30,7 @@ std::vector<std::string> base_flags(const std::string& data, int iters) {
 }
 
 std::vector<double> train(std::vector<std::string> flags) {
-  const TrainArgs a = parse(std::move(flags));
+  const TrainArgs a = testing::parse_flags(std::move(flags));
   Trainer t(a, make_gpt_data(a, 50257));
   return t.run().losses;
 }

@@ -24,16 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-TrainArgs parse(std::vector<std::string> flags) {
-  std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
-  for (auto& f : flags) argv.push_back(f.data());
-  TrainArgs a;
-  REQUIRE(parse_train_args(static_cast<int>(argv.size()), argv.data(), a));
-  a.model.vocab_size = 50257;
-  a.model.padded_vocab_size = 50304;
-  return a;
-}
-
 std::vector<std::string> flags(const std::string& data, int iters, const std::string& lr = "3e-3") {
   return {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "24",
           "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", std::to_string(iters),
@@ -78,7 +68,7 @@ TEST_CASE("f32 --lr 1e6 diverges: the run stops naming the iteration; no checkpo
   auto f = flags(data, 40, "1e6");
   const fs::path save = dir / "ckpt";
   f.insert(f.end(), {"--save", save.string(), "--save-interval", "1"});
-  const TrainArgs a = parse(f);
+  const TrainArgs a = testing::parse_flags(f);
   const std::string m = message_of([&] { Trainer(a, make_gpt_data(a, 50257)).run(); });
   REQUIRE_MESSAGE(!m.empty(), "a run at --lr 1e6 finished without an error");
   CHECK_MESSAGE(m.find("iteration ") != std::string::npos, m);
@@ -90,7 +80,7 @@ TEST_CASE("f32 --lr 1e6 diverges: the run stops naming the iteration; no checkpo
   if (latest > 0) {  // it loads, and its weights are finite (huge: they give the NaN of the next step)
     auto g = flags(data, static_cast<int>(latest));
     g.insert(g.end(), {"--load", save.string()});
-    const TrainArgs b = parse(g);
+    const TrainArgs b = testing::parse_flags(g);
     Trainer t(b, make_gpt_data(b, 50257));
     CHECK(t.run().steps_run == 0);
     const Tensor w = t.model().params().values();
@@ -106,7 +96,7 @@ TEST_CASE("--no-check-for-nan-in-loss-and-grad: non-finite steps are skipped and
   const std::string data = testing::write_toy_dataset(dir, 7, 200);
   auto f = flags(data, 12, "1e6");
   f.insert(f.end(), {"--no-check-for-nan-in-loss-and-grad"});
-  const TrainArgs a = parse(f);
+  const TrainArgs a = testing::parse_flags(f);
   const TrainSummary s = Trainer(a, make_gpt_data(a, 50257)).run();
   CHECK(s.iterations == 12);
   int nonfinite = 0;
@@ -123,7 +113,7 @@ TEST_CASE("NaN weights: the check stops at the step; without it the save is refu
     auto f = flags(data, 3);
     f.insert(f.end(), {"--save", (dir / "ckpt").string(), "--save-interval", "1"});
     if (!check) f.push_back("--no-check-for-nan-in-loss-and-grad");
-    const TrainArgs a = parse(f);
+    const TrainArgs a = testing::parse_flags(f);
     Trainer t(a, make_gpt_data(a, 50257));
     t.model().params().values().data<float>()[5] = NAN;  // f32: the values are the master weights
     const std::string m = message_of([&] { t.run(); });
@@ -140,7 +130,7 @@ TEST_CASE("fp16: overflows are skipped; a loss scale stuck at its minimum stops 
   auto f = flags(data, 60);
   f.insert(f.end(), {"--fp16", "--init-method-std", "100", "--initial-loss-scale", "4", "--hysteresis", "1",
                      "--save", (dir / "ckpt").string()});
-  const TrainArgs a = parse(f);
+  const TrainArgs a = testing::parse_flags(f);
   const std::string m = message_of([&] { Trainer(a, make_gpt_data(a, 50257)).run(); });
   CHECK_MESSAGE(m.find("minimum loss scale 1") != std::string::npos, m);
   CHECK(!fs::exists(dir / "ckpt" / "latest_checkpointed_iteration.txt"));
@@ -151,7 +141,7 @@ TEST_CASE("--skip-spike-zscore: a spike batch is counted and not applied; withou
   // 14 steps, the 14th on random tokens: skipped, counted, its loss reported.
   auto g = flags("unused", 14);
   g.insert(g.end(), {"--skip-spike-zscore", "4", "--spike-window", "5"});
-  const TrainArgs b = parse(g);
+  const TrainArgs b = testing::parse_flags(g);
   Trainer t14(b, std::make_shared<SpikyData>(14));
   const TrainSummary s = t14.run();
   REQUIRE(s.losses.size() == 14);
@@ -159,7 +149,7 @@ TEST_CASE("--skip-spike-zscore: a spike batch is counted and not applied; withou
   CHECK(s.losses[13] > s.losses[12] + 1);
   // Not applied: the weights after 14 steps (the 14th skipped) equal those after 13.
   auto h = flags("unused", 13);
-  const TrainArgs c = parse(h);
+  const TrainArgs c = testing::parse_flags(h);
   Trainer t13(c, std::make_shared<SpikyData>(14));
   t13.run();
   const Tensor w14 = t14.model().params().values(), w13 = t13.model().params().values();
@@ -167,7 +157,7 @@ TEST_CASE("--skip-spike-zscore: a spike batch is counted and not applied; withou
   CHECK(std::memcmp(w14.data<float>(), w13.data<float>(), static_cast<size_t>(w14.numel()) * 4) == 0);
   // Without the option the spike is applied: the weights move.
   auto k = flags("unused", 14);
-  const TrainArgs d = parse(k);
+  const TrainArgs d = testing::parse_flags(k);
   Trainer applied(d, std::make_shared<SpikyData>(14));
   CHECK(applied.run().spike_skips == 0);
   CHECK(std::memcmp(applied.model().params().values().data<float>(), w13.data<float>(),
@@ -179,7 +169,7 @@ TEST_CASE("--spike-rerun: back to the last checkpoint, on with the data after th
   auto f = flags("unused", 16);
   f.insert(f.end(), {"--skip-spike-zscore", "4", "--spike-window", "5", "--spike-rerun", "--save",
                      (dir / "ckpt").string(), "--save-interval", "4"});
-  const TrainArgs a = parse(f);
+  const TrainArgs a = testing::parse_flags(f);
   const TrainSummary s = Trainer(a, std::make_shared<SpikyData>(14)).run();
   CHECK(s.spike_skips == 1);
   CHECK(s.spike_reruns == 1);
@@ -195,12 +185,12 @@ TEST_CASE("resuming past --train-iters trains nothing, saves nothing, says so") 
   const fs::path save = dir / "ckpt";
   auto f = flags(data, 4);
   f.insert(f.end(), {"--save", save.string()});
-  const TrainArgs a = parse(f);
+  const TrainArgs a = testing::parse_flags(f);
   Trainer(a, make_gpt_data(a, 50257)).run();
   REQUIRE(latest_iteration(save) == 4);
   auto g = flags(data, 2);
   g.insert(g.end(), {"--load", save.string(), "--save", save.string()});
-  const TrainArgs b = parse(g);
+  const TrainArgs b = testing::parse_flags(g);
   const TrainSummary s = Trainer(b, make_gpt_data(b, 50257)).run();
   CHECK(s.steps_run == 0);
   CHECK(s.iterations == 4);

@@ -22,16 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-TrainArgs parse(std::vector<std::string> flags) {
-  std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
-  for (auto& f : flags) argv.push_back(f.data());
-  TrainArgs a;
-  REQUIRE(parse_train_args(static_cast<int>(argv.size()), argv.data(), a));
-  a.model.vocab_size = 50257;
-  a.model.padded_vocab_size = 50304;
-  return a;
-}
-
 // MPITRON_TEST_DEVICE=cuda trains on the GPU (make test-cuda-sim: the simulated one).
 std::string test_device() {
   const char* d = std::getenv("MPITRON_TEST_DEVICE");
@@ -47,7 +37,7 @@ std::vector<std::string> base_flags(const std::string& data, int iters) {
 }
 
 std::vector<double> train(std::vector<std::string> flags) {
-  const TrainArgs a = parse(std::move(flags));
+  const TrainArgs a = testing::parse_flags(std::move(flags));
   Trainer t(a, make_gpt_data(a, 50257));
   return t.run().losses;
 }
@@ -179,7 +169,7 @@ TEST_CASE("a token id beyond the vocabulary is a clear error naming the file") {
     w.end_document();
     w.finalize();
   }
-  const TrainArgs a = parse(base_flags(prefix, 2));
+  const TrainArgs a = testing::parse_flags(base_flags(prefix, 2));
   try {
     make_gpt_data(a, 50257);
     FAIL("no error for token 60000 with a 50257 vocabulary");
