@@ -108,6 +108,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, const Tensor& out, c
     float* pr = static_cast<float*>(rstd.data_ptr());
     const bool vec = cols % kMapVec == 0 && vec_aligned(px, sizeof(T)) && vec_aligned(pw, sizeof(T)) &&
                      vec_aligned(po, sizeof(T));
+    count_vec_path("rmsnorm_forward", vec);
     if (vec)
       MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, rmsnorm_forward_kernel<T, kMapVec>)(px, pw, po, pr, rows, cols, eps);
     else
@@ -132,6 +133,7 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
       const int grid = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
       const bool vec = cols % kMapVec == 0 && vec_aligned(pd, sizeof(T)) && vec_aligned(px, sizeof(T)) &&
                        vec_aligned(pw, sizeof(T)) && vec_aligned(pdx, sizeof(T));
+      count_vec_path("rmsnorm_backward", vec);
       if (vec)
         MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, rmsnorm_backward_dx_kernel<T, kMapVec>)(pd, px, pw, pr, pdx, rows, cols, accumulate_dx);
       else
