@@ -36,6 +36,7 @@ void Tape::run_backward() {
   for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
     Node& n = **it;
     if (n.recompute_marked()) n.recompute();
+    n.set_weight_grad_sink(defer_);
     n.backward();
     it->reset();  // free what the node saved as soon as it is used
   }

@@ -11,13 +11,35 @@
 // checkpointing): if marked, the tape calls release_saved() right after it is
 // recorded (dropping activations, keeping the input) and recompute() just before
 // its backward (replaying the forward from the saved input).
+//
+// Split backward (zero-bubble pipelines): with set_defer_weight_grads(w), nodes
+// that can (the transformer block) compute only their input gradients in
+// backward() and append their weight-gradient work to w, which the caller runs
+// later (a schedule's W action). Other nodes compute everything in backward().
 #pragma once
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "autograd/variable.h"
 
 namespace mpitron {
+
+// Weight-gradient work a split backward deferred. Each task holds (by reference
+// count) the tensors it reads, so what W needs stays alive until it runs.
+struct WeightGradWork {
+  std::vector<std::function<void()>> tasks;
+  void add(std::function<void()> f) { tasks.push_back(std::move(f)); }
+  bool empty() const { return tasks.empty(); }
+  size_t size() const { return tasks.size(); }
+  // Runs every task in order, then drops them (and what they held).
+  void run() {
+    std::vector<std::function<void()>> t;
+    t.swap(tasks);
+    for (auto& f : t) f();
+  }
+};
 
 class Node {
  public:
@@ -29,9 +51,13 @@ class Node {
   virtual void recompute() {}
   bool recompute_marked() const { return recompute_; }
   void mark_recompute(bool on) { recompute_ = on; }
+  // Where backward() may defer weight-gradient work (null: do it now).
+  WeightGradWork* weight_grad_sink() const { return sink_; }
+  void set_weight_grad_sink(WeightGradWork* w) { sink_ = w; }
 
  private:
   bool recompute_ = false;
+  WeightGradWork* sink_ = nullptr;
 };
 
 class Tape {
@@ -54,12 +80,16 @@ class Tape {
   void backward(const Var& output, const Tensor& grad);
   // Drop every node (and what they saved) without running backward.
   void clear() { nodes_.clear(); }
+  // Nodes that can defer their weight gradients append them to `w` during the
+  // next backward()s (null: off, the default).
+  void set_defer_weight_grads(WeightGradWork* w) { defer_ = w; }
   size_t size() const { return nodes_.size(); }
 
  private:
   void run_backward();
   std::vector<std::unique_ptr<Node>> nodes_;
   bool recording_ = true;
+  WeightGradWork* defer_ = nullptr;
 };
 
 // Within its scope the tape records nothing (evaluation, generation).

@@ -1,29 +1,25 @@
-// model/block.h — one pre-LN transformer block: forward and its hand-written backward.
+// model/block.h — one pre-norm transformer block, composed from sublayers
+// (model/layers/): the skeleton that training, recompute, the KV-cache decoder
+// and the memory estimate all use. Every family is this skeleton with its own
+// sublayer choices (BlockShape: LayerNorm/RMSNorm, rope or not, query groups,
+// GELU/SwiGLU, biases or not).
 //
-//   x (N, C), N = B·T tokens of the micro-batch
-//   h1  = LN1(x)                          ln1 (N, C), mean1/rstd1 (N)
-//   qkv = h1 · Wqkvᵀ + bqkv               qkv (N, 3C)  = (B, T, 3, NH, HD)
-//   att = causal_attention(qkv)           att (N, C), lse (B, NH, T); with attention dropout
-//                                         softmax(S) ∘ M/(1 − p) · V (M regenerated in backward)
-//   x2  = x + dropout(att · Wprojᵀ + bproj)
-//   h2  = LN2(x2)                         ln2 (N, C), mean2/rstd2 (N)
-//   fc  = h2 · Wfcᵀ + bfc                 fc (N, F)   (pre-GELU, saved)
-//   g   = gelu(fc)                        g (N, F)
-//   y   = x2 + dropout(g · Wmpᵀ + bmp)
-// Invariant of the backward: parameter gradients use +=, activation
-// gradients use = (dx is accumulated into x's grad by the tape node).
-// Dropout masks are named by (seed, offset): the same in recompute.
+//   x (Nl, C), N = B·T tokens of the micro-batch (Nl = N/t with sequence parallelism)
+//   h1 = norm1(x)                               (Nl, C)
+//   x2 = x + dropout(attention(h1))             attention_layer.h
+//   h2 = norm2(x2)
+//   y  = x2 + dropout(mlp(h2))                  mlp_layer.h
+// Dropout masks are named by (seed, offset): the attention output's mask at offset,
+// the MLP output's at offset + N·C (global element index, so TP/SP ranks and a
+// recompute draw the single-process masks); attention probabilities use
+// (seed, s.attention_offset) in attention.h's streams.
 //
-// Tensor parallelism (BlockShape::tp, t ranks): qkv and mlp.fc are
-// column-parallel (this rank's NH/t heads and F/t features), attn.proj and
-// mlp.proj row-parallel; their partial (N, C) outputs are all-reduced (or
-// reduce-scattered to this rank's N/t rows with sequence parallelism, where
-// x, y, the layernorms, dropouts and residuals hold N/t rows and the
-// layernorm outputs are all-gathered before the column-parallel matmuls; only
-// this rank's rows of them are saved, and backward gathers them again).
-// Row-parallel biases are added once (by tp rank 0, before the reduction);
-// their gradients come from the full output gradient on every rank. Dropout
-// offsets are those of the global (N, C) element, so masks equal one rank's.
+// Backward in two parts (zero-bubble pipelines split them into B and W):
+//   block_backward_input: dx (= d(block)/dx · dy, overwritten); the weight-gradient
+//     GEMMs and the norm weight gradients go to `defer` (or run at once when null);
+//   block_backward: both, at once. Parameter gradients use +=.
+// With sequence parallelism the norm weight gradients are partial sums over this
+// rank's rows; the weight part all-reduces them over the TP group.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -31,50 +27,57 @@
 
 #include "autograd/tape.h"
 #include "model/config.h"
+#include "model/layers/attention_layer.h"
+#include "model/layers/block_shape.h"
+#include "model/layers/mlp_layer.h"
+#include "model/layers/norm.h"
 #include "model/params.h"
 #include "model/tensor_parallel.h"
 
 namespace mpitron {
 
 struct BlockParams {
-  Var ln1_w, ln1_b;     // (C), (C)
-  Var qkv_w, qkv_b;     // (3C, C), (3C)
-  Var proj_w, proj_b;   // (C, C), (C)
-  Var ln2_w, ln2_b;     // (C), (C)
-  Var fc_w, fc_b;       // (F, C), (F)
-  Var mproj_w, mproj_b; // (C, F), (C)
-  static BlockParams from(const ParamSet& ps, const std::string& prefix);  // prefix "layers.3."
+  NormParams norm1;
+  AttentionParams attn;
+  NormParams norm2;
+  MlpParams mlp;
+  // Binds layer l's rows of the parameter table (model/param_table.h).
+  static BlockParams from(const ParamSet& ps, const GPTConfig& cfg, int64_t layer);
+  int64_t count() const;  // parameters bound (they are consecutive in the ParamSet)
 };
 
 // Saved activations of one block's forward.
 struct BlockActs {
-  Tensor ln1, mean1, rstd1, qkv, att, lse, x2, ln2, mean2, rstd2, fc, g;
+  NormActs n1, n2;
+  AttentionActs attn;  // attn.in = norm1's output
+  MlpActs mlp;         // mlp.in = norm2's output
+  Tensor x2;           // (Nl, C)
   void release() { *this = BlockActs(); }
 };
 
-struct BlockShape {
-  int64_t batch, seq, hidden, heads, ffn;  // global sizes (heads, ffn before the TP split)
-  float dropout;
-  float eps;
-  TensorParallel tp{};
-  float attention_dropout = 0.0f;  // on the attention probabilities
-  uint64_t attention_offset = 0;   // its Philox stream (attention.h): layer l uses l·⌈T²/4⌉
-  int64_t tokens() const { return batch * seq; }                   // N
-  int64_t local_rows() const { return tp.local_rows(tokens()); }   // rows of x and y
-};
-
-// y = block(x); fills acts. seed/offset name the two dropout masks (offset, offset + N·C);
-// the attention-probability mask is (seed, s.attention_offset) in attention.h's
-// streams (their own high counter word: never a hidden-dropout mask).
+// y = block(x); fills acts. core: see AttentionCore (nullptr: causal attention).
 void block_forward(const BlockShape& s, const BlockParams& p, const Tensor& x, const Tensor& y, BlockActs& a,
-                   uint64_t seed, uint64_t offset);
-// dx (N, C) = d(block)/dx · dy (overwritten); parameter grads +=.
-void block_backward(const BlockShape& s, const BlockParams& p, const Tensor& x, const Tensor& dy,
-                    const Tensor& dx, const BlockActs& a, uint64_t seed, uint64_t offset);
+                   uint64_t seed, uint64_t offset, const AttentionCore* core = nullptr);
+// dx (Nl, C) overwritten; the weight part goes to defer (run now when null).
+void block_backward_input(const BlockShape& s, const BlockParams& p, const Tensor& x, const Tensor& dy,
+                          const Tensor& dx, const BlockActs& a, uint64_t seed, uint64_t offset,
+                          WeightGradWork* defer);
+void block_backward(const BlockShape& s, const BlockParams& p, const Tensor& x, const Tensor& dy, const Tensor& dx,
+                    const BlockActs& a, uint64_t seed, uint64_t offset);
+
+// What one block holds, in elements of the compute dtype (act) and f32 (f32), for
+// the memory estimate (model/memory.h): `saved` from its forward to its backward
+// (acts, plus its output, the next block's input), `backward` the peak of the
+// temporaries its backward allocates. Kept next to block_forward: change both.
+struct BlockMemory {
+  int64_t saved_act = 0, saved_f32 = 0, backward_act = 0;
+};
+BlockMemory block_memory(const BlockShape& s);
 
 // The block as one tape node; with recompute it keeps only x and replays the forward.
-// grads_ready (may be empty) is called after the node's backward: the block's
-// parameter gradients are final for this micro-batch.
+// grads_ready (may be empty) is called once the block's parameter gradients are
+// final for this micro-batch: after its backward, or after its deferred weight
+// part when the tape defers weight gradients.
 Var block(Tape& tape, const BlockShape& s, const BlockParams& p, const Var& x, uint64_t seed, uint64_t offset,
           bool recompute, std::function<void()> grads_ready = {});
 

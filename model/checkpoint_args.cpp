@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/arch_flags.h"
 
 namespace po = boost::program_options;
 
@@ -46,6 +47,14 @@ void reconcile_model_flags(const po::variables_map& vm, const GPTConfig& saved, 
       wrong.push_back(str("--layernorm-epsilon ", m.layernorm_epsilon, " (checkpoint: ", saved.layernorm_epsilon, ")"));
   } else if (fill) {
     m.layernorm_epsilon = saved.layernorm_epsilon;
+  }
+  if (architecture_flags_given(vm)) {
+    const std::string arch = architecture_differences(m, saved);
+    if (!arch.empty()) wrong.push_back(arch);
+  } else if (fill) {
+    const float eps = m.layernorm_epsilon;
+    copy_architecture(saved, m);
+    m.layernorm_epsilon = eps;  // reconciled above
   }
   if (!wrong.empty()) {
     std::string list;

@@ -1,8 +1,43 @@
 #include "model/config.h"
 
 #include "core/error.h"
+#include "model/param_table.h"
+#include "tensor/rope.h"
 
 namespace mpitron {
+
+const char* to_string(Normalization n) { return n == Normalization::RMSNorm ? "RMSNorm" : "LayerNorm"; }
+
+const char* to_string(PositionEmbedding p) {
+  switch (p) {
+    case PositionEmbedding::Learned: return "learned_absolute";
+    case PositionEmbedding::Rope: return "rope";
+    case PositionEmbedding::None: return "none";
+  }
+  return "?";
+}
+
+Normalization parse_normalization(const std::string& s) {
+  if (s == "LayerNorm") return Normalization::LayerNorm;
+  if (s == "RMSNorm") return Normalization::RMSNorm;
+  MPT_THROW(str("--normalization ", s, " is not known"), "use LayerNorm or RMSNorm");
+}
+
+PositionEmbedding parse_position_embedding(const std::string& s) {
+  if (s == "learned_absolute") return PositionEmbedding::Learned;
+  if (s == "rope") return PositionEmbedding::Rope;
+  if (s == "none") return PositionEmbedding::None;
+  MPT_THROW(str("--position-embedding-type ", s, " is not known"), "use learned_absolute, rope or none");
+}
+
+std::string GPTConfig::family() const {
+  const bool gpt2 = normalization == Normalization::LayerNorm && !swiglu && learned_positions() &&
+                    !untie_embeddings && add_bias_linear && query_groups() == num_attention_heads;
+  if (gpt2) return "gpt2";
+  const bool llama = normalization == Normalization::RMSNorm && swiglu &&
+                     position_embedding == PositionEmbedding::Rope && untie_embeddings && !add_bias_linear;
+  return llama ? "llama" : "custom";
+}
 
 void GPTConfig::validate() const {
   MPT_CHECK(num_layers >= 1, str("--num-layers must be >= 1, got ", num_layers), "");
@@ -11,6 +46,10 @@ void GPTConfig::validate() const {
   MPT_CHECK(hidden_size % num_attention_heads == 0,
             str("--num-attention-heads (", num_attention_heads, ") must divide --hidden-size (", hidden_size, ")"),
             "pick a head count that divides the hidden size, e.g. hidden 768 with 12 heads");
+  MPT_CHECK(num_query_groups >= 0 && num_attention_heads % query_groups() == 0,
+            str("--num-query-groups (", num_query_groups, ") must divide --num-attention-heads (", num_attention_heads,
+                ")"),
+            "each query group serves --num-attention-heads / --num-query-groups heads, e.g. 32 heads with 8 groups");
   MPT_CHECK(seq_length >= 1, str("--seq-length must be >= 1, got ", seq_length), "");
   MPT_CHECK(seq_length <= max_position_embeddings,
             str("--seq-length (", seq_length, ") exceeds --max-position-embeddings (", max_position_embeddings, ")"),
@@ -21,20 +60,30 @@ void GPTConfig::validate() const {
   MPT_CHECK(attention_dropout >= 0 && attention_dropout < 1,
             str("--attention-dropout must be in [0, 1), got ", attention_dropout), "");
   MPT_CHECK(init_method_std > 0, str("--init-method-std must be > 0, got ", init_method_std), "");
+  MPT_CHECK(layernorm_epsilon > 0, str("--norm-epsilon must be > 0, got ", layernorm_epsilon), "");
+  if (position_embedding == PositionEmbedding::Rope) {
+    MPT_CHECK(rotary_base > 0, str("--rotary-base must be > 0, got ", rotary_base), "Llama 2 uses 10000, Llama 3 500000");
+    MPT_CHECK(rotary_percent > 0 && rotary_percent <= 1,
+              str("--rotary-percent must be in (0, 1], got ", rotary_percent), "");
+    rope_rotary_dim(head_dim(), rotary_percent);  // throws when the rotated dims are odd or zero
+  }
 }
 
 int64_t GPTConfig::num_parameters() const {
-  const int64_t C = hidden_size, F = ffn();
-  const int64_t per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + F * C + F + C * F + C;
-  return padded_vocab_size * C + max_position_embeddings * C + num_layers * per_layer + 2 * C;
+  int64_t outer = 0, layer = 0;
+  for (const ParamSpec& s : outer_param_table(*this)) outer += shape_numel(s.global_shape);
+  for (const ParamSpec& s : block_param_table(*this, 0)) layer += shape_numel(s.global_shape);
+  return outer + num_layers * layer;
 }
 
 double GPTConfig::flops_per_token() const {
-  const double C = static_cast<double>(hidden_size), F = static_cast<double>(ffn());
+  double matmul_params = 0;
+  for (const ParamSpec& s : outer_param_table(*this))
+    if (s.matmul) matmul_params += static_cast<double>(shape_numel(s.global_shape));
+  for (const ParamSpec& s : block_param_table(*this, 0))
+    if (s.matmul) matmul_params += static_cast<double>(num_layers) * static_cast<double>(shape_numel(s.global_shape));
   const double L = static_cast<double>(num_layers), T = static_cast<double>(seq_length);
-  const double V = static_cast<double>(padded_vocab_size);
-  const double matmul_params = L * (3 * C * C + C * C + 2 * C * F) + V * C;
-  return 6.0 * matmul_params + 6.0 * L * T * C;
+  return 6.0 * matmul_params + 6.0 * L * T * static_cast<double>(hidden_size);
 }
 
 }  // namespace mpitron

@@ -1,4 +1,12 @@
-// model/config.h — what a GPT is made of. Every field: meaning and default.
+// model/config.h — what a decoder transformer is made of. Every field: meaning and default.
+//
+// The defaults are GPT-2 (pre-LN LayerNorm, GELU MLP, learned positions, tied LM
+// head, multi-head attention, biases on every linear). The Llama family is the same
+// skeleton with other sublayer choices (Megatron's flags in brackets):
+//   RMSNorm [--normalization RMSNorm], SwiGLU MLP [--swiglu], rotary positions
+//   [--position-embedding-type rope], grouped-query attention [--group-query-attention
+//   --num-query-groups G], an untied output layer [--untie-embeddings-and-output-weights]
+//   and no linear biases [--disable-bias-linear]. docs/model-families.md.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -7,31 +15,58 @@
 
 namespace mpitron {
 
+enum class Normalization : uint8_t { LayerNorm, RMSNorm };
+enum class PositionEmbedding : uint8_t { Learned, Rope, None };
+
+// "LayerNorm"/"RMSNorm", "learned_absolute"/"rope"/"none" (Megatron's spellings).
+const char* to_string(Normalization n);
+const char* to_string(PositionEmbedding p);
+Normalization parse_normalization(const std::string& s);           // throws naming --normalization
+PositionEmbedding parse_position_embedding(const std::string& s);  // throws naming --position-embedding-type
+
 struct GPTConfig {
   int64_t num_layers = 12;               // --num-layers: transformer blocks
   int64_t hidden_size = 768;             // --hidden-size: C, the residual stream width
   int64_t num_attention_heads = 12;      // --num-attention-heads: NH; C must divide by it
+  int64_t num_query_groups = 0;          // --num-query-groups: G key/value heads; 0 means NH (no grouping)
   int64_t ffn_hidden_size = 0;           // --ffn-hidden-size: F; 0 means 4·C
   int64_t seq_length = 1024;             // --seq-length: T, tokens per sample
-  int64_t max_position_embeddings = 1024;// --max-position-embeddings: rows of wpe; >= T
+  int64_t max_position_embeddings = 1024;// --max-position-embeddings: rows of wpe (learned); the longest T
   int64_t vocab_size = 50257;            // tokenizer vocabulary (GPT-2: 50257)
   int64_t padded_vocab_size = 50304;     // V: vocab rounded up (make-vocab-size-divisible-by × TP)
   float hidden_dropout = 0.1f;           // --hidden-dropout: after embeddings, attn proj and MLP
   float attention_dropout = 0.1f;        // --attention-dropout: on the attention probabilities (Megatron's 0.1)
   float init_method_std = 0.02f;         // --init-method-std: N(0, std) for weights; output
                                          //   projections use std / sqrt(2·num_layers)
-  float layernorm_epsilon = 1e-5f;       // --layernorm-epsilon
+  float layernorm_epsilon = 1e-5f;       // --layernorm-epsilon / --norm-epsilon (either norm)
+  Normalization normalization = Normalization::LayerNorm;          // --normalization
+  bool swiglu = false;                   // --swiglu: MLP fc is (2F, C) = [gate | up], silu(gate)·up
+  PositionEmbedding position_embedding = PositionEmbedding::Learned;  // --position-embedding-type
+  double rotary_base = 10000.0;          // --rotary-base (rope's θ base)
+  double rotary_percent = 1.0;           // --rotary-percent: fraction of each head's dims rotated
+  bool untie_embeddings = false;         // --untie-embeddings-and-output-weights: own head (V, C)
+  bool add_bias_linear = true;           // false with --disable-bias-linear
   DType compute_dtype = DType::F32;      // f32, or bf16/f16 with --bf16/--fp16
 
   int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
+  // Rows of the fused qkv projection: NH query heads, G key and G value heads.
+  int64_t qkv_rows() const { return (num_attention_heads + 2 * query_groups()) * head_dim(); }
+  // Rows of the MLP's first projection: F, or 2F for SwiGLU ([gate | up]).
+  int64_t fc_rows() const { return swiglu ? 2 * ffn() : ffn(); }
+  bool learned_positions() const { return position_embedding == PositionEmbedding::Learned; }
+  bool norm_has_bias() const { return normalization == Normalization::LayerNorm; }
+  // "gpt2" for the defaults, "llama" for RMSNorm + SwiGLU + rope + untied + no biases,
+  // "custom" for any other mix (it trains; HF export needs one of the two).
+  std::string family() const;
   // Validate; throws naming the flags that conflict.
   void validate() const;
-  // Parameters (the tied LM head counts once).
+  // Parameters (the tied LM head counts once), from the parameter table.
   int64_t num_parameters() const;
   // Training FLOPs per token (forward + backward = 3 × forward), documented in docs/flops.md:
   //   6·N_matmul + 6·L·T·C   (attention scores and values counted for the causal half: 12·L·T·C/2)
-  // where N_matmul counts every matmul weight including the tied LM head.
+  // where N_matmul counts every matmul weight including the (tied or untied) LM head.
   double flops_per_token() const;
 };
 

@@ -1,14 +1,12 @@
-// model/gpt.h — the GPT-2 architecture model.
+// model/gpt.h — the decoder language model of every family (GPT-2, Llama, …).
 //
-//   x0 = dropout(wte[tokens] + wpe[positions])       (N, C), N = B·T
-//   x_l+1 = block_l(x_l)                              l = 0 … L-1
-//   logits = LN_f(x_L) · wteᵀ                         (N, V)  (tied LM head)
+//   x0 = dropout(wte[tokens] (+ wpe[positions] with learned positions))   (N, C), N = B·T
+//   x_l+1 = block_l(x_l)                              l = 0 … L-1 (model/block.h)
+//   logits = norm_f(x_L) · Woutᵀ                      (N, V); Wout = wte (tied) or head.weight
 //   loss = mean cross-entropy(logits, targets)
-// Parameter names and order (also the checkpoint's dataset names):
-//   wte (V, C), wpe (P, C), layers.{l}.{ln1.weight, ln1.bias, attn.qkv.weight (3C, C),
-//   attn.qkv.bias, attn.proj.weight (C, C), attn.proj.bias, ln2.weight, ln2.bias,
-//   mlp.fc.weight (F, C), mlp.fc.bias, mlp.proj.weight (C, F), mlp.proj.bias}, lnf.weight, lnf.bias.
-// The qkv rows are Q (C rows), then K, then V, heads contiguous in each.
+// The parameters (names, shapes, order = the checkpoint's datasets, TP split,
+// init, placement) come from the family's parameter table (model/param_table.h).
+// The qkv rows are Q (NH heads), then K, then V (G heads each), heads contiguous.
 //
 // Model parallelism (ModelParallel): with tensor parallelism each rank holds
 // its TP slice of the split parameters (model/tensor_parallel.h, ParamInfo::tp);
@@ -92,11 +90,16 @@ class GPT {
   // Logits (B·T, V) in the compute dtype, no loss (evaluation / generation;
   // one rank only: tp == pp == 1).
   Tensor logits(const Tensor& tokens);
+  // The LM head's matrix (V, C): wte when tied, head.weight with untied embeddings.
+  const Var& output_weight() const;
+  // Layer l's parameters, when this rank holds it.
+  const BlockParams& block_params(int64_t layer) const;
 
  private:
   Var embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt);
   Var layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt);
   Var head_loss(Tape& tape, const Var& x, const Tensor& targets);
+  Var final_norm(Tape& tape, const Var& x);
 
   GPTConfig cfg_;
   Device device_;

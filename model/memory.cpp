@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "model/block.h"
 
 namespace mpitron {
 
@@ -23,17 +24,15 @@ std::string MemoryEstimate::to_string() const {
 
 void check_fits_memory(const GPTConfig& c, int64_t micro_batch, int tp, int pp, int dp, int zero_stage,
                        int64_t capacity, const std::string& device_name) {
-  const double C = static_cast<double>(c.hidden_size), F = static_cast<double>(c.ffn());
-  const double L = static_cast<double>(c.num_layers), V = static_cast<double>(c.padded_vocab_size);
-  const double P_pos = static_cast<double>(c.max_position_embeddings) * C;
-  const double per_layer = 4 * C * C + 2 * C * F + F + 9 * C;
   // The largest rank holds at least the average share.
-  const double params = (L * per_layer + V * C + P_pos + 2 * C) / (static_cast<double>(tp) * pp);
+  const double params = static_cast<double>(c.num_parameters()) / (static_cast<double>(tp) * pp);
   const double e = static_cast<double>(dtype_size(c.compute_dtype));
   const double shard = zero_stage > 0 ? params / dp : params;
   const double state = params * (e + 4) + shard * ((c.compute_dtype == DType::F32 ? 0 : 4) + 8);
-  const double N = static_cast<double>(micro_batch) * static_cast<double>(c.seq_length);
-  const double block = (4 * N * C / tp + 4 * N * C + 2 * N * F / tp) * e;
+  TensorParallel tpl;
+  tpl.size = tp;
+  const double block =
+      static_cast<double>(block_memory(block_shape(c, micro_batch, c.seq_length, tpl, true, 0)).saved_act) * e;
   const double need = state + block;
   const double cap = static_cast<double>(capacity);
   MPT_CHECK(need <= cap,
@@ -53,7 +52,7 @@ void check_estimate_fits(const MemoryEstimate& e, int64_t capacity, const std::s
 
 MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, int zero_stage, bool recompute,
                                const RankShard& r) {
-  const int64_t P = r.params, C = c.hidden_size, F = c.ffn(), t = r.tp;
+  const int64_t P = r.params, C = c.hidden_size, t = r.tp;
   const int64_t N = micro_batch * c.seq_length, Nl = r.sequence_parallel ? N / t : N, V = c.padded_vocab_size;
   const int64_t e = static_cast<int64_t>(dtype_size(c.compute_dtype));
   const int64_t shard = zero_stage > 0 ? (P + dp - 1) / dp : P;
@@ -62,8 +61,11 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   m.gradients = 4 * P;
   m.master_weights = c.compute_dtype == DType::F32 ? 0 : 4 * shard;
   m.moments = 8 * shard;
-  const int64_t per_block = (4 * N * C / t + 4 * Nl * C + 2 * N * F / t) * e +
-                            4 * (4 * Nl + micro_batch * (c.num_attention_heads / t) * c.seq_length);
+  TensorParallel tpl;
+  tpl.size = static_cast<int>(t);
+  tpl.sequence_parallel = r.sequence_parallel;
+  const BlockMemory bm = block_memory(block_shape(c, micro_batch, c.seq_length, tpl, true, 0));
+  const int64_t per_block = bm.saved_act * e + 4 * bm.saved_f32;
   const int64_t L = r.layers_per_chunk;
   int64_t first_ends = 0, last_ends = 0;
   if (r.first_stage) first_ends = (N * C + 2 * Nl * C) * e;  // lookups and their sum
@@ -88,9 +90,8 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
       peak = std::max(peak, live);
     }
   }
-  // Backward of one block at a time: its gradient temporaries (dmlp, dg, dln2, dx2,
-  // dproj, datt, dqkv, dln1, dx).
-  const int64_t block_bwd = (5 * N * C + 4 * N * C / t + 2 * Nl * C + N * F / t + (Nl < N ? N * C : 0)) * e;
+  // Backward of one block at a time: its gradient temporaries (model/block.h).
+  const int64_t block_bwd = bm.backward_act * e;
   m.activations = peak + (recompute ? per_block : 0) + (L > 0 ? block_bwd : 0);
   if (r.mpi_zero_staging && zero_stage > 0) m.comm_staging = 4 * shard;
   return m;

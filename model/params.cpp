@@ -10,26 +10,39 @@ int64_t rows_of(const Shape& s) { return s.empty() ? 1 : s[0]; }
 int64_t cols_of(const Shape& s) { return s.size() < 2 ? 1 : shape_numel(s) / s[0]; }
 }  // namespace
 
+namespace {
+// Where local index `j` along the split axis lies in the global axis; `run` gets
+// how many local indices from j on stay inside the same block.
+int64_t global_index(const TPShard& t, int64_t local_extent, int64_t global_extent, int64_t j, int64_t* run = nullptr) {
+  const std::vector<int64_t> parts = t.parts.empty() ? std::vector<int64_t>{global_extent} : t.parts;
+  int64_t lstart = 0, gstart = 0;
+  for (const int64_t gp : parts) {
+    const int64_t lp = gp / t.size;
+    if (j < lstart + lp) {
+      if (run) *run = lstart + lp - j;
+      return gstart + t.rank * lp + (j - lstart);
+    }
+    lstart += lp;
+    gstart += gp;
+  }
+  MPT_THROW(str("local index ", j, " outside the ", local_extent, " of a tensor-parallel split"), "");
+}
+}  // namespace
+
 int64_t global_element(const ParamInfo& p, int64_t i) {
   if (p.tp.axis < 0) return i;
   const int64_t cols = cols_of(p.shape), row = i / cols, col = i % cols;
   const int64_t gcols = cols_of(p.global_shape);
-  if (p.tp.axis == 0) {
-    const int64_t lp = rows_of(p.shape) / p.tp.parts, gp = rows_of(p.global_shape) / p.tp.parts;
-    const int64_t grow = (row / lp) * gp + p.tp.rank * lp + row % lp;
-    return grow * gcols + col;
-  }
-  const int64_t lp = cols / p.tp.parts, gp = gcols / p.tp.parts;
-  return row * gcols + (col / lp) * gp + p.tp.rank * lp + col % lp;
+  if (p.tp.axis == 0) return global_index(p.tp, rows_of(p.shape), rows_of(p.global_shape), row) * gcols + col;
+  return row * gcols + global_index(p.tp, cols, gcols, col);
 }
 
 std::vector<GlobalPiece> global_pieces(const ParamInfo& p, int64_t begin, int64_t end) {
   MPT_CHECK(0 <= begin && begin <= end && end <= p.numel(),
             str("global_pieces(", p.name, "): range [", begin, ", ", end, ") outside ", p.numel(), " elements"), "");
-  MPT_CHECK(p.tp.axis != 1 || p.tp.parts == 1, str(p.name, ": column split in several parts is not supported"), "");
+  MPT_CHECK(p.tp.axis != 1 || p.tp.parts.size() <= 1, str(p.name, ": column split in several parts is not supported"), "");
   const bool two_d = p.global_shape.size() == 2;
   const int64_t cols = cols_of(p.shape);
-  const int64_t lp = p.tp.axis == 0 ? rows_of(p.shape) / p.tp.parts : rows_of(p.shape);  // rows per part
   std::vector<GlobalPiece> out;
   int64_t i = begin;
   while (i < end) {
@@ -40,7 +53,9 @@ std::vector<GlobalPiece> global_pieces(const ParamInfo& p, int64_t begin, int64_
     } else {
       ncols = cols;
       nrows = (end - i) / cols;
-      nrows = std::min(nrows, lp - row % lp);  // a run of rows stays inside one part
+      int64_t run = rows_of(p.shape) - row;  // a run of rows stays inside one part
+      if (p.tp.axis == 0) global_index(p.tp, rows_of(p.shape), rows_of(p.global_shape), row, &run);
+      nrows = std::min(nrows, run);
     }
     const int64_t g = global_element(p, i);
     const int64_t gcols = cols_of(p.global_shape);

@@ -10,17 +10,19 @@
 #include <vector>
 
 #include "autograd/variable.h"
+#include "model/param_table.h"
 
 namespace mpitron {
 
 // How one tensor-parallel rank's piece is cut out of the global parameter.
 //   axis -1: replicated (every TP rank holds the whole tensor);
-//   axis 0/1: split along rows/columns. The global axis is `parts` equal blocks
-//   (qkv: 3 blocks Q, K, V) and each block is split evenly over the TP ranks, so
-//   local block j = global rows [j·G/parts + rank·L/parts, … + L/parts).
+//   axis 0/1: split along rows/columns. The global axis is cut into consecutive
+//   blocks of global sizes `parts` (empty: one block, the whole axis; qkv under GQA:
+//   NH·HD, G·HD, G·HD) and each block is split evenly over the TP ranks, so local
+//   block j holds global rows [start_j + rank·parts[j]/size, … + parts[j]/size).
 struct TPShard {
   int axis = -1;
-  int parts = 1;
+  std::vector<int64_t> parts;
   int rank = 0, size = 1;
 };
 
@@ -36,6 +38,8 @@ struct ParamInfo {
   // TP-replicated parameter on tp rank > 0 and for the tied word embedding's
   // copy on the last pipeline stage.
   bool canonical = true;
+  ParamRole role = ParamRole::WordEmbedding;  // from the parameter table (model/param_table.h)
+  ParamInit init = ParamInit::Normal;
   int64_t numel() const { return shape_numel(shape); }
 };
 

@@ -36,32 +36,35 @@ KVCacheDecoder::KVCacheDecoder(GPT& model, int64_t batch, int64_t max_len, bool 
             str("KV cache length ", max_len, " must be in [1, max_position_embeddings = ", c.max_position_embeddings, "]"),
             "ask for fewer tokens");
   len_.assign(static_cast<size_t>(batch), 0);
-  const Shape cache{batch, c.num_attention_heads, max_len, c.head_dim()};
+  const Shape cache{batch, c.query_groups(), max_len, c.head_dim()};
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    blocks_.push_back(BlockParams::from(model.params(), str("layers.", l, ".")));
     k_cache_.push_back(Tensor::zeros(cache, c.compute_dtype, model.device()));
     v_cache_.push_back(Tensor::zeros(cache, c.compute_dtype, model.device()));
   }
 }
 
-std::vector<float> KVCacheDecoder::prefill(int64_t b, const std::vector<int32_t>& prompt) {
+Tensor KVCacheDecoder::embed(const std::vector<int64_t>& ids, const std::vector<int64_t>& pos) {
   const GPTConfig& c = model_.config();
+  Tensor x = Tensor::empty({static_cast<int64_t>(ids.size()), c.hidden_size}, c.compute_dtype, model_.device());
+  embedding_forward(ids_tensor(ids, model_.device()), model_.params().var("wte").value(), x);
+  if (c.learned_positions())
+    embedding_forward(ids_tensor(pos, model_.device()), model_.params().var("wpe").value(), x, true);
+  return x;
+}
+
+std::vector<float> KVCacheDecoder::prefill(int64_t b, const std::vector<int32_t>& prompt) {
   const int64_t T = static_cast<int64_t>(prompt.size());
   MPT_CHECK(b >= 0 && b < batch_, str("sequence ", b, " outside the batch of ", batch_), "");
   MPT_CHECK(T >= 1 && T <= tmax_, str("prompt of ", T, " tokens does not fit the KV cache of ", tmax_, " positions"),
             "shorten the prompt");
   std::vector<int64_t> ids(prompt.begin(), prompt.end()), pos(static_cast<size_t>(T));
   std::iota(pos.begin(), pos.end(), int64_t{0});
-  Tensor x = Tensor::empty({T, c.hidden_size}, c.compute_dtype, model_.device());
-  embedding_forward(ids_tensor(ids, model_.device()), model_.params().var("wte").value(), x);
-  embedding_forward(ids_tensor(pos, model_.device()), model_.params().var("wpe").value(), x, true);
-  Tensor h = run_layers(x, {b}, {0}, true);
+  Tensor h = run_layers(embed(ids, pos), {b}, pos, true);
   len_[static_cast<size_t>(b)] = T;
   return head_logits(h.slice(0, T - 1, T));
 }
 
 std::vector<float> KVCacheDecoder::step(const std::vector<int64_t>& rows, const std::vector<int32_t>& tokens) {
-  const GPTConfig& c = model_.config();
   const int64_t n = static_cast<int64_t>(rows.size());
   MPT_CHECK(n >= 1 && tokens.size() == rows.size(), str("step: ", rows.size(), " rows but ", tokens.size(), " tokens"), "");
   std::vector<int64_t> ids(tokens.begin(), tokens.end()), pos;
@@ -74,73 +77,76 @@ std::vector<float> KVCacheDecoder::step(const std::vector<int64_t>& rows, const 
     MPT_CHECK(p < tmax_, str("step: sequence ", b, " already holds ", p, " tokens, the KV cache's capacity"), "");
     pos.push_back(p);
   }
-  Tensor x = Tensor::empty({n, c.hidden_size}, c.compute_dtype, model_.device());
-  embedding_forward(ids_tensor(ids, model_.device()), model_.params().var("wte").value(), x);
-  embedding_forward(ids_tensor(pos, model_.device()), model_.params().var("wpe").value(), x, true);
-  Tensor h = run_layers(x, rows, pos, false);
+  Tensor h = run_layers(embed(ids, pos), rows, pos, false);
   for (int64_t b : rows) ++len_[static_cast<size_t>(b)];
   return head_logits(h);
 }
 
+// The attention of a decode step: each new row's k/v are appended to its
+// sequence's cache at its position, then its query heads attend over the cache.
+class KVCacheDecoder::DecodeCore final : public AttentionCore {
+ public:
+  DecodeCore(KVCacheDecoder& d, int64_t layer, const std::vector<int64_t>& rows, const std::vector<int64_t>& pos)
+      : d_(d), layer_(layer), rows_(rows), pos_(pos) {}
+  void attend(const BlockShape& s, const Tensor& qkv, const Tensor& att) const override {
+    const int64_t NH = s.heads, G = s.kv_groups(), HD = s.head_dim();
+    const Tensor q3 = qkv.view({qkv.dim(0), NH + 2 * G, HD});
+    const size_t l = static_cast<size_t>(layer_);
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      const int64_t b = rows_[i], t = pos_[i];
+      const Tensor row = q3.select(0, static_cast<int64_t>(i));  // (NH + 2G, HD)
+      d_.k_cache_[l].select(0, b).select(1, t).copy_from(row.slice(0, NH, NH + G));
+      d_.v_cache_[l].select(0, b).select(1, t).copy_from(row.slice(0, NH + G, NH + 2 * G));
+    }
+    d_.cached_attention(qkv, att, layer_, rows_, pos_);
+  }
+  const std::vector<int64_t>* positions() const override { return &pos_; }
+
+ private:
+  KVCacheDecoder& d_;
+  int64_t layer_;
+  const std::vector<int64_t>& rows_;
+  const std::vector<int64_t>& pos_;
+};
+
 Tensor KVCacheDecoder::run_layers(Tensor x, const std::vector<int64_t>& rows, const std::vector<int64_t>& pos,
                                   bool prefill) {
   const GPTConfig& c = model_.config();
-  const int64_t n = x.dim(0), C = c.hidden_size, F = c.ffn(), NH = c.num_attention_heads, HD = c.head_dim();
-  const DType dt = c.compute_dtype;
-  const Device dev = model_.device();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  const float eps = c.layernorm_epsilon;
-  Tensor mean = Tensor::empty({n}, DType::F32, dev), rstd = Tensor::empty({n}, DType::F32, dev);
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    const BlockParams& p = blocks_[l];
-    Tensor ln = Tensor::empty({n, C}, dt, dev);
-    layernorm_forward(x, p.ln1_w.value(), p.ln1_b.value(), ln, mean, rstd, eps);
-    Tensor qkv = Tensor::empty({n, 3 * C}, dt, dev);
-    gemm(ln, p.qkv_w.value(), qkv, kLinear, p.qkv_b.value());
-    const Tensor q5 = qkv.view({n, 3, NH, HD});
-    Tensor att = Tensor::empty({n, C}, dt, dev);
-    if (prefill) {  // one sequence, positions [0, n)
-      const int64_t b = rows[0];
-      Tensor lse = Tensor::empty({1, NH, n}, DType::F32, dev);
-      attention_forward(qkv.view({1, n, 3, NH, HD}), att.view({1, n, NH, HD}), lse, scale);
-      k_cache_[l].select(0, b).slice(1, 0, n).copy_from(q5.select(1, 1).transpose(0, 1));
-      v_cache_[l].select(0, b).slice(1, 0, n).copy_from(q5.select(1, 2).transpose(0, 1));
-    } else {
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t b = rows[static_cast<size_t>(i)], t = pos[static_cast<size_t>(i)];
-        k_cache_[l].select(0, b).select(1, t).copy_from(q5.select(0, i).select(0, 1));
-        v_cache_[l].select(0, b).select(1, t).copy_from(q5.select(0, i).select(0, 2));
-      }
-      cached_attention(qkv, att, static_cast<int64_t>(l), rows, pos);
+  const int64_t n = x.dim(0), NH = c.num_attention_heads, G = c.query_groups(), HD = c.head_dim();
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    // Prefill: one sequence (batch 1, T = n) through the training block's causal
+    // attention; a step: n sequences of one new token each, with the cache.
+    const BlockShape s = block_shape(c, prefill ? 1 : n, prefill ? n : 1, TensorParallel{}, false, l);
+    const DecodeCore core(*this, l, rows, pos);
+    BlockActs acts;
+    Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+    block_forward(s, model_.block_params(l), x, y, acts, 0, 0, prefill ? nullptr : &core);
+    if (prefill) {  // the rotated keys and values of positions [0, n)
+      const Tensor q3 = acts.attn.qkv.view({n, NH + 2 * G, HD});
+      const size_t li = static_cast<size_t>(l);
+      k_cache_[li].select(0, rows[0]).slice(1, 0, n).copy_from(q3.slice(1, NH, NH + G).transpose(0, 1));
+      v_cache_[li].select(0, rows[0]).slice(1, 0, n).copy_from(q3.slice(1, NH + G, NH + 2 * G).transpose(0, 1));
     }
-    Tensor proj = Tensor::empty({n, C}, dt, dev);
-    gemm(att, p.proj_w.value(), proj, kLinear, p.proj_b.value());
-    Tensor x2 = Tensor::empty({n, C}, dt, dev);
-    add_forward(x, proj, x2);
-    layernorm_forward(x2, p.ln2_w.value(), p.ln2_b.value(), ln, mean, rstd, eps);
-    Tensor fc = Tensor::empty({n, F}, dt, dev);
-    gemm(ln, p.fc_w.value(), fc, kLinear, p.fc_b.value());
-    gelu_forward(fc, fc);
-    gemm(fc, p.mproj_w.value(), proj, kLinear, p.mproj_b.value());
-    Tensor y = Tensor::empty({n, C}, dt, dev);
-    add_forward(x2, proj, y);
     x = y;
   }
-  Tensor out = Tensor::empty({n, C}, dt, dev);
-  layernorm_forward(x, model_.params().var("lnf.weight").value(), model_.params().var("lnf.bias").value(), out, mean,
-                    rstd, eps);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  NormActs na;
+  const NormParams lnf{model_.params().var("lnf.weight"),
+                       c.norm_has_bias() ? model_.params().var("lnf.bias") : Var()};
+  norm_forward(c.normalization, c.layernorm_epsilon, lnf, x, out, na);
   return out;
 }
 
 void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int64_t layer,
                                       const std::vector<int64_t>& rows, const std::vector<int64_t>& pos) {
   const GPTConfig& c = model_.config();
-  const int64_t n = qkv.dim(0), NH = c.num_attention_heads, HD = c.head_dim(), C = c.hidden_size;
+  const int64_t n = qkv.dim(0), NH = c.num_attention_heads, G = c.query_groups(), HD = c.head_dim();
+  const int64_t r = NH / G, QL = (NH + 2 * G) * HD, C = c.hidden_size;  // r query heads per group
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const Tensor& kc = k_cache_[static_cast<size_t>(layer)];
   const Tensor& vc = v_cache_[static_cast<size_t>(layer)];
   if (!force_ops_ && model_.device().is_cpu() && qkv.dtype() == DType::F32) {
-    // Direct loop: row i, head h attends over the (L, HD) block of its cache.
+    // Direct loop: row i, head h attends over the (L, HD) block of its group's cache.
     const float* q = qkv.data<float>();
     const float* K = kc.data<float>();
     const float* V = vc.data<float>();
@@ -149,10 +155,10 @@ void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int6
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t i = 0; i < n; ++i)
       for (int64_t h = 0; h < NH; ++h) {
-        const int64_t b = rows[static_cast<size_t>(i)], L = pos[static_cast<size_t>(i)] + 1;
-        const float* qi = q + i * 3 * C + h * HD;
-        const float* kb = K + (b * NH + h) * tmax * HD;
-        const float* vb = V + (b * NH + h) * tmax * HD;
+        const int64_t b = rows[static_cast<size_t>(i)], L = pos[static_cast<size_t>(i)] + 1, g = h / r;
+        const float* qi = q + i * QL + h * HD;
+        const float* kb = K + (b * G + g) * tmax * HD;
+        const float* vb = V + (b * G + g) * tmax * HD;
         std::vector<float> s(static_cast<size_t>(L));
         float mx = -INFINITY;
         for (int64_t t = 0; t < L; ++t) {
@@ -172,19 +178,24 @@ void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int6
       }
     return;
   }
-  // Tensor ops only (any device / dtype).
-  const Tensor q5 = qkv.view({n, 3, NH, HD});
+  // Tensor ops only (any device / dtype): per row and group, the group's r query
+  // heads (r, HD) against its cached keys (L, HD).
+  const Tensor q3 = qkv.view({n, NH + 2 * G, HD});
   const Tensor o3 = att.view({n, NH, HD});
   for (int64_t i = 0; i < n; ++i) {
     const int64_t b = rows[static_cast<size_t>(i)], L = pos[static_cast<size_t>(i)] + 1;
-    const Tensor k = kc.select(0, b).slice(1, 0, L).contiguous();  // (NH, L, HD)
-    const Tensor v = vc.select(0, b).slice(1, 0, L).contiguous();
-    const Tensor qi = q5.select(0, i).select(0, 0).view({NH, 1, HD});
-    Tensor scores = Tensor::empty({NH, 1, L}, qkv.dtype(), qkv.device());
-    gemm(qi, k, scores, GemmArgs{false, true, scale, 0.0f});
-    Tensor probs = Tensor::empty({NH, 1, L}, qkv.dtype(), qkv.device());
-    softmax_forward(scores, probs);
-    gemm(probs, v, o3.select(0, i).view({NH, 1, HD}), GemmArgs{});
+    for (int64_t g = 0; g < G; ++g) {
+      const Tensor k = kc.select(0, b).select(0, g).slice(0, 0, L);  // (L, HD)
+      const Tensor v = vc.select(0, b).select(0, g).slice(0, 0, L);
+      const Tensor qg = q3.select(0, i).slice(0, g * r, (g + 1) * r).contiguous();  // (r, HD)
+      Tensor scores = Tensor::empty({r, L}, qkv.dtype(), qkv.device());
+      gemm(qg, k.contiguous(), scores, GemmArgs{false, true, scale, 0.0f});
+      Tensor probs = Tensor::empty({r, L}, qkv.dtype(), qkv.device());
+      softmax_forward(scores, probs);
+      Tensor og = Tensor::empty({r, HD}, qkv.dtype(), qkv.device());
+      gemm(probs, v.contiguous(), og, GemmArgs{});
+      o3.select(0, i).slice(0, g * r, (g + 1) * r).copy_from(og);
+    }
   }
 }
 
@@ -192,7 +203,7 @@ std::vector<float> KVCacheDecoder::head_logits(const Tensor& h) {
   const GPTConfig& c = model_.config();
   const int64_t n = h.dim(0), Vp = c.padded_vocab_size, V = c.vocab_size;
   Tensor logits = Tensor::empty({n, Vp}, c.compute_dtype, model_.device());
-  gemm(h.contiguous(), model_.params().var("wte").value(), logits, kLinear);
+  gemm(h.contiguous(), model_.output_weight().value(), logits, kLinear);
   const std::vector<float> all = logits.to_floats();
   std::vector<float> out(static_cast<size_t>(n * V));
   for (int64_t i = 0; i < n; ++i)

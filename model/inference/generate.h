@@ -1,13 +1,14 @@
 // model/inference/generate.h — autoregressive generation with a KV cache, and sampling.
 //
 // Decoding never recomputes the prefix: the prompt of each sequence runs once
-// through an inference forward (the same ops as block_forward, without dropout
-// or saved activations) that also writes every layer's keys and values into
-//   k_cache[l], v_cache[l]: (B, NH, Tmax, HD)   (compute dtype, model device)
-// and then every new token runs alone: its q/k/v come from one row of the
-// qkv projection, its k/v are appended at the sequence's position, and its
-// query attends over positions [0, pos] of the cache (no mask needed: the
-// cache holds only the past).
+// through the training block (model/block.h, block_forward without dropout) and
+// every layer's (rotated) keys and values are written into
+//   k_cache[l], v_cache[l]: (B, G, Tmax, HD)   (G query groups; compute dtype, model device)
+// and then every new token runs alone through the same block_forward with a
+// decode AttentionCore: its q/k/v come from one row of the qkv projection
+// (rotated at its own position with rope), its k/v are appended at the sequence's
+// position, and its query heads attend over positions [0, pos] of their group's
+// cache (no mask needed: the cache holds only the past).
 //
 // Prompts of different lengths: each prompt is prefilled on its own (B = 1,
 // T = its length, causal attention_forward), then the decode steps run every
@@ -17,10 +18,10 @@
 //
 // Attention with the cache, per device:
 //   CPU, f32: a direct loop per (row, head) over the contiguous (Tmax, HD)
-//     block of the cache (OpenMP over rows × heads);
-//   anything else (CUDA, or bf16/f16): tensor ops only — the cached (NH, L, HD)
-//     slices are made contiguous, then scores = batched gemm (NH, 1, L),
-//     softmax_forward, and a second batched gemm with V. Device-agnostic; the
+//     block of the head's group cache (OpenMP over rows × heads);
+//   anything else (CUDA, or bf16/f16): tensor ops only — per row and group, the
+//     group's query heads (r, HD) · cached keys (L, HD)ᵀ, softmax_forward, and a
+//     second gemm with the values. Device-agnostic; the
 //     tests run it on the CPU (force_ops_attention) against the loop. Not yet
 //     run on a GPU.
 //
@@ -90,6 +91,8 @@ class KVCacheDecoder {
   // x (n, C) → final hidden states (n, C) of the new rows; writes their k/v at positions pos[i].
   Tensor run_layers(Tensor x, const std::vector<int64_t>& rows, const std::vector<int64_t>& pos, bool prefill);
   std::vector<float> head_logits(const Tensor& h);  // (n, C) → n × vocab_size host
+  Tensor embed(const std::vector<int64_t>& ids, const std::vector<int64_t>& pos);  // (n, C)
+  class DecodeCore;
   void cached_attention(const Tensor& qkv, const Tensor& att, int64_t layer, const std::vector<int64_t>& rows,
                         const std::vector<int64_t>& pos);
 
@@ -97,8 +100,7 @@ class KVCacheDecoder {
   int64_t batch_, tmax_;
   bool force_ops_;
   std::vector<int64_t> len_;
-  std::vector<BlockParams> blocks_;
-  std::vector<Tensor> k_cache_, v_cache_;  // [layer] (B, NH, Tmax, HD)
+  std::vector<Tensor> k_cache_, v_cache_;  // [layer] (B, G, Tmax, HD): G query groups (G = NH without grouping)
 };
 
 // Samples one token from logits (n = vocab entries) with p; draw index (stream, step).

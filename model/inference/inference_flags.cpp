@@ -49,6 +49,7 @@ void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool 
     else g.add_options()(i.name, po::bool_switch(), i.why);
   }
   desc.add(g);
+  add_architecture_flags(desc, f.arch);
   add_noop_flags(desc);
 }
 
@@ -65,6 +66,7 @@ void check_inference_flags(const po::variables_map& vm, InferenceFlags& f) {
 void check_against_checkpoint(const po::variables_map& vm, const InferenceFlags& f, const GPTConfig& checkpoint,
                               const std::string& load_dir) {
   GPTConfig m = f.shape;
+  apply_architecture_flags(vm, f.arch, m);
   reconcile_model_flags(vm, checkpoint, m, /*fill=*/false, load_dir, f.with_seq_length);
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "model/arch_flags.h"
 #include "model/config.h"
 #include "tensor/dtype.h"
 
@@ -17,6 +18,7 @@ namespace mpitron {
 
 struct InferenceFlags {
   GPTConfig shape;                                // the model-shape flags, where given
+  ArchFlags arch;                                 // the architecture flags, where given
   bool fp16 = false, bf16 = false;                // --fp16 / --bf16
   std::vector<std::string> notes;                 // one start-up line per accepted no-op flag
   bool with_seq_length = true;                    // --seq-length is the training length (not evaluate's window)

@@ -1,5 +1,7 @@
 #include "model/inference/inference_load.h"
 
+#include "model/config_json.h"
+
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -27,24 +29,7 @@ io::CheckpointReader open_or_throw(const std::string& load_dir) {
 GPTConfig config_from(const io::CheckpointReader& r) {
   MPT_CHECK(r.has_attr("model_config"), str("checkpoint ", r.path(), " has no model_config attribute"),
             "was it written by mpitron's save_checkpoint?");
-  const nlohmann::json j = r.attr_json("model_config");
-  GPTConfig c;
-  try {
-    c.num_layers = j.at("num_layers").get<int64_t>();
-    c.hidden_size = j.at("hidden_size").get<int64_t>();
-    c.num_attention_heads = j.at("num_attention_heads").get<int64_t>();
-    c.ffn_hidden_size = j.at("ffn_hidden_size").get<int64_t>();
-    c.seq_length = j.at("seq_length").get<int64_t>();
-    c.max_position_embeddings = j.at("max_position_embeddings").get<int64_t>();
-    c.vocab_size = j.at("vocab_size").get<int64_t>();
-    c.padded_vocab_size = j.at("padded_vocab_size").get<int64_t>();
-    c.layernorm_epsilon = j.at("layernorm_epsilon").get<float>();
-  } catch (const nlohmann::json::exception& e) {
-    MPT_THROW(str("checkpoint ", r.path(), ": model_config ", j.dump(), " is incomplete: ", e.what()), "");
-  }
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
-  return c;
+  return config_from_json(r.attr_json("model_config"), str("checkpoint ", r.path()));
 }
 
 }  // namespace

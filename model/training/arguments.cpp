@@ -144,6 +144,7 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("config", po::value(&config_file), "file of `flag = value` lines (command line wins)")
       ("help,h", "print this help");
   po::options_description all("pretrain_gpt: train a GPT on Megatron .bin/.idx data");
+  add_architecture_flags(model, a.arch);
   all.add(model).add(train).add(lr).add(prec).add(data).add(log).add(ckpt).add(misc);
   add_noop_flags(all);
   return all;
@@ -371,6 +372,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(a.ddp_bucket_size >= 0, str("--ddp-bucket-size must be >= 0, got ", a.ddp_bucket_size));
 
   GPTConfig& m = a.model;
+  apply_architecture_flags(vm, a.arch, m);
   if (vm["use-checkpoint-args"].as<bool>()) {
     need(!a.load.empty(), "--use-checkpoint-args needs --load DIR", "name the checkpoint directory to take them from");
     reconcile_model_flags(vm, read_checkpoint_config(a.load), m, /*fill=*/true, a.load);
@@ -417,6 +419,9 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   }
   need(m.num_attention_heads % tp == 0,
        str("--num-attention-heads ", m.num_attention_heads, " is not divisible by --tensor-model-parallel-size ", tp));
+  need(m.query_groups() % tp == 0,
+       str("--num-query-groups ", m.query_groups(), " is not divisible by --tensor-model-parallel-size ", tp),
+       "each tensor-parallel rank holds whole key/value groups: use at most as many ranks as groups, dividing them");
   need(m.ffn() % tp == 0, str("the FFN size ", m.ffn(), " is not divisible by --tensor-model-parallel-size ", tp));
   if (a.sequence_parallel && tp == 1) {  // as Megatron: a warning, and sequence parallelism off
     a.sequence_parallel = false;

@@ -1,5 +1,8 @@
 #include "model/training/checkpointing.h"
 
+#include "model/arch_flags.h"
+#include "model/config_json.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -10,19 +13,6 @@
 
 namespace mpitron {
 
-namespace {
-nlohmann::json config_json(const GPTConfig& c) {
-  return {{"num_layers", c.num_layers},
-          {"hidden_size", c.hidden_size},
-          {"num_attention_heads", c.num_attention_heads},
-          {"ffn_hidden_size", c.ffn()},
-          {"seq_length", c.seq_length},
-          {"max_position_embeddings", c.max_position_embeddings},
-          {"vocab_size", c.vocab_size},
-          {"padded_vocab_size", c.padded_vocab_size},
-          {"layernorm_epsilon", c.layernorm_epsilon}};
-}
-}  // namespace
 
 SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const AdamWOptimizer& opt,
                          const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
@@ -92,7 +82,7 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
   w.set_attr_string("tokenizer", "GPT2BPETokenizer");
   w.set_attr_int("vocab_size", model.config().vocab_size);
   w.set_attr_int("padded_vocab_size", model.config().padded_vocab_size);
-  w.set_attr_json("model_config", config_json(model.config()));
+  w.set_attr_json("model_config", config_to_json(model.config()));
   w.set_attr_string("lr_schedule", lr_schedule_json);
   const ModelParallel& mp = model.parallel();
   w.set_attr_json("parallel_layout", {{"tensor_model_parallel_size", mp.tp.size},
@@ -141,7 +131,10 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
   // read_verified throw CheckpointDamaged on every rank and the next older one is tried.
   io::CheckpointReader r = io::CheckpointReader::load_latest(load_dir, comm, [&](const io::CheckpointReader& ck) {
     const nlohmann::json saved = ck.attr_json("model_config");
-    const nlohmann::json want = config_json(c);
+    const nlohmann::json want = config_to_json(c);
+    const std::string arch = architecture_differences(c, config_from_json(saved, ck.path()));
+    MPT_CHECK(arch.empty(), str("checkpoint ", ck.path(), " has another architecture than this run: ", arch),
+              "use the architecture flags the checkpoint was trained with (docs/model-families.md)");
     for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "padded_vocab_size"}) {
       MPT_CHECK(saved.at(k) == want.at(k),
                 str("checkpoint ", ck.path(), " has ", k, " = ", saved.at(k).dump(), " but this run has ", want.at(k).dump()),

@@ -431,9 +431,10 @@ struct Trainer::Impl {
   }
 
   // After the last backward of a step: the tied word embedding's two copies
-  // (first and last pipeline stage) get the sum of their gradients.
+  // (first and last pipeline stage) get the sum of their gradients (an untied
+  // output layer has a single copy).
   void reduce_embedding_grads() {
-    if (!par.embedding) return;
+    if (!par.embedding || model->config().untie_embeddings) return;
     const ParamSet& ps = model->params();
     const ParamInfo& w = ps.info("wte");
     par.embedding->all_reduce(ps.grads().flat_range(w.offset, w.numel()), ReduceOp::Sum);

@@ -1,0 +1,95 @@
+#include "model/layers/attention_layer.h"
+
+#include <cmath>
+
+#include "model/layers/linear_grad.h"
+#include "tensor/ops.h"
+
+namespace mpitron {
+
+namespace {
+const GemmArgs kLinear{false, true, 1.0f, 0.0f};  // y = x · Wᵀ
+
+// The attention-probability dropout: the mask of (batch, GLOBAL head, i, j) — this
+// rank's heads start at rank·NH/t — so TP ranks and a recompute draw the
+// single-process masks.
+AttentionDropout attention_dropout(const BlockShape& s, uint64_t seed) {
+  if (s.attention_dropout == 0.0f) return {};
+  return {s.attention_dropout, seed, s.attention_offset, s.tp.rank * s.local_heads()};
+}
+
+void apply_rope(const BlockShape& s, const Tensor& qkv, const AttentionCore* core, bool inverse) {
+  if (!s.rope) return;
+  const int64_t H = s.local_heads() + 2 * s.local_groups(), rot = s.local_heads() + s.local_groups();
+  const std::vector<int64_t>* pos = core ? core->positions() : nullptr;
+  auto run = [&](const Tensor& t, const RopeArgs& args) {
+    if (inverse) rope_backward(t, t, rot, args);
+    else rope_forward(t, t, rot, args);
+  };
+  if (!pos) {
+    run(qkv.view({s.batch, s.seq, H, s.head_dim()}), s.rope_args);
+    return;
+  }
+  for (int64_t i = 0; i < qkv.dim(0); ++i) {  // decode: every row at its own position
+    RopeArgs args = s.rope_args;
+    args.position_offset = (*pos)[static_cast<size_t>(i)];
+    run(qkv.slice(0, i, i + 1).view({1, 1, H, s.head_dim()}), args);
+  }
+}
+
+Tensor gather(const BlockShape& s, const Tensor& t) { return s.tp.sequence_parallel ? tp_all_gather_rows(s.tp, t) : t; }
+
+// The local rows of a row-parallel partial output (N, C): summed over the group.
+Tensor reduce_rows(const BlockShape& s, const Tensor& full) {
+  if (s.tp.sequence_parallel) return tp_reduce_scatter_rows(s.tp, full);
+  tp_all_reduce(s.tp, full);
+  return full;
+}
+}  // namespace
+
+Tensor attention_layer_forward(const BlockShape& s, const AttentionParams& p, const Tensor& in, AttentionActs& a,
+                               uint64_t seed, const AttentionCore* core) {
+  const int64_t N = s.tokens(), C = s.hidden, HD = s.head_dim(), NHl = s.local_heads();
+  const int64_t H = NHl + 2 * s.local_groups();
+  a.in = in;
+  const Tensor in_f = gather(s, in);  // (N, C)
+  a.qkv = Tensor::empty({N, s.local_qkv()}, in.dtype(), in.device());
+  gemm(in_f, p.qkv_w.value(), a.qkv, kLinear, p.qkv_b.defined() ? p.qkv_b.value() : Tensor());
+  apply_rope(s, a.qkv, core, false);
+  a.att = Tensor::empty({N, NHl * HD}, in.dtype(), in.device());
+  if (core) {
+    a.lse = Tensor();
+    core->attend(s, a.qkv, a.att);
+  } else {
+    a.lse = Tensor::empty({s.batch, NHl, s.seq}, DType::F32, in.device());
+    const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+    attention_forward(a.qkv.view({s.batch, s.seq, H, HD}), a.att.view({s.batch, s.seq, NHl, HD}), a.lse, scale,
+                      attention_dropout(s, seed));
+  }
+  Tensor out = Tensor::empty({N, C}, in.dtype(), in.device());
+  const bool bias_here = s.tp.rank == 0 && p.proj_b.defined();  // row-parallel bias: added once
+  gemm(a.att, p.proj_w.value(), out, kLinear, bias_here ? p.proj_b.value() : Tensor());
+  return reduce_rows(s, out);
+}
+
+Tensor attention_layer_backward(const BlockShape& s, const AttentionParams& p, const AttentionActs& a,
+                                const Tensor& dout, uint64_t seed, WeightGradWork* defer) {
+  const int64_t N = s.tokens(), C = s.hidden, HD = s.head_dim(), NHl = s.local_heads();
+  const int64_t H = NHl + 2 * s.local_groups();
+  const Tensor dout_f = gather(s, dout);  // (N, C): the full output gradient on every rank
+  Tensor datt = Tensor::empty({N, NHl * HD}, dout.dtype(), dout.device());
+  linear_backward_input(dout_f, p.proj_w, datt);
+  linear_backward_weight(dout_f, a.att, p.proj_w, p.proj_b, defer);
+  Tensor dqkv = Tensor::empty(a.qkv.shape(), dout.dtype(), dout.device());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  attention_backward(datt.view({s.batch, s.seq, NHl, HD}), a.qkv.view({s.batch, s.seq, H, HD}),
+                     a.att.view({s.batch, s.seq, NHl, HD}), a.lse, dqkv.view({s.batch, s.seq, H, HD}), scale,
+                     attention_dropout(s, seed));
+  apply_rope(s, dqkv, nullptr, true);  // rope is a rotation: its transpose is the inverse
+  Tensor din_f = Tensor::empty({N, C}, dout.dtype(), dout.device());
+  linear_backward_input(dqkv, p.qkv_w, din_f);
+  linear_backward_weight(dqkv, gather(s, a.in), p.qkv_w, p.qkv_b, defer);
+  return reduce_rows(s, din_f);
+}
+
+}  // namespace mpitron

@@ -1,0 +1,40 @@
+// model/layers/block_shape.h — the sizes and choices every sublayer of a block reads.
+#pragma once
+#include <cstdint>
+
+#include "model/config.h"
+#include "model/tensor_parallel.h"
+#include "tensor/rope.h"
+
+namespace mpitron {
+
+struct BlockShape {
+  int64_t batch, seq, hidden, heads, ffn;  // global sizes (heads, ffn before the TP split)
+  float dropout;                           // hidden dropout (after each sublayer)
+  float eps;                               // norm epsilon
+  TensorParallel tp{};
+  float attention_dropout = 0.0f;  // on the attention probabilities
+  uint64_t attention_offset = 0;   // its Philox stream (attention.h): layer l uses l·⌈T²/4⌉
+  int64_t groups = 0;              // query groups G (0: = heads)
+  Normalization norm = Normalization::LayerNorm;
+  bool swiglu = false;
+  bool rope = false;
+  RopeArgs rope_args{};
+
+  int64_t tokens() const { return batch * seq; }                   // N
+  int64_t local_rows() const { return tp.local_rows(tokens()); }   // rows of x and y
+  int64_t head_dim() const { return hidden / heads; }
+  int64_t kv_groups() const { return groups > 0 ? groups : heads; }
+  int64_t local_heads() const { return heads / tp.size; }          // NHl
+  int64_t local_groups() const { return kv_groups() / tp.size; }   // Gl
+  int64_t local_qkv() const { return (local_heads() + 2 * local_groups()) * head_dim(); }
+  int64_t local_ffn() const { return ffn / tp.size; }              // Fl
+  int64_t local_fc() const { return (swiglu ? 2 : 1) * local_ffn(); }
+};
+
+// The shape of layer l of `cfg` for a micro-batch (batch, seq) under `tp`; train
+// false: no dropout.
+BlockShape block_shape(const GPTConfig& cfg, int64_t batch, int64_t seq, const TensorParallel& tp, bool train,
+                       int64_t layer);
+
+}  // namespace mpitron

@@ -1,0 +1,30 @@
+// model/layers/norm.h — the block's normalisation sublayer: LayerNorm or RMSNorm.
+//
+//   out (Nl, C) = norm(x (Nl, C)) · w (+ b for LayerNorm)
+//   saved: mean (Nl) (LayerNorm only), rstd (Nl), f32
+// Backward in two parts: input (dx += norm'ᵀ·dout) and weight (dw, db +=), so a
+// split backward can run the second later. With sequence parallelism the weight
+// gradients are partial sums over this rank's rows (the block all-reduces them).
+#pragma once
+#include "autograd/variable.h"
+#include "model/config.h"
+
+namespace mpitron {
+
+struct NormParams {
+  Var w, b;  // (C), (C) or undefined (RMSNorm)
+};
+
+struct NormActs {
+  Tensor mean, rstd;  // (Nl) f32; mean undefined for RMSNorm
+};
+
+void norm_forward(Normalization kind, float eps, const NormParams& p, const Tensor& x, const Tensor& out, NormActs& a);
+// dx (Nl, C) += norm'ᵀ·dout.
+void norm_backward_input(Normalization kind, const NormParams& p, const Tensor& x, const NormActs& a,
+                         const Tensor& dout, const Tensor& dx);
+// dw (C) += Σ dout·x̂, db (C) += Σ dout (db undefined for RMSNorm).
+void norm_backward_weight(Normalization kind, const NormParams& p, const Tensor& x, const NormActs& a,
+                          const Tensor& dout, const Tensor& dw, const Tensor& db);
+
+}  // namespace mpitron

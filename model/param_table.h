@@ -1,0 +1,83 @@
+// model/param_table.h — a model family's parameters as DATA: one row per tensor.
+//
+// The table is the single place that knows which tensors a configuration has.
+// It drives the layout (GPT's ParamSet and the checkpoint's dataset names and
+// global shapes), the tensor-parallel sharding, the init, weight decay, the
+// pipeline placement, the parameter and FLOP counts and the HF name maps
+// (model/inference/hf_*.cpp look rows up by role). Nothing matches names.
+//
+// Rows, in single-rank order (GPT-2 / Llama; C hidden, F ffn, V padded vocab,
+// P positions, NH heads, G query groups, HD head dim):
+//   wte               (V, C)            vocab-parallel (rows)          first stage (+ tied head copy)
+//   wpe               (P, C)            replicated                     first stage, learned positions only
+//   layers.l.ln1.weight / .bias (C)     replicated, no decay           layer l (bias: LayerNorm only)
+//   layers.l.attn.qkv.weight ((NH+2G)·HD, C)  column: parts Q, K, V   (rows NH·HD, G·HD, G·HD)
+//   layers.l.attn.qkv.bias   ((NH+2G)·HD)     same split              (biases: unless --disable-bias-linear)
+//   layers.l.attn.proj.weight (C, C)    row-parallel (columns), output init
+//   layers.l.attn.proj.bias (C)         replicated
+//   layers.l.ln2.weight / .bias (C)
+//   layers.l.mlp.fc.weight (F or 2F, C) column: one part, or gate|up for SwiGLU
+//   layers.l.mlp.fc.bias (F or 2F)
+//   layers.l.mlp.proj.weight (C, F)     row-parallel, output init
+//   layers.l.mlp.proj.bias (C)
+//   lnf.weight / .bias (C)              last stage
+//   head.weight (V, C)                  vocab-parallel, last stage (untied only)
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "tensor/tensor.h"
+
+namespace mpitron {
+
+enum class ParamRole : uint8_t {
+  WordEmbedding, PositionEmbedding,
+  Norm1Weight, Norm1Bias, QkvWeight, QkvBias, ProjWeight, ProjBias,
+  Norm2Weight, Norm2Bias, FcWeight, FcBias, MlpProjWeight, MlpProjBias,
+  FinalNormWeight, FinalNormBias, OutputWeight,
+};
+const char* to_string(ParamRole r);
+
+enum class ParamInit : uint8_t {
+  Normal,        // N(0, init_method_std)
+  OutputNormal,  // N(0, init_method_std / sqrt(2·num_layers)): the two output projections
+  Ones,          // norm weights
+  Zeros,         // biases
+};
+
+enum class ParamPlace : uint8_t {
+  FirstStage,    // embeddings
+  Layer,         // the stage holding `layer`
+  LastStage,     // final norm, untied head
+  FirstAndLast,  // the tied word embedding: the first stage, and a copy on the last for the head
+};
+
+struct ParamSpec {
+  std::string name;     // checkpoint dataset name under model/ (DESIGN.md)
+  ParamRole role;
+  Shape global_shape;
+  // Tensor-parallel split: axis -1 replicated, 0 rows, 1 columns. The axis is cut
+  // into `parts` consecutive blocks (global sizes; empty = one block, the whole
+  // axis), each split evenly over the TP ranks: qkv is Q | K | V with fewer K/V rows
+  // under GQA, SwiGLU's fc is gate | up.
+  int tp_axis = -1;
+  std::vector<int64_t> tp_parts;
+  ParamInit init = ParamInit::Normal;
+  bool weight_decay = true;  // false for biases and norm parameters
+  ParamPlace place = ParamPlace::Layer;
+  int64_t layer = -1;        // ParamPlace::Layer only
+  bool matmul = false;       // a matmul weight (counted in FLOPs: 6 per element per token)
+};
+
+// Every parameter of `cfg`, in single-rank (checkpoint) order.
+std::vector<ParamSpec> param_table(const GPTConfig& cfg);
+// The rows of one block (layer l), in order: what BlockParams binds.
+std::vector<ParamSpec> block_param_table(const GPTConfig& cfg, int64_t layer);
+// The rows outside the blocks (embeddings, final norm, head), in table order:
+// param_table = the first-stage ones, every block, the last-stage ones. Counting
+// uses these and layer 0's rows, never the whole table (num_layers may be huge).
+std::vector<ParamSpec> outer_param_table(const GPTConfig& cfg);
+
+}  // namespace mpitron
