@@ -134,6 +134,15 @@ class Executor {
   PipelineStats run() {
     check_sizes();
     split_ = has_weight_actions(s_);
+    if (split_ && !runner_.can_split_backward())
+      MPT_THROW(str(sched(), " has W actions, but this runner cannot split backward (pipeline rank ", rank_, ")"),
+                "run a schedule without W actions (gpipe, 1f1b, interleaved), or implement StageRunner::"
+                "backward_input and backward_weight and return true from can_split_backward");
+    if (!runner_.supports_placement(s_))
+      MPT_THROW(str(sched(), " uses placement ", s_.placement_kind(), ", but this runner's model chunks are laid out "
+                    "for another (pipeline rank ", rank_, ")"),
+                "lay out the runner's chunks by Schedule::stage(rank, chunk) and override "
+                "StageRunner::supports_placement, or use a round-robin schedule (gpipe, 1f1b, interleaved, zb-h1)");
     if (profile_) {
       profile_->stages = s_.stages();
       profile_->split = split_;

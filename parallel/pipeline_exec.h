@@ -80,6 +80,15 @@ class StageRunner {
   // a runner that cannot split runs only schedules without W.
   virtual Tensor backward_input(int mb, int chunk, const Tensor& grad_output);
   virtual void backward_weight(int mb, int chunk);
+  // Override to return true together with backward_input/backward_weight: the
+  // executor refuses a schedule with W actions up front otherwise.
+  virtual bool can_split_backward() const { return false; }
+  // Whether this runner's local chunks are the stages `s` places on this rank
+  // (chunk c = s.stage(pp_rank, c)). The default accepts only the round-robin
+  // placement (Megatron's virtual-pipeline layout: chunk c is stage c*pp + r);
+  // a runner that builds its chunks from Schedule::stage overrides it to accept
+  // V and explicit placements. The executor refuses other placements up front.
+  virtual bool supports_placement(const Schedule& s) const { return s.placement_kind() == "round-robin"; }
   // A tensor to receive the input activation of (mb, chunk) into (RA): its
   // shape, dtype and device. Contents are overwritten.
   virtual Tensor make_recv_buffer(int mb, int chunk) = 0;

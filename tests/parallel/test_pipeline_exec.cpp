@@ -194,6 +194,8 @@ class ToyRunner : public StageRunner {
     ++weights;
   }
   Tensor make_recv_buffer(int, int) override { return Tensor::empty({kDim}, DType::F32); }
+  bool can_split_backward() const override { return true; }
+  bool supports_placement(const Schedule&) const override { return true; }  // chunks follow s.stage()
 
   bool all_backwards_done() const { return saved_.empty() && for_w_.empty(); }
   int weights = 0;
@@ -322,7 +324,8 @@ TEST_CASE("pp = 1: split backward (zb-h1, zbv, a file with W) matches the sequen
   PlainRunner plain(s, 0);
   const std::string e = error_of([&] { run_pipeline_schedule(s, plain); });
   INFO(e);
-  CHECK(contains(e, "this runner cannot split backward (B0.0"));
+  CHECK(contains(e, "has W actions, but this runner cannot split backward (pipeline rank 0)"));
+
   // W before its B, and a B whose W never runs.
   Schedule wb = parse_schedule("pp 1\nmicro-batches 1\nrank 0: F0 W0 B0\n", "wb.sched");
   ToyRunner r(wb, 0);
@@ -447,6 +450,16 @@ TEST_CASE("zb-h1 and zbv on pp = world ranks match the sequential model; the pro
   std::string text = str("pp ", p, "\nvirtual-stages 2\nmicro-batches 2\n", place, "\np2p timed\n");
   for (int k = 0; k < p; ++k) text += str("rank ", k, ": F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0 W0.1 W1.1 W0.0 W1.0\n");
   run_and_check(parse_schedule(text, "explicit.sched"), r, comm.get());
+  // A runner laid out round-robin (the default supports_placement) refuses V up front, on every rank.
+  Schedule v_order = compute_only(zbv_schedule(p, 2));
+  for (auto& acts : v_order.ranks)
+    acts.erase(std::remove_if(acts.begin(), acts.end(), [](const Action& a) { return a.op == Op::Weight; }),
+               acts.end());
+  const Schedule v_plain = with_timed_p2p(v_order);
+  CHECK(check_schedule(v_plain).ok);
+  PlainRunner plain(v_plain, r);
+  const std::string e = error_of([&] { run_pipeline_schedule(v_plain, r, *comm, plain); });
+  CHECK(contains(e, "uses placement v, but this runner's model chunks are laid out for another"));
   // Profile: each rank times its own stages; the gather fills them all in.
   Schedule s = zb_h1_schedule(p, 2 * p);
   ToyRunner runner(s, r);
