@@ -124,7 +124,10 @@ int main(int argc, char** argv) {
     if (builtin)
       std::cout << "analytic          " << analytic_bubble_fraction(schedule_name, s.pp, s.micro_batches, s.virtual_stages)
                 << "  (" << analytic_bubble_formula(schedule_name) << ", equal costs F = B = W per chunk, free p2p"
-                << (schedule_name == "zb-h1" || schedule_name == "zbv" ? ", m >= p" : "") << ")\n";
+                << (schedule_name == "zb-h1" ? ", m >= p"
+                    : schedule_name == "zbv" ? "; a lower bound, met e.g. for p = 2, 4, 8 and m = p, 2p, 3p"
+                                             : "")
+                << ")\n";
     std::cout << "\nrank  busy        idle        peak in-flight (micro-batch x chunk forwards whose "
               << (split ? "W" : "B") << " has not run)\n";
     for (int r = 0; r < s.pp; ++r)

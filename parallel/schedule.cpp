@@ -614,6 +614,7 @@ class Parser {
       fail(first_p2p_line, first_p2p_col,
            str("send/recv action in a 'p2p ", p2p_mode, "' schedule (line ", p2p_line,
                "): write 'p2p explicit' to give every send/recv yourself"));
+    s.source = source_;
     if (p2p_mode == "timed") return with_timed_p2p(s);
     const bool automatic = p2p_mode == "auto" || (p2p_mode.empty() && first_p2p_line == 0);
     if (automatic) return with_p2p(s);

@@ -116,7 +116,8 @@ Schedule zb_h1_schedule(int pp, int micro_batches);
 // costs: a free rank runs a forward (the later stage first) while under the
 // memory bound, else a backward (the later stage first), else the oldest
 // pending W. With F = B = W it reaches the warm-up bound, bubble
-// (pp-1)/(6m+pp-1), for m >= pp in the tested range (docs/pipeline-schedules.md).
+// (pp-1)/(6m+pp-1), for pp = 2, 4, 8 and m = pp, 2pp, 3pp (tested), and comes
+// within a few time units of it elsewhere (docs/pipeline-schedules.md).
 Schedule zbv_schedule(int pp, int micro_batches);
 // By name: "gpipe", "1f1b" (virtual_stages must be 1), "interleaved", "zb-h1"
 // (virtual_stages 1), "zbv" (virtual_stages 2).

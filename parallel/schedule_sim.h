@@ -80,7 +80,10 @@ double formula_bubble_fraction(int pp, int micro_batches, int virtual_stages = 1
 // F = B = W and free p2p (docs/pipeline-schedules.md, "Bubbles in closed form"):
 //   gpipe, 1f1b:  (p-1)/(m+p-1)       interleaved: (p-1)/(v*m+p-1)
 //   zb-h1:        (p-1)/(3m+p-1)      zbv:         (p-1)/(6m+p-1)
-// (the zero-bubble ones for m >= p). Returns -1 for a name without a formula.
+// zb-h1's holds for m >= p. zbv's is the lower bound (the last rank idles
+// (p-1) F at the start); the generated zbv meets it for p = 2, 4, 8 and
+// m = p, 2p, 3p (tested) and comes within a few units elsewhere. Returns -1 for
+// a name without a formula.
 double analytic_bubble_fraction(const std::string& name, int pp, int micro_batches, int virtual_stages = 1);
 // The formula analytic_bubble_fraction uses, as text ("(p-1)/(3m+p-1)"); "" when none.
 std::string analytic_bubble_formula(const std::string& name);

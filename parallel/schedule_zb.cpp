@@ -89,8 +89,8 @@ Schedule with_timed_p2p(const Schedule& s) {
           if (a.line > 0) stuck += str(", line ", a.line, ":", a.column);
           stuck += ")";
         }
-      MPT_THROW(str(s.source.empty() ? "" : s.source + ": ", "schedule '", s.name,
-                    "': the compute order cannot run (p2p timed): ", stuck, " wait for inputs no rank will produce"),
+      MPT_THROW(str(s.source.empty() ? "" : s.source + ": ", s.name.empty() ? "" : "schedule '" + s.name + "': ",
+                    "the compute order cannot run (p2p timed): ", stuck, " wait for inputs no rank will produce"),
                 "each F needs the previous stage's F, each B its F and the next stage's B, each W its B");
     }
   }
