@@ -103,11 +103,10 @@ std::vector<int> Schedule::stage_ranks() const {
 }
 
 std::string Schedule::placement_kind() const {
-  const std::vector<int> map = stage_ranks();
-  Schedule rr = *this;
-  rr.placement.clear();
-  if (map == rr.stage_ranks()) return "round-robin";
-  if (virtual_stages == 2 && map == v_placement(pp)) return "v";
+  bool round_robin = true;
+  for (int st = 0; st < static_cast<int>(placement.size()); ++st) round_robin = round_robin && placement[st] == st % pp;
+  if (round_robin) return "round-robin";
+  if (virtual_stages == 2 && placement == v_placement(pp)) return "v";
   return "explicit";
 }
 

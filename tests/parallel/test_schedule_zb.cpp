@@ -304,3 +304,20 @@ TEST_CASE("checker: peak in flight counts until W; max-in-flight is enforced at 
   CHECK(validate_error(bound).find("b.sched:4:21: pipeline schedule") == 0);
   CHECK(parse_error(body + "max-in-flight 0\n").find("t.sched:3:15: max-in-flight must be >= 1") == 0);
 }
+
+TEST_CASE("the workflow example of docs/pipeline-schedules.md checks, with W deferred on rank 1") {
+  Schedule s = parse_schedule(R"(# my.sched: ZB-H1-like, W of rank 1 one micro-batch late
+pp 2
+micro-batches 4
+p2p timed
+rank 0: F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3
+rank 1: F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3
+)",
+                              "my.sched");
+  CheckResult r = check_schedule(s);
+  INFO(r.message());
+  CHECK(r.ok);
+  CHECK(r.peak_in_flight == std::vector<int>{2, 2});
+  CHECK(has_p2p(s));
+  CHECK(s == zb_h1_schedule(2, 4));  // it is zb-h1 for pp 2
+}
