@@ -1,12 +1,103 @@
 // parallel/pipeline_exec.cpp — the pipeline executor (see pipeline_exec.h).
 #include "parallel/pipeline_exec.h"
 
+#include <mpi.h>
+
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <vector>
 
 #include "core/error.h"
 
 namespace mpitron::parallel {
+
+Tensor StageRunner::backward_input(int mb, int chunk, const Tensor&) {
+  MPT_THROW(str("this runner cannot split backward (B", mb, ".", chunk,
+                " of a schedule with W actions asks for the input gradient alone)"),
+            "run a schedule without W actions (gpipe, 1f1b, interleaved), or implement "
+            "StageRunner::backward_input and backward_weight");
+}
+
+void StageRunner::backward_weight(int mb, int chunk) {
+  MPT_THROW(str("this runner cannot split backward (W", mb, ".", chunk, " asks for the weight gradient alone)"),
+            "run a schedule without W actions (gpipe, 1f1b, interleaved), or implement "
+            "StageRunner::backward_input and backward_weight");
+}
+
+// ---- profile ----------------------------------------------------------------------
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
+Costs PipelineProfile::costs() const {
+  Costs c;
+  std::map<std::pair<int, int>, std::vector<double>> by;  // (stage, op) -> times
+  for (const Sample& x : compute) by[{x.stage, static_cast<int>(x.op)}].push_back(x.ms);
+  const int S = stages;
+  c.stage_forward.assign(static_cast<size_t>(S), -1);
+  c.stage_backward.assign(static_cast<size_t>(S), -1);
+  if (split) c.stage_weight.assign(static_cast<size_t>(S), -1);
+  for (int st = 0; st < S; ++st) {
+    c.stage_forward[st] = median(by[{st, static_cast<int>(Op::Forward)}]);
+    c.stage_backward[st] = median(by[{st, static_cast<int>(Op::Backward)}]);
+    if (split) c.stage_weight[st] = median(by[{st, static_cast<int>(Op::Weight)}]);
+  }
+  if (!p2p_ms.empty()) {
+    std::vector<double> v = p2p_ms;
+    std::sort(v.begin(), v.end());
+    c.p2p = v[v.size() / 10];
+  }
+  c.weight = split ? 0 : -1;  // scalars matter only for stages nobody measured
+  return c;
+}
+
+void PipelineProfile::clear() {
+  compute.clear();
+  p2p_ms.clear();
+}
+
+Costs gather_pipeline_costs(const PipelineProfile& mine, Communicator& pp) {
+  Costs c = mine.costs();
+  const size_t S = c.stage_forward.size();
+  // [F..., B..., W..., p2p]: each stage is run by one rank, the others hold -1; MAX merges.
+  std::vector<double> buf;
+  buf.insert(buf.end(), c.stage_forward.begin(), c.stage_forward.end());
+  buf.insert(buf.end(), c.stage_backward.begin(), c.stage_backward.end());
+  std::vector<double> w = c.stage_weight;
+  w.resize(S, -1);
+  buf.insert(buf.end(), w.begin(), w.end());
+  buf.push_back(c.p2p);
+  buf.push_back(mine.split ? 1.0 : 0.0);
+  std::vector<double> out(buf.size());
+  MPI_Allreduce(buf.data(), out.data(), static_cast<int>(buf.size()), MPI_DOUBLE, MPI_MAX, pp.mpi_comm());
+  Costs g;
+  g.stage_forward.assign(out.begin(), out.begin() + static_cast<long>(S));
+  g.stage_backward.assign(out.begin() + static_cast<long>(S), out.begin() + static_cast<long>(2 * S));
+  const bool split = out[3 * S + 1] > 0;
+  if (split) g.stage_weight.assign(out.begin() + static_cast<long>(2 * S), out.begin() + static_cast<long>(3 * S));
+  g.p2p = out[3 * S];
+  double f = 0, b = 0, ww = 0;
+  for (size_t st = 0; st < S; ++st) {
+    f += g.stage_forward[st];
+    b += g.stage_backward[st];
+    if (split) ww += g.stage_weight[st];
+  }
+  if (S > 0) {
+    g.forward = f / S;
+    g.backward = b / S;
+    g.weight = split ? ww / S : -1;
+  }
+  return g;
+}
 
 namespace {
 
@@ -28,15 +119,34 @@ struct Slot {
   Meta out_meta;    // what F's output looked like (for RG's buffer)
   bool recv_act = false, fwd = false, sent_act = false;
   bool recv_grad = false, bwd = false, sent_grad = false;
+  bool wgt = false;  // W ran (split backward)
 };
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 class Executor {
  public:
-  Executor(const Schedule& s, int rank, Communicator* comm, StageRunner& runner)
-      : s_(s), rank_(rank), comm_(comm), runner_(runner) {}
+  Executor(const Schedule& s, int rank, Communicator* comm, StageRunner& runner, PipelineProfile* profile)
+      : s_(s), rank_(rank), comm_(comm), runner_(runner), profile_(profile) {}
 
   PipelineStats run() {
     check_sizes();
+    split_ = has_weight_actions(s_);
+    if (split_ && !runner_.can_split_backward())
+      MPT_THROW(str(sched(), " has W actions, but this runner cannot split backward (pipeline rank ", rank_, ")"),
+                "run a schedule without W actions (gpipe, 1f1b, interleaved), or implement StageRunner::"
+                "backward_input and backward_weight and return true from can_split_backward");
+    if (!runner_.supports_placement(s_))
+      MPT_THROW(str(sched(), " uses placement ", s_.placement_kind(), ", but this runner's model chunks are laid out "
+                    "for another (pipeline rank ", rank_, ")"),
+                "lay out the runner's chunks by Schedule::stage(rank, chunk) and override "
+                "StageRunner::supports_placement, or use a round-robin schedule (gpipe, 1f1b, interleaved, zb-h1)");
+    if (profile_) {
+      profile_->stages = s_.stages();
+      profile_->split = split_;
+    }
     slots_.assign(static_cast<size_t>(s_.micro_batches) * s_.virtual_stages, Slot{});
     const auto& acts = s_.ranks[static_cast<size_t>(rank_)];
     size_t i = 0;
@@ -79,6 +189,8 @@ class Executor {
     if (static_cast<int>(s_.ranks.size()) != s_.pp)
       MPT_THROW(str(sched(), ": lists ", s_.ranks.size(), " ranks but pp is ", s_.pp), "");
     if (rank_ < 0 || rank_ >= s_.pp) MPT_THROW(str(sched(), ": pipeline rank ", rank_, " out of range"), "");
+    const std::string bad = placement_error(s_.placement, s_.pp, s_.virtual_stages);
+    if (!bad.empty()) MPT_THROW(str(sched(), ": bad placement: ", bad), "see docs/pipeline-schedules.md, 'Placement'");
     if (comm_) {
       if (comm_->size() != s_.pp)
         MPT_THROW(str(sched(), ": the pipeline communicator ", comm_->describe(), " has ", comm_->size(),
@@ -121,13 +233,35 @@ class Executor {
       fail(i, str("chunk ", a.chunk, " out of range [0, ", s_.virtual_stages, ")"));
   }
 
-  // ---- F / B ----
+  // ---- timing ----
+  double clock() const {
+    if (profile_ && profile_->sync) profile_->sync();
+    return now_ms();
+  }
+  void record(const Action& a, int stage, double t0) {
+    if (profile_) profile_->compute.push_back({a.op, a.mb, a.chunk, stage, clock() - t0});
+  }
+
+  // ---- F / B / W ----
   void compute(size_t i) {
     check_range(i);
     const Action& a = s_.ranks[static_cast<size_t>(rank_)][i];
     const int st = s_.stage(rank_, a.chunk);
     const int last = s_.stages() - 1;
     Slot& sl = slot(a.mb, a.chunk);
+    if (a.op == Op::Weight) {
+      if (!split_) fail(i, "a W in a schedule without split backward");  // unreachable: W makes split_
+      if (!sl.bwd) fail(i, str("weight gradient before its input gradient: ", text(Op::Backward, a.mb, a.chunk),
+                               " has not run on this rank"));
+      if (sl.wgt) fail(i, "W runs twice");
+      const double t0 = profile_ ? clock() : 0;
+      runner_.backward_weight(a.mb, a.chunk);
+      record(a, st, t0);
+      ++stats_.weights;
+      sl.wgt = true;
+      --in_flight_;
+      return;
+    }
     if (a.op == Op::Forward) {
       if (sl.fwd) fail(i, "forward runs twice");
       Tensor input;
@@ -142,7 +276,9 @@ class Executor {
         }
         input = take(sl.in_act);
       }
+      const double t0 = profile_ ? clock() : 0;
       Tensor out = runner_.forward(a.mb, a.chunk, input);
+      record(a, st, t0);
       input = Tensor();  // the executor's reference goes now; the runner keeps what it saved
       ++stats_.forwards;
       sl.fwd = true;
@@ -176,13 +312,15 @@ class Executor {
       }
       grad = take(sl.in_grad);
     }
-    Tensor din = runner_.backward(a.mb, a.chunk, grad);
+    const double t0 = profile_ ? clock() : 0;
+    Tensor din = split_ ? runner_.backward_input(a.mb, a.chunk, grad) : runner_.backward(a.mb, a.chunk, grad);
+    record(a, st, t0);
     grad = Tensor();
     ++stats_.backwards;
     sl.bwd = true;
     sl.has_meta = false;
     sl.out_meta = Meta{};
-    --in_flight_;
+    if (!split_) --in_flight_;  // with W, the activations stay until W
     if (st == 0) return;
     if (!din.defined())
       fail(i, str("the runner's backward returned no input gradient, but stage ", st, " has stage ", st - 1,
@@ -285,7 +423,9 @@ class Executor {
       }
     }
     ++stats_.batches;
+    const double t0 = profile_ ? clock() : 0;
     comm_->batch_p2p_async(ops)->wait();
+    if (profile_) profile_->p2p_ms.push_back(clock() - t0);
     ops.clear();
     // Completed: sent buffers go now, received ones wait for their F/B.
     for (size_t i = first; i < end; ++i) {
@@ -327,6 +467,9 @@ class Executor {
                              " was never used (no backward)"));
         if (sl.fwd && !sl.bwd)
           left.push_back(str(text(Op::Forward, mb, c), " ran but ", text(Op::Backward, mb, c), " never did"));
+        if (split_ && sl.bwd && !sl.wgt)
+          left.push_back(str(text(Op::Backward, mb, c), " ran but ", text(Op::Weight, mb, c),
+                             " never did (its weight gradients are missing)"));
       }
     if (left.empty()) return;
     std::string why;
@@ -341,6 +484,8 @@ class Executor {
   int rank_;
   Communicator* comm_;
   StageRunner& runner_;
+  PipelineProfile* profile_;
+  bool split_ = false;  // the schedule has W actions: B is backward_input, W backward_weight
   std::vector<Slot> slots_;
   PipelineStats stats_;
   int64_t in_flight_ = 0, live_buffers_ = 0;
@@ -348,12 +493,13 @@ class Executor {
 
 }  // namespace
 
-PipelineStats run_pipeline_schedule(const Schedule& s, int pp_rank, Communicator& pp, StageRunner& runner) {
-  return Executor(s, pp_rank, &pp, runner).run();
+PipelineStats run_pipeline_schedule(const Schedule& s, int pp_rank, Communicator& pp, StageRunner& runner,
+                                    PipelineProfile* profile) {
+  return Executor(s, pp_rank, &pp, runner, profile).run();
 }
 
-PipelineStats run_pipeline_schedule(const Schedule& s, StageRunner& runner) {
-  return Executor(s, 0, nullptr, runner).run();
+PipelineStats run_pipeline_schedule(const Schedule& s, StageRunner& runner, PipelineProfile* profile) {
+  return Executor(s, 0, nullptr, runner, profile).run();
 }
 
 }  // namespace mpitron::parallel

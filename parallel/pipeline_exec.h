@@ -14,6 +14,13 @@
 //   - B(mb, c) likewise takes the gradient RG(mb, c) received (or the local
 //     B(mb, c+1)'s; nothing on the last global stage) and keeps the returned
 //     input gradient until SG(mb, c) sent it (dropped on global stage 0).
+//   - Split backward (zero bubble): when the schedule has W actions, B calls
+//     runner.backward_input (input gradient only; the runner saves what the
+//     weight gradient needs) and W(mb, c) calls runner.backward_weight.
+//     Otherwise B calls runner.backward (both at once) and there is no W.
+//   - Placement: neighbour stages on the same rank (pp = 1 with virtual stages,
+//     or the V placement's turn on the last rank) hand tensors over locally;
+//     Schedule::stage / rank_of_stage / chunk_of_stage say where stages live.
 //   - A send/recv action, or a run of them chained by Action::batched, is posted
 //     at once (every isend/irecv issued in action order), then every op of it
 //     is waited — torch's batch_isend_irecv + wait. A rank never has p2p in
@@ -36,15 +43,20 @@
 // line:column — instead of hanging on a message that can never come.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "parallel/communicator.h"
 #include "parallel/schedule.h"
+#include "parallel/schedule_sim.h"  // Costs (what a profile measures)
 #include "tensor/tensor.h"
 
 namespace mpitron::parallel {
 
 // What a pipeline rank computes; the executor owns communication and buffers.
-// `chunk` is always a LOCAL chunk (global stage = chunk * pp + pp_rank).
+// `chunk` is always a LOCAL chunk (global stage = schedule.stage(pp_rank, chunk);
+// chunk * pp + pp_rank under the default round-robin placement).
 class StageRunner {
  public:
   virtual ~StageRunner() = default;
@@ -58,6 +70,25 @@ class StageRunner {
   // — undefined on the last global stage (the runner seeds from its loss).
   // Returns d(input) to send; Tensor() on the first global stage (ignored there).
   virtual Tensor backward(int mb, int chunk, const Tensor& grad_output) = 0;
+  // Split backward, for schedules with W actions (zb-h1, zbv, files with W):
+  // backward_input is B — d(input) only, same arguments and return as
+  // backward — and must keep whatever the weight gradient needs (layer inputs,
+  // output gradients) for backward_weight(mb, chunk), which is W: accumulate
+  // this micro-batch's weight gradients of the chunk and free what B kept.
+  // backward_weight runs exactly once after backward_input of the same
+  // (mb, chunk), possibly after other micro-batches' F/B. The defaults throw:
+  // a runner that cannot split runs only schedules without W.
+  virtual Tensor backward_input(int mb, int chunk, const Tensor& grad_output);
+  virtual void backward_weight(int mb, int chunk);
+  // Override to return true together with backward_input/backward_weight: the
+  // executor refuses a schedule with W actions up front otherwise.
+  virtual bool can_split_backward() const { return false; }
+  // Whether this runner's local chunks are the stages `s` places on this rank
+  // (chunk c = s.stage(pp_rank, c)). The default accepts only the round-robin
+  // placement (Megatron's virtual-pipeline layout: chunk c is stage c*pp + r);
+  // a runner that builds its chunks from Schedule::stage overrides it to accept
+  // V and explicit placements. The executor refuses other placements up front.
+  virtual bool supports_placement(const Schedule& s) const { return s.placement_kind() == "round-robin"; }
   // A tensor to receive the input activation of (mb, chunk) into (RA): its
   // shape, dtype and device. Contents are overwritten.
   virtual Tensor make_recv_buffer(int mb, int chunk) = 0;
@@ -75,14 +106,54 @@ class StageRunner {
 struct PipelineStats {
   int64_t sends = 0, recvs = 0;         // p2p ops posted
   int64_t batches = 0;                  // p2p posts (a batch of k ops counts once)
-  int64_t forwards = 0, backwards = 0;  // runner calls
-  // Most (micro-batch, chunk) forwards whose backward had not run yet: what the
-  // runner must keep saved activations for (the checker's peak_in_flight).
+  int64_t forwards = 0, backwards = 0;  // runner calls (backwards: backward or backward_input)
+  int64_t weights = 0;                  // backward_weight calls (W actions)
+  // Most (micro-batch, chunk) forwards whose backward (W, when the schedule
+  // splits it) had not run yet: what the runner must keep saved activations for
+  // (the checker's peak_in_flight).
   int64_t peak_live_activations = 0;
   // Most tensors the executor itself held at once (received activations and
   // gradients awaiting their F/B, outputs and input gradients awaiting their send).
   int64_t peak_live_buffers = 0;
 };
+
+// Per-action wall times of one or more steps on this rank, for schedule_sim.
+// Pass the same profile to run_pipeline_schedule for every profiled step; then
+// write a costs file (parse_costs / schedule_sim --costs):
+//
+//   parallel::PipelineProfile prof;
+//   prof.sync = [&] { device_synchronize(); };            // GPU: time the work, not the launch
+//   for (each profiled step) run_pipeline_schedule(sched, pp_rank, pp, runner, &prof);
+//   parallel::Costs c = parallel::gather_pipeline_costs(prof, pp);  // collective over pp
+//   if (pp_rank == 0) parallel::write_costs_file(c, path);
+//
+// (pp = 1: prof.costs() is already complete.) Times are milliseconds.
+struct PipelineProfile {
+  // Called right before each clock reading when set, e.g. a device
+  // synchronize: CUDA work is asynchronous, the host clock would time launches.
+  std::function<void()> sync;
+  struct Sample {
+    Op op = Op::Forward;  // F, B or W
+    int mb = 0, chunk = 0, stage = 0;
+    double ms = 0;
+  };
+  std::vector<Sample> compute;  // every F/B/W this rank ran, in order
+  std::vector<double> p2p_ms;   // every send/recv batch: from posting to completion
+  int stages = 0;               // global stages of the profiled schedule
+  bool split = false;           // the profiled schedule had W actions (B = input gradient only)
+
+  // Medians per stage this rank ran (stage vectors of size `stages`, -1 for
+  // stages it did not run) and p2p = the 10th percentile of the batch times
+  // (batches whose peer was already waiting time the transfer alone; the
+  // others include waiting). Without W, B is the whole backward (weight unset).
+  Costs costs() const;
+  void clear();
+};
+
+// Every pipeline rank's profile merged (collective over pp: all ranks call it,
+// all get the result): each stage's medians from the rank that ran it, p2p the
+// largest of the ranks' estimates.
+Costs gather_pipeline_costs(const PipelineProfile& mine, Communicator& pp);
 
 // Runs schedule.ranks[pp_rank] on this rank. pp: the pipeline group
 // communicator (group rank = pipeline rank; Action::peer is a group rank);
@@ -90,10 +161,12 @@ struct PipelineStats {
 // (rank, position, action text) when the schedule asks for something
 // impossible at run time; communication failures and timeouts propagate as the
 // Communicator throws them.
-PipelineStats run_pipeline_schedule(const Schedule& s, int pp_rank, Communicator& pp, StageRunner& runner);
+// profile: when given, every F/B/W and p2p batch is timed into it.
+PipelineStats run_pipeline_schedule(const Schedule& s, int pp_rank, Communicator& pp, StageRunner& runner,
+                                    PipelineProfile* profile = nullptr);
 
 // pp = 1 (one rank runs every stage, e.g. v local chunks): no communicator is
 // needed, as no action may send or receive. Throws when s.pp != 1.
-PipelineStats run_pipeline_schedule(const Schedule& s, StageRunner& runner);
+PipelineStats run_pipeline_schedule(const Schedule& s, StageRunner& runner, PipelineProfile* profile = nullptr);
 
 }  // namespace mpitron::parallel

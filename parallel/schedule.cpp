@@ -20,6 +20,7 @@ const char* op_prefix(Op op) {
     case Op::RecvAct: return "RA";
     case Op::SendGrad: return "SG";
     case Op::RecvGrad: return "RG";
+    case Op::Weight: return "W";
   }
   return "?";
 }
@@ -72,6 +73,73 @@ std::string action_text(Op op, int mb, int chunk, int peer) {
   return to_string(a);
 }
 
+// ---- placement -------------------------------------------------------------------
+
+int Schedule::stage(int rank, int chunk) const {
+  if (placement.empty()) return chunk * pp + rank;
+  int seen = 0;
+  for (int st = 0; st < static_cast<int>(placement.size()); ++st)
+    if (placement[st] == rank && seen++ == chunk) return st;
+  return -1;  // no such chunk (placement_error says why)
+}
+
+int Schedule::rank_of_stage(int s) const {
+  if (placement.empty()) return s % pp;
+  return s >= 0 && s < static_cast<int>(placement.size()) ? placement[s] : -1;
+}
+
+int Schedule::chunk_of_stage(int s) const {
+  if (placement.empty()) return s / pp;
+  int chunk = 0;
+  for (int st = 0; st < s && st < static_cast<int>(placement.size()); ++st) chunk += placement[st] == placement[s];
+  return chunk;
+}
+
+std::vector<int> Schedule::stage_ranks() const {
+  if (!placement.empty()) return placement;
+  std::vector<int> out(static_cast<size_t>(std::max(stages(), 0)));
+  for (int st = 0; st < stages(); ++st) out[st] = st % pp;
+  return out;
+}
+
+std::string Schedule::placement_kind() const {
+  bool round_robin = true;
+  for (int st = 0; st < static_cast<int>(placement.size()); ++st) round_robin = round_robin && placement[st] == st % pp;
+  if (round_robin) return "round-robin";
+  if (virtual_stages == 2 && placement == v_placement(pp)) return "v";
+  return "explicit";
+}
+
+std::vector<int> v_placement(int pp) {
+  std::vector<int> out;
+  for (int r = 0; r < pp; ++r) out.push_back(r);
+  for (int r = pp - 1; r >= 0; --r) out.push_back(r);
+  return out;
+}
+
+std::string placement_error(const std::vector<int>& placement, int pp, int v) {
+  if (placement.empty()) return "";
+  if (static_cast<int>(placement.size()) != pp * v)
+    return str("the placement lists ", placement.size(), " stages but pp ", pp, " x virtual-stages ", v, " is ", pp * v);
+  std::vector<int> count(static_cast<size_t>(std::max(pp, 0)), 0);
+  for (size_t st = 0; st < placement.size(); ++st) {
+    if (placement[st] < 0 || placement[st] >= pp)
+      return str("stage ", st, " is placed on rank ", placement[st], ", outside pp ", pp);
+    ++count[placement[st]];
+  }
+  for (int r = 0; r < pp; ++r)
+    if (count[r] != v)
+      return str("rank ", r, " holds ", count[r], " stages; with virtual-stages ", v, " every rank holds ", v);
+  return "";
+}
+
+bool has_weight_actions(const Schedule& s) {
+  for (const auto& r : s.ranks)
+    for (const auto& a : r)
+      if (a.op == Op::Weight) return true;
+  return false;
+}
+
 size_t Schedule::action_count() const {
   size_t n = 0;
   for (const auto& r : ranks) n += r.size();
@@ -80,7 +148,7 @@ size_t Schedule::action_count() const {
 
 bool operator==(const Schedule& a, const Schedule& b) {
   return a.pp == b.pp && a.virtual_stages == b.virtual_stages && a.micro_batches == b.micro_batches &&
-         a.ranks == b.ranks;
+         a.stage_ranks() == b.stage_ranks() && a.max_in_flight == b.max_in_flight && a.ranks == b.ranks;
 }
 
 // ---- built-ins ------------------------------------------------------------------
@@ -217,7 +285,7 @@ Schedule interleaved_schedule(int pp, int m, int v) {
 }
 
 bool is_builtin_schedule(const std::string& name) {
-  return name == "gpipe" || name == "1f1b" || name == "interleaved";
+  return name == "gpipe" || name == "1f1b" || name == "interleaved" || name == "zb-h1" || name == "zbv";
 }
 
 Schedule builtin_schedule(const std::string& name, int pp, int m, int v) {
@@ -229,7 +297,17 @@ Schedule builtin_schedule(const std::string& name, int pp, int m, int v) {
     return name == "gpipe" ? gpipe_schedule(pp, m) : one_f_one_b_schedule(pp, m);
   }
   if (name == "interleaved") return interleaved_schedule(pp, m, v);
-  MPT_THROW(str("unknown pipeline schedule '", name, "'"), "built-ins are gpipe, 1f1b and interleaved");
+  if (name == "zb-h1") {
+    MPT_CHECK(v == 1, str("zb-h1 with ", v, " virtual stages per rank is not a built-in"),
+              "zb-h1 runs one chunk per rank; use zbv for two chunks per rank (V placement)");
+    return zb_h1_schedule(pp, m);
+  }
+  if (name == "zbv") {
+    MPT_CHECK(v == 2, str("zbv needs 2 virtual stages per rank (V placement: rank r holds stages r and 2pp-1-r), got ", v),
+              "pass --virtual-stages 2 (schedule_sim) or --num-layers-per-virtual-pipeline-stage = layers / (2 pp)");
+    return zbv_schedule(pp, m);
+  }
+  MPT_THROW(str("unknown pipeline schedule '", name, "'"), "built-ins are gpipe, 1f1b, interleaved, zb-h1 and zbv");
 }
 
 // ---- send/recv -------------------------------------------------------------------
@@ -244,6 +322,8 @@ bool has_p2p(const Schedule& s) {
 Schedule with_p2p(const Schedule& s) {
   MPT_CHECK(!has_p2p(s), "with_p2p: the schedule already holds send/recv actions",
             "insert p2p actions only into a compute-only (p2p auto) schedule");
+  const std::string bad = placement_error(s.placement, s.pp, s.virtual_stages);
+  MPT_CHECK(bad.empty(), str("with_p2p: bad placement: ", bad), "see docs/pipeline-schedules.md, 'Placement'");
   Schedule out = s;
   const int S = s.stages();
   for (int r = 0; r < s.pp && r < static_cast<int>(s.ranks.size()); ++r) {
@@ -255,6 +335,11 @@ Schedule with_p2p(const Schedule& s) {
       acts.push_back(a);
     };
     for (const Action& a : s.ranks[r]) {
+      if (a.op == Op::Weight) {  // weight gradients stay on the rank
+        acts.push_back(a);
+        acts.back().batched = false;
+        continue;
+      }
       const int st = s.stage(r, a.chunk);
       const bool fwd = a.op == Op::Forward;
       // The neighbour stage this compute reads from, and the one it writes to.
@@ -349,7 +434,8 @@ class Parser {
   Action action(const Token& t, int line) const {
     static const std::pair<const char*, Op> prefixes[] = {{"SA", Op::SendAct}, {"RA", Op::RecvAct},
                                                           {"SG", Op::SendGrad}, {"RG", Op::RecvGrad},
-                                                          {"F", Op::Forward},   {"B", Op::Backward}};
+                                                          {"F", Op::Forward},   {"B", Op::Backward},
+                                                          {"W", Op::Weight}};
     Action a;
     a.line = line;
     a.column = t.column;
@@ -366,7 +452,8 @@ class Parser {
     }
     if (!found)
       fail(line, t.column,
-           str("unknown action '", t.text, "' (expected F<mb>.<chunk>, B…, SA…>peer, RA…<peer, SG…>peer, RG…<peer)"));
+           str("unknown action '", t.text,
+               "' (expected F<mb>.<chunk>, B…, W…, SA…>peer, RA…<peer, SG…>peer, RG…<peer)"));
     a.mb = number(t, pos, line, "a micro-batch number");
     if (pos < t.text.size() && t.text[pos] == '.') {
       ++pos;
@@ -390,8 +477,11 @@ class Parser {
     s.pp = -1;
     s.micro_batches = -1;
     int line_no = 0, last_line = 0;
-    std::string p2p_mode;  // "", "auto", "explicit"
+    std::string p2p_mode;  // "", "auto", "explicit", "timed"
     int p2p_line = 0, first_p2p_line = 0, first_p2p_col = 0;
+    std::string placement_mode;         // "", "round-robin", "v", "explicit"
+    std::vector<Token> placement_toks;  // the explicit list
+    int placement_line = 0, placement_col = 0;
     std::vector<std::vector<Action>> ranks;
     std::vector<int> rank_lines;  // first line of each rank's actions (0 = none)
     std::istringstream in(text);
@@ -422,10 +512,32 @@ class Parser {
       } else if (key == "micro-batches") {
         s.micro_batches = whole_number(value("the micro-batch count"), line_no, "the micro-batch count");
         if (s.micro_batches < 1) fail(line_no, toks[first].column, "micro-batches must be >= 1");
+      } else if (key == "max-in-flight") {
+        s.max_in_flight = whole_number(value("a count"), line_no, "the most forwards in flight per rank");
+        if (s.max_in_flight < 1) fail(line_no, toks[first].column, "max-in-flight must be >= 1");
+      } else if (key == "placement") {
+        // placement round-robin | placement v | placement 0 1 2 3 3 2 1 0
+        if (toks.size() <= first)
+          fail(line_no, toks[0].column, "'placement' needs a value: round-robin, v, or one rank per stage");
+        placement_line = line_no;
+        placement_col = toks[first].column;
+        const std::string& v = toks[first].text;
+        if (v == "round-robin" || v == "v") {
+          if (toks.size() != first + 1)
+            fail(line_no, toks[first + 1].column, str("'placement ", v, "' takes no further value"));
+          placement_mode = v;
+        } else {
+          placement_mode = "explicit";
+          placement_toks.assign(toks.begin() + static_cast<long>(first), toks.end());
+          for (const Token& t : placement_toks)
+            if (t.text.empty() || !std::isdigit(static_cast<unsigned char>(t.text[0])))
+              fail(line_no, t.column,
+                   str("placement must be 'round-robin', 'v' or a list of ranks (one per stage), got '", t.text, "'"));
+        }
       } else if (key == "p2p") {
-        const Token& v = value("auto or explicit");
-        if (v.text != "auto" && v.text != "explicit")
-          fail(line_no, v.column, str("p2p must be 'auto' or 'explicit', got '", v.text, "'"));
+        const Token& v = value("auto, explicit or timed");
+        if (v.text != "auto" && v.text != "explicit" && v.text != "timed")
+          fail(line_no, v.column, str("p2p must be 'auto', 'explicit' or 'timed', got '", v.text, "'"));
         p2p_mode = v.text;
         p2p_line = line_no;
       } else if (key == "rank") {
@@ -480,7 +592,8 @@ class Parser {
         if (open_col) fail(line_no, open_col, "'[' is not closed on this line (a batch must fit on one line)");
       } else {
         fail(line_no, toks[0].column,
-             str("unknown line '", key, "' (expected schedule, pp, virtual-stages, micro-batches, p2p or rank)"));
+             str("unknown line '", key,
+                 "' (expected schedule, pp, virtual-stages, micro-batches, placement, max-in-flight, p2p or rank)"));
       }
     }
     if (s.pp < 0) fail(last_line + 1, 1, "missing 'pp <size>' line");
@@ -494,13 +607,74 @@ class Parser {
     for (int r = 0; r < s.pp; ++r)
       if (rank_lines[r] == 0) fail(last_line + 1, 1, str("no 'rank ", r, ":' line (pp is ", s.pp, ")"));
     s.ranks = std::move(ranks);
-    if (p2p_mode == "auto" && first_p2p_line)
+    placement(s, placement_mode, placement_toks, placement_line, placement_col);
+    weight_split(s);
+    if ((p2p_mode == "auto" || p2p_mode == "timed") && first_p2p_line)
       fail(first_p2p_line, first_p2p_col,
-           str("send/recv action in a 'p2p auto' schedule (line ", p2p_line,
+           str("send/recv action in a 'p2p ", p2p_mode, "' schedule (line ", p2p_line,
                "): write 'p2p explicit' to give every send/recv yourself"));
+    s.source = source_;
+    if (p2p_mode == "timed") return with_timed_p2p(s);
     const bool automatic = p2p_mode == "auto" || (p2p_mode.empty() && first_p2p_line == 0);
     if (automatic) return with_p2p(s);
     return s;
+  }
+
+  // The placement header, checked against pp and virtual-stages (which may come after it).
+  void placement(Schedule& s, const std::string& mode, const std::vector<Token>& toks, int line, int col) const {
+    if (mode.empty() || mode == "round-robin") return;
+    if (mode == "v") {
+      if (s.virtual_stages != 2)
+        fail(line, col,
+             str("placement v needs virtual-stages 2 (rank r holds stages r and 2pp-1-r), but virtual-stages is ",
+                 s.virtual_stages));
+      s.placement = v_placement(s.pp);
+      return;
+    }
+    const int want = s.pp * s.virtual_stages;
+    if (static_cast<int>(toks.size()) != want) {
+      const Token& at = static_cast<int>(toks.size()) > want ? toks[static_cast<size_t>(want)] : toks.back();
+      fail(line, at.column,
+           str("placement lists ", toks.size(), " stages, but pp ", s.pp, " x virtual-stages ", s.virtual_stages,
+               " is ", want, " (give one rank per stage)"));
+    }
+    std::vector<int> map;
+    for (const Token& t : toks) {
+      const int r = whole_number(t, line, "a rank number");
+      if (r >= s.pp) fail(line, t.column, str("rank ", r, " is outside pp ", s.pp));
+      map.push_back(r);
+    }
+    std::vector<int> count(static_cast<size_t>(s.pp), 0);
+    for (int r : map) ++count[r];
+    for (int r = 0; r < s.pp; ++r)
+      if (count[r] != s.virtual_stages)
+        fail(line, col,
+             str("placement puts ", count[r], " stages on rank ", r, "; with virtual-stages ", s.virtual_stages,
+                 " every rank holds exactly ", s.virtual_stages));
+    s.placement = std::move(map);
+  }
+
+  // A schedule has W for every (micro-batch, chunk) of every rank, or none: the
+  // first action that breaks this is named.
+  void weight_split(const Schedule& s) const {
+    const Action* first_w = nullptr;
+    for (const auto& acts : s.ranks)
+      for (const auto& a : acts)
+        if (a.op == Op::Weight && !first_w) first_w = &a;
+    if (!first_w) return;
+    for (int r = 0; r < s.pp; ++r) {
+      const auto& acts = s.ranks[r];
+      for (const Action& b : acts) {
+        if (b.op != Op::Backward) continue;
+        bool found = false;
+        for (const Action& w : acts) found = found || (w.op == Op::Weight && w.mb == b.mb && w.chunk == b.chunk);
+        if (!found)
+          fail(b.line, b.column,
+               str("B", b.mb, ".", b.chunk, " on rank ", r, " has no W", b.mb, ".", b.chunk, ": this schedule splits the backward (W",
+                   first_w->mb, ".", first_w->chunk, " at line ", first_w->line, ":", first_w->column,
+                   "), so every B needs its W on the same rank (or write no W at all)"));
+      }
+    }
   }
 
  private:
@@ -510,7 +684,9 @@ class Parser {
 }  // namespace
 
 Schedule parse_schedule(const std::string& text, const std::string& source) {
-  return Parser(source).parse(text);
+  Schedule s = Parser(source).parse(text);
+  s.source = source;
+  return s;
 }
 
 Schedule read_schedule_file(const std::string& path) {
@@ -521,6 +697,7 @@ Schedule read_schedule_file(const std::string& path) {
   os << f.rdbuf();
   Schedule s = parse_schedule(os.str(), path);
   if (s.name.empty()) s.name = path;
+  s.source = path;
   return s;
 }
 
@@ -534,6 +711,14 @@ std::string write_schedule(const Schedule& s) {
   os << "pp " << s.pp << "\n";
   os << "virtual-stages " << s.virtual_stages << "\n";
   os << "micro-batches " << s.micro_batches << "\n";
+  const std::string kind = s.placement_kind();
+  if (kind == "v") os << "placement v\n";
+  if (kind == "explicit") {
+    os << "placement";
+    for (int r : s.stage_ranks()) os << " " << r;
+    os << "\n";
+  }
+  if (s.max_in_flight > 0) os << "max-in-flight " << s.max_in_flight << "\n";
   os << "p2p " << (has_p2p(s) ? "explicit" : "auto") << "\n";
   constexpr size_t kWidth = 100;  // wrap long ranks onto more 'rank r:' lines
   for (size_t r = 0; r < s.ranks.size(); ++r) {

@@ -11,6 +11,11 @@
 
 namespace mpitron::parallel {
 
+std::string CheckResult::located() const {
+  if (ok || line <= 0 || source.empty()) return "";
+  return str(source, ":", line, ":", column, ": ");
+}
+
 std::string CheckResult::message() const {
   if (ok) return "schedule ok";
   std::string where = index >= 0 ? str("rank ", rank, ", action ", index, " (", action)
@@ -38,6 +43,7 @@ const char* op_name(Op op) {
     case Op::RecvAct: return "RA";
     case Op::SendGrad: return "SG";
     case Op::RecvGrad: return "RG";
+    case Op::Weight: return "W";
   }
   return "?";
 }
@@ -48,6 +54,7 @@ class Checker {
   explicit Checker(const Schedule& s) : s_(s) {}
 
   CheckResult run() {
+    res_.source = s_.source;
     res_.peak_in_flight.assign(static_cast<size_t>(std::max(s_.pp, 0)), 0);
     if (s_.pp < 1 || s_.virtual_stages < 1 || s_.micro_batches < 1) {
       res_.ok = false;
@@ -60,6 +67,13 @@ class Checker {
       res_.why = str("the schedule lists ", s_.ranks.size(), " ranks but pp is ", s_.pp);
       return res_;
     }
+    const std::string bad = placement_error(s_.placement, s_.pp, s_.virtual_stages);
+    if (!bad.empty()) {
+      res_.ok = false;
+      res_.why = "bad placement: " + bad;
+      return res_;
+    }
+    split_ = has_weight_actions(s_);
     if (!per_action() || !per_rank() || !completeness() || !replay_p2p()) return res_;
     return res_;
   }
@@ -96,7 +110,8 @@ class Checker {
           return fail(r, i, str("micro-batch ", a.mb, " is out of range [0, ", s_.micro_batches, ")"));
         if (a.chunk < 0 || a.chunk >= s_.virtual_stages)
           return fail(r, i, str("chunk ", a.chunk, " is out of range [0, ", s_.virtual_stages,
-                                ") (chunks are local to the rank: stage = chunk * pp + rank)"));
+                                ") (chunks are local to the rank: chunk c is the rank's c-th stage, placement ",
+                                s_.placement_kind(), ")"));
         if (a.batched && (is_compute(a.op) || i == 0 || is_compute(acts[i - 1].op)))
           return fail(r, i, "only sends and receives can share a batch, and a batch continues a send/recv");
         if (is_compute(a.op)) continue;
@@ -112,7 +127,7 @@ class Checker {
                                 " and ", other));
         if (a.peer != want)
           return fail(r, i, str("peer rank ", a.peer, " is wrong: stage ", other, " lives on rank ", want,
-                                " (round-robin: stage s is on rank s % pp)"));
+                                " (placement ", s_.placement_kind(), ")"));
       }
     }
     return true;
@@ -122,7 +137,7 @@ class Checker {
   bool per_rank() {
     const int S = s_.stages(), m = s_.micro_batches, v = s_.virtual_stages;
     for (int r = 0; r < s_.pp; ++r) {
-      Seen f(m, v), b(m, v), sa(m, v), ra(m, v), sg(m, v), rg(m, v);
+      Seen f(m, v), b(m, v), w(m, v), sa(m, v), ra(m, v), sg(m, v), rg(m, v);
       int in_flight = 0, peak = 0;
       const auto& acts = s_.ranks[r];
       for (int i = 0; i < static_cast<int>(acts.size()); ++i) {
@@ -136,6 +151,7 @@ class Checker {
           case Op::RecvAct: table = &ra; break;
           case Op::SendGrad: table = &sg; break;
           case Op::RecvGrad: table = &rg; break;
+          case Op::Weight: table = &w; break;
         }
         int& prev = (*table)(a.mb, a.chunk);
         if (prev >= 0)
@@ -168,6 +184,9 @@ class Checker {
             }
           }
         }
+        if (a.op == Op::Weight && b(a.mb, a.chunk) < 0)
+          return fail(r, i, str("W before its B: ", action_text(Op::Backward, a.mb, a.chunk),
+                                " (the input gradient, which saves what W needs) has not run on this rank"));
         if (a.op == Op::SendAct && f(a.mb, a.chunk) < 0)
           return fail(r, i, str("sends an activation not yet computed: ", action_text(Op::Forward, a.mb, a.chunk),
                                 " must come before it"));
@@ -175,8 +194,15 @@ class Checker {
           return fail(r, i, str("sends a gradient not yet computed: ", action_text(Op::Backward, a.mb, a.chunk),
                                 " must come before it"));
         prev = i;
-        if (a.op == Op::Forward) peak = std::max(peak, ++in_flight);
-        if (a.op == Op::Backward) --in_flight;
+        // In flight: F has run, and W (or B, when the backward is not split) not yet.
+        if (a.op == Op::Forward) {
+          peak = std::max(peak, ++in_flight);
+          if (s_.max_in_flight > 0 && in_flight > s_.max_in_flight)
+            return fail(r, i, str(in_flight, " forwards in flight on this rank (run, their ", split_ ? "W" : "B",
+                                  " not yet), above the schedule's max-in-flight ", s_.max_in_flight,
+                                  ": run a ", split_ ? "W" : "B", " before this F or raise the bound"));
+        }
+        if (a.op == (split_ ? Op::Weight : Op::Backward)) --in_flight;
       }
       res_.peak_in_flight[r] = peak;
     }
@@ -186,7 +212,7 @@ class Checker {
   // Phase 3: every F/B present; every send/recv has its partner.
   bool completeness() {
     const int m = s_.micro_batches, v = s_.virtual_stages;
-    std::vector<Seen> f(s_.pp, Seen(m, v)), b(s_.pp, Seen(m, v));
+    std::vector<Seen> f(s_.pp, Seen(m, v)), b(s_.pp, Seen(m, v)), w(s_.pp, Seen(m, v));
     // sent[r] / received[r]: (kind, mb, stage of the SENDER) -> count, per rank pair.
     std::map<std::tuple<int, int, int, int, int>, int> sends, recvs;  // (src, dst, grad?, mb, src stage)
     for (int r = 0; r < s_.pp; ++r) {
@@ -196,6 +222,7 @@ class Checker {
         const int st = s_.stage(r, a.chunk);
         if (a.op == Op::Forward) f[r](a.mb, a.chunk) = i;
         if (a.op == Op::Backward) b[r](a.mb, a.chunk) = i;
+        if (a.op == Op::Weight) w[r](a.mb, a.chunk) = i;
         if (a.op == Op::SendAct) ++sends[{r, a.peer, 0, a.mb, st}];
         if (a.op == Op::SendGrad) ++sends[{r, a.peer, 1, a.mb, st}];
         if (a.op == Op::RecvAct) ++recvs[{a.peer, r, 0, a.mb, st - 1}];
@@ -209,6 +236,10 @@ class Checker {
         if (a.op == Op::Forward && b[r](a.mb, a.chunk) < 0)
           return fail(r, i, str("has no backward: ", action_text(Op::Backward, a.mb, a.chunk),
                                 " is missing on this rank (every forward needs its backward in the same step)"));
+        if (split_ && a.op == Op::Backward && w[r](a.mb, a.chunk) < 0)
+          return fail(r, i, str("has no weight gradient: ", action_text(Op::Weight, a.mb, a.chunk),
+                                " is missing on this rank (the schedule has W actions, so B computes only the input "
+                                "gradient and every B needs its W once)"));
       }
       for (int mb = 0; mb < m; ++mb)
         for (int c = 0; c < v; ++c)
@@ -250,6 +281,7 @@ class Checker {
 
   const Schedule& s_;
   CheckResult res_;
+  bool split_ = false;  // the schedule has W actions
 };
 
 }  // namespace
@@ -259,7 +291,7 @@ CheckResult check_schedule(const Schedule& s) { return Checker(s).run(); }
 void validate_schedule(const Schedule& s) {
   CheckResult r = check_schedule(s);
   if (!r.ok)
-    MPT_THROW(str("pipeline schedule '", s.name, "' rejected: ", r.message()),
+    MPT_THROW(str(r.located(), "pipeline schedule '", s.name, "' rejected: ", r.message()),
               "fix the schedule (docs/pipeline-schedules.md), or run apps/schedule_sim --schedule-file to inspect it");
 }
 
@@ -337,7 +369,7 @@ ReplayResult replay(const Schedule& s, const ReplayCosts& costs) {
       while (pc[r] < n && res.ok) {
         const Action& a = acts[pc[r]];
         if (is_compute(a.op)) {
-          const double cost = a.op == Op::Forward ? costs.forward : costs.backward;
+          const double cost = costs.cost(a.op, s.stage(r, a.chunk));
           res.spans[r].push_back(Span{pc[r], 1, true, clock[r], clock[r] + cost});
           clock[r] += cost;
           ++pc[r];

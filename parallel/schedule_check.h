@@ -6,12 +6,16 @@
 //  1. each action alone: micro-batch and chunk in range; a send/recv names the
 //     rank that really holds the neighbour stage (SA/RG: stage + 1, RA/SG:
 //     stage - 1), never its own rank; batches hold only sends/recvs.
+//  0. the placement is valid (every rank holds virtual_stages stages).
 //  2. each rank in order (local data flow): no action twice; F(mb, s) has its
 //     input (stage 0: the data; else RA before it, or F(mb, s-1) earlier on
 //     this rank when that stage is local); B(mb, s) comes after F(mb, s) and
 //     has its output gradient (last stage: the loss; else RG before it, or
-//     B(mb, s+1) earlier when local); SA after its F; SG after its B.
-//  3. completeness: every rank runs F and B of every (micro-batch, chunk);
+//     B(mb, s+1) earlier when local); W(mb, s) after B(mb, s); SA after its F;
+//     SG after its B. Measures the peak in flight (F run, W — or B when there is
+//     no W — not yet) and enforces `max-in-flight` when the schedule sets it.
+//  3. completeness: every rank runs F and B of every (micro-batch, chunk), and
+//     W of each once when the schedule has any W;
 //     every recv has its send on the peer and every send its recv.
 //  4. the p2p replay (schedule_replay.h): blocking rendezvous sends/recvs,
 //     batches posted together, in-order pairing per rank pair; a pairing of
@@ -33,10 +37,15 @@ struct CheckResult {
   std::string action;       // its text, e.g. "SA3.0>1" (or the missing action's)
   int line = 0, column = 0; // where it was read from (0 when generated)
   std::string why;          // what is wrong and what would fix it
-  std::vector<int> peak_in_flight;  // per rank: most (micro-batch, chunk) forwards whose backward has not run yet
+  // Per rank: most (micro-batch, chunk) forwards in flight at once — F run, and
+  // its W (its B, when the schedule has no W) not yet: what the stage keeps saved.
+  std::vector<int> peak_in_flight;
+  std::string source;       // the schedule's file (Schedule::source), "" when generated
 
   // "rank 1, action 7 (SA3.0>2, line 4:20): why"
   std::string message() const;
+  // "FILE:LINE:COLUMN: " when the offending action was read from a file, else "".
+  std::string located() const;
 };
 
 // Reports (never throws) whatever is wrong, bad sizes included.

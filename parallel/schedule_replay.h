@@ -5,7 +5,7 @@
 // schedule_sim.h.
 //
 // Semantics (also in docs/pipeline-schedules.md):
-// - A rank runs its actions in order. F and B take their cost and need nothing
+// - A rank runs its actions in order. F, B and W take their cost and need nothing
 //   from other ranks at this point (their inputs were received by earlier
 //   actions; the static checks in schedule_check.cpp prove that).
 // - A send or recv, or a batch of them, is POSTED when the rank reaches it and
@@ -27,6 +27,15 @@ struct ReplayCosts {
   double forward = 1;   // one F of one model chunk
   double backward = 2;  // one B of one model chunk
   double p2p = 0;       // one send/recv pair, from the later post to completion
+  double weight = 1;    // one W of one model chunk
+  // Per global stage (used when non-empty): F, B and W costs of that stage.
+  std::vector<double> stage_forward, stage_backward, stage_weight;
+
+  double cost(Op op, int stage) const {
+    const std::vector<double>& v = op == Op::Forward ? stage_forward : op == Op::Backward ? stage_backward : stage_weight;
+    if (stage >= 0 && stage < static_cast<int>(v.size())) return v[stage];
+    return op == Op::Forward ? forward : op == Op::Backward ? backward : weight;
+  }
 };
 
 // A contiguous piece of a rank's timeline: one F/B (count 1) or one

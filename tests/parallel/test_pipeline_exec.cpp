@@ -2,7 +2,8 @@
 //
 // A toy model: global stage s maps x -> y = tanh(W_s x) (W_s 5x5, fixed),
 // micro-batch mb feeds x_mb (fixed) and its loss is sum(y) of the last stage.
-// Every schedule (gpipe, 1f1b, interleaved with 2 chunks, parsed text) run on
+// Every schedule (gpipe, 1f1b, interleaved with 2 chunks, zb-h1 and zbv with
+// split backward — B the input gradient, W the weight gradient — parsed text) run on
 // pp = world size ranks must give each stage's dW and each micro-batch's loss of
 // a sequential single-process computation (to 1e-6), and the run statistics the
 // checker predicts. Schedules that are impossible at run time (B before its F, a
@@ -15,7 +16,9 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +30,7 @@
 #include "parallel/pipeline_exec.h"
 #include "parallel/schedule.h"
 #include "parallel/schedule_check.h"
+#include "parallel/schedule_sim.h"
 
 using namespace mpitron;
 using namespace mpitron::parallel;
@@ -151,6 +155,7 @@ class ToyRunner : public StageRunner {
     return to_tensor(y);
   }
   Tensor backward(int mb, int chunk, const Tensor& grad_output) override {
+    CHECK_FALSE(has_weight_actions(s_));  // a split schedule calls backward_input
     const int st = s_.stage(rank_, chunk);
     auto it = saved_.find({mb, chunk});
     REQUIRE(it != saved_.end());
@@ -165,9 +170,35 @@ class ToyRunner : public StageRunner {
     saved_.erase(it);
     return st == 0 ? Tensor() : to_tensor(dx);
   }
+  // Split backward: B computes dx only and keeps (x, y, dy) for W, which adds dW.
+  Tensor backward_input(int mb, int chunk, const Tensor& grad_output) override {
+    CHECK(has_weight_actions(s_));
+    const int st = s_.stage(rank_, chunk);
+    auto it = saved_.find({mb, chunk});
+    REQUIRE(it != saved_.end());
+    Vec dy = st == s_.stages() - 1 ? Vec(kDim, 1.f) : from_tensor(grad_output);
+    if (st == s_.stages() - 1) CHECK_FALSE(grad_output.defined());
+    std::vector<double> scratch(kDim * kDim, 0.0);  // dW is W's job
+    Vec dx = stage_backward(weight(st), it->second.first, it->second.second, dy, scratch);
+    CHECK(for_w_.count({mb, chunk}) == 0);
+    for_w_[{mb, chunk}] = {it->second.first, it->second.second, dy};
+    saved_.erase(it);
+    return st == 0 ? Tensor() : to_tensor(dx);
+  }
+  void backward_weight(int mb, int chunk) override {
+    auto it = for_w_.find({mb, chunk});
+    REQUIRE(it != for_w_.end());
+    const auto& [x, y, dy] = it->second;
+    stage_backward(weight(s_.stage(rank_, chunk)), x, y, dy, dw[chunk]);
+    for_w_.erase(it);
+    ++weights;
+  }
   Tensor make_recv_buffer(int, int) override { return Tensor::empty({kDim}, DType::F32); }
+  bool can_split_backward() const override { return true; }
+  bool supports_placement(const Schedule&) const override { return true; }  // chunks follow s.stage()
 
-  bool all_backwards_done() const { return saved_.empty(); }
+  bool all_backwards_done() const { return saved_.empty() && for_w_.empty(); }
+  int weights = 0;
   std::map<int, std::vector<double>> dw;  // per local chunk
   std::map<int, double> loss;             // per micro-batch (last stage only)
 
@@ -175,6 +206,7 @@ class ToyRunner : public StageRunner {
   const Schedule& s_;
   int rank_;
   std::map<std::pair<int, int>, std::pair<Vec, Vec>> saved_;
+  std::map<std::pair<int, int>, std::tuple<Vec, Vec, Vec>> for_w_;  // what B kept for W
 };
 
 // Compares the runner's dW and losses with the sequential reference.
@@ -199,7 +231,7 @@ void check_against_reference(const Schedule& s, int rank, const ToyRunner& run) 
 
 // Sends/recvs and F/B of rank r, counted from the schedule itself.
 void check_stats(const Schedule& s, int rank, const PipelineStats& st) {
-  int64_t sends = 0, recvs = 0, f = 0, b = 0, batches = 0;
+  int64_t sends = 0, recvs = 0, f = 0, b = 0, w = 0, batches = 0;
   const auto& acts = s.ranks[rank];
   for (size_t i = 0; i < acts.size(); ++i) {
     const Action& a = acts[i];
@@ -207,12 +239,14 @@ void check_stats(const Schedule& s, int rank, const PipelineStats& st) {
     recvs += is_recv(a.op);
     f += a.op == Op::Forward;
     b += a.op == Op::Backward;
+    w += a.op == Op::Weight;
     batches += !is_compute(a.op) && !a.batched;
   }
   CHECK(st.sends == sends);
   CHECK(st.recvs == recvs);
   CHECK(st.forwards == f);
   CHECK(st.backwards == b);
+  CHECK(st.weights == w);
   CHECK(st.batches == batches);
   CHECK(st.forwards == int64_t(s.micro_batches) * s.virtual_stages);
   const CheckResult cr = check_schedule(s);
@@ -229,7 +263,20 @@ void run_and_check(const Schedule& s, int pp_rank, Communicator* comm) {
   PipelineStats st = comm ? run_pipeline_schedule(s, pp_rank, *comm, runner) : run_pipeline_schedule(s, runner);
   check_stats(s, pp_rank, st);
   check_against_reference(s, pp_rank, runner);
+  if (has_weight_actions(s)) CHECK(runner.weights == s.micro_batches * s.virtual_stages);
 }
+
+// A runner that cannot split backward (StageRunner's defaults for B and W).
+class PlainRunner : public StageRunner {
+ public:
+  PlainRunner(const Schedule& s, int rank) : toy_(s, rank) {}
+  Tensor forward(int mb, int chunk, const Tensor& input) override { return toy_.forward(mb, chunk, input); }
+  Tensor backward(int mb, int chunk, const Tensor& g) override { return toy_.backward(mb, chunk, g); }
+  Tensor make_recv_buffer(int mb, int chunk) override { return toy_.make_recv_buffer(mb, chunk); }
+
+ private:
+  ToyRunner toy_;
+};
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -261,6 +308,72 @@ TEST_CASE("pp = 1: every built-in, no communicator, matches the sequential model
     run_and_check(one_f_one_b_schedule(1, 3), 0, self.get());
     run_and_check(interleaved_schedule(1, 2, 2), 0, self.get());
   }
+}
+
+TEST_CASE("pp = 1: split backward (zb-h1, zbv, a file with W) matches the sequential model") {
+  for (int m : {1, 2, 5}) {
+    run_and_check(zb_h1_schedule(1, m), 0, nullptr);
+    run_and_check(zbv_schedule(1, m), 0, nullptr);  // V on one rank: both chunks local
+  }
+  run_and_check(parse_schedule("pp 1\nvirtual-stages 2\nmicro-batches 2\n"
+                               "rank 0: F0.0 F0.1 F1.0 B0.1 F1.1 B0.0 B1.1 W0.1 B1.0 W1.1 W0.0 W1.0\n",
+                               "split.sched"),
+                0, nullptr);
+  // A runner without backward_input/backward_weight is told so.
+  Schedule s = zb_h1_schedule(1, 2);
+  PlainRunner plain(s, 0);
+  const std::string e = error_of([&] { run_pipeline_schedule(s, plain); });
+  INFO(e);
+  CHECK(contains(e, "has W actions, but this runner cannot split backward (pipeline rank 0)"));
+
+  // W before its B, and a B whose W never runs.
+  Schedule wb = parse_schedule("pp 1\nmicro-batches 1\nrank 0: F0 W0 B0\n", "wb.sched");
+  ToyRunner r(wb, 0);
+  CHECK(contains(error_of([&] { run_pipeline_schedule(wb, r); }),
+                 "action 1 (W0.0, line 3:12): weight gradient before its input gradient"));
+  Schedule nw = zb_h1_schedule(1, 2);
+  REQUIRE(to_string(nw.ranks[0].back()) == "W1.0");
+  nw.ranks[0].pop_back();
+  ToyRunner r2(nw, 0);
+  CHECK(contains(error_of([&] { run_pipeline_schedule(nw, r2); }), "B1.0 ran but W1.0 never did"));
+}
+
+TEST_CASE("profile: every F/B/W and batch is timed; medians per stage make a costs file") {
+  Schedule s = zbv_schedule(1, 3);
+  ToyRunner runner(s, 0);
+  PipelineProfile prof;
+  int syncs = 0;
+  prof.sync = [&] { ++syncs; };
+  run_pipeline_schedule(s, runner, &prof);
+  ToyRunner second(s, 0);
+  run_pipeline_schedule(s, second, &prof);  // two steps into one profile
+  CHECK(prof.compute.size() == 2 * s.ranks[0].size());
+  CHECK(syncs == 2 * 2 * static_cast<int>(s.ranks[0].size()));  // before and after each action
+  CHECK(prof.split);
+  CHECK(prof.stages == 2);
+  for (const auto& x : prof.compute) CHECK(x.ms >= 0);
+  const Costs c = prof.costs();
+  REQUIRE(c.stage_forward.size() == 2);
+  REQUIRE(c.stage_weight.size() == 2);
+  for (int st = 0; st < 2; ++st) {
+    CHECK(c.stage_forward[st] >= 0);
+    CHECK(c.stage_backward[st] >= 0);
+    CHECK(c.stage_weight[st] >= 0);
+  }
+  // The medians are the samples' medians.
+  std::vector<double> f0;
+  for (const auto& x : prof.compute)
+    if (x.op == Op::Forward && x.stage == 0) f0.push_back(x.ms);
+  REQUIRE(f0.size() == 6);
+  std::sort(f0.begin(), f0.end());
+  CHECK(c.stage_forward[0] == doctest::Approx((f0[2] + f0[3]) / 2));
+  // Through the text format and back.
+  const Costs back = parse_costs(write_costs(c), "c.costs");
+  CHECK(back.stage_forward.size() == 2);
+  CHECK(back.stage_weight.size() == 2);
+  CHECK(back.stage_backward[1] == doctest::Approx(c.stage_backward[1]).epsilon(1e-5));
+  prof.clear();
+  CHECK(prof.compute.empty());
 }
 
 TEST_CASE("pp = 1: impossible schedules throw with rank, position and action") {
@@ -319,6 +432,51 @@ TEST_CASE("built-in schedules on pp = world ranks match the sequential model") {
   }
   for (int m : {p, 2 * p, 3 * p}) run_and_check(interleaved_schedule(p, m, 2), r, comm.get());
   run_and_check(interleaved_schedule(p, p, 3), r, comm.get());
+  comm->barrier();
+}
+
+TEST_CASE("zb-h1 and zbv on pp = world ranks match the sequential model; the profile gathers every stage") {
+  if (!mpi_up()) return;
+  const int p = wsize(), r = wrank();
+  CommOptions o;
+  o.name = "pp";
+  o.timeout_s = 60;
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, o);
+  for (int m : {1, p, 2 * p + 1}) run_and_check(zb_h1_schedule(p, m), r, comm.get());
+  for (int m : {1, p, 2 * p, 3 * p}) run_and_check(zbv_schedule(p, m), r, comm.get());
+  // An explicit placement (rank order reversed for the second chunk), timed p2p.
+  std::string place = "placement";
+  for (int st = 0; st < 2 * p; ++st) place += " " + std::to_string(st < p ? st : (st - p + 1) % p);
+  std::string text = str("pp ", p, "\nvirtual-stages 2\nmicro-batches 2\n", place, "\np2p timed\n");
+  for (int k = 0; k < p; ++k) text += str("rank ", k, ": F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0 W0.1 W1.1 W0.0 W1.0\n");
+  run_and_check(parse_schedule(text, "explicit.sched"), r, comm.get());
+  // A runner laid out round-robin (the default supports_placement) refuses V up front, on every rank.
+  Schedule v_order = compute_only(zbv_schedule(p, 2));
+  for (auto& acts : v_order.ranks)
+    acts.erase(std::remove_if(acts.begin(), acts.end(), [](const Action& a) { return a.op == Op::Weight; }),
+               acts.end());
+  const Schedule v_plain = with_timed_p2p(v_order);
+  CHECK(check_schedule(v_plain).ok);
+  PlainRunner plain(v_plain, r);
+  const std::string e = error_of([&] { run_pipeline_schedule(v_plain, r, *comm, plain); });
+  CHECK(contains(e, "uses placement v, but this runner's model chunks are laid out for another"));
+  // Profile: each rank times its own stages; the gather fills them all in.
+  Schedule s = zb_h1_schedule(p, 2 * p);
+  ToyRunner runner(s, r);
+  PipelineProfile prof;
+  run_pipeline_schedule(s, r, *comm, runner, &prof);
+  const Costs mine = prof.costs();
+  for (int st = 0; st < p; ++st) CHECK((mine.stage_forward[st] >= 0) == (st == r));
+  CHECK(prof.p2p_ms.size() > 0);
+  const Costs all = gather_pipeline_costs(prof, *comm);
+  REQUIRE(all.stage_forward.size() == static_cast<size_t>(p));
+  REQUIRE(all.stage_weight.size() == static_cast<size_t>(p));
+  for (int st = 0; st < p; ++st) {
+    CHECK(all.stage_forward[st] >= 0);
+    CHECK(all.stage_backward[st] >= 0);
+    CHECK(all.stage_weight[st] >= 0);
+  }
+  CHECK(all.stage_forward[r] == mine.stage_forward[r]);
   comm->barrier();
 }
 

@@ -356,7 +356,7 @@ rank 1: F1 B1          # a second line appends to rank 1
 
 TEST_CASE("text format: errors carry line and column") {
   CHECK(parse_error("pp 1\nmicro-batches 1\nrank 0: F0 X3 B0\n") ==
-        "t.sched:3:12: unknown action 'X3' (expected F<mb>.<chunk>, B…, SA…>peer, RA…<peer, SG…>peer, RG…<peer)");
+        "t.sched:3:12: unknown action 'X3' (expected F<mb>.<chunk>, B…, W…, SA…>peer, RA…<peer, SG…>peer, RG…<peer)");
   CHECK(parse_error("pp 1\nmicro-batches 1\nrank 0: F0.x B0\n").find("t.sched:3:12: expected a chunk number") == 0);
   CHECK(parse_error("pp 2\nmicro-batches 1\np2p explicit\nrank 0: F0 SA0.0 B0\nrank 1: F0 B0\n")
             .find("t.sched:4:17: 'SA0.0' needs its peer rank") == 0);
