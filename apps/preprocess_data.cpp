@@ -311,7 +311,8 @@ int main(int argc, char** argv) {
     ("tokenizer-type", po::value(&opt.tokenizer_type)->default_value("GPT2BPETokenizer"), kTokenizerTypes)
     ("tokenizer-model", po::value(&opt.tokenizer_model),
      "HuggingFaceTokenizer: tokenizer.json; SentencePieceTokenizer / Llama2Tokenizer: tokenizer.model")
-    ("vocab-file", po::value(&opt.vocab_file), "GPT2BPETokenizer: gpt2-vocab.json (default: assets/gpt2)")
+    ("vocab-file", po::value(&opt.vocab_file),
+     "GPT2BPETokenizer: gpt2-vocab.json (default: assets/gpt2); BertWordPieceLowerCase / BertWordPieceCase: vocab.txt")
     ("merge-file", po::value(&opt.merge_file), "GPT2BPETokenizer: gpt2-merges.txt (default: assets/gpt2)")
     ("log-interval", po::value(&opt.log_interval)->default_value(100000), "progress line every N documents")
     ("on-error", po::value(&opt.on_error)->default_value("fail"),
