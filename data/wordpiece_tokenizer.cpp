@@ -9,56 +9,13 @@
 
 #include "core/error.h"
 #include "data/tokenizer.h"  // find_invalid_utf8
+#include "data/utf8.h"
 
 namespace mpitron::data {
 
 namespace {
 
 constexpr const char* kSpecials[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
-
-// Next code point of s at i (advances i); an invalid byte reads as U+FFFD (then dropped
-// by clean_text, as a Python str never holds one).
-char32_t next_cp(std::string_view s, size_t& i) {
-  const unsigned c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) {
-    ++i;
-    return c;
-  }
-  const int n = (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : 0;
-  if (n == 0 || i + n >= s.size()) {
-    ++i;
-    return 0xFFFD;
-  }
-  char32_t cp = c & (0x3F >> n);
-  for (int k = 1; k <= n; ++k) {
-    const unsigned b = static_cast<unsigned char>(s[i + k]);
-    if ((b & 0xC0) != 0x80) {
-      ++i;
-      return 0xFFFD;
-    }
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  i += n + 1;
-  return cp;
-}
-
-void put_cp(char32_t c, std::string& out) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
-}
 
 bool is_bert_whitespace(char32_t c) { return c == '\t' || c == '\n' || c == '\r' || u_isUWhiteSpace(c); }
 
