@@ -19,6 +19,8 @@
 // and lower-case continuations do not split; "etc." splits before a capital.
 // Newlines are not boundaries (as in punkt): a line without a terminal mark runs on into
 // the next.
+// Measured against NLTK punkt (docs/data.md): 98.6% of our boundaries are punkt's, 97.4%
+// of punkt's are ours, on 200 LAMBADA passages.
 // Sentences are trimmed of the whitespace around them; keep_newlines (Megatron's
 // --keep-newlines) keeps the whitespace that follows each sentence (newlines included),
 // so the sentences joined give back the text minus its leading whitespace.

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "data/sentence_splitter.h"
 #include "tests/data/data_test_util.h"
@@ -51,4 +52,38 @@ TEST_CASE("split_sentences: keep_newlines keeps the whitespace after each senten
   std::string joined;
   for (const auto& s : split(text, true)) joined += s;
   CHECK(joined == text.substr(2));
+}
+
+TEST_CASE("split_sentences: boundaries agree with NLTK punkt (trained on LAMBADA) on 200 LAMBADA passages") {
+  // tests/reference/sentence_punkt_ref.py: punkt's sentences; compare sentence end offsets.
+  auto ref = nlohmann::json::parse(read_all(source_path("tests/data/ref/punkt_sentences.json")));
+  int64_t both = 0, ours_only = 0, punkt_only = 0, same_passages = 0;
+  int shown = 0;
+  for (const auto& c : ref) {
+    const std::string text = c["text"].get<std::string>();
+    std::set<size_t> punkt, ours;
+    size_t cursor = 0;
+    for (const auto& s : c["sentences"]) {
+      const std::string sent = s.get<std::string>();
+      const size_t at = text.find(sent, cursor);
+      REQUIRE(at != std::string::npos);
+      cursor = at + sent.size();
+      punkt.insert(cursor);
+    }
+    for (std::string_view s : split_sentences(text)) ours.insert(static_cast<size_t>(s.data() - text.data()) + s.size());
+    for (size_t e : ours) (punkt.count(e) ? both : ours_only) += 1;
+    for (size_t e : punkt) punkt_only += !ours.count(e);
+    same_passages += ours == punkt;
+    for (size_t e : ours)
+      if (!punkt.count(e) && shown++ < 6)
+        MESSAGE("ours only: ..." << text.substr(e >= 40 ? e - 40 : 0, std::min<size_t>(e, 40)) << "|" << text.substr(e, 30));
+    for (size_t e : punkt)
+      if (!ours.count(e) && shown++ < 12)
+        MESSAGE("punkt only: ..." << text.substr(e >= 40 ? e - 40 : 0, std::min<size_t>(e, 40)) << "|" << text.substr(e, 30));
+  }
+  const double precision = static_cast<double>(both) / (both + ours_only), recall = static_cast<double>(both) / (both + punkt_only);
+  MESSAGE("punkt agreement: ", both, " common boundaries, ", ours_only, " ours only, ", punkt_only, " punkt only; precision ",
+          precision, ", recall ", recall, "; ", same_passages, " of ", ref.size(), " passages split identically");
+  CHECK(precision > 0.97);
+  CHECK(recall > 0.97);
 }
