@@ -5,6 +5,7 @@
 #include <unicode/uchar.h>
 #include <unicode/unorm2.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "core/error.h"
@@ -17,7 +18,10 @@ namespace {
 
 constexpr const char* kSpecials[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
 
-bool is_bert_whitespace(char32_t c) { return c == '\t' || c == '\n' || c == '\r' || u_isUWhiteSpace(c); }
+bool is_bert_whitespace(char32_t c) {
+  if (c < 0x80) return c == ' ' || (c >= '\t' && c <= '\r');  // VT and FF are dropped as controls first
+  return u_isUWhiteSpace(c);
+}
 
 // Cc Cf Cn Co Cs, but \t \n \r count as whitespace (HF's is_control).
 bool is_bert_control(char32_t c) {
@@ -80,14 +84,25 @@ std::u32string nfd(const std::u32string& in) {
   return out;
 }
 
+}  // namespace
+
+struct WordPieceTokenizer::Cache {
+  static constexpr size_t kMaxEntries = 1 << 16;  // cleared when full
+  std::unordered_map<std::string, std::vector<int32_t>> ids;
+  std::vector<std::string> words;
+};
+
+namespace {
+
 class WPEncoder : public TextEncoder {
  public:
   explicit WPEncoder(const WordPieceTokenizer& t) : t_(t) {}
   using TextEncoder::encode;
-  void encode(std::string_view text, std::vector<int32_t>& out) override { t_.encode_to(text, out); }
+  void encode(std::string_view text, std::vector<int32_t>& out) override { t_.encode_to(text, out, &cache_); }
 
  private:
   const WordPieceTokenizer& t_;
+  WordPieceTokenizer::Cache cache_;
 };
 
 }  // namespace
@@ -155,6 +170,32 @@ std::string WordPieceTokenizer::decode(const int32_t* ids, size_t n) const {
 }
 
 std::vector<std::string> WordPieceTokenizer::pre_tokenize(std::string_view text) const {
+  std::vector<std::string> words;
+  pre_tokenize(text, words);
+  return words;
+}
+
+void WordPieceTokenizer::pre_tokenize(std::string_view text, std::vector<std::string>& words) const {
+  words.clear();
+  // ASCII text needs no Unicode tables and no NFD: the same rules, byte by byte.
+  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
+    std::string cur;
+    for (char ch : text) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+        if (!cur.empty()) words.push_back(std::move(cur)), cur.clear();
+      } else if (c < 0x20 || c == 0x7F) {
+        continue;  // control characters (VT, FF, NUL, ...) are dropped
+      } else if (is_bert_punct(c)) {
+        if (!cur.empty()) words.push_back(std::move(cur)), cur.clear();
+        words.emplace_back(1, ch);
+      } else {
+        cur += lower_case_ && c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : ch;
+      }
+    }
+    if (!cur.empty()) words.push_back(std::move(cur));
+    return;
+  }
   // BertNormalizer: clean text, pad CJK, (lower-case type) NFD + drop Mn + lower-case.
   std::u32string norm;
   norm.reserve(text.size());
@@ -191,7 +232,6 @@ std::vector<std::string> WordPieceTokenizer::pre_tokenize(std::string_view text)
     norm.swap(low);
   }
   // BertPreTokenizer: split on whitespace (removed) and punctuation (isolated).
-  std::vector<std::string> words;
   std::string cur;
   auto flush = [&] {
     if (!cur.empty()) words.push_back(std::move(cur));
@@ -209,7 +249,6 @@ std::vector<std::string> WordPieceTokenizer::pre_tokenize(std::string_view text)
     }
   }
   flush();
-  return words;
 }
 
 void WordPieceTokenizer::wordpiece(const std::string& word, std::vector<int32_t>& out) const {
@@ -249,11 +288,27 @@ void WordPieceTokenizer::wordpiece(const std::string& word, std::vector<int32_t>
   }
 }
 
-void WordPieceTokenizer::encode_to(std::string_view text, std::vector<int32_t>& out) const {
+void WordPieceTokenizer::encode_to(std::string_view text, std::vector<int32_t>& out, Cache* cache) const {
   // Special tokens written in the text are cut out first (HF's added vocabulary).
   size_t pos = 0;
+  Cache local;
+  Cache& c = cache ? *cache : local;
   auto segment = [&](std::string_view s) {
-    for (const std::string& w : pre_tokenize(s)) wordpiece(w, out);
+    pre_tokenize(s, c.words);
+    for (const std::string& w : c.words) {
+      if (!cache) {
+        wordpiece(w, out);
+        continue;
+      }
+      auto it = c.ids.find(w);
+      if (it == c.ids.end()) {
+        if (c.ids.size() >= Cache::kMaxEntries) c.ids.clear();
+        std::vector<int32_t> ids;
+        wordpiece(w, ids);
+        it = c.ids.emplace(w, std::move(ids)).first;
+      }
+      out.insert(out.end(), it->second.begin(), it->second.end());
+    }
   };
   while (pos < text.size()) {
     size_t at = text.find('[', pos);

@@ -65,8 +65,11 @@ class WordPieceTokenizer : public TextTokenizer {
 
   // Steps 2-3 alone: the normalised words of one segment without special tokens.
   std::vector<std::string> pre_tokenize(std::string_view text) const;
-  // Appends the ids of `text` (steps 1-4).
-  void encode_to(std::string_view text, std::vector<int32_t>& out) const;
+  void pre_tokenize(std::string_view text, std::vector<std::string>& words) const;  // reuses `words`
+  // Per-thread scratch of an encoder: word → ids (bounded), the word list.
+  struct Cache;
+  // Appends the ids of `text` (steps 1-4); `cache` (optional) memoises words.
+  void encode_to(std::string_view text, std::vector<int32_t>& out, Cache* cache = nullptr) const;
 
  private:
   void wordpiece(const std::string& word, std::vector<int32_t>& out) const;

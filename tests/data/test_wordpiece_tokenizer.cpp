@@ -61,6 +61,9 @@ TEST_CASE("WordPiece: ids equal HF BertWordPieceTokenizer on texts and edge case
       CAPTURE(c["name"].get<std::string>());
       const auto ids = enc->encode(c["text"].get<std::string>());
       CHECK(ids == c[key].get<std::vector<int32_t>>());
+      std::vector<int32_t> uncached;  // without the encoder's word cache
+      tok.encode_to(c["text"].get<std::string>(), uncached);
+      CHECK(uncached == ids);
       std::vector<std::string> toks;
       for (int32_t id : ids) toks.push_back(tok.id_to_token(id));
       CHECK(toks == c[str(key, "_tokens")].get<std::vector<std::string>>());
