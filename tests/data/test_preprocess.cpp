@@ -289,3 +289,25 @@ TEST_CASE("preprocess_data --split-sentences: byte-identical to megatron-core's 
           read_all(source_path(str("tests/data/interop/mcore_bert_text_sentence", ext))));
   }
 }
+
+TEST_CASE("preprocess_data --split-sentences --keep-newlines: each sentence keeps the whitespace after it") {
+  TempDir dir("ppnl");
+  const std::string text = "First one.\n\nSecond one!\nThird\nline.";
+  write_all(dir / "in.jsonl", nlohmann::json({{"text", text}}).dump() + "\n");
+  for (bool keep : {false, true}) {
+    int rc = 0;
+    std::string out = run_pp(str("--input ", dir / "in.jsonl", " --output-prefix ", dir / "g", " --split-sentences",
+                                 keep ? " --keep-newlines" : ""), &rc);
+    REQUIRE_MESSAGE(rc == 0, out);
+    IndexedDataset ds(dir / "g_text_sentence");
+    REQUIRE(ds.sequence_count() == 3);
+    std::vector<std::string> got;
+    for (int64_t i = 0; i < 3; ++i) {
+      std::vector<int32_t> ids;
+      ds.get(i).append_to(ids);
+      got.push_back(gpt2().decode(ids));
+    }
+    CHECK(got == (keep ? std::vector<std::string>{"First one.\n\n", "Second one!\n", "Third\nline."}
+                       : std::vector<std::string>{"First one.", "Second one!", "Third\nline."}));
+  }
+}
