@@ -107,7 +107,7 @@ void process_slice(const std::vector<std::string_view>& lines, size_t begin, siz
       }
       SliceResult::Key& key = out.keys[k];
       int32_t nseq = 0;
-      auto add = [&](const std::string& text) {
+      auto add = [&](std::string_view text) {
         size_t before = key.tokens.size();
         enc.encode(text, key.tokens);
         int64_t n = static_cast<int64_t>(key.tokens.size() - before);
@@ -118,7 +118,7 @@ void process_slice(const std::vector<std::string_view>& lines, size_t begin, siz
       };
       if (it->is_string() && opt.split_sentences) {
         for (std::string_view s : split_sentences(it->get_ref<const std::string&>(), opt.keep_newlines))
-          add(std::string(s));
+          add(s);
       } else if (it->is_string()) {
         add(it->get_ref<const std::string&>());
       } else if (it->is_array() && std::all_of(it->begin(), it->end(), [](const auto& x) { return x.is_string(); })) {

@@ -64,7 +64,7 @@ std::u32string nfd(const std::u32string& in) {
       src += static_cast<char16_t>(0xDC00 + ((c - 0x10000) & 0x3FF));
     }
   }
-  std::u16string dst(src.size() * 4 + 16, u'\0');
+  std::u16string dst(src.size() + src.size() / 2 + 16, u'\0');  // grown below if NFD expands more
   int32_t len = unorm2_normalize(n, reinterpret_cast<const UChar*>(src.data()), static_cast<int32_t>(src.size()),
                                  reinterpret_cast<UChar*>(dst.data()), static_cast<int32_t>(dst.size()), &err);
   if (err == U_BUFFER_OVERFLOW_ERROR) {
