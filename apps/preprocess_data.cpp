@@ -7,6 +7,9 @@
 //       AutoTokenizer(text).input_ids, i.e. with its BOS; --append-eod appends eos_token), or
 //       --tokenizer-type SentencePieceTokenizer | Llama2Tokenizer --tokenizer-model tokenizer.model
 // writes out/corpus_text_document.{bin,idx} (one per --json-keys key).
+// --split-sentences (data/sentence_splitter.h) writes out/corpus_text_sentence.{bin,idx}
+// instead: one sequence per sentence, the document index marking the documents (as
+// Megatron's does for BERT); --append-eod then ends each document's last sentence.
 //
 // The input is read in chunks of whole lines (memory stays bounded whatever
 // the input size); each chunk is split into one contiguous slice per worker,
@@ -28,6 +31,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "data/indexed_dataset.h"
+#include "data/sentence_splitter.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
 
@@ -40,7 +44,7 @@ namespace {
 struct Options {
   std::string input, output_prefix, tokenizer_type = "GPT2BPETokenizer", tokenizer_model, vocab_file, merge_file, on_error = "fail";
   std::vector<std::string> json_keys{"text"};
-  bool append_eod = false;
+  bool append_eod = false, split_sentences = false, keep_newlines = false;
   int workers = 1;
   int64_t log_interval = 100000;
   double chunk_mb = 16;  // MB of input per step
@@ -103,7 +107,7 @@ void process_slice(const std::vector<std::string_view>& lines, size_t begin, siz
       }
       SliceResult::Key& key = out.keys[k];
       int32_t nseq = 0;
-      auto add = [&](const std::string& text) {
+      auto add = [&](std::string_view text) {
         size_t before = key.tokens.size();
         enc.encode(text, key.tokens);
         int64_t n = static_cast<int64_t>(key.tokens.size() - before);
@@ -112,7 +116,10 @@ void process_slice(const std::vector<std::string_view>& lines, size_t begin, siz
           ++nseq;
         }
       };
-      if (it->is_string()) {
+      if (it->is_string() && opt.split_sentences) {
+        for (std::string_view s : split_sentences(it->get_ref<const std::string&>(), opt.keep_newlines))
+          add(s);
+      } else if (it->is_string()) {
         add(it->get_ref<const std::string&>());
       } else if (it->is_array() && std::all_of(it->begin(), it->end(), [](const auto& x) { return x.is_string(); })) {
         for (const auto& s : *it) add(s.get_ref<const std::string&>());  // pre-split sentences
@@ -170,9 +177,10 @@ int run(const Options& opt) {
   std::ifstream in(opt.input, std::ios::binary);
   MPT_CHECK(in.good(), str("cannot open --input '", opt.input, "'"), "check the path");
   const DType dtype = token_dtype_for_vocab(tok.vocab_size());
+  const std::string level = opt.split_sentences ? "_sentence" : "_document";  // Megatron's file names
   std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
   for (const auto& key : opt.json_keys)
-    writers.push_back(std::make_unique<IndexedDatasetWriter>(opt.output_prefix + "_" + key + "_document", dtype));
+    writers.push_back(std::make_unique<IndexedDatasetWriter>(opt.output_prefix + "_" + key + level, dtype));
 
   const size_t chunk_bytes = std::max<size_t>(64, static_cast<size_t>(opt.chunk_mb * (1 << 20)));
   std::string buf, carry;
@@ -290,7 +298,7 @@ int run(const Options& opt) {
     if (skipped.size() > 20) std::fprintf(stderr, "  ...\n");
   }
   for (const auto& key : opt.json_keys)
-    std::fprintf(stderr, "wrote %s_%s_document.{bin,idx} (%s)\n", opt.output_prefix.c_str(), key.c_str(),
+    std::fprintf(stderr, "wrote %s_%s%s.{bin,idx} (%s)\n", opt.output_prefix.c_str(), key.c_str(), level.c_str(),
                  dtype_name(dtype));
   return 0;
 }
@@ -304,14 +312,20 @@ int main(int argc, char** argv) {
   desc.add_options()
     ("help,h", "show this help")
     ("input", po::value(&opt.input)->required(), "input file, one JSON object per line")
-    ("output-prefix", po::value(&opt.output_prefix)->required(), "writes <prefix>_<key>_document.{bin,idx}")
+    ("output-prefix", po::value(&opt.output_prefix)->required(),
+     "writes <prefix>_<key>_document.{bin,idx} (with --split-sentences: <prefix>_<key>_sentence.{bin,idx})")
     ("json-keys", po::value(&opt.json_keys)->multitoken(), "keys to extract (default: text)")
-    ("append-eod", po::bool_switch(&opt.append_eod), "append the tokenizer's eod (GPT-2: <|endoftext|>; HF: eos_token) to every non-empty document")
+    ("append-eod", po::bool_switch(&opt.append_eod), "append the tokenizer's eod (GPT-2: <|endoftext|>; HF: eos_token; BERT: [EOS]) to every non-empty document (to its last sentence)")
+    ("split-sentences", po::bool_switch(&opt.split_sentences),
+     "one sequence per sentence (rule-based splitter, docs/data.md), files <prefix>_<key>_sentence; for BERT")
+    ("keep-newlines", po::bool_switch(&opt.keep_newlines),
+     "with --split-sentences: keep the whitespace and newlines after each sentence in it")
     ("workers", po::value(&opt.workers)->default_value(1), "tokeniser threads")
     ("tokenizer-type", po::value(&opt.tokenizer_type)->default_value("GPT2BPETokenizer"), kTokenizerTypes)
     ("tokenizer-model", po::value(&opt.tokenizer_model),
      "HuggingFaceTokenizer: tokenizer.json; SentencePieceTokenizer / Llama2Tokenizer: tokenizer.model")
-    ("vocab-file", po::value(&opt.vocab_file), "GPT2BPETokenizer: gpt2-vocab.json (default: assets/gpt2)")
+    ("vocab-file", po::value(&opt.vocab_file),
+     "GPT2BPETokenizer: gpt2-vocab.json (default: assets/gpt2); BertWordPieceLowerCase / BertWordPieceCase: vocab.txt")
     ("merge-file", po::value(&opt.merge_file), "GPT2BPETokenizer: gpt2-merges.txt (default: assets/gpt2)")
     ("log-interval", po::value(&opt.log_interval)->default_value(100000), "progress line every N documents")
     ("on-error", po::value(&opt.on_error)->default_value("fail"),
@@ -322,9 +336,8 @@ int main(int argc, char** argv) {
     ("keep-sequential-samples", po::bool_switch(), "no effect: output is always in input order")
     ("dataset-impl", po::value<std::string>()->default_value("mmap"), "must be mmap")
     // Megatron flags not built in mpitron (rejected with a message).
-    ("split-sentences", po::bool_switch(), "not built")
-    ("keep-newlines", po::bool_switch(), "not built")
-    ("lang", po::value<std::string>(), "not built")
+    ("lang", po::value<std::string>()->default_value("english"),
+     "--split-sentences language: only 'english' (the rule-based splitter; Megatron's NLTK punkt language)")
     ("vocab-size", po::value<int64_t>(), "not built")
     ("vocab-extra-ids", po::value<int64_t>(), "not built");
   // clang-format on
@@ -335,11 +348,12 @@ int main(int argc, char** argv) {
       std::cout << desc << "\n";
       return 0;
     }
-    for (const char* flag : {"split-sentences", "keep-newlines"})
-      if (vm[flag].as<bool>())
-        MPT_THROW(str("--", flag, " is not built in mpitron (it needs NLTK sentence splitting)"),
-                  "preprocess without it: each JSON document becomes one sequence");
-    for (const char* flag : {"lang", "vocab-size", "vocab-extra-ids"})
+    if (vm["keep-newlines"].as<bool>() && !vm["split-sentences"].as<bool>())
+      MPT_THROW("--keep-newlines works only with --split-sentences", "add --split-sentences, or drop --keep-newlines");
+    if (vm["lang"].as<std::string>() != "english")
+      MPT_THROW(str("--lang ", vm["lang"].as<std::string>(), " is not built in mpitron"),
+                "the sentence splitter's rules are for English (docs/data.md); drop --lang");
+    for (const char* flag : {"vocab-size", "vocab-extra-ids"})
       if (vm.count(flag))
         MPT_THROW(str("--", flag, " is not built in mpitron"), "drop the flag");
     if (vm["partitions"].as<int>() != 1)

@@ -5,6 +5,7 @@
 #include "data/hf_tokenizer.h"
 #include "data/sp_tokenizer.h"
 #include "data/tokenizer.h"
+#include "data/wordpiece_tokenizer.h"
 
 namespace mpitron::data {
 
@@ -42,6 +43,13 @@ std::unique_ptr<TextTokenizer> make_tokenizer(const TokenizerSpec& s) {
               "pass --vocab-file and --merge-file, or --tokenizer-type HuggingFaceTokenizer / SentencePieceTokenizer");
     return std::make_unique<GPT2Adapter>(s.vocab_file.empty() ? Tokenizer::default_vocab_file() : s.vocab_file,
                                          s.merge_file.empty() ? Tokenizer::default_merges_file() : s.merge_file);
+  }
+  if (s.type == "BertWordPieceLowerCase" || s.type == "BertWordPieceCase") {
+    MPT_CHECK(!s.vocab_file.empty(), str("--tokenizer-type ", s.type, " needs --vocab-file"),
+              "pass --vocab-file path/to/vocab.txt (the BERT WordPiece vocab, one token per line)");
+    MPT_CHECK(s.model.empty() && s.merge_file.empty(),
+              str("--tokenizer-model / --merge-file are not used by ", s.type), "drop them; pass only --vocab-file vocab.txt");
+    return std::make_unique<WordPieceTokenizer>(s.vocab_file, s.type == "BertWordPieceLowerCase");
   }
   const bool hf = s.type == "HuggingFaceTokenizer";
   const bool sp = s.type == "SentencePieceTokenizer" || s.type == "Llama2Tokenizer" || s.type == "GPTSentencePieceTokenizer";

@@ -9,6 +9,8 @@
 //                           libsentencepiece; data/sp_tokenizer.h)
 //   Llama2Tokenizer         same .model, but encode() prepends BOS (Megatron's Llama2Tokenizer)
 //   GPTSentencePieceTokenizer  same .model, plain sp.encode, eod = eos (Megatron's)
+//   BertWordPieceLowerCase / BertWordPieceCase  --vocab-file vocab.txt (BERT WordPiece;
+//                           data/wordpiece_tokenizer.h)
 // encode() follows Megatron's `tokenizer.tokenize(text)` for each type (see each header for
 // which special tokens it adds); eod() is Megatron's `tokenizer.eod`.
 //
@@ -51,13 +53,18 @@ class TextTokenizer {
   virtual int64_t vocab_size() const = 0;  // incl. added tokens (len(tokenizer) in HF)
   virtual int32_t eod() const = 0;         // end of document (Megatron's tokenizer.eod)
   virtual int32_t bos() const { return -1; }  // -1 when the tokenizer has none
+  // BERT's special ids (Megatron's tokenizer.cls / sep / mask / pad); -1 when absent.
+  virtual int32_t cls() const { return -1; }
+  virtual int32_t sep() const { return -1; }
+  virtual int32_t mask() const { return -1; }
+  virtual int32_t pad() const { return -1; }
   virtual int32_t token_to_id(std::string_view token) const = 0;  // -1 when absent
 };
 
 struct TokenizerSpec {
   std::string type = "GPT2BPETokenizer";
   std::string model;       // --tokenizer-model
-  std::string vocab_file;  // --vocab-file  (GPT-2; defaults to assets/gpt2)
+  std::string vocab_file;  // --vocab-file  (GPT-2: defaults to assets/gpt2; BERT: vocab.txt)
   std::string merge_file;  // --merge-file
 };
 
@@ -66,6 +73,7 @@ std::unique_ptr<TextTokenizer> make_tokenizer(const TokenizerSpec& spec);
 
 // Types make_tokenizer accepts, for help texts and errors.
 constexpr const char* kTokenizerTypes =
-    "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer";
+    "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer, "
+    "BertWordPieceLowerCase, BertWordPieceCase";
 
 }  // namespace mpitron::data

@@ -14,6 +14,7 @@ debs=(
   doctest-dev
   libopenblas-openmp-dev
   libpcre2-dev
+  libicu-dev
   libsentencepiece-dev
   nlohmann-json3-dev
   python3 python3-numpy python3-h5py python3-pip

@@ -8,6 +8,8 @@
 
 #include "core/error.h"
 #include "data/indexed_dataset.h"
+#include "data/sentence_splitter.h"
+#include "data/wordpiece_tokenizer.h"
 #include "data/tokenizer.h"
 #include "tests/data/data_test_util.h"
 
@@ -127,14 +129,18 @@ TEST_CASE("preprocess_data: Megatron flags that are not built are refused clearl
   write_all(dir / "in.jsonl", "{\"text\": \"x\"}\n");
   const std::string base = str("--input ", dir / "in.jsonl", " --output-prefix ", dir / "o ");
   int rc = 0;
-  std::string out = run_pp(base + "--split-sentences", &rc);
+  std::string out = run_pp(base + "--keep-newlines", &rc);
   CHECK(rc != 0);
-  CHECK(out.find("--split-sentences is not built") != std::string::npos);
-  out = run_pp(base + "--keep-newlines", &rc);
-  CHECK(out.find("--keep-newlines is not built") != std::string::npos);
+  CHECK(out.find("--keep-newlines works only with --split-sentences") != std::string::npos);
+  out = run_pp(base + "--split-sentences --lang german", &rc);
+  CHECK(rc != 0);
+  CHECK(out.find("--lang german is not built") != std::string::npos);
   out = run_pp(base + "--tokenizer-type BertWordPieceLowerCase", &rc);
   CHECK(rc != 0);
-  CHECK(out.find("BertWordPieceLowerCase is not built") != std::string::npos);
+  CHECK(out.find("BertWordPieceLowerCase needs --vocab-file") != std::string::npos);
+  out = run_pp(base + "--tokenizer-type T5Tokenizer", &rc);
+  CHECK(rc != 0);
+  CHECK(out.find("T5Tokenizer is not built") != std::string::npos);
   out = run_pp(base + "--on-error maybe", &rc);
   CHECK(rc != 0);
   out = run_pp(base + "--vocab-file /nonexistent/v.json", &rc);
@@ -223,4 +229,85 @@ TEST_CASE("preprocess_data: HuggingFaceTokenizer and SentencePieceTokenizer docu
   out = run_pp(str("--input ", dir / "in.jsonl", " --output-prefix ", dir / "x --tokenizer-model ", dir / "in.jsonl"), &rc);
   CHECK(rc != 0);
   CHECK(out.find("--tokenizer-model is not used by GPT2BPETokenizer") != std::string::npos);
+}
+
+TEST_CASE("preprocess_data --split-sentences: one sequence per sentence, documents in the index, eod on the last") {
+  TempDir dir("ppsent");
+  auto cases = nlohmann::json::parse(read_all(source_path("tests/data/ref/sentence_cases.json")));
+  std::string jsonl;
+  for (const auto& c : cases) jsonl += nlohmann::json({{"text", c["text"]}}).dump() + "\n";
+  jsonl += "{\"text\": \"   \"}\n";  // a document with no sentence
+  write_all(dir / "in.jsonl", jsonl);
+  const std::string vocab = source_path("tests/data/ref/bert_uncased/vocab.txt");
+  WordPieceTokenizer tok(vocab, true);
+  for (bool eod : {false, true}) {
+    CAPTURE(eod);
+    int rc = 0;
+    std::string out = run_pp(str("--input ", dir / "in.jsonl", " --output-prefix ", dir / "b",
+                                 " --split-sentences --tokenizer-type BertWordPieceLowerCase --vocab-file ", vocab,
+                                 " --workers 2", eod ? " --append-eod" : ""), &rc);
+    REQUIRE_MESSAGE(rc == 0, out);
+    CHECK(out.find("b_text_sentence.{bin,idx}") != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(dir / "b_text_document.idx"));
+    IndexedDataset ds(dir / "b_text_sentence");
+    CHECK(ds.dtype() == DType::U16);
+    REQUIRE(ds.document_count() == static_cast<int64_t>(cases.size()) + 1);
+    int64_t seq = 0;
+    for (size_t d = 0; d < cases.size(); ++d) {
+      const auto sents = cases[d]["sentences"].get<std::vector<std::string>>();
+      CAPTURE(cases[d]["text"].get<std::string>());
+      REQUIRE(ds.document_indices()[d + 1] - ds.document_indices()[d] == static_cast<int64_t>(sents.size()));
+      for (size_t k = 0; k < sents.size(); ++k) {
+        std::vector<int32_t> expect = tok.encode(sents[k]), got;
+        if (eod && k + 1 == sents.size()) expect.push_back(tok.eod());
+        ds.get(seq++).append_to(got);
+        CHECK(got == expect);
+      }
+    }
+    CHECK(ds.document_indices()[cases.size() + 1] == ds.document_indices()[cases.size()]);  // the blank document
+    CHECK(seq == ds.sequence_count());
+  }
+}
+
+TEST_CASE("preprocess_data --split-sentences: byte-identical to megatron-core's builder on the labelled sentences") {
+  // tests/data/interop/mcore_bert_text_sentence was written by megatron-core's
+  // IndexedDatasetBuilder from the hand-labelled sentences, tokenised by HF tokenizers,
+  // [EOS] on each document's last sentence (tests/reference/bert_sentence_interop.py).
+  TempDir dir("ppmcore");
+  auto cases = nlohmann::json::parse(read_all(source_path("tests/data/ref/sentence_cases.json")));
+  std::string jsonl;
+  for (const auto& c : cases) jsonl += nlohmann::json({{"text", c["text"]}}).dump() + "\n";
+  write_all(dir / "in.jsonl", jsonl);
+  int rc = 0;
+  std::string out = run_pp(str("--input ", dir / "in.jsonl", " --output-prefix ", dir / "ours",
+                               " --split-sentences --tokenizer-type BertWordPieceLowerCase --vocab-file ",
+                               source_path("tests/data/ref/bert_uncased/vocab.txt"), " --append-eod"), &rc);
+  REQUIRE_MESSAGE(rc == 0, out);
+  for (const char* ext : {".bin", ".idx"}) {
+    CAPTURE(ext);
+    CHECK(read_all(dir / str("ours_text_sentence", ext)) ==
+          read_all(source_path(str("tests/data/interop/mcore_bert_text_sentence", ext))));
+  }
+}
+
+TEST_CASE("preprocess_data --split-sentences --keep-newlines: each sentence keeps the whitespace after it") {
+  TempDir dir("ppnl");
+  const std::string text = "First one.\n\nSecond one!\nThird\nline.";
+  write_all(dir / "in.jsonl", nlohmann::json({{"text", text}}).dump() + "\n");
+  for (bool keep : {false, true}) {
+    int rc = 0;
+    std::string out = run_pp(str("--input ", dir / "in.jsonl", " --output-prefix ", dir / "g", " --split-sentences",
+                                 keep ? " --keep-newlines" : ""), &rc);
+    REQUIRE_MESSAGE(rc == 0, out);
+    IndexedDataset ds(dir / "g_text_sentence");
+    REQUIRE(ds.sequence_count() == 3);
+    std::vector<std::string> got;
+    for (int64_t i = 0; i < 3; ++i) {
+      std::vector<int32_t> ids;
+      ds.get(i).append_to(ids);
+      got.push_back(gpt2().decode(ids));
+    }
+    CHECK(got == (keep ? std::vector<std::string>{"First one.\n\n", "Second one!\n", "Third\nline."}
+                       : std::vector<std::string>{"First one.", "Second one!", "Third\nline."}));
+  }
 }
