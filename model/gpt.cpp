@@ -38,9 +38,12 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
             str("--sequence-parallel needs --hidden-size divisible by 4 (dropout masks start at a Philox block), got ",
                 cfg_.hidden_size), "");
   const int64_t per_stage = cfg_.num_layers / stages;
+  MPT_CHECK(mp_.chunk_stages.empty() || static_cast<int>(mp_.chunk_stages.size()) == mp_.virtual_stages,
+            str("ModelParallel::chunk_stages holds ", mp_.chunk_stages.size(), " stages for ", mp_.virtual_stages,
+                " chunks"), "");
   for (int c = 0; c < mp_.virtual_stages; ++c) {
     ChunkInfo ch;
-    ch.stage = c * mp_.pp_size + mp_.pp_rank;
+    ch.stage = mp_.chunk_stages.empty() ? c * mp_.pp_size + mp_.pp_rank : mp_.chunk_stages[static_cast<size_t>(c)];
     ch.first_layer = ch.stage * per_stage;
     ch.end_layer = ch.first_layer + per_stage;
     ch.first_stage = ch.stage == 0;

@@ -11,7 +11,8 @@
 // Model parallelism (ModelParallel): with tensor parallelism each rank holds
 // its TP slice of the split parameters (model/tensor_parallel.h, ParamInfo::tp);
 // with pipeline parallelism the layers are cut into pp · virtual_stages equal
-// stages, stage s on pipeline rank s % pp as its local chunk s / pp. The first
+// stages, stage s on pipeline rank s % pp as its local chunk s / pp (or where
+// ModelParallel::chunk_stages puts them). The first
 // stage holds wte and wpe, the last lnf and a copy of wte for the tied head
 // (the two copies' gradients are summed over the embedding group).
 #pragma once
@@ -45,6 +46,9 @@ struct ModelParallel {
   TensorParallel tp;
   int pp_size = 1, pp_rank = 0;
   int virtual_stages = 1;  // model chunks per pipeline rank
+  // The global stage of each local chunk (the pipeline schedule's placement, e.g.
+  // V: rank r holds stages r and 2·pp − 1 − r). Empty: round-robin, chunk c is stage c·pp + pp_rank.
+  std::vector<int> chunk_stages;
 };
 
 // One model chunk of this rank: layers [first_layer, end_layer) of global stage `stage`.

@@ -138,7 +138,10 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("num-layers-per-virtual-pipeline-stage", po::value(&a.num_layers_per_virtual_pipeline_stage),
        "layers per virtual stage: interleaved 1F1B with num-layers / (PP x this) model chunks per rank")
       ("pipeline-schedule", po::value(&a.pipeline_schedule),
-       "gpipe | 1f1b | interleaved | FILE (docs/pipeline-schedules.md); default 1f1b, interleaved with virtual stages")
+       "gpipe | 1f1b | interleaved | zb-h1 | zbv | FILE (docs/pipeline-schedules.md); default 1f1b, interleaved "
+       "with virtual stages")
+      ("profile-pipeline", po::value(&a.profile_pipeline),
+       "write the measured per-stage F/B/W and p2p times (ms) of the run to FILE, for schedule_sim --costs")
       ("deepspeed", po::bool_switch(), "read --deepspeed_config (Megatron-DeepSpeed scripts)")
       ("deepspeed_config", po::value<std::string>(), "DeepSpeed JSON: batch sizes, clipping, ZeRO stage, fp16/bf16")
       ("config", po::value(&config_file), "file of `flag = value` lines (command line wins)")
@@ -445,11 +448,18 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(!schedule_file || a.rampup_batch_size.empty(),
        str("--pipeline-schedule ", a.pipeline_schedule,
            " is written for one micro-batch count, but --rampup-batch-size changes it during the run"),
-       "use a built-in schedule (gpipe, 1f1b, interleaved) with batch-size ramp-up");
-  need((a.pipeline_schedule != "1f1b" && a.pipeline_schedule != "gpipe") || a.num_layers_per_virtual_pipeline_stage == 0,
+       "use a built-in schedule (gpipe, 1f1b, interleaved, zb-h1, zbv) with batch-size ramp-up");
+  need((a.pipeline_schedule != "1f1b" && a.pipeline_schedule != "gpipe" && a.pipeline_schedule != "zb-h1") ||
+           a.num_layers_per_virtual_pipeline_stage == 0,
        str("--pipeline-schedule ", a.pipeline_schedule,
            " has one model chunk per rank, but --num-layers-per-virtual-pipeline-stage asks for several"),
-       "use --pipeline-schedule interleaved (the default with virtual stages) or gpipe");
+       "use --pipeline-schedule interleaved or zbv (model chunks per rank), or drop the virtual stages");
+  need(a.pipeline_schedule != "zbv" || a.virtual_pipeline_stages() == 2,
+       str("--pipeline-schedule zbv holds 2 model chunks per rank (stages r and 2pp-1-r), but the run has ",
+           a.virtual_pipeline_stages()),
+       str("add --num-layers-per-virtual-pipeline-stage ", std::max<int64_t>(1, m.num_layers / (2 * pp))));
+  need(a.profile_pipeline.empty() || pp > 1, "--profile-pipeline needs --pipeline-model-parallel-size > 1",
+       "it measures the pipeline schedule's actions");
   need(a.zero_stage < 2 || pp == 1, "--zero-stage 2 reduce-scatters gradients per micro-batch, which pipeline "
                                     "schedules interleave: it is not available with --pipeline-model-parallel-size > 1",
        "use --zero-stage 1 (--use-distributed-optimizer) with pipeline parallelism");

@@ -87,7 +87,8 @@ struct TrainArgs {
   int64_t pipeline_model_parallel_size = 1; // --pipeline-model-parallel-size
   bool sequence_parallel = false;           // --sequence-parallel (needs tp > 1)
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // --num-layers-per-virtual-pipeline-stage (0: none)
-  std::string pipeline_schedule;            // --pipeline-schedule gpipe|1f1b|interleaved|FILE ("" = 1f1b/interleaved)
+  std::string pipeline_schedule;            // --pipeline-schedule gpipe|1f1b|interleaved|zb-h1|zbv|FILE ("" = 1f1b/interleaved)
+  std::string profile_pipeline;             // --profile-pipeline FILE: measured F/B/W/p2p costs for schedule_sim
   int64_t virtual_pipeline_stages() const {
     return num_layers_per_virtual_pipeline_stage > 0
                ? model.num_layers / (pipeline_model_parallel_size * num_layers_per_virtual_pipeline_stage)

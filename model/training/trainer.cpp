@@ -154,6 +154,11 @@ struct Trainer::Impl {
   // Sum over the pipeline group: the last stage's loss reaches every stage.
   double pp_sum(double v) const { return sum_over(par.pp_comm, v); }
   bool pipelined() const { return par.pp_size > 1; }
+  // Micro-batches of the first step (with --rampup-batch-size, of its first global batch).
+  int64_t first_micro_batches() const {
+    const int64_t gbs = args.rampup_batch_size.size() == 3 ? args.rampup_batch_size[0] : args.global_batch_size;
+    return gbs / (args.micro_batch_size * args.data_parallel_size);
+  }
 
   // The schedule of a step with n_micro micro-batches (built, or read from
   // --pipeline-schedule FILE, and checked once).
@@ -173,7 +178,7 @@ struct Trainer::Impl {
                 str("--pipeline-schedule ", name, " is for pp ", s.pp, ", ", s.virtual_stages, " virtual stages, ",
                     s.micro_batches, " micro-batches; this run needs pp ", pp, ", ", v, " virtual stages, ", n_micro,
                     " micro-batches (global batch / (micro batch x data-parallel size))"),
-                "write the schedule for this layout and batch, or pick a built-in (gpipe, 1f1b, interleaved)");
+                "write the schedule for this layout and batch, or pick a built-in (gpipe, 1f1b, interleaved, zb-h1, zbv)");
     }
     parallel::validate_schedule(s);
     return schedules.emplace(n_micro, std::move(s)).first->second;
@@ -383,6 +388,34 @@ struct Trainer::Impl {
       if (m.model->chunk(chunk).first_stage) return Tensor();
       return l.input.grad();
     }
+    // Split backward (schedules with W actions): B runs the tape with the blocks'
+    // weight gradients deferred into this (micro-batch, chunk)'s work list; W runs it.
+    std::map<std::pair<int, int>, WeightGradWork> deferred;
+    bool can_split_backward() const override { return true; }
+    bool supports_placement(const parallel::Schedule& s) const override {
+      for (int c = 0; c < m.model->num_chunks(); ++c)
+        if (m.model->chunk(c).stage != s.stage(m.par.pp_rank, c)) return false;
+      return true;
+    }
+    Tensor backward_input(int mb, int chunk, const Tensor& grad_output) override {
+      auto it = live.find({mb, chunk});
+      MPT_CHECK(it != live.end(), str("pipeline backward of micro-batch ", mb, " chunk ", chunk, " before its forward"),
+                "");
+      Live l = std::move(it->second);
+      live.erase(it);
+      WeightGradWork& w = deferred[{mb, chunk}];
+      l.tape->set_defer_weight_grads(&w);
+      if (m.model->chunk(chunk).last_stage) l.tape->backward(l.output, loss_seed);
+      else l.tape->backward(l.output, grad_output);
+      if (m.model->chunk(chunk).first_stage) return Tensor();
+      return l.input.grad();
+    }
+    void backward_weight(int mb, int chunk) override {
+      auto it = deferred.find({mb, chunk});
+      MPT_CHECK(it != deferred.end(), str("pipeline W of micro-batch ", mb, " chunk ", chunk, " before its B"), "");
+      it->second.run();
+      deferred.erase(it);
+    }
     Tensor make_recv_buffer(int, int) override {
       return Tensor::empty(m.model->activation_shape(m.args.micro_batch_size), m.args.model.compute_dtype, m.device);
     }
@@ -393,14 +426,30 @@ struct Trainer::Impl {
   // Data-parallel reduction: each chunk's buckets launch during its last
   // backward; the tied embedding's copies are summed over the embedding group
   // first and reduced with what is left when the schedule ends.
+  std::unique_ptr<parallel::PipelineProfile> profile;  // --profile-pipeline
+  // Writes the measured per-stage costs (collective over the pipeline group).
+  void write_pipeline_profile() {
+    if (!profile) return;
+    const parallel::Costs c = parallel::gather_pipeline_costs(*profile, *par.pp);
+    if (par.pp_rank == 0 && par.dp_rank == 0 && par.tp_rank == 0) {
+      parallel::write_costs_file(c, args.profile_pipeline);
+      log_info("wrote the measured pipeline costs of ", profile->compute.size(), " actions on rank 0 to ",
+               args.profile_pipeline, " (schedule_sim --costs)");
+    }
+  }
+
   double pipeline_step(int64_t n_micro, float loss_seed) {
     const parallel::Schedule& sched = schedule_for(n_micro);
     GPTStageRunner runner(*this, st.consumed_train_samples, loss_seed);
+    // A chunk's gradients are final at its last W (its last B without W actions).
+    const parallel::Op final_op = parallel::has_weight_actions(sched) ? parallel::Op::Weight : parallel::Op::Backward;
     for (const parallel::Action& a : sched.ranks[static_cast<size_t>(par.pp_rank)])
-      if (a.op == parallel::Op::Backward) runner.last_backward[a.chunk] = a.mb;
+      if (a.op == final_op) runner.last_backward[a.chunk] = a.mb;
     if (zero) zero->begin_micro_batch(true);
     else if (buckets) buckets->begin_backward(true);
-    parallel::run_pipeline_schedule(sched, par.pp_rank, *par.pp, runner);
+    // --profile-pipeline: every step but the first (allocator and caches warming up).
+    parallel::PipelineProfile* prof = profile && st.iteration > 0 ? profile.get() : nullptr;
+    parallel::run_pipeline_schedule(sched, par.pp_rank, *par.pp, runner, prof);
     reduce_embedding_grads();
     if (zero) zero->on_backward_done();
     else if (buckets) buckets->on_backward_done();
@@ -408,24 +457,33 @@ struct Trainer::Impl {
   }
 
   // Forward only, stage after stage (evaluation): the loss on the last stage, 0 elsewhere.
+  // Stages follow the schedule's placement (round-robin, or V for zbv): a
+  // neighbour stage on this same rank is handed on without a message.
   double pipeline_eval(const Tensor& in, const Tensor& tgt) {
-    const int pp = par.pp_size, stages = pp * model->num_chunks();
+    const parallel::Schedule& sched = schedules.begin()->second;
+    const int stages = sched.stages(), me = par.pp_rank;
     double loss = 0;
+    Var carried;  // the previous stage's output when that stage is on this rank
     for (int s = 0; s < stages; ++s) {
-      if (s % pp != par.pp_rank) continue;
+      if (sched.rank_of_stage(s) != me) continue;
       Tape tape;
       NoGradGuard guard(tape);
       Var input;
       if (s > 0) {
-        Tensor buf = Tensor::empty(model->activation_shape(in.dim(0)), args.model.compute_dtype, device);
-        par.pp->recv(buf, (s - 1) % pp);
-        input = Var(buf);
+        if (sched.rank_of_stage(s - 1) == me) {
+          input = carried;
+        } else {
+          Tensor buf = Tensor::empty(model->activation_shape(in.dim(0)), args.model.compute_dtype, device);
+          par.pp->recv(buf, sched.rank_of_stage(s - 1));
+          input = Var(buf);
+        }
       }
       ForwardOptions o;
       o.train = false;
-      Var out = model->chunk_forward(tape, s / pp, in, tgt, input, o);
+      Var out = model->chunk_forward(tape, sched.chunk_of_stage(s), in, tgt, input, o);
       if (s == stages - 1) loss = out.value().item();
-      else par.pp->send(out.value(), (s + 1) % pp);
+      else if (sched.rank_of_stage(s + 1) == me) carried = out;
+      else par.pp->send(out.value(), sched.rank_of_stage(s + 1));
     }
     return loss;
   }
@@ -435,6 +493,8 @@ struct Trainer::Impl {
   // output layer has a single copy).
   void reduce_embedding_grads() {
     if (!par.embedding || model->config().untie_embeddings) return;
+    const parallel::Schedule& sched = schedules.begin()->second;
+    if (sched.rank_of_stage(0) == sched.rank_of_stage(sched.stages() - 1)) return;  // V: both ends on one rank, one copy
     const ParamSet& ps = model->params();
     const ParamInfo& w = ps.info("wte");
     par.embedding->all_reduce(ps.grads().flat_range(w.offset, w.numel()), ReduceOp::Sum);
@@ -494,6 +554,10 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   mp.pp_size = par.pp_size;
   mp.pp_rank = par.pp_rank;
   mp.virtual_stages = static_cast<int>(a.virtual_pipeline_stages());
+  if (m.pipelined()) {  // the chunks sit where the schedule's placement puts them (V for zbv)
+    const parallel::Schedule& s = m.schedule_for(m.first_micro_batches());
+    for (int c = 0; c < mp.virtual_stages; ++c) mp.chunk_stages.push_back(s.stage(par.pp_rank, c));
+  }
   // Refuse what cannot fit before allocating any of it.
   check_fits_memory(a.model, a.micro_batch_size, par.tp_size, par.pp_size, par.dp_size, static_cast<int>(a.zero_stage),
                     device_memory_bytes(m.device), m.device.name());
@@ -549,9 +613,12 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   if (mf.empty() && !a.tensorboard_dir.empty()) mf = a.tensorboard_dir + "/metrics.jsonl";
   if (!mf.empty()) m.metrics = std::make_unique<io::MetricsJsonl>(mf);
   m.peak = peak_flops(m.device, a.model.compute_dtype, m.peak_what);
-  if (m.pipelined()) m.schedule_for(m.rampup->global_batch(0) / (a.micro_batch_size * a.data_parallel_size));
   // A read-only or missing --save is an error now, not after the first save_interval of training.
   if (!a.save.empty()) io::check_save_dir_writable(a.save, m.world_comm());
+  if (!a.profile_pipeline.empty()) {
+    m.profile = std::make_unique<parallel::PipelineProfile>();
+    if (m.device.is_cuda()) m.profile->sync = [] { device_synchronize(); };
+  }
   if (a.async_save) m.async = std::make_unique<AsyncSaver>(m.world_comm());
 }
 
@@ -586,8 +653,12 @@ TrainSummary Trainer::run() {
   shard.last_stage = m.model->chunk(m.model->num_chunks() - 1).last_stage;
   if (m.pipelined()) {
     const int64_t n_micro = m.rampup->global_batch(m.st.consumed_train_samples) / (a.micro_batch_size * a.data_parallel_size);
-    for (const parallel::Action& act : m.schedule_for(n_micro).ranks[static_cast<size_t>(m.par.pp_rank)])
-      if (parallel::is_compute(act.op)) shard.compute_order.push_back({act.chunk, act.op == parallel::Op::Forward});
+    const parallel::Schedule& sched = m.schedule_for(n_micro);
+    // What a forward saves is freed by its W when the schedule splits backward, else by its B.
+    const parallel::Op frees = parallel::has_weight_actions(sched) ? parallel::Op::Weight : parallel::Op::Backward;
+    for (const parallel::Action& act : sched.ranks[static_cast<size_t>(m.par.pp_rank)])
+      if (act.op == parallel::Op::Forward || act.op == frees)
+        shard.compute_order.push_back({act.chunk, act.op == parallel::Op::Forward});
   }
   MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.par.dp_size, static_cast<int>(a.zero_stage),
                                        a.recompute_activations, shard);
@@ -881,6 +952,7 @@ TrainSummary Trainer::run() {
       (sum.checkpoint_dir.empty() || a.save_interval == 0 || m.st.iteration % a.save_interval != 0))
     sum.checkpoint_dir = m.save(/*final=*/true).dir;
   if (m.async) m.async->wait();  // the last interval's save, when it was also the last step
+  m.write_pipeline_profile();
   if (a.eval_iters > 0 && !sum.signalled) {
     const double vl = m.evaluate(1, a.eval_iters, &m.st.consumed_valid_samples);
     m.report_eval(str("validation loss at the end of training (iteration ", m.st.iteration, ")").c_str(), vl);

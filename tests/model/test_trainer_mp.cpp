@@ -121,6 +121,15 @@ std::vector<std::string> with(std::vector<std::string> f, std::initializer_list<
   return f;
 }
 
+// The same run as a Llama-family model with grouped-query attention (4 heads,
+// 2 kv groups), RMSNorm, SwiGLU, rope, an untied output layer and no biases.
+std::vector<std::string> llama_flags(const std::string& data) {
+  return with(flags(data), {"--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size", "48",
+                            "--normalization", "RMSNorm", "--norm-epsilon", "1e-5", "--swiglu",
+                            "--position-embedding-type", "rope", "--rotary-base", "1000",
+                            "--untie-embeddings-and-output-weights", "--disable-bias-linear"});
+}
+
 }  // namespace
 
 TEST_CASE("every parallel layout of the world gives the single-process losses and grad norms") {
@@ -150,6 +159,16 @@ TEST_CASE("every parallel layout of the world gives the single-process losses an
       {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2",
            "--num-layers-per-virtual-pipeline-stage", "1"}},
       {4, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--recompute-activations"}},
+      // Zero-bubble schedules: backward split into B and W (docs/pipeline-schedules.md).
+      {2, {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"}},
+      {2, {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zbv", "--num-layers-per-virtual-pipeline-stage",
+           "1"}},  // V placement: rank 0 holds stages 0 and 3
+      {4, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1",
+           "--sequence-parallel"}},
+      {4, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zbv",
+           "--num-layers-per-virtual-pipeline-stage", "1", "--recompute-activations"}},
+      {4, {"--pipeline-model-parallel-size", "4", "--pipeline-schedule", "zb-h1"}},
+      {4, {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1", "--use-distributed-optimizer"}},
       {8, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}},  // TP2 x PP2 x DP2
       {8, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2",
            "--use-distributed-optimizer"}},
@@ -201,6 +220,59 @@ TEST_CASE("every parallel layout of the world gives the single-process losses an
     std::vector<std::string> fb = flags(data);
     fb.insert(fb.end(), {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", bad});
     CHECK_THROWS_WITH_AS(run(fb, MPI_COMM_WORLD), doctest::Contains("deadlock"), Error);
+  }
+  if (world == 4 && only.empty()) {  // zbv at PP4 needs 8 stages: an 8-layer model
+    const auto eight = [&] {
+      std::vector<std::string> f = flags(data);
+      f[static_cast<size_t>(std::find(f.begin(), f.end(), std::string("--num-layers")) - f.begin()) + 1] = "8";
+      return f;
+    };
+    const Result single8 = run(eight(), MPI_COMM_SELF);
+    check_close(run(with(eight(), {"--pipeline-model-parallel-size", "4", "--pipeline-schedule", "zbv",
+                                   "--num-layers-per-virtual-pipeline-stage", "1"}),
+                    MPI_COMM_WORLD),
+                single8, 1e-5, "PP4 zbv");
+    ++ran;
+  }
+  if (world > 1) CHECK(ran > 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("a GQA Llama gives the single-process losses under every kind of layout") {
+  const int world = world_size();
+  if (world == 8) return;  // the GPT layouts above cover the 8-rank grids
+  const fs::path dir = shared_dir();
+  const std::string data = make_dataset(dir);
+  const Result single = run(llama_flags(data), MPI_COMM_SELF);
+  REQUIRE(single.losses.size() == 10);
+  CHECK(single.losses.back() < single.losses.front());
+  struct Layout {
+    int ranks;
+    std::vector<std::string> extra;
+  };
+  const std::vector<Layout> layouts = {
+      {2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}},  // one kv group per TP rank
+      {2, {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"}},
+      {2, {"--use-distributed-optimizer", "--zero-stage", "2"}},  // DP2 + ZeRO-2
+      {4, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}},
+      {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer",
+           "--recompute-activations"}},  // TP2 x DP2, ZeRO-1
+      {4, {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"}},  // PP2 x DP2: untied head on stage 1
+      {2, {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zbv", "--num-layers-per-virtual-pipeline-stage",
+           "1"}},  // split backward of the Llama block, V placement with an untied head
+      {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2",
+           "--pipeline-schedule", "zb-h1"}},
+  };
+  int ran = 0;
+  for (const Layout& l : layouts) {
+    if (l.ranks != world) continue;
+    std::vector<std::string> f = llama_flags(data);
+    f.insert(f.end(), l.extra.begin(), l.extra.end());
+    std::string what = "llama ";
+    for (const std::string& e : l.extra) what += e + " ";
+    check_close(run(f, MPI_COMM_WORLD), single, 1e-5, what);
+    ++ran;
   }
   if (world > 1) CHECK(ran > 0);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -306,6 +378,23 @@ TEST_CASE("impossible layouts are rejected naming the flags") {
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--overlap-grad-reduce", "--no-overlap-grad-reduce"}), 1),
                        doctest::Contains("both given"), Error);
   CHECK_NOTHROW(parse(with(flags(data), {"--overlap-grad-reduce"}), 1));
+  // Llama: TP must divide the kv groups; groups must divide the heads; rope flags need rope.
+  CHECK_THROWS_WITH_AS(parse(with(llama_flags(data), {"--tensor-model-parallel-size", "4"}), 4),
+                       doctest::Contains("--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"),
+                       Error);
+  CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--group-query-attention", "--num-query-groups", "3"}), 1),
+                       doctest::Contains("--num-query-groups 3 must divide --num-attention-heads 4"), Error);
+  CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--num-query-groups", "2"}), 1),
+                       doctest::Contains("without --group-query-attention"), Error);
+  CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--rotary-base", "500000"}), 1),
+                       doctest::Contains("--rotary-base applies to rotary positions"), Error);
+  CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--use-rotary-position-embeddings", "--position-embedding-type",
+                                                "learned_absolute"}), 1),
+                       doctest::Contains("--use-rotary-position-embeddings with --position-embedding-type"), Error);
+  CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--normalization", "BatchNorm"}), 1),
+                       doctest::Contains("--normalization BatchNorm is not known"), Error);
+  CHECK_THROWS_WITH_AS(parse(with(llama_flags(data), {"--rotary-percent", "0.1"}), 1),
+                       doctest::Contains("--rotary-percent"), Error);
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--num-layers-per-virtual-pipeline-stage", "1"}), 1),
                        doctest::Contains("needs --pipeline-model-parallel-size > 1"), Error);
 }
