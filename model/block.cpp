@@ -136,6 +136,10 @@ BlockMemory block_memory(const BlockShape& s) {
   // dg, dfc (SwiGLU), datt (N, Cl), dqkv (N, QL).
   const bool sp = s.tp.sequence_parallel;
   m.backward_act = 4 * Nl * C + (sp ? 2 : 1) * N * C + N * Fl + (s.swiglu ? N * FCl : 0) + N * (Cl + QL);
+  // The weight part's inputs: each linear's output gradient and input (the gathered
+  // copies with sequence parallelism), the norms' inputs and output gradients.
+  const int64_t in_rows = sp ? N : Nl;
+  m.deferred_act = (sp ? N : Nl) * C * 2 + N * Cl + N * QL + 2 * in_rows * C + N * Fl + N * FCl + 4 * Nl * C;
   return m;
 }
 

@@ -68,9 +68,10 @@ void block_backward(const BlockShape& s, const BlockParams& p, const Tensor& x, 
 // What one block holds, in elements of the compute dtype (act) and f32 (f32), for
 // the memory estimate (model/memory.h): `saved` from its forward to its backward
 // (acts, plus its output, the next block's input), `backward` the peak of the
-// temporaries its backward allocates. Kept next to block_forward: change both.
+// temporaries its backward allocates, `deferred` what its input part leaves for a
+// deferred weight part (split backward). Kept next to block_forward: change both.
 struct BlockMemory {
-  int64_t saved_act = 0, saved_f32 = 0, backward_act = 0;
+  int64_t saved_act = 0, saved_f32 = 0, backward_act = 0, deferred_act = 0;
 };
 BlockMemory block_memory(const BlockShape& s);
 

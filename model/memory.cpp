@@ -80,13 +80,19 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
     if (c == r.num_chunks - 1) b += last_ends;
     return b;
   };
+  // What a split backward's B leaves for W (the weight-gradient work holds it).
+  const int64_t keep = L * bm.deferred_act * e;
+  bool split = false;
+  for (const auto& a : r.compute_order) split |= a.second == 'W';
   int64_t peak = 0;
   if (r.compute_order.empty()) {
     for (int c = 0; c < r.num_chunks; ++c) peak += chunk_bytes(c);
   } else {
     int64_t live = 0;
-    for (const auto& [c, fwd] : r.compute_order) {
-      live += fwd ? chunk_bytes(c) : -chunk_bytes(c);
+    for (const auto& [c, op] : r.compute_order) {
+      if (op == 'F') live += chunk_bytes(c);
+      else if (op == 'B') live += (split ? keep : 0) - chunk_bytes(c);
+      else live -= keep;
       peak = std::max(peak, live);
     }
   }

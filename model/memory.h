@@ -52,11 +52,13 @@ struct RankShard {
   int64_t layers_per_chunk = 0;
   int num_chunks = 1;
   bool first_stage = true, last_stage = true;  // chunk 0 holds the embeddings / the last chunk the head
-  // This rank's pipeline compute actions in order: (local chunk, is forward).
-  // Activations of a (micro-batch, chunk) live from its F to its B; the
-  // estimate takes the largest sum over the schedule. Empty: one micro-batch
-  // through every chunk at a time (no pipeline).
-  std::vector<std::pair<int, bool>> compute_order;
+  // This rank's pipeline compute actions in order: (local chunk, 'F', 'B' or 'W').
+  // Activations of a (micro-batch, chunk) live from its F to its B; with a split
+  // backward (W actions) B frees all but what the deferred weight gradients hold
+  // (BlockMemory::deferred_act per block), which W frees. The estimate takes the
+  // largest sum over the schedule. Empty: one micro-batch through every chunk at
+  // a time (no pipeline).
+  std::vector<std::pair<int, char>> compute_order;
   bool mpi_zero_staging = false;  // ZeRO with the MPI backend (see MemoryEstimate::comm_staging)
   int64_t recompute_layers = 0;   // with recompute: blocks of each chunk recomputed (0: all;
                                   //   --recompute-method block --recompute-num-layers N)

@@ -654,11 +654,10 @@ TrainSummary Trainer::run() {
   if (m.pipelined()) {
     const int64_t n_micro = m.rampup->global_batch(m.st.consumed_train_samples) / (a.micro_batch_size * a.data_parallel_size);
     const parallel::Schedule& sched = m.schedule_for(n_micro);
-    // What a forward saves is freed by its W when the schedule splits backward, else by its B.
-    const parallel::Op frees = parallel::has_weight_actions(sched) ? parallel::Op::Weight : parallel::Op::Backward;
     for (const parallel::Action& act : sched.ranks[static_cast<size_t>(m.par.pp_rank)])
-      if (act.op == parallel::Op::Forward || act.op == frees)
-        shard.compute_order.push_back({act.chunk, act.op == parallel::Op::Forward});
+      if (parallel::is_compute(act.op))
+        shard.compute_order.push_back(
+            {act.chunk, act.op == parallel::Op::Forward ? 'F' : act.op == parallel::Op::Backward ? 'B' : 'W'});
   }
   MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.par.dp_size, static_cast<int>(a.zero_stage),
                                        a.recompute_activations, shard);
