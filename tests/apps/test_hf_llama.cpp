@@ -192,6 +192,12 @@ TEST_CASE("convert_checkpoint: HF Llama -> mpitron -> HF is bitwise, config.json
                   tmp / "bf.log") == 0);
   CHECK(json::parse(slurp(tmp / "bf16/config.json"))["torch_dtype"] == "bfloat16");
   CHECK(io::read_safetensors(tmp / "bf16/model.safetensors").at("lm_head.weight").dtype == "BF16");
+  // A BF16 checkpoint imports (widened exactly) and exports back to the same bits.
+  REQUIRE(run_app("convert_checkpoint", "--direction hf-to-mpitron --input " + tmp / "bf16" + " --output " + tmp / "ckbf",
+                  tmp / "bf2.log") == 0);
+  REQUIRE(run_app("convert_checkpoint", "--direction mpitron-to-hf --dtype BF16 --input " + tmp / "ckbf" + " --output " +
+                      tmp / "bf16b", tmp / "bf3.log") == 0);
+  CHECK(slurp(tmp / "bf16b/model.safetensors") == slurp(tmp / "bf16/model.safetensors"));
   // GPT-2-only flags are refused for a Llama.
   CHECK(run_app("convert_checkpoint", "--direction mpitron-to-hf --lm-head --input " + ckpt + " --output " + tmp / "x",
                 tmp / "bad.log") != 0);
@@ -261,6 +267,54 @@ TEST_CASE("HF Llama: bad configs and checkpoints are named") {
   CHECK(run_app("convert_checkpoint", "--direction mpitron-to-hf --input " + tmp / "custom" + " --output " + tmp / "o",
                 tmp / "custom.log") != 0);
   CHECK(has(slurp(tmp / "custom.log"), "--swiglu"));
+}
+
+TEST_CASE("HF Llama: tied embeddings and linear biases round-trip; Mistral and architectures-only configs") {
+  TempDir tmp("hfllama_var");
+  const json base = json::parse(read_hf_checkpoint(kDir).config_json);
+  for (const bool tied : {false, true})
+    for (const bool bias : {false, true}) {
+      json j = base;
+      j["tie_word_embeddings"] = tied;
+      j["attention_bias"] = bias;
+      j["mlp_bias"] = bias;
+      const GPTConfig c = hf_llama_config(j.dump());
+      CHECK(c.untie_embeddings == !tied);
+      CHECK(c.add_bias_linear == bias);
+      CHECK(hf_llama_exportable(c));
+      GPT model(c, Device::cpu());
+      model.init_weights(7);
+      double k = 0;  // biases init to zero: give each its own value so a swap shows
+      for (const ParamInfo& p : model.params().infos())
+        if (p.shape.size() == 1 && p.name.find("ln") == std::string::npos)
+          model.params().values().flat_range(p.offset, p.numel()).fill(0.01 * ++k);
+      // Padding rows are not exported: zero them so the re-import compares equal.
+      for (const char* name : {"wte", "head.weight"})
+        if (model.params().has(name)) model.params().var(name).value().slice(0, 100, c.padded_vocab_size).zero();
+      const io::Safetensors st = hf_llama_from_gpt(model);
+      CHECK(st.has("lm_head.weight") == !tied);
+      CHECK(st.has("model.layers.1.self_attn.k_proj.bias") == bias);
+      CHECK(st.has("model.layers.0.mlp.down_proj.bias") == bias);
+      const std::string d = tmp / str("v", tied, bias);
+      std::filesystem::create_directories(d);
+      io::write_safetensors(d + "/model.safetensors", st);
+      std::ofstream(d + "/config.json") << hf_llama_config_json(c);
+      const HfCheckpoint ck = read_hf_checkpoint(d);
+      CHECK(gpt_from_hf_llama(ck, hf_llama_config(ck.config_json))->params().values().to_floats() ==
+            model.params().values().to_floats());
+    }
+  json m = base;
+  m["model_type"] = "mistral";
+  m["architectures"] = {"MistralForCausalLM"};
+  m["sliding_window"] = nullptr;
+  CHECK(hf_llama_config(m.dump()).family() == "llama");
+  json a = base;
+  a.erase("model_type");
+  CHECK(hf_model_type(a.dump()) == "llama");
+  a["architectures"] = {"GPT2LMHeadModel"};
+  CHECK(hf_model_type(a.dump()) == "gpt2");
+  a["architectures"] = {"FalconForCausalLM"};
+  CHECK(has(error_of([&] { hf_model_type(a.dump()); }), "FalconForCausalLM"));
 }
 
 TEST_CASE("pretrain_gpt Llama checkpoint -> mpitron-to-hf -> hf-to-mpitron: equal tensors and logits") {
