@@ -183,7 +183,13 @@ GPTConfig hf_llama_config(const std::string& config_json, int64_t divisible_by) 
     return v;
   };
   const auto get_or = [&](const char* key, auto def) {
-    return j.contains(key) && !j[key].is_null() ? j[key].get<decltype(def)>() : def;
+    if (!j.contains(key) || j[key].is_null()) return def;
+    try {
+      return j[key].get<decltype(def)>();
+    } catch (const json::exception&) {
+      MPT_THROW(str("HF config.json ", key, " = ", j[key].dump(), " has the wrong type"),
+                "see transformers' LlamaConfig for the key's type");
+    }
   };
   GPTConfig c;
   c.hidden_size = need("hidden_size");

@@ -226,6 +226,8 @@ TEST_CASE("HF Llama: bad configs and checkpoints are named") {
   CHECK(has(with("sliding_window", 16), "sliding_window"));
   CHECK(with("sliding_window", 4096).empty());  // never reached within max_position_embeddings
   CHECK(has(with("model_type", "qwen2"), "qwen2"));
+  CHECK(has(with("rope_theta", "big"), "rope_theta"));
+  CHECK(with("rms_norm_eps", 1e-6).empty());
   CHECK(has(with("num_key_value_heads", 3), "--num-query-groups"));
   // Tied: lm_head.weight must then equal embed_tokens.
   CHECK(has(error_of([&] {
