@@ -1,18 +1,23 @@
-// convert_checkpoint — Hugging Face GPT-2 safetensors <-> mpitron HDF5 checkpoint.
-//   convert_checkpoint --direction hf-to-mpitron --input gpt2/model.safetensors
-//       --hf-config gpt2/config.json --output ckpt/gpt2
-//   convert_checkpoint --direction mpitron-to-hf --input ckpt/gpt2 --output out/model.safetensors
+// convert_checkpoint — Hugging Face safetensors <-> mpitron HDF5 checkpoint, GPT-2 and Llama.
+//   convert_checkpoint --direction hf-to-mpitron --input gpt2/ --output ckpt/gpt2
+//   convert_checkpoint --direction hf-to-mpitron --input Llama-2-7b-hf/ --output ckpt/llama
+//   convert_checkpoint --direction mpitron-to-hf --input ckpt/llama --output out/llama-hf/
 //       [--dtype F32|F16|BF16] [--hf-prefix transformer.|none] [--lm-head] [--hf-config-out out/config.json]
-// Name and layout mapping: model/inference/inference_load.h. hf-to-mpitron pads wte to the padded
-// vocabulary (zero rows) and writes iteration 0 with zero Adam moments (load it with
-// generate_text / evaluate --load, or pretrain_gpt --load --finetune); mpitron-to-hf drops
-// the padding rows and transposes the Conv1D matrices back. Values are copied exactly
-// (F16/BF16 inputs are widened to f32; exporting with the same --dtype gives the same bits).
+// The family is detected, no flag: hf-to-mpitron reads config.json's model_type (or
+// architectures): gpt2 → model/inference/inference_load.h, llama / mistral →
+// model/inference/hf_llama.h (a directory: config.json + model.safetensors or a sharded
+// model.safetensors.index.json); without a config.json the input is a GPT-2 .safetensors file.
+// mpitron-to-hf reads the checkpoint's architecture: GPT-2 or Llama (RMSNorm + SwiGLU + rope),
+// anything else is refused. hf-to-mpitron pads the vocabulary (zero rows) and writes iteration 0
+// with zero Adam moments (load it with generate_text / evaluate --load, or pretrain_gpt --load
+// --finetune, under any TP x PP layout); mpitron-to-hf drops the padding rows. Values are copied
+// exactly (F16/BF16 inputs are widened to f32; exporting with the same --dtype gives the same bits).
 #include "apps/app_main.h"
 #include <mpi.h>
 
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -21,12 +26,17 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/safetensors.h"
+#include "model/inference/hf_llama.h"
 #include "model/inference/inference_load.h"
 
 using namespace mpitron;
 namespace po = boost::program_options;
 
 namespace {
+
+bool ends_with(const std::string& s, const std::string& t) {
+  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
 
 bool is_dir(const std::string& p) {
   struct stat s;
@@ -45,22 +55,25 @@ int run(int argc, char** argv) {
   std::string direction, input, output, hf_config, hf_config_out, dtype = "F32", prefix = "transformer.";
   int64_t heads = 0, divisible_by = 128, tp = 1;
   bool lm_head = false;
-  po::options_description d("convert_checkpoint: Hugging Face GPT-2 safetensors <-> mpitron checkpoint");
+  po::options_description d("convert_checkpoint: Hugging Face GPT-2 / Llama safetensors <-> mpitron checkpoint "
+                            "(the family is read from config.json or the checkpoint)");
   d.add_options()("help,h", "print this help")
       ("direction", po::value(&direction)->required(), "hf-to-mpitron or mpitron-to-hf")
-      ("input", po::value(&input)->required(), "hf-to-mpitron: a .safetensors file (or a directory holding "
-                                              "model.safetensors and config.json); mpitron-to-hf: a checkpoint directory")
+      ("input", po::value(&input)->required(), "hf-to-mpitron: a Hugging Face model directory (config.json and model.safetensors, or "
+                                              "model.safetensors.index.json and its shards; Llama needs this), or a GPT-2 "
+                                              ".safetensors file; mpitron-to-hf: a checkpoint directory")
       ("output", po::value(&output)->required(), "hf-to-mpitron: the checkpoint directory to create; mpitron-to-hf: "
-                                                "the .safetensors file (or a directory: model.safetensors + config.json)")
-      ("hf-config", po::value(&hf_config), "hf-to-mpitron: HF config.json (n_head, layer_norm_epsilon)")
-      ("num-attention-heads", po::value(&heads), "hf-to-mpitron: heads, when there is no config.json")
+                                                "a directory (model.safetensors + config.json; created for Llama) or, "
+                                                "for GPT-2, a .safetensors file")
+      ("hf-config", po::value(&hf_config), "hf-to-mpitron: HF config.json, when it is not in the --input directory")
+      ("num-attention-heads", po::value(&heads), "hf-to-mpitron, GPT-2: heads, when there is no config.json")
       ("make-vocab-size-divisible-by", po::value(&divisible_by), "hf-to-mpitron: vocabulary padding (default 128)")
       ("tensor-model-parallel-size", po::value(&tp),
        "hf-to-mpitron: pad the vocabulary to a multiple of --make-vocab-size-divisible-by x this (Megatron's rule), "
        "so the checkpoint loads at this TP with the same flags (it loads under any layout; default 1)")
       ("dtype", po::value(&dtype), "mpitron-to-hf: F32 (default), F16 or BF16")
-      ("hf-prefix", po::value(&prefix), "mpitron-to-hf: name prefix, \"transformer.\" (default) or \"none\"")
-      ("lm-head", po::bool_switch(&lm_head), "mpitron-to-hf: also write lm_head.weight (= wte)")
+      ("hf-prefix", po::value(&prefix), "mpitron-to-hf, GPT-2: name prefix, \"transformer.\" (default) or \"none\"")
+      ("lm-head", po::bool_switch(&lm_head), "mpitron-to-hf, GPT-2: also write lm_head.weight (= wte; Llama writes its own lm_head)")
       ("hf-config-out", po::value(&hf_config_out), "mpitron-to-hf: also write HF's config.json here");
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "convert_checkpoint")) return 0;
@@ -76,8 +89,25 @@ int run(int argc, char** argv) {
       st_path = input + "/model.safetensors";
       if (hf_config.empty() && std::ifstream(input + "/config.json").good()) hf_config = input + "/config.json";
     }
+    const std::string config_text = hf_config.empty() ? "" : slurp(hf_config);
+    const std::string type = config_text.empty() ? "gpt2" : hf_model_type(config_text);
+    if (type != "gpt2") {
+      MPT_CHECK(is_dir(input), str("--input ", input, " is a file, but a ", type, " checkpoint is read from its directory"),
+                "pass the Hugging Face model directory (config.json + model.safetensors[.index.json])");
+      MPT_CHECK(!vm.count("num-attention-heads"), "--num-attention-heads is for GPT-2 files without a config.json",
+                str("the ", type, " config.json gives num_attention_heads; drop the flag"));
+      HfCheckpoint ck = read_hf_checkpoint(input);
+      ck.config_json = config_text;
+      const GPTConfig cfg = hf_llama_config(config_text, divisible_by * tp);
+      auto model = gpt_from_hf_llama(ck, cfg);
+      const std::string dir = save_model_checkpoint(output, *model, input);
+      log_info("wrote ", dir, ": ", type, ", ", cfg.num_layers, " layers, hidden ", cfg.hidden_size, ", ",
+               cfg.num_attention_heads, " heads, ", cfg.query_groups(), " kv heads, ffn ", cfg.ffn(), ", vocab ",
+               cfg.vocab_size, " (padded ", cfg.padded_vocab_size, ")", cfg.untie_embeddings ? "" : ", tied head");
+      return 0;
+    }
     const io::Safetensors st = io::read_safetensors(st_path);
-    const GPTConfig cfg = hf_gpt2_config(st, hf_config.empty() ? "" : slurp(hf_config), heads, divisible_by * tp);
+    const GPTConfig cfg = hf_gpt2_config(st, config_text, heads, divisible_by * tp);
     auto model = gpt_from_hf_gpt2(st, cfg);
     const std::string dir = save_model_checkpoint(output, *model, st_path);
     log_info("wrote ", dir, ": ", cfg.num_layers, " layers, hidden ", cfg.hidden_size, ", ", cfg.num_attention_heads,
@@ -86,6 +116,29 @@ int run(int argc, char** argv) {
   } else if (direction == "mpitron-to-hf") {
     MPT_CHECK(dtype == "F32" || dtype == "F16" || dtype == "BF16", str("--dtype ", dtype), "use F32, F16 or BF16");
     InferenceModel m = load_model_for_inference(input);
+    const GPTConfig& cfg = m.model->config();
+    std::string why;
+    if (cfg.family() != "gpt2") {
+      MPT_CHECK(hf_llama_exportable(cfg, &why),
+                str("checkpoint ", input, " has architecture family ", cfg.family(), ", which Hugging Face has no model for: ", why),
+                "mpitron-to-hf exports GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM) architectures");
+      MPT_CHECK(!vm.count("hf-prefix") && !lm_head, "--hf-prefix and --lm-head are GPT-2 export options",
+                "a Llama export always has model.* names and its own lm_head.weight");
+      std::string out = output;
+      if (!ends_with(output, ".safetensors")) {
+        std::filesystem::create_directories(output);
+        out = output + "/model.safetensors";
+        if (hf_config_out.empty()) hf_config_out = output + "/config.json";
+      }
+      io::write_safetensors(out, hf_llama_from_gpt(*m.model, dtype));
+      if (!hf_config_out.empty()) {
+        std::ofstream f(hf_config_out);
+        f << hf_llama_config_json(cfg, dtype) << "\n";
+        MPT_CHECK(f.good(), str("cannot write ", hf_config_out), "");
+      }
+      log_info("wrote ", out, hf_config_out.empty() ? "" : " and " + hf_config_out, " (LlamaForCausalLM) from ", m.dir);
+      return 0;
+    }
     HfExportOptions o;
     o.prefix = prefix == "none" ? "" : prefix;
     o.dtype = dtype;
