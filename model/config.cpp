@@ -34,8 +34,8 @@ std::string GPTConfig::family() const {
   const bool gpt2 = normalization == Normalization::LayerNorm && !swiglu && learned_positions() &&
                     !untie_embeddings && add_bias_linear && query_groups() == num_attention_heads;
   if (gpt2) return "gpt2";
-  const bool llama = normalization == Normalization::RMSNorm && swiglu &&
-                     position_embedding == PositionEmbedding::Rope && untie_embeddings && !add_bias_linear;
+  // Llama, Mistral, Llama 3.2 (tied head), or with biases: RMSNorm + SwiGLU + rope.
+  const bool llama = normalization == Normalization::RMSNorm && swiglu && position_embedding == PositionEmbedding::Rope;
   return llama ? "llama" : "custom";
 }
 

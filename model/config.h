@@ -57,8 +57,8 @@ struct GPTConfig {
   int64_t fc_rows() const { return swiglu ? 2 * ffn() : ffn(); }
   bool learned_positions() const { return position_embedding == PositionEmbedding::Learned; }
   bool norm_has_bias() const { return normalization == Normalization::LayerNorm; }
-  // "gpt2" for the defaults, "llama" for RMSNorm + SwiGLU + rope + untied + no biases,
-  // "custom" for any other mix (it trains; HF export needs one of the two).
+  // "gpt2" for the defaults, "llama" for RMSNorm + SwiGLU + rope (tied or untied head,
+  // biases or not), "custom" for any other mix (it trains; HF export needs one of the two).
   std::string family() const;
   // Validate; throws naming the flags that conflict.
   void validate() const;
