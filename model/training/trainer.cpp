@@ -1,5 +1,6 @@
 #include "model/training/trainer.h"
 
+#include <algorithm>
 #include <cblas.h>
 #include <csignal>
 
@@ -427,11 +428,19 @@ struct Trainer::Impl {
   // backward; the tied embedding's copies are summed over the embedding group
   // first and reduced with what is left when the schedule ends.
   std::unique_ptr<parallel::PipelineProfile> profile;  // --profile-pipeline
+  std::vector<double> schedule_ms;                      // wall time of each profiled step's schedule
   // Writes the measured per-stage costs (collective over the pipeline group).
   void write_pipeline_profile() {
     if (!profile) return;
     const parallel::Costs c = parallel::gather_pipeline_costs(*profile, *par.pp);
     if (par.pp_rank == 0 && par.dp_rank == 0 && par.tp_rank == 0) {
+      // What schedule_sim predicts is the schedule alone (no optimizer step, no
+      // gradient reduction after it): its measured wall time, median over the steps.
+      std::vector<double> t = schedule_ms;
+      std::sort(t.begin(), t.end());
+      if (!t.empty())
+        log_info("pipeline schedule time per step (median of ", t.size(), " profiled steps, pipeline rank 0): ",
+                 sci(t[t.size() / 2], 4), " ms");
       parallel::write_costs_file(c, args.profile_pipeline);
       log_info("wrote the measured pipeline costs of ", profile->compute.size(), " actions on rank 0 to ",
                args.profile_pipeline, " (schedule_sim --costs)");
@@ -449,7 +458,13 @@ struct Trainer::Impl {
     else if (buckets) buckets->begin_backward(true);
     // --profile-pipeline: every step but the first (allocator and caches warming up).
     parallel::PipelineProfile* prof = profile && st.iteration > 0 ? profile.get() : nullptr;
+    if (prof && prof->sync) prof->sync();
+    Timer schedule_timer;
     parallel::run_pipeline_schedule(sched, par.pp_rank, *par.pp, runner, prof);
+    if (prof) {
+      if (prof->sync) prof->sync();
+      schedule_ms.push_back(schedule_timer.seconds() * 1e3);
+    }
     reduce_embedding_grads();
     if (zero) zero->on_backward_done();
     else if (buckets) buckets->on_backward_done();
