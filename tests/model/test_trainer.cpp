@@ -58,13 +58,19 @@ bool throws_naming(std::vector<std::string> flags, const std::string& needle) {
 
 }  // namespace
 
-TEST_CASE("resume: 20 steps straight == 10 steps + save + load + 10 steps, bitwise (f32 and bf16)") {
+TEST_CASE("resume: 20 steps straight == 10 steps + save + load + 10 steps, bitwise (f32 and bf16; GPT-2 and Llama)") {
   const fs::path dir = testing::fresh_temp_dir("trainer_resume");
   const std::string data = testing::write_toy_dataset(dir, 7, 200);
-  for (const char* precision : {"", "--bf16"}) {
+  // The Llama family in bf16: RMSNorm, SwiGLU, rope, GQA (2 heads, 1 group), untied head, no biases.
+  const std::vector<std::string> llama = {"--normalization", "RMSNorm", "--swiglu", "--ffn-hidden-size", "48",
+                                          "--position-embedding-type", "rope", "--group-query-attention",
+                                          "--num-query-groups", "1", "--untie-embeddings-and-output-weights",
+                                          "--disable-bias-linear", "--bf16"};
+  for (const char* precision : {"", "--bf16", "llama"}) {
     CAPTURE(precision);
     auto flags = base_flags(data, 20);
-    if (*precision) flags.push_back(precision);
+    if (std::string(precision) == "llama") flags.insert(flags.end(), llama.begin(), llama.end());
+    else if (*precision) flags.push_back(precision);
     const std::vector<double> straight = train(flags);
     REQUIRE(straight.size() == 20);
     CHECK(straight.back() < straight.front());  // it learns

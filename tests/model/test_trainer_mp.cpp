@@ -279,6 +279,38 @@ TEST_CASE("a GQA Llama gives the single-process losses under every kind of layou
   if (world_rank() == 0) fs::remove_all(dir);
 }
 
+// A GQA Llama checkpoint saved at TP2 x PP2 (qkv split in uneven Q | K | V parts,
+// gate | up halves, an untied head on the last stage) resumes on one process and
+// at TP2 x DP2 with ZeRO-1, continuing the single-process losses.
+TEST_CASE("a Llama checkpoint reshards across layouts") {
+  if (world_size() != 4) return;
+  const fs::path dir = shared_dir();
+  const std::string data = make_dataset(dir);
+  const Result single = run(llama_flags(data), MPI_COMM_SELF);
+  const std::vector<double> second(single.losses.begin() + 5, single.losses.end());
+  auto check_part = [](const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      CHECK_MESSAGE(std::abs(got[i] - want[i]) <= 1e-5 * std::abs(want[i]), what, " step ", i, ": ", got[i], " vs ",
+                    want[i]);
+  };
+  const std::string ck = (dir / "llama_tp2pp2").string();
+  run(with(llama_flags(data), {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--save",
+                               ck.c_str(), "--exit-interval", "5"}),
+      MPI_COMM_WORLD);
+  MPI_Barrier(MPI_COMM_WORLD);
+  check_part(run(with(llama_flags(data), {"--load", ck.c_str()}), MPI_COMM_SELF).losses, second,
+             "llama TP2xPP2 -> one process");
+  MPI_Barrier(MPI_COMM_WORLD);
+  check_part(run(with(llama_flags(data), {"--tensor-model-parallel-size", "2", "--use-distributed-optimizer", "--load",
+                                          ck.c_str()}),
+                 MPI_COMM_WORLD)
+                 .losses,
+             second, "llama TP2xPP2 -> TP2xDP2 ZeRO-1");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir);
+}
+
 // Checkpoints hold every tensor once in its global shape, so one saved under
 // any layout resumes under any other and continues with the losses of the
 // uninterrupted single-process run.
