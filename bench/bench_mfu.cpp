@@ -1,7 +1,7 @@
 // bench/bench_mfu.cpp — model FLOPs utilisation of the whole training step on
 // the GPU: GPT-2 124M / 350M / 774M / 1.5B, bf16, seq 1024, synthetic tokens.
 //
-//   bench_mfu [--config 124M,350M,774M,1.5B] [--batch B] [--seq T] [--micro-batches K]
+//   bench_mfu [--config 124M,350M,774M,1.5B | any bench_train preset, e.g. llama-1B] [--batch B] [--seq T] [--micro-batches K]
 //             [--warmup N] [--steps N] [--recompute] [--dtype bf16|f32] [--device cuda|cpu] [--json FILE]
 //
 // Per size: tokens/s, ms/step (median of the timed steps after the warm-up),
@@ -48,7 +48,9 @@ struct Options {
   std::exit(rc);
 }
 
-int64_t default_batch(const std::string& name) { return name == "124M" || name == "350M" ? 16 : 8; }
+int64_t default_batch(const std::string& name) {
+  return name == "124M" || name == "350M" || name == "llama-124M" ? 16 : 8;
+}
 
 }  // namespace
 
@@ -123,9 +125,7 @@ int main(int argc, char** argv) {
       const Preset& p = find_preset(name);
       StepSetup s;
       s.config_name = p.name;
-      s.model.num_layers = p.layers;
-      s.model.hidden_size = p.hidden;
-      s.model.num_attention_heads = p.heads;
+      apply_preset(p, s.model);  // size and family (a llama-* preset: RMSNorm, SwiGLU, rope, GQA, untied)
       s.model.seq_length = seq;
       s.model.max_position_embeddings = std::max<int64_t>(1024, seq);
       s.model.hidden_dropout = 0.0f;  // as llm.c and the PyTorch peer; dropout is memory-bound work

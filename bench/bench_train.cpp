@@ -2,13 +2,18 @@
 // over micro-batches) through the library, per model size, with and without
 // --recompute-activations, optionally beside the PyTorch peer.
 //
-//   bench_train [--config tiny,124M,350M,1.3B | all] [--device auto|cpu|cuda] [--dtype f32|bf16]
+//   bench_train [--config tiny,124M,llama-124M,... | all] [--device auto|cpu|cuda] [--dtype f32|bf16]
 //               [--batch B] [--seq T] [--micro-batches K] [--warmup N] [--steps N]
 //               [--recompute off|on|both] [--dropout P] [--threads N] [--json FILE]
 //               [--peer] [--peer-compile] [--python PY] [--peer-script PATH]
 //
-// Defaults — CPU: tiny and 124M, f32, B=4, T=256, 1 warm-up + 3 timed steps;
-// CUDA: tiny, 124M, 350M, 1.3B, bf16, B=8, T=1024, 3 warm-up + 10 timed steps.
+// Presets (train_step_bench.h): GPT-2 tiny, 124M, 350M, 774M, 1.3B, 1.5B and the Llama
+// family llama-tiny, llama-124M (the GPT-2 sizes with RMSNorm, SwiGLU, rope, GQA, an
+// untied head, no biases) and llama-1B (the Llama 3.2 1B shape).
+// Defaults — CPU: tiny, llama-tiny, 124M, llama-124M, f32, B=4, T=256, 1 warm-up + 3
+// timed steps; CUDA: tiny, llama-tiny, 124M, llama-124M, 350M, 1.3B, llama-1B, bf16,
+// B=8, T=1024, 3 warm-up + 10 timed steps. Rows print in --config order, so a Llama
+// row sits under the GPT-2 row of its size.
 // Both: recompute off and on, K=1 micro-batch, dropout 0 (the peer has the same).
 // A size whose estimated memory (train_step_bench.h: estimate_step_bytes)
 // exceeds what the device has is skipped with the reason printed.
@@ -19,8 +24,8 @@
 // against the GEMM ceiling measured in this run (before and after the rows; the
 // larger is used, since the machine may be shared).
 // After the rows, the recompute memory saving per size, and with --peer the
-// PyTorch rows (bench/peers/torch_gpt.py, same config, batch, threads, steps)
-// and the ratio mpitron / PyTorch of tokens/s.
+// PyTorch rows (bench/peers/torch_gpt.py, same config and family, batch, threads,
+// steps) and the ratio mpitron / PyTorch of tokens/s, per config (GPT-2 and Llama).
 #include <omp.h>
 #include <unistd.h>
 
@@ -61,10 +66,12 @@ std::vector<std::string> split_list(const std::string& s) {
 
 [[noreturn]] void usage(int rc) {
   std::fprintf(rc ? stderr : stdout,
-               "usage: bench_train [--config tiny,124M,350M,774M,1.3B,1.5B|all] [--device auto|cpu|cuda]\n"
+               "usage: bench_train [--config NAME,NAME,...|all] [--device auto|cpu|cuda]\n"
                "                   [--dtype f32|bf16] [--batch B] [--seq T] [--micro-batches K] [--warmup N]\n"
                "                   [--steps N] [--recompute off|on|both] [--dropout P] [--threads N]\n"
-               "                   [--json FILE] [--peer] [--peer-compile] [--python PY] [--peer-script PATH]\n");
+               "                   [--json FILE] [--peer] [--peer-compile] [--python PY] [--peer-script PATH]\n"
+               "presets: %s\n",
+               preset_names().c_str());
   std::exit(rc);
 }
 
@@ -82,9 +89,16 @@ std::string find_peer_script(const Options& o) {
 bool run_peer(const Options& o, const StepSetup& s, StepRow& out) {
   const std::string tmp = (std::filesystem::temp_directory_path() / ("bench_train_peer_" + std::to_string(::getpid()) + ".json")).string();
   const GPTConfig& c = s.model;
+  // The peer has the GPT-2 and the Llama architectures (family() "custom" cannot come from a preset).
+  std::string arch = " --family gpt2";
+  if (c.family() == "llama")
+    arch = str(" --family llama --query-groups ", c.query_groups(), " --ffn ", c.ffn(), " --rotary-base ",
+               c.rotary_base, " --norm-eps ", c.layernorm_epsilon);
+  else
+    MPT_CHECK(c.family() == "gpt2", str("--peer for ", s.config_name), "the peer has the gpt2 and llama families");
   const std::string cmd =
       str(o.python, " ", find_peer_script(o), " --name ", s.config_name, " --layers ", c.num_layers, " --hidden ",
-          c.hidden_size, " --heads ", c.num_attention_heads, " --vocab ", c.vocab_size, " --padded-vocab ",
+          c.hidden_size, " --heads ", c.num_attention_heads, arch, " --vocab ", c.vocab_size, " --padded-vocab ",
           c.padded_vocab_size, " --seq ", c.seq_length, " --batch ", s.micro_batch, " --micro-batches ",
           s.micro_batches, " --warmup ", s.warmup, " --steps ", s.steps, " --dropout ", c.hidden_dropout,
           " --device ", s.device.is_cuda() ? "cuda" : "cpu", " --dtype ", dtype_name(c.compute_dtype), " --threads ",
@@ -158,8 +172,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     const bool gpu = dev.is_cuda();
-    if (o.configs.empty()) o.configs = gpu ? "tiny,124M,350M,1.3B" : "tiny,124M";
-    if (o.configs == "all") o.configs = "tiny,124M,350M,774M,1.3B,1.5B";
+    if (o.configs.empty())
+      o.configs = gpu ? "tiny,llama-tiny,124M,llama-124M,350M,1.3B,llama-1B" : "tiny,llama-tiny,124M,llama-124M";
+    if (o.configs == "all") o.configs = preset_names();
     if (o.dtype.empty()) o.dtype = gpu ? "bf16" : "f32";
     MPT_CHECK(o.dtype == "f32" || o.dtype == "bf16" || o.dtype == "f16", str("--dtype ", o.dtype), "f32, bf16 or f16");
     const DType dt = o.dtype == "f32" ? DType::F32 : o.dtype == "bf16" ? DType::BF16 : DType::F16;
@@ -190,9 +205,7 @@ int main(int argc, char** argv) {
       for (bool rc : rc_modes) {
         StepSetup s;
         s.config_name = p.name;
-        s.model.num_layers = p.layers;
-        s.model.hidden_size = p.hidden;
-        s.model.num_attention_heads = p.heads;
+        apply_preset(p, s.model);  // size and family
         s.model.seq_length = seq;
         s.model.max_position_embeddings = std::max<int64_t>(1024, seq);
         s.model.hidden_dropout = o.dropout;
@@ -271,9 +284,14 @@ int main(int argc, char** argv) {
       for (const StepRow& r : rows) {
         if (r.recompute || r.config != p.config) continue;
         const double ratio = p.tokens_per_s > 0 ? r.tokens_per_s / p.tokens_per_s : 0;
-        std::printf("mpitron / PyTorch %s: %.0f / %.0f tokens/s = %.2fx\n", r.config.c_str(), r.tokens_per_s,
-                    p.tokens_per_s, ratio);
-        ratios.push_back({{"config", r.config}, {"mpitron_tokens_per_s", r.tokens_per_s},
+        std::printf("mpitron / PyTorch %s (%s): %.1f / %.1f tokens/s = %.2fx\n", r.config.c_str(), r.family.c_str(),
+                    r.tokens_per_s, p.tokens_per_s, ratio);
+        // The two must count the same model: parameters and FLOPs per token (docs/flops.md).
+        if (p.params != r.params || std::abs(p.flops_per_token - r.flops_per_token) > 1e-9 * r.flops_per_token)
+          std::printf("WARNING %s: the peer's model differs: params %lld vs %lld, FLOPs/token %.6g vs %.6g\n",
+                      r.config.c_str(), static_cast<long long>(p.params), static_cast<long long>(r.params),
+                      p.flops_per_token, r.flops_per_token);
+        ratios.push_back({{"config", r.config}, {"family", r.family}, {"mpitron_tokens_per_s", r.tokens_per_s},
                           {"pytorch_tokens_per_s", p.tokens_per_s}, {"ratio", ratio}});
       }
 

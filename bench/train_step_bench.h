@@ -63,13 +63,27 @@
 namespace mpitron::bench {
 
 // ---- model sizes ---------------------------------------------------------------------
+// A preset is a size and a family (model/config.h, docs/model-families.md):
+//   GPT-2: LayerNorm, GELU MLP with F = 4·C, learned positions, tied head, biases;
+//   Llama: RMSNorm, SwiGLU MLP with F = ffn, rope (rotary_base), grouped-query
+//          attention (query_groups kv heads), an untied head, no linear biases.
+// vocab 0 keeps GPT-2's 50257 (padded to 50304), so a Llama row beside a GPT-2
+// row of the same size differs in the architecture only.
 struct Preset {
   const char* name;  // as given to --config
   int64_t layers, hidden, heads;
   const char* what;
+  bool llama = false;
+  int64_t query_groups = 0;    // G (Llama); 0: NH
+  int64_t ffn = 0;             // F (Llama); 0: 4·C
+  int64_t vocab = 0;           // 0: 50257 (GPT-2's tokenizer)
+  double rotary_base = 10000;  // rope's θ base (Llama)
 };
 
-// GPT-2 (Radford et al. 2019) sizes, Megatron's 1.3B (GPT-3 XL shape) and a tiny one.
+// GPT-2 (Radford et al. 2019) sizes, Megatron's 1.3B (GPT-3 XL shape) and a tiny one;
+// Llama-family rows of the GPT-2 sizes (llama-tiny, llama-124M: F ≈ 8/3·C rounded to
+// 64, GQA with NH/G = 2 and 3) and the Llama 3.2 1B shape (untied here, as every
+// Llama preset: Llama 3.2 1B itself ties its head, 1.24B parameters tied, 1.50B untied).
 inline const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
       {"tiny", 4, 256, 4, "4 layers, hidden 256"},
@@ -78,6 +92,11 @@ inline const std::vector<Preset>& presets() {
       {"774M", 36, 1280, 20, "GPT-2 large"},
       {"1.3B", 24, 2048, 16, "GPT-3 XL / Megatron 1.3B"},
       {"1.5B", 48, 1600, 25, "GPT-2 XL"},
+      {"llama-tiny", 4, 256, 4, "Llama family, the tiny size: G 2, F 704", true, 2, 704, 0, 10000},
+      {"llama-124M", 12, 768, 12, "Llama family, GPT-2 small's width and depth: G 4, F 2048", true, 4, 2048, 0,
+       10000},
+      {"llama-1B", 16, 2048, 32, "Llama 3.2 1B shape: G 8, F 8192, vocab 128256, rope base 500000", true, 8, 8192,
+       128256, 500000},
   };
   return p;
 }
@@ -88,6 +107,35 @@ inline const Preset& find_preset(const std::string& name) {
   std::string names;
   for (const Preset& p : presets()) names += std::string(names.empty() ? "" : ", ") + p.name;
   MPT_THROW(str("unknown --config ", name), str("pick one of: ", names));
+}
+
+// Every preset name, comma-separated (for --config all and the usage line).
+inline std::string preset_names() {
+  std::string names;
+  for (const Preset& p : presets()) names += std::string(names.empty() ? "" : ",") + p.name;
+  return names;
+}
+
+// Fills the size and architecture of `p` into c (the rest of c is left as it is).
+inline void apply_preset(const Preset& p, GPTConfig& c) {
+  c.num_layers = p.layers;
+  c.hidden_size = p.hidden;
+  c.num_attention_heads = p.heads;
+  if (p.vocab > 0) {
+    c.vocab_size = p.vocab;
+    c.padded_vocab_size = (p.vocab + 127) / 128 * 128;  // Megatron's --make-vocab-size-divisible-by 128
+  }
+  if (!p.llama) return;
+  c.normalization = Normalization::RMSNorm;
+  c.layernorm_epsilon = 1e-5f;
+  c.swiglu = true;
+  c.ffn_hidden_size = p.ffn;
+  c.position_embedding = PositionEmbedding::Rope;
+  c.rotary_base = p.rotary_base;
+  c.rotary_percent = 1.0;
+  c.num_query_groups = p.query_groups;
+  c.untie_embeddings = true;
+  c.add_bias_linear = false;
 }
 
 // ---- one benchmark row ------------------------------------------------------------------
@@ -104,7 +152,7 @@ struct StepSetup {
 
 struct StepRow {
   std::string impl = "mpitron";  // or "pytorch" (bench/peers/torch_gpt.py)
-  std::string config, device, dtype;
+  std::string config, family, device, dtype;  // family: GPTConfig::family() (gpt2, llama)
   int64_t layers = 0, hidden = 0, heads = 0, seq = 0, micro_batch = 0, micro_batches = 0, params = 0;
   bool recompute = false;
   int steps = 0, warmup = 0, threads = 0;
@@ -119,7 +167,7 @@ struct StepRow {
 };
 
 inline nlohmann::json to_json(const StepRow& r) {
-  return {{"impl", r.impl}, {"config", r.config}, {"device", r.device}, {"dtype", r.dtype}, {"layers", r.layers},
+  return {{"impl", r.impl}, {"config", r.config}, {"family", r.family}, {"device", r.device}, {"dtype", r.dtype}, {"layers", r.layers},
           {"hidden", r.hidden}, {"heads", r.heads}, {"seq", r.seq}, {"micro_batch", r.micro_batch},
           {"micro_batches", r.micro_batches}, {"params", r.params}, {"recompute", r.recompute},
           {"steps", r.steps}, {"warmup", r.warmup}, {"threads", r.threads}, {"ms_per_step", r.ms_per_step},
@@ -174,8 +222,9 @@ inline double device_memory_bytes(const Device& d) {
 
 // What one step needs, from the tables in model/block.h and model/params.h:
 //   parameters: values (dtype) + f32 grads + f32 Adam m, v (+ f32 master for bf16/f16)
-//   activations per block (saved by block_forward): ln1, qkv (3), att, x2, ln2, the
-//     block output (8 × N·C) and fc, gelu (2 × N·F), in the compute dtype
+//   activations per block (saved by block_forward): ln1, qkv ((NH + 2G)·HD per token),
+//     att, x2, ln2, the block output (5 × N·C) and fc, gelu (2 × N·F; SwiGLU: fc is
+//     2F and the product F, 3 × N·F), in the compute dtype
 //   with recompute: each block keeps its input (N·C), plus one block's full set
 //   head: logits (N, V) in the dtype (the loss gradient is written in place) and
 //     an f32 copy's worth for the fused classifier's temporaries
@@ -187,8 +236,9 @@ inline double estimate_step_bytes(const StepSetup& s) {
   const double params = P * (ds + 4 + 8 + (c.compute_dtype == DType::F32 ? 0 : 4));
   const double N = static_cast<double>(s.micro_batch * c.seq_length);
   const double C = static_cast<double>(c.hidden_size), F = static_cast<double>(c.ffn());
+  const double QKV = static_cast<double>(c.qkv_rows()), FC = static_cast<double>(c.fc_rows());
   const double L = static_cast<double>(c.num_layers), V = static_cast<double>(c.padded_vocab_size);
-  const double block = (8 * N * C + 2 * N * F) * ds;
+  const double block = (5 * N * C + N * QKV + N * (FC + F)) * ds;
   const double acts = s.recompute ? L * N * C * ds + block : L * block;
   const double head = N * V * (ds + 4);
   return 1.15 * (params + acts + head);
@@ -269,8 +319,8 @@ inline void set_mfu(StepRow& r, double peak_tflops, double ceiling_tflops) {
 }
 
 // ---- the step -------------------------------------------------------------------------
-// Fills each parameter as GPT::init_weights does (LN weight 1, biases 0,
-// matrices N(0, std), output projections std/sqrt(2L)) but from a 1 Mi-entry
+// Fills each parameter as GPT::init_weights does, by its parameter-table init (norm
+// weights 1, biases 0, matrices N(0, std), output projections std/sqrt(2L)) but from a 1 Mi-entry
 // normal pool tiled over the tensor: GPT::init_weights draws every element
 // through Philox on one host thread (about a minute for 1.5B parameters), and
 // the values do not change the time of a step.
@@ -284,13 +334,11 @@ inline void fast_init(GPT& model, uint64_t seed) {
   size_t at = 0;
   for (size_t i = 0; i < model.params().infos().size(); ++i) {
     const ParamInfo& p = model.params().infos()[i];
-    const bool is_ln = p.name.find("ln") != std::string::npos;
-    const bool is_bias = p.name.size() >= 4 && p.name.compare(p.name.size() - 4, 4, "bias") == 0;
-    const bool is_out = p.name.find("proj.weight") != std::string::npos;
+    const bool is_ones = p.init == ParamInit::Ones, is_zeros = p.init == ParamInit::Zeros;
     std::vector<float> host(static_cast<size_t>(p.numel()));
-    const float sd = is_out ? std_out : c.init_method_std;
+    const float sd = p.init == ParamInit::OutputNormal ? std_out : c.init_method_std;
     for (size_t j = 0; j < host.size(); ++j) {
-      host[j] = is_bias ? 0.0f : is_ln ? 1.0f : sd * pool[at];
+      host[j] = is_zeros ? 0.0f : is_ones ? 1.0f : sd * pool[at];
       at = (at + 7919) & (pool.size() - 1);  // a stride co-prime to 2^20: rows do not repeat in step
     }
     model.params().var(i).value().copy_from(Tensor::from_vector(host, p.shape, c.compute_dtype).to(model.device()));
@@ -303,6 +351,7 @@ inline StepRow run_step_bench(const StepSetup& s, double peak_tflops, double cei
   const Device dev = s.device;
   StepRow r;
   r.config = s.config_name;
+  r.family = c.family();
   r.device = dev.name();
   r.dtype = dtype_name(c.compute_dtype);
   r.layers = c.num_layers, r.hidden = c.hidden_size, r.heads = c.num_attention_heads, r.seq = c.seq_length;
@@ -401,6 +450,7 @@ inline StepRow row_from_json(const nlohmann::json& j) {
   StepRow r;
   r.impl = j.value("impl", "pytorch");
   r.config = j.value("config", "");
+  r.family = j.value("family", "gpt2");
   r.device = j.value("device", "");
   r.dtype = j.value("dtype", "");
   r.layers = j.value("layers", 0), r.hidden = j.value("hidden", 0), r.heads = j.value("heads", 0);
@@ -424,13 +474,13 @@ inline std::string gib(double b) {
 }
 
 inline void print_header() {
-  std::printf("%-8s %-6s %-5s %-5s %4s %5s %3s %3s %8s %10s %10s %9s %8s %8s %8s %8s %8s %s\n", "impl", "config",
+  std::printf("%-8s %-10s %-5s %-5s %4s %5s %3s %3s %8s %10s %10s %9s %8s %8s %8s %8s %8s %s\n", "impl", "config",
               "dev", "dtype", "B", "T", "mb", "rc", "params", "ms/step", "tokens/s", "TFLOP/s", "MFU(pk)", "MFU(gm)",
               "mem GiB", "rsv GiB", "RSS GiB", "loss");
 }
 
 inline void print_row(const StepRow& r) {
-  std::printf("%-8s %-6s %-5s %-5s %4lld %5lld %3lld %3s %7.1fM %10.1f %10.1f %9.4f %7.2f%% %7.2f%% %8s %8s %8s "
+  std::printf("%-8s %-10s %-5s %-5s %4lld %5lld %3lld %3s %7.1fM %10.1f %10.1f %9.4f %7.2f%% %7.2f%% %8s %8s %8s "
               "%.3f->%.3f\n",
               r.impl.c_str(), r.config.c_str(), r.device.c_str(), r.dtype.c_str(), static_cast<long long>(r.micro_batch),
               static_cast<long long>(r.seq), static_cast<long long>(r.micro_batches), r.recompute ? "on" : "off",

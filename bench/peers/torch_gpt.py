@@ -1,11 +1,21 @@
 #!/usr/bin/env python3
-"""The PyTorch peer of bench_train: the same GPT-2 training step, timed the same way.
+"""The PyTorch peer of bench_train: the same GPT-2 or Llama training step, timed the same way.
 
-Model (as model/gpt.h): pre-LN GPT-2, token + learned position embeddings, a fused QKV
+GPT-2 model (--family gpt2, as model/gpt.h): pre-LN GPT-2, token + learned position embeddings, a fused QKV
 linear (3C, C) whose rows are Q, K, V with heads contiguous, causal attention with scale
 1/sqrt(HD), GELU (tanh), LayerNorm eps 1e-5, final LayerNorm and an LM head tied to wte,
 padded vocabulary. Dropout p after the embeddings, the attention projection and the MLP
 (default 0, as bench_train).
+
+Llama model (--family llama, or a llama-* preset; the same model/gpt.h with the Llama choices,
+docs/model-families.md): token embeddings only, RMSNorm (eps --norm-eps, 1e-5) before attention,
+MLP and the head; a fused QKV linear without bias ((NH + 2G)·HD, C) whose rows are the NH query
+heads, then G key and G value heads; rope on q and k in the rotate_half convention (HF Llama's:
+dims i and i + HD/2 pair, theta_i = base^(-2i/HD)); grouped-query attention (query head h reads
+kv group h // (NH/G): SDPA's enable_gqa where the torch has it, else repeat_interleave, HF's
+repeat_kv); SwiGLU MLP silu(x·Wgate^T)·(x·Wup^T) with fc = [gate; up] (2F, C); no linear
+biases; an untied LM head (V, C). Init as GPT-2's (norm weights 1, matrices N(0, 0.02), the
+two output projections N(0, 0.02/sqrt(2L))); weight decay on matrices and embeddings only.
 
 Step (as model/training/trainer.cpp): zero grads; for each micro-batch: forward, loss.item(),
 (loss / micro_batches).backward(); clip_grad_norm_(1.0); AdamW(lr 1e-4, betas (0.9, 0.999),
@@ -23,6 +33,7 @@ CUDA torch.cuda.max_memory_allocated (peak_bytes); CPU the peak RSS (VmHWM, rese
 /proc/self/clear_refs) minus the RSS before the model was built (rss_peak_bytes).
 
     python3 bench/peers/torch_gpt.py --preset 124M --batch 4 --seq 256 --device cpu --threads 2
+    python3 bench/peers/torch_gpt.py --preset llama-124M --batch 4 --seq 256 --device cpu --threads 2
 """
 import argparse
 import json
@@ -35,16 +46,51 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-PRESETS = {  # name: (layers, hidden, heads) — the same table as bench/train_step_bench.h
+# name: (layers, hidden, heads) or, Llama, (layers, hidden, heads, query groups, ffn, vocab,
+# rotary base) — the same table as bench/train_step_bench.h (vocab 0: GPT-2's 50257).
+PRESETS = {
     "tiny": (4, 256, 4),
     "124M": (12, 768, 12),
     "350M": (24, 1024, 16),
     "774M": (36, 1280, 20),
     "1.3B": (24, 2048, 16),
     "1.5B": (48, 1600, 25),
+    "llama-tiny": (4, 256, 4, 2, 704, 0, 10000.0),
+    "llama-124M": (12, 768, 12, 4, 2048, 0, 10000.0),
+    "llama-1B": (16, 2048, 32, 8, 8192, 128256, 500000.0),
 }
 
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+
+
+def sdpa_has_gqa():
+    """True where F.scaled_dot_product_attention takes enable_gqa (torch >= 2.5)."""
+    if not HAS_SDPA:
+        return False
+    try:
+        q = torch.zeros(1, 2, 1, 2)
+        F.scaled_dot_product_attention(q, torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2), enable_gqa=True)
+        return True
+    except (TypeError, RuntimeError):
+        return False
+
+
+HAS_SDPA_GQA = sdpa_has_gqa()
+
+
+def causal_attention(q, k, v):
+    """q (B, NH, T, HD), k and v (B, G, T, HD) -> (B, NH, T, HD); query head h reads group h // (NH/G)."""
+    NH, G, T, HD = q.shape[1], k.shape[1], q.shape[2], q.shape[3]
+    if G != NH and HAS_SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    if G != NH:  # HF's repeat_kv
+        k, v = k.repeat_interleave(NH // G, dim=1), v.repeat_interleave(NH // G, dim=1)
+    if HAS_SDPA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # torch < 2.0 (Debian's 1.13): explicit causal softmax
+    s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HD))
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    return torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
 
 
 class Block(nn.Module):
@@ -62,12 +108,7 @@ class Block(nn.Module):
         B, T, C = x.shape
         HD = C // self.NH
         q, k, v = self.qkv(x).view(B, T, 3, self.NH, HD).permute(2, 0, 3, 1, 4)  # each (B, NH, T, HD)
-        if HAS_SDPA:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # torch < 2.0 (Debian's 1.13): explicit causal softmax
-            s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HD))
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            y = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
+        y = causal_attention(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
     def forward(self, x):
@@ -103,14 +144,103 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(B * T, -1).float(), targets.reshape(-1))
 
 
-def flops_per_token(L, C, T, V):
-    """GPTConfig::flops_per_token (docs/flops.md)."""
-    Fd = 4 * C
-    matmul = L * (3 * C * C + C * C + 2 * C * Fd) + V * C
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, in f32 (as tensor/cpu/rmsnorm.cpp)."""
+
+    def __init__(self, C, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(C))
+
+    def forward(self, x):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, C, NH, G, Fd, eps, p):
+        super().__init__()
+        self.NH, self.G, self.Fd, self.p = NH, G, Fd, p
+        HD = C // NH
+        self.ln1 = RMSNorm(C, eps)
+        self.qkv = nn.Linear(C, (NH + 2 * G) * HD, bias=False)  # rows: NH query, G key, G value heads
+        self.proj = nn.Linear(NH * HD, C, bias=False)
+        self.ln2 = RMSNorm(C, eps)
+        self.fc = nn.Linear(C, 2 * Fd, bias=False)  # rows: [gate; up]
+        self.mproj = nn.Linear(Fd, C, bias=False)
+
+    def attention(self, x, cos, sin):  # x (B, T, C), cos/sin (T, HD) -> (B, T, C)
+        B, T, C = x.shape
+        NH, G = self.NH, self.G
+        HD = C // NH
+        q, k, v = self.qkv(x).split([NH * HD, G * HD, G * HD], dim=-1)
+        q = q.view(B, T, NH, HD).transpose(1, 2)  # (B, NH, T, HD)
+        k = k.view(B, T, G, HD).transpose(1, 2)   # (B, G, T, HD)
+        v = v.view(B, T, G, HD).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        y = causal_attention(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(B, T, NH * HD))
+
+    def forward(self, x, cos, sin):
+        x = x + F.dropout(self.attention(self.ln1(x), cos, sin), self.p, self.training)
+        gate, up = self.fc(self.ln2(x)).split([self.Fd, self.Fd], dim=-1)
+        return x + F.dropout(self.mproj(F.silu(gate) * up), self.p, self.training)
+
+
+class Llama(nn.Module):
+    def __init__(self, L, C, NH, G, Fd, V, base, eps, p):
+        super().__init__()
+        self.p = p
+        HD = C // NH
+        self.wte = nn.Embedding(V, C)                 # (V, C)
+        self.blocks = nn.ModuleList(LlamaBlock(C, NH, G, Fd, eps, p) for _ in range(L))
+        self.lnf = RMSNorm(C, eps)
+        self.head = nn.Linear(C, V, bias=False)       # untied (V, C)
+        inv_freq = base ** (-torch.arange(0, HD, 2, dtype=torch.float64) / HD)  # theta_i = base^(-2i/HD)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        std, std_out = 0.02, 0.02 / math.sqrt(2 * L)
+        for name, t in self.named_parameters():
+            if ".ln" in name or name.startswith("lnf"):
+                nn.init.ones_(t)
+            else:
+                nn.init.normal_(t, 0.0, std_out if name.endswith("proj.weight") else std)
+
+    def forward(self, idx, targets):  # idx, targets (B, T) int64 -> mean loss
+        B, T = idx.shape
+        ang = torch.arange(T, device=idx.device, dtype=torch.float32)[:, None] * self.inv_freq[None, :]  # (T, HD/2)
+        ang = torch.cat((ang, ang), dim=-1)                                                              # (T, HD)
+        x = F.dropout(self.wte(idx), self.p, self.training)
+        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+        for b in self.blocks:
+            x = b(x, cos, sin)
+        logits = self.head(self.lnf(x))  # (B, T, V)
+        return F.cross_entropy(logits.view(B * T, -1).float(), targets.reshape(-1))
+
+
+def flops_per_token(L, C, T, V, family="gpt2", NH=1, G=0, Fd=0):
+    """GPTConfig::flops_per_token (docs/flops.md): 6 * N_matmul + 6 * L * T * C, N_matmul with the head."""
+    if family == "llama":
+        HD = C // NH
+        matmul = L * ((NH + 2 * G) * HD * C + C * NH * HD + 2 * Fd * C + C * Fd) + V * C
+    else:
+        Fd = 4 * C
+        matmul = L * (3 * C * C + C * C + 2 * C * Fd) + V * C
     return 6.0 * matmul + 6.0 * L * T * C
 
 
-def num_parameters(L, C, V, P):
+def num_parameters(L, C, V, P, family="gpt2", NH=1, G=0, Fd=0):
+    """GPTConfig::num_parameters (the tied head counts once; Llama: no wpe, no biases, own head)."""
+    if family == "llama":
+        HD = C // NH
+        per_layer = C + (NH + 2 * G) * HD * C + C * NH * HD + C + 2 * Fd * C + C * Fd
+        return V * C + L * per_layer + C + V * C
     Fd = 4 * C
     per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + Fd * C + Fd + C * Fd + C
     return V * C + P * C + L * per_layer + 2 * C
@@ -137,11 +267,17 @@ def reset_peak_rss():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", choices=sorted(PRESETS), help="sets --layers/--hidden/--heads and --name")
+    ap.add_argument("--preset", choices=sorted(PRESETS),
+                    help="sets --layers/--hidden/--heads and --name (llama-*: also the family, groups, ffn, vocab, base)")
+    ap.add_argument("--family", choices=["gpt2", "llama"], default="gpt2")
     ap.add_argument("--name", default="")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--query-groups", type=int, default=0, help="llama: kv heads G; 0: --heads")
+    ap.add_argument("--ffn", type=int, default=0, help="llama: SwiGLU width F (fc is 2F); required for llama")
+    ap.add_argument("--rotary-base", type=float, default=10000.0, help="llama: rope theta base")
+    ap.add_argument("--norm-eps", type=float, default=1e-5, help="llama: RMSNorm epsilon")
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--padded-vocab", type=int, default=50304)
     ap.add_argument("--seq", type=int, default=256)
@@ -158,8 +294,20 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     a = ap.parse_args()
     if a.preset:
-        a.layers, a.hidden, a.heads = PRESETS[a.preset]
+        p = PRESETS[a.preset]
+        a.layers, a.hidden, a.heads = p[:3]
+        if len(p) > 3:
+            a.family, a.query_groups, a.ffn, vocab, a.rotary_base = "llama", p[3], p[4], p[5], p[6]
+            if vocab:
+                a.vocab, a.padded_vocab = vocab, (vocab + 127) // 128 * 128
         a.name = a.name or a.preset
+    if a.family == "llama":
+        a.query_groups = a.query_groups or a.heads
+        if a.ffn <= 0:
+            ap.error("--family llama needs --ffn F (the SwiGLU width)")
+        if a.heads % a.query_groups or a.hidden % a.heads or (a.hidden // a.heads) % 2:
+            ap.error(f"--heads {a.heads} must divide by --query-groups {a.query_groups}, --hidden by --heads, "
+                     "and the head dim must be even (rope)")
     a.name = a.name or f"L{a.layers}C{a.hidden}"
     dtype = a.dtype or ("bf16" if a.device == "cuda" else "f32")
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -182,7 +330,11 @@ def main():
         reset_peak_rss()
     rss_base = rss_bytes("VmRSS")
 
-    model = GPT(L, C, NH, V, P, a.dropout).to(dev)
+    G, Fd = a.query_groups, a.ffn
+    if a.family == "llama":
+        model = Llama(L, C, NH, G, Fd, V, a.rotary_base, a.norm_eps, a.dropout).to(dev)
+    else:
+        model = GPT(L, C, NH, V, P, a.dropout).to(dev)
     model.train()
     decay = [t for n, t in model.named_parameters() if t.dim() >= 2]
     no_decay = [t for n, t in model.named_parameters() if t.dim() < 2]
@@ -238,17 +390,19 @@ def main():
     times.sort()
     ms = times[len(times) // 2]
     tps = K * B * T / (ms / 1e3)
-    fpt = flops_per_token(L, C, T, V)
+    fpt = flops_per_token(L, C, T, V, a.family, NH, G, Fd)
+    params = num_parameters(L, C, V, P, a.family, NH, G, Fd)
+    assert params == sum(t.numel() for t in model.parameters()), "num_parameters() disagrees with the model"
     row = {
-        "impl": "pytorch" + ("+compile" if a.compile else ""), "config": a.name, "device": a.device, "dtype": dtype,
+        "impl": "pytorch" + ("+compile" if a.compile else ""), "config": a.name, "family": a.family, "device": a.device, "dtype": dtype,
         "layers": L, "hidden": C, "heads": NH, "seq": T, "micro_batch": B, "micro_batches": K,
-        "params": num_parameters(L, C, V, P), "recompute": False, "steps": a.steps, "warmup": a.warmup,
+        "params": params, "recompute": False, "steps": a.steps, "warmup": a.warmup,
         "threads": threads if a.device == "cpu" else 0, "ms_per_step": ms,
         "ms_per_step_mean": sum(times) / len(times), "tokens_per_s": tps, "tflops": tps * fpt / 1e12,
         "peak_bytes": peak, "rss_peak_bytes": rss_peak, "memory_kind": kind, "loss_first": loss_first, "loss_last": loss_last,
-        "flops_per_token": fpt, "torch": torch.__version__, "sdpa": HAS_SDPA, "compile": a.compile,
+        "flops_per_token": fpt, "torch": torch.__version__, "sdpa": HAS_SDPA, "sdpa_gqa": HAS_SDPA_GQA, "compile": a.compile,
     }
-    print(f"{row['impl']:8s} {a.name:6s} {a.device:5s} {dtype:5s} B={B} T={T} K={K}: {ms:.1f} ms/step, "
+    print(f"{row['impl']:8s} {a.name:10s} {a.device:5s} {dtype:5s} B={B} T={T} K={K}: {ms:.1f} ms/step, "
           f"{tps:.1f} tokens/s, {row['tflops']:.4f} TFLOP/s, peak {max(peak, rss_peak) / 2**30:.2f} GiB ({kind}), "
           f"loss {loss_first:.3f}->{loss_last:.3f}, torch {torch.__version__}")
     if a.json:
