@@ -15,7 +15,7 @@
 #   mp_cuda   the parallel-layout equivalence test on the GPU (ranks share it through MPI)
 #   cublas    the tensor tests again with MPITRON_ATTENTION=cublas (the fallback attention)
 #   bench_ops per-op throughput on CUDA vs the measured ceilings
-#   bench_train  tiny/124M/350M/1.3B, bf16, recompute off and on
+#   bench_train  tiny/124M/llama-124M/350M/1.3B/llama-1B, bf16, recompute off and on
 #   bench_mfu    GPT-2 124M/350M/774M/1.5B, bf16, seq 1024
 #   torch     the PyTorch peer (torch.compile + SDPA flash attention + bf16
 #             autocast) on the 124M row of bench_train, eager too
@@ -171,18 +171,20 @@ fi
 # ---- benchmarks ---------------------------------------------------------------------------
 if [ "$PARTS" = all ] || [ "$PARTS" = bench ]; then
   step bench_ops 60 30 "$RUN/bench/bench_ops" --device cuda --min-time 0.05 --json "$OUT/bench_ops.json"
-  step bench_train 150 60 "$RUN/bench/bench_train" --device cuda --config tiny,124M,350M,1.3B --batch 8 --seq 1024 \
-    --warmup 2 --steps 6 --recompute both --json "$OUT/bench_train.json"
+  step bench_train 150 60 "$RUN/bench/bench_train" --device cuda --config tiny,124M,llama-124M,350M,1.3B,llama-1B \
+    --batch 8 --seq 1024 --warmup 2 --steps 6 --recompute both --json "$OUT/bench_train.json"
   step bench_mfu 120 45 "$RUN/bench/bench_mfu" --warmup 3 --steps 8 --json "$OUT/bench_mfu.json"
   # The peer on the 124M row of bench_train (same B, T, steps): compiled (its first step compiles), then eager.
   step torch 150 60 bash -c "python3 bench/peers/torch_gpt.py --preset 124M --device cuda --batch 8 --seq 1024 \
       --warmup 3 --steps 6 --compile --json '$OUT/torch_compile.json' && python3 bench/peers/torch_gpt.py \
-      --preset 124M --device cuda --batch 8 --seq 1024 --warmup 2 --steps 6 --json '$OUT/torch_eager.json'"
+      --preset 124M --device cuda --batch 8 --seq 1024 --warmup 2 --steps 6 --json '$OUT/torch_eager.json' && \
+      python3 bench/peers/torch_gpt.py --preset llama-124M --device cuda --batch 8 --seq 1024 --warmup 3 --steps 6 \
+      --compile --json '$OUT/torch_llama.json'"
   python3 - "$OUT" <<'EOF' >/dev/null 2>&1 || true
 import json, os, sys
 out = sys.argv[1]
 rows = []
-for n in ("torch_compile.json", "torch_eager.json"):
+for n in ("torch_compile.json", "torch_eager.json", "torch_llama.json"):
     p = os.path.join(out, n)
     if os.path.exists(p):
         rows += json.load(open(p))["rows"]
