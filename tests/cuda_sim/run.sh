@@ -28,9 +28,10 @@ counts="$ROOT/$BUILD/cuda_sim_kernel_counts.txt"
 rm -f "$counts"
 # Leak checks are off: MPI and the process-lifetime caches hold memory at exit by design.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:detect_stack_use_after_return=0}
-# At 2 ranks: TP2 with sequence parallelism and PP2 1F1B (MPITRON_TEST_LAYOUTS picks them
-# from tests/model/test_trainer_mp.cpp; all six cost ~4x the time under the simulation).
-export MPITRON_CUDA_SIM_COUNTS="$counts" MPITRON_TEST_DEVICE=cuda MPITRON_TEST_LAYOUTS=${MPITRON_TEST_LAYOUTS:-1,3}
+# At 2 ranks: TP2 with sequence parallelism, PP2 1F1B and PP2 zb-h1 (split backward)
+# (MPITRON_TEST_LAYOUTS picks them from tests/model/test_trainer_mp.cpp; all eight cost
+# ~4x the time under the simulation).
+export MPITRON_CUDA_SIM_COUNTS="$counts" MPITRON_TEST_DEVICE=cuda MPITRON_TEST_LAYOUTS=${MPITRON_TEST_LAYOUTS:-1,3,6}
 status=0
 (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" -R "$REGEX") || status=1
 if [ -z "${SIM_TESTS:-}" ]; then
