@@ -31,6 +31,7 @@ PositionEmbedding parse_position_embedding(const std::string& s) {
 }
 
 std::string GPTConfig::family() const {
+  if (bert) return "bert";
   const bool gpt2 = normalization == Normalization::LayerNorm && !swiglu && learned_positions() &&
                     !untie_embeddings && add_bias_linear && query_groups() == num_attention_heads;
   if (gpt2) return "gpt2";
@@ -59,6 +60,13 @@ void GPTConfig::validate() const {
   MPT_CHECK(hidden_dropout >= 0 && hidden_dropout < 1, str("--hidden-dropout must be in [0, 1), got ", hidden_dropout), "");
   MPT_CHECK(attention_dropout >= 0 && attention_dropout < 1,
             str("--attention-dropout must be in [0, 1), got ", attention_dropout), "");
+  MPT_CHECK(!post_ln || normalization == Normalization::LayerNorm,
+            "--bert-post-ln is the original BERT's LayerNorm block order: it takes --normalization LayerNorm", "");
+  MPT_CHECK(num_tokentypes >= 0, str("token types must be >= 0, got ", num_tokentypes), "");
+  MPT_CHECK(bert || (causal && !post_ln && num_tokentypes == 0),
+            "bidirectional attention, --bert-post-ln and token types are BERT's (apps/pretrain_bert)", "");
+  MPT_CHECK(!bert || !untie_embeddings,
+            "--untie-embeddings-and-output-weights: BERT's MLM decoder is tied to the word embeddings", "");
   MPT_CHECK(init_method_std > 0, str("--init-method-std must be > 0, got ", init_method_std), "");
   MPT_CHECK(layernorm_epsilon > 0, str("--norm-epsilon must be > 0, got ", layernorm_epsilon), "");
   if (position_embedding == PositionEmbedding::Rope) {
