@@ -61,10 +61,10 @@ void GPTConfig::validate() const {
   MPT_CHECK(attention_dropout >= 0 && attention_dropout < 1,
             str("--attention-dropout must be in [0, 1), got ", attention_dropout), "");
   MPT_CHECK(!post_ln || normalization == Normalization::LayerNorm,
-            "--bert-post-ln is the original BERT's LayerNorm block order: it takes --normalization LayerNorm", "");
+            "the post-LN block order (the original BERT's) takes --normalization LayerNorm", "");
   MPT_CHECK(num_tokentypes >= 0, str("token types must be >= 0, got ", num_tokentypes), "");
   MPT_CHECK(bert || (causal && !post_ln && num_tokentypes == 0),
-            "bidirectional attention, --bert-post-ln and token types are BERT's (apps/pretrain_bert)", "");
+            "bidirectional attention, the post-LN block order and token types are BERT's (model/bert.h)", "");
   MPT_CHECK(!bert || !untie_embeddings,
             "--untie-embeddings-and-output-weights: BERT's MLM decoder is tied to the word embeddings", "");
   MPT_CHECK(init_method_std > 0, str("--init-method-std must be > 0, got ", init_method_std), "");

@@ -24,11 +24,12 @@ using namespace mpitron;
 
 namespace {
 
-GPTConfig config(bool post_ln) {
+GPTConfig config(bool post_ln, bool binary_head = true) {
   GPTConfig c;
   c.bert = true;
   c.post_ln = post_ln;
-  c.num_tokentypes = 2;
+  c.binary_head = binary_head;
+  c.num_tokentypes = binary_head ? 2 : 0;
   c.causal = true;
   c.num_layers = 2;
   c.hidden_size = 32;
@@ -47,7 +48,8 @@ BertBatch batch_of(const GPTConfig& c) {
   auto d = std::make_shared<const data::IndexedDataset>(
       testing::source_path("tests/data/ref/bert_ds/wiki_text_sentence"));
   data::BertDatasetConfig cfg;
-  cfg.seq_length = c.seq_length;
+  cfg.seq_length = c.binary_head ? c.seq_length : c.seq_length + 1;  // one [SEP] less without B
+  cfg.binary_head = c.binary_head;
   cfg.short_seq_prob = 0.0;
   cfg.num_samples = 100;
   data::BertDataset ds(d, {0, d->document_count()}, data::BertVocab::from(tok), cfg);
@@ -55,6 +57,7 @@ BertBatch batch_of(const GPTConfig& c) {
   for (int64_t i = 0; i < ds.size() && v.size() < 4; ++i) {
     data::BertSample s = ds.sample(i);
     if (s.length != c.seq_length) continue;
+    for (auto* vec : {&s.tokens, &s.types, &s.labels}) vec->resize(static_cast<size_t>(c.seq_length));
     for (int32_t& t : s.tokens) t %= static_cast<int32_t>(c.vocab_size);
     for (int32_t& t : s.labels) t = t < 0 ? t : t % static_cast<int32_t>(c.vocab_size);
     v.push_back(std::move(s));
@@ -98,19 +101,20 @@ void compare(const ParamSet& ps, const std::vector<float>& g, const ParamSet& re
 
 }  // namespace
 
-TEST_CASE("Bert: tensor parallel 2 equals one process (loss and every gradient)") {
+TEST_CASE("Bert: tensor parallel 2 (and sequence parallel) equals one process (loss and every gradient)") {
   REQUIRE(testing::world_size() == 2);
   const int rank = testing::world_rank();
   auto comm = make_mpi_communicator(MPI_COMM_WORLD);
-  for (const bool post_ln : {true, false}) {
-    CAPTURE(post_ln);
-    const GPTConfig c = config(post_ln);
+  for (const int variant : {0, 1, 2}) {  // post-LN; pre-LN; pre-LN, sequence parallel, no binary head
+    CAPTURE(variant);
+    const bool post_ln = variant == 0, sp = variant == 2;
+    const GPTConfig c = config(post_ln, !sp);
     const BertBatch b = batch_of(c);
     ForwardOptions o;
     o.dropout_seed = 17;
     const Reference ref = reference(c, b, o);
     ModelParallel mp;
-    mp.tp = TensorParallel{comm.get(), 2, rank};
+    mp.tp = TensorParallel{comm.get(), 2, rank, sp};
     Bert m(c, Device::cpu(), mp);
     m.init_weights(5);
     Tape t;
@@ -120,6 +124,13 @@ TEST_CASE("Bert: tensor parallel 2 equals one process (loss and every gradient)"
     const std::vector<float> g = m.params().grads().to_floats();
     for (const ParamInfo& p : m.params().infos()) compare(m.params(), g, ref.model->params(), ref.grads, p.name);
   }
+}
+
+TEST_CASE("Bert: sequence parallelism with the binary head is refused by name") {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  ModelParallel mp;
+  mp.tp = TensorParallel{comm.get(), 2, testing::world_rank(), true};
+  CHECK_THROWS_WITH(Bert(config(false), Device::cpu(), mp), doctest::Contains("--bert-no-binary-head"));
 }
 
 TEST_CASE("Bert: pipeline parallel 2 equals one process (loss and every gradient)") {
