@@ -91,7 +91,8 @@ double GPTConfig::flops_per_token() const {
   for (const ParamSpec& s : block_param_table(*this, 0))
     if (s.matmul) matmul_params += static_cast<double>(num_layers) * static_cast<double>(shape_numel(s.global_shape));
   const double L = static_cast<double>(num_layers), T = static_cast<double>(seq_length);
-  return 6.0 * matmul_params + 6.0 * L * T * static_cast<double>(hidden_size);
+  // Attention scores and values: the causal half (6·L·T·C), all of it when bidirectional (BERT).
+  return 6.0 * matmul_params + (causal ? 6.0 : 12.0) * L * T * static_cast<double>(hidden_size);
 }
 
 }  // namespace mpitron

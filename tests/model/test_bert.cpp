@@ -169,3 +169,39 @@ TEST_CASE("Bert: BERT parameters' gradients equal central finite differences of 
       CHECK(checked == static_cast<int>(outer_param_table(c).size()));
     }
 }
+
+TEST_CASE("Bert: the family's parameter table, its validation and FLOP count") {
+  GPTConfig c = bert_config(true, true);
+  CHECK(c.family() == "bert");
+  std::vector<std::string> names;
+  for (const ParamSpec& s : outer_param_table(c)) names.push_back(s.name);
+  CHECK(names == std::vector<std::string>{"wte", "wpe", "tokentype_embeddings", "emb_ln.weight", "emb_ln.bias",
+                                          "lm_head.dense.weight", "lm_head.dense.bias", "lm_head.ln.weight",
+                                          "lm_head.ln.bias", "lm_head.bias", "pooler.dense.weight",
+                                          "pooler.dense.bias", "binary_head.weight", "binary_head.bias"});
+  for (const ParamSpec& s : outer_param_table(c)) {
+    CAPTURE(s.name);
+    const bool vocab = s.name == "wte" || s.name == "lm_head.bias";
+    CHECK(s.tp_axis == (vocab ? 0 : -1));  // the decoder is vocab-parallel, the rest replicated
+  }
+  const GPTConfig pre = bert_config(false, false);  // pre-LN: lnf, no emb_ln; no binary head: no token types
+  names.clear();
+  for (const ParamSpec& s : outer_param_table(pre)) names.push_back(s.name);
+  CHECK(names == std::vector<std::string>{"wte", "wpe", "lnf.weight", "lnf.bias", "lm_head.dense.weight",
+                                          "lm_head.dense.bias", "lm_head.ln.weight", "lm_head.ln.bias",
+                                          "lm_head.bias"});
+  // Bidirectional attention counts the whole score square.
+  GPTConfig bi = c;
+  bi.causal = false;
+  CHECK(bi.flops_per_token() - c.flops_per_token() ==
+        doctest::Approx(6.0 * c.num_layers * c.seq_length * c.hidden_size));
+  GPTConfig bad = c;
+  bad.normalization = Normalization::RMSNorm;
+  CHECK_THROWS_WITH(bad.validate(), doctest::Contains("post-LN"));
+  bad = c;
+  bad.untie_embeddings = true;
+  CHECK_THROWS_WITH(bad.validate(), doctest::Contains("--untie-embeddings-and-output-weights"));
+  GPTConfig gpt;
+  gpt.causal = false;
+  CHECK_THROWS_WITH(gpt.validate(), doctest::Contains("BERT's"));
+}
