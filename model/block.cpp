@@ -16,6 +16,8 @@ BlockShape block_shape(const GPTConfig& c, int64_t batch, int64_t seq, const Ten
   s.rope = c.position_embedding == PositionEmbedding::Rope;
   s.rope_args.base = c.rotary_base;
   s.rope_args.percent = c.rotary_percent;
+  s.causal = c.causal;
+  s.post_ln = c.post_ln;
   return s;
 }
 
@@ -59,8 +61,28 @@ uint64_t row0(const BlockShape& s) { return static_cast<uint64_t>(s.tp.first_row
 uint64_t mlp_offset(const BlockShape& s) { return static_cast<uint64_t>(s.tokens() * s.hidden); }
 }  // namespace
 
+namespace {
+// Post-LN (the original BERT): x2 = norm1(x + drop(attention(x))), y = norm2(x2 + drop(mlp(x2))).
+void post_ln_forward(const BlockShape& s, const BlockParams& p, const Tensor& x, const Tensor& y, BlockActs& a,
+                     uint64_t seed, uint64_t offset, const AttentionCore* core) {
+  const int64_t Nl = s.local_rows(), C = s.hidden;
+  Tensor att = attention_layer_forward(s, p.attn, x, a.attn, seed, core);  // (Nl, C)
+  if (s.dropout > 0) dropout_forward(att, att, s.dropout, seed, offset + row0(s));
+  a.r1 = like(x, {Nl, C});
+  add_forward(x, att, a.r1);
+  a.x2 = like(x, {Nl, C});
+  norm_forward(s.norm, s.eps, p.norm1, a.r1, a.x2, a.n1);
+  Tensor mlp = mlp_layer_forward(s, p.mlp, a.x2, a.mlp);  // (Nl, C)
+  if (s.dropout > 0) dropout_forward(mlp, mlp, s.dropout, seed, offset + mlp_offset(s) + row0(s));
+  a.r2 = like(x, {Nl, C});
+  add_forward(a.x2, mlp, a.r2);
+  norm_forward(s.norm, s.eps, p.norm2, a.r2, y, a.n2);
+}
+}  // namespace
+
 void block_forward(const BlockShape& s, const BlockParams& p, const Tensor& x, const Tensor& y, BlockActs& a,
                    uint64_t seed, uint64_t offset, const AttentionCore* core) {
+  if (s.post_ln) return post_ln_forward(s, p, x, y, a, seed, offset, core);
   const int64_t Nl = s.local_rows(), C = s.hidden;
   Tensor h1 = like(x, {Nl, C});
   norm_forward(s.norm, s.eps, p.norm1, x, h1, a.n1);
@@ -79,24 +101,47 @@ void block_backward_input(const BlockShape& s, const BlockParams& p, const Tenso
                           const Tensor& dx, const BlockActs& a, uint64_t seed, uint64_t offset,
                           WeightGradWork* defer) {
   const int64_t Nl = s.local_rows(), C = s.hidden;
-  // MLP: y = x2 + drop(mlp(h2))
-  Tensor dmlp = like(dy, {Nl, C});
-  if (s.dropout > 0) dropout_backward(dy, dmlp, s.dropout, seed, offset + mlp_offset(s) + row0(s));
-  else dmlp.copy_from(dy);
-  const Tensor dh2 = mlp_layer_backward(s, p.mlp, a.mlp, dmlp, defer);
-  Tensor dx2 = like(dy, {Nl, C});  // dy + norm2ᵀ(dh2)
-  dx2.copy_from(dy);
-  norm_backward_input(s.norm, p.norm2, a.x2, a.n2, dh2, dx2);
-  // Attention: x2 = x + drop(attention(h1))
-  Tensor datt = like(dy, {Nl, C});
-  if (s.dropout > 0) dropout_backward(dx2, datt, s.dropout, seed, offset + row0(s));
-  else datt.copy_from(dx2);
-  const Tensor dh1 = attention_layer_backward(s, p.attn, a.attn, datt, seed, defer);
-  dx.copy_from(dx2);  // dx2 + norm1ᵀ(dh1)
-  norm_backward_input(s.norm, p.norm1, x, a.n1, dh1, dx);
+  // Each norm's input and output gradient, for the weight part.
+  Tensor in1 = x, dout1, in2 = a.x2, dout2;
+  if (s.post_ln) {
+    // y = norm2(r2), r2 = x2 + drop(mlp(x2)), x2 = norm1(r1), r1 = x + drop(attention(x))
+    Tensor dr2 = Tensor::zeros({Nl, C}, dy.dtype(), dy.device());
+    norm_backward_input(s.norm, p.norm2, a.r2, a.n2, dy, dr2);
+    Tensor dmlp = like(dy, {Nl, C});
+    if (s.dropout > 0) dropout_backward(dr2, dmlp, s.dropout, seed, offset + mlp_offset(s) + row0(s));
+    else dmlp.copy_from(dr2);
+    const Tensor dh2 = mlp_layer_backward(s, p.mlp, a.mlp, dmlp, defer);
+    Tensor dx2 = like(dy, {Nl, C});  // dr2 + mlpᵀ(dmlp)
+    add_forward(dr2, dh2, dx2);
+    Tensor dr1 = Tensor::zeros({Nl, C}, dy.dtype(), dy.device());
+    norm_backward_input(s.norm, p.norm1, a.r1, a.n1, dx2, dr1);
+    Tensor datt = like(dy, {Nl, C});
+    if (s.dropout > 0) dropout_backward(dr1, datt, s.dropout, seed, offset + row0(s));
+    else datt.copy_from(dr1);
+    const Tensor dh1 = attention_layer_backward(s, p.attn, a.attn, datt, seed, defer);
+    add_forward(dr1, dh1, dx);
+    in1 = a.r1, dout1 = dx2, in2 = a.r2, dout2 = dy;
+  } else {
+    // MLP: y = x2 + drop(mlp(h2))
+    Tensor dmlp = like(dy, {Nl, C});
+    if (s.dropout > 0) dropout_backward(dy, dmlp, s.dropout, seed, offset + mlp_offset(s) + row0(s));
+    else dmlp.copy_from(dy);
+    const Tensor dh2 = mlp_layer_backward(s, p.mlp, a.mlp, dmlp, defer);
+    Tensor dx2 = like(dy, {Nl, C});  // dy + norm2ᵀ(dh2)
+    dx2.copy_from(dy);
+    norm_backward_input(s.norm, p.norm2, a.x2, a.n2, dh2, dx2);
+    // Attention: x2 = x + drop(attention(h1))
+    Tensor datt = like(dy, {Nl, C});
+    if (s.dropout > 0) dropout_backward(dx2, datt, s.dropout, seed, offset + row0(s));
+    else datt.copy_from(dx2);
+    const Tensor dh1 = attention_layer_backward(s, p.attn, a.attn, datt, seed, defer);
+    dx.copy_from(dx2);  // dx2 + norm1ᵀ(dh1)
+    norm_backward_input(s.norm, p.norm1, x, a.n1, dh1, dx);
+    dout1 = dh1, dout2 = dh2;
+  }
   // The norm weight gradients. With sequence parallelism each rank's are partial
   // sums over its own rows: one (2C or 4C) buffer, all-reduced over the group.
-  auto norm_weights = [s, p, x, x2 = a.x2, n1 = a.n1, n2 = a.n2, dh1, dh2] {
+  auto norm_weights = [s, p, x = in1, x2 = in2, n1 = a.n1, n2 = a.n2, dh1 = dout1, dh2 = dout2] {
     auto pg = [](const Var& v) { return v.defined() ? v.grad_or_zeros() : Tensor(); };
     if (!s.tp.sequence_parallel) {
       norm_backward_weight(s.norm, p.norm2, x2, n2, dh2, pg(p.norm2.w), pg(p.norm2.b));
@@ -135,7 +180,7 @@ BlockMemory block_memory(const BlockShape& s) {
   // dmlp, dx2, datt, dh (Nl, C each); the gathered output gradient (SP), d(in) (N, C);
   // dg, dfc (SwiGLU), datt (N, Cl), dqkv (N, QL).
   const bool sp = s.tp.sequence_parallel;
-  m.backward_act = 4 * Nl * C + (sp ? 2 : 1) * N * C + N * Fl + (s.swiglu ? N * FCl : 0) + N * (Cl + QL);
+  m.backward_act = (s.post_ln ? 6 : 4) * Nl * C + (sp ? 2 : 1) * N * C + N * Fl + (s.swiglu ? N * FCl : 0) + N * (Cl + QL);
   // The weight part's inputs: each linear's output gradient and input (the gathered
   // copies with sequence parallelism), the norms' inputs and output gradients.
   const int64_t in_rows = sp ? N : Nl;

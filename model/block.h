@@ -9,6 +9,9 @@
 //   x2 = x + dropout(attention(h1))             attention_layer.h
 //   h2 = norm2(x2)
 //   y  = x2 + dropout(mlp(h2))                  mlp_layer.h
+// Post-LN (BlockShape::post_ln, the original BERT; same sublayers and parameters):
+//   x2 = norm1(r1), r1 = x + dropout(attention(x))
+//   y  = norm2(r2), r2 = x2 + dropout(mlp(x2))
 // Dropout masks are named by (seed, offset): the attention output's mask at offset,
 // the MLP output's at offset + N·C (global element index, so TP/SP ranks and a
 // recompute draw the single-process masks); attention probabilities use
@@ -51,7 +54,8 @@ struct BlockActs {
   NormActs n1, n2;
   AttentionActs attn;  // attn.in = norm1's output
   MlpActs mlp;         // mlp.in = norm2's output
-  Tensor x2;           // (Nl, C)
+  Tensor x2;           // (Nl, C); post-LN: norm1's output
+  Tensor r1, r2;       // post-LN only: the residual sums norm1 and norm2 read (Nl, C)
   void release() { *this = BlockActs(); }
 };
 

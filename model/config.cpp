@@ -31,6 +31,7 @@ PositionEmbedding parse_position_embedding(const std::string& s) {
 }
 
 std::string GPTConfig::family() const {
+  if (bert) return "bert";
   const bool gpt2 = normalization == Normalization::LayerNorm && !swiglu && learned_positions() &&
                     !untie_embeddings && add_bias_linear && query_groups() == num_attention_heads;
   if (gpt2) return "gpt2";
@@ -59,6 +60,13 @@ void GPTConfig::validate() const {
   MPT_CHECK(hidden_dropout >= 0 && hidden_dropout < 1, str("--hidden-dropout must be in [0, 1), got ", hidden_dropout), "");
   MPT_CHECK(attention_dropout >= 0 && attention_dropout < 1,
             str("--attention-dropout must be in [0, 1), got ", attention_dropout), "");
+  MPT_CHECK(!post_ln || normalization == Normalization::LayerNorm,
+            "the post-LN block order (the original BERT's) takes --normalization LayerNorm", "");
+  MPT_CHECK(num_tokentypes >= 0, str("token types must be >= 0, got ", num_tokentypes), "");
+  MPT_CHECK(bert || (causal && !post_ln && num_tokentypes == 0),
+            "bidirectional attention, the post-LN block order and token types are BERT's (model/bert.h)", "");
+  MPT_CHECK(!bert || !untie_embeddings,
+            "--untie-embeddings-and-output-weights: BERT's MLM decoder is tied to the word embeddings", "");
   MPT_CHECK(init_method_std > 0, str("--init-method-std must be > 0, got ", init_method_std), "");
   MPT_CHECK(layernorm_epsilon > 0, str("--norm-epsilon must be > 0, got ", layernorm_epsilon), "");
   if (position_embedding == PositionEmbedding::Rope) {
@@ -83,7 +91,8 @@ double GPTConfig::flops_per_token() const {
   for (const ParamSpec& s : block_param_table(*this, 0))
     if (s.matmul) matmul_params += static_cast<double>(num_layers) * static_cast<double>(shape_numel(s.global_shape));
   const double L = static_cast<double>(num_layers), T = static_cast<double>(seq_length);
-  return 6.0 * matmul_params + 6.0 * L * T * static_cast<double>(hidden_size);
+  // Attention scores and values: the causal half (6·L·T·C), all of it when bidirectional (BERT).
+  return 6.0 * matmul_params + (causal ? 6.0 : 12.0) * L * T * static_cast<double>(hidden_size);
 }
 
 }  // namespace mpitron

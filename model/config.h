@@ -47,6 +47,13 @@ struct GPTConfig {
   bool untie_embeddings = false;         // --untie-embeddings-and-output-weights: own head (V, C)
   bool add_bias_linear = true;           // false with --disable-bias-linear
   DType compute_dtype = DType::F32;      // f32, or bf16/f16 with --bf16/--fp16
+  // BERT (model/bert.h; docs/model-families.md "BERT"). No flags yet (no pretrain_bert app):
+  bool bert = false;                     // encoder with the MLM head (+ pooler and binary head)
+  bool causal = true;                    // false: bidirectional attention (BERT)
+  bool post_ln = false;                  // post-LN: x2 = LN1(x + attn(x)), y = LN2(x2 + mlp(x2)), an
+                                         //   embedding LayerNorm and no final norm (the original BERT)
+  int64_t num_tokentypes = 0;            // token-type embedding rows (BERT with the binary head: 2)
+  bool binary_head = true;               // BERT: pooler + sentence-order head (Megatron's --bert-no-binary-head: false)
 
   int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }

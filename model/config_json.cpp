@@ -5,7 +5,7 @@
 namespace mpitron {
 
 nlohmann::json config_to_json(const GPTConfig& c) {
-  return {{"num_layers", c.num_layers},
+  nlohmann::json j = {{"num_layers", c.num_layers},
           {"hidden_size", c.hidden_size},
           {"num_attention_heads", c.num_attention_heads},
           {"ffn_hidden_size", c.ffn()},
@@ -23,6 +23,14 @@ nlohmann::json config_to_json(const GPTConfig& c) {
           {"num_query_groups", c.query_groups()},
           {"untie_embeddings", c.untie_embeddings},
           {"add_bias_linear", c.add_bias_linear}};
+  if (c.bert) {  // BERT's choices (model/bert.h); absent: a decoder
+    j["bert"] = true;
+    j["causal"] = c.causal;
+    j["post_ln"] = c.post_ln;
+    j["num_tokentypes"] = c.num_tokentypes;
+    j["binary_head"] = c.binary_head;
+  }
+  return j;
 }
 
 GPTConfig config_from_json(const nlohmann::json& j, const std::string& where) {
@@ -46,6 +54,11 @@ GPTConfig config_from_json(const nlohmann::json& j, const std::string& where) {
     c.num_query_groups = g == c.num_attention_heads ? 0 : g;
     c.untie_embeddings = j.value("untie_embeddings", false);
     c.add_bias_linear = j.value("add_bias_linear", true);
+    c.bert = j.value("bert", false);
+    c.causal = j.value("causal", true);
+    c.post_ln = j.value("post_ln", false);
+    c.num_tokentypes = j.value("num_tokentypes", int64_t{0});
+    c.binary_head = j.value("binary_head", true);
   } catch (const nlohmann::json::exception& e) {
     MPT_THROW(str(where, ": model_config ", j.dump(), " is incomplete: ", e.what()), "");
   } catch (const Error& e) {

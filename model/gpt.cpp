@@ -165,7 +165,8 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
       ready = [cb = opt.grads_ready, first, end] { cb(first, end); };
     }
     const bool recompute = opt.recompute && (opt.recompute_num_layers == 0 || l - ch.first_layer < opt.recompute_num_layers);
-    const BlockShape s = block_shape(cfg_, batch, seq, mp_.tp, opt.train, l);
+    BlockShape s = block_shape(cfg_, batch, seq, mp_.tp, opt.train, l);
+    s.kv_lengths = opt.kv_lengths;
     x = block(tape, s, blocks_[i], x, opt.dropout_seed, nc * (1 + 2 * static_cast<uint64_t>(l)), recompute,
               std::move(ready));
   }
@@ -197,6 +198,7 @@ Var GPT::chunk_forward(Tape& tape, int c, const Tensor& tokens, const Tensor& ta
                        const ForwardOptions& opt) {
   const ChunkInfo& ch = chunk(c);
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
+  MPT_CHECK(!cfg_.bert, "a BERT configuration runs in model/bert.h's Bert, not GPT::chunk_forward", "");
   Var x;
   if (ch.first_stage) {
     x = embed(tape, tokens, opt);

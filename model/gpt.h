@@ -40,6 +40,7 @@ struct ForwardOptions {
   // reducing their bucket while backward continues. Parameters never reported
   // (embeddings, final LN) are final when Tape::backward returns.
   std::function<void(size_t first, size_t end)> grads_ready;
+  Tensor kv_lengths;  // BERT: (B) i32 on the device, keys j >= len[b] masked (BlockShape::kv_lengths)
 };
 
 struct ModelParallel {
@@ -98,10 +99,11 @@ class GPT {
   const Var& output_weight() const;
   // Layer l's parameters, when this rank holds it.
   const BlockParams& block_params(int64_t layer) const;
+  // The blocks of chunk ch on x (the chunk's input activation); model/bert.cpp uses it.
+  Var layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt);
 
  private:
   Var embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt);
-  Var layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt);
   Var head_loss(Tape& tape, const Var& x, const Tensor& targets);
   Var final_norm(Tape& tape, const Var& x);
 

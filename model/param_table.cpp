@@ -23,6 +23,18 @@ const char* to_string(ParamRole r) {
     case ParamRole::FinalNormWeight: return "final_norm.weight";
     case ParamRole::FinalNormBias: return "final_norm.bias";
     case ParamRole::OutputWeight: return "output.weight";
+    case ParamRole::TokentypeEmbedding: return "tokentype_embedding";
+    case ParamRole::EmbeddingNormWeight: return "embedding_norm.weight";
+    case ParamRole::EmbeddingNormBias: return "embedding_norm.bias";
+    case ParamRole::LmHeadDenseWeight: return "lm_head.dense.weight";
+    case ParamRole::LmHeadDenseBias: return "lm_head.dense.bias";
+    case ParamRole::LmHeadNormWeight: return "lm_head.norm.weight";
+    case ParamRole::LmHeadNormBias: return "lm_head.norm.bias";
+    case ParamRole::LmHeadBias: return "lm_head.bias";
+    case ParamRole::PoolerWeight: return "pooler.weight";
+    case ParamRole::PoolerBias: return "pooler.bias";
+    case ParamRole::BinaryHeadWeight: return "binary_head.weight";
+    case ParamRole::BinaryHeadBias: return "binary_head.bias";
   }
   return "?";
 }
@@ -90,10 +102,33 @@ std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
                         0);
   wte.matmul = !c.untie_embeddings;  // the tied head's matmul
   v.push_back(wte);
+  const ParamPlace first = ParamPlace::FirstStage, last = ParamPlace::LastStage;
   if (c.learned_positions())
-    v.push_back(row("wpe", R::PositionEmbedding, {c.max_position_embeddings, C}, I::Normal, ParamPlace::FirstStage));
-  v.push_back(row("lnf.weight", R::FinalNormWeight, {C}, I::Ones, ParamPlace::LastStage));
-  if (c.norm_has_bias()) v.push_back(row("lnf.bias", R::FinalNormBias, {C}, I::Zeros, ParamPlace::LastStage));
+    v.push_back(row("wpe", R::PositionEmbedding, {c.max_position_embeddings, C}, I::Normal, first));
+  if (c.num_tokentypes > 0)
+    v.push_back(row("tokentype_embeddings", R::TokentypeEmbedding, {c.num_tokentypes, C}, I::Normal, first));
+  if (c.post_ln) {  // the original BERT: LayerNorm on the embeddings, none after the last block
+    v.push_back(row("emb_ln.weight", R::EmbeddingNormWeight, {C}, I::Ones, first));
+    v.push_back(row("emb_ln.bias", R::EmbeddingNormBias, {C}, I::Zeros, first));
+  } else {
+    v.push_back(row("lnf.weight", R::FinalNormWeight, {C}, I::Ones, last));
+    if (c.norm_has_bias()) v.push_back(row("lnf.bias", R::FinalNormBias, {C}, I::Zeros, last));
+  }
+  if (c.bert) {
+    // MLM head: dense + gelu + LayerNorm (replicated, computed on every TP rank),
+    // then the tied decoder wte (vocab-parallel) with its own bias (vocab-parallel).
+    v.push_back(matmul(row("lm_head.dense.weight", R::LmHeadDenseWeight, {C, C}, I::Normal, last)));
+    v.push_back(row("lm_head.dense.bias", R::LmHeadDenseBias, {C}, I::Zeros, last));
+    v.push_back(row("lm_head.ln.weight", R::LmHeadNormWeight, {C}, I::Ones, last));
+    v.push_back(row("lm_head.ln.bias", R::LmHeadNormBias, {C}, I::Zeros, last));
+    v.push_back(split(row("lm_head.bias", R::LmHeadBias, {V}, I::Zeros, last), 0));
+    if (c.binary_head) {  // pooler tanh(dense([CLS])) and the 2-way sentence-order classifier
+      v.push_back(matmul(row("pooler.dense.weight", R::PoolerWeight, {C, C}, I::Normal, last)));
+      v.push_back(row("pooler.dense.bias", R::PoolerBias, {C}, I::Zeros, last));
+      v.push_back(matmul(row("binary_head.weight", R::BinaryHeadWeight, {2, C}, I::Normal, last)));
+      v.push_back(row("binary_head.bias", R::BinaryHeadBias, {2}, I::Zeros, last));
+    }
+  }
   if (c.untie_embeddings)
     v.push_back(matmul(split(row("head.weight", R::OutputWeight, {V, C}, I::Normal, ParamPlace::LastStage), 0)));
   return v;

@@ -22,6 +22,12 @@
 //   layers.l.mlp.proj.bias (C)
 //   lnf.weight / .bias (C)              last stage
 //   head.weight (V, C)                  vocab-parallel, last stage (untied only)
+// BERT (cfg.bert) adds, replicated unless said:
+//   tokentype_embeddings (TT, C)        first stage (TT = 2 with the binary head, else none)
+//   emb_ln.weight / .bias (C)           first stage, post-LN only (then no lnf)
+//   lm_head.dense.weight (C, C) / .bias, lm_head.ln.weight / .bias    last stage
+//   lm_head.bias (V)                    vocab-parallel like wte (the decoder is the tied wte)
+//   pooler.dense.weight (C, C) / .bias, binary_head.weight (2, C) / .bias (2)   binary head only
 #pragma once
 #include <cstdint>
 #include <string>
@@ -37,6 +43,10 @@ enum class ParamRole : uint8_t {
   Norm1Weight, Norm1Bias, QkvWeight, QkvBias, ProjWeight, ProjBias,
   Norm2Weight, Norm2Bias, FcWeight, FcBias, MlpProjWeight, MlpProjBias,
   FinalNormWeight, FinalNormBias, OutputWeight,
+  // BERT (model/bert.h)
+  TokentypeEmbedding, EmbeddingNormWeight, EmbeddingNormBias,
+  LmHeadDenseWeight, LmHeadDenseBias, LmHeadNormWeight, LmHeadNormBias, LmHeadBias,
+  PoolerWeight, PoolerBias, BinaryHeadWeight, BinaryHeadBias,
 };
 const char* to_string(ParamRole r);
 

@@ -5,6 +5,7 @@
 #include "model/config.h"
 #include "model/tensor_parallel.h"
 #include "tensor/rope.h"
+#include "tensor/tensor.h"
 
 namespace mpitron {
 
@@ -20,6 +21,9 @@ struct BlockShape {
   bool swiglu = false;
   bool rope = false;
   RopeArgs rope_args{};
+  bool causal = true;    // false: bidirectional attention (BERT)
+  Tensor kv_lengths;     // (B) i32 on the device: keys j >= len[b] masked (BERT padding); undefined: none
+  bool post_ln = false;  // post-LN block order (model/block.h)
 
   int64_t tokens() const { return batch * seq; }                   // N
   int64_t local_rows() const { return tp.local_rows(tokens()); }   // rows of x and y

@@ -1,0 +1,176 @@
+#include "model/bert.h"
+
+#include <cmath>
+
+#include "autograd/functions.h"
+#include "data/bert_dataset.h"
+#include "tensor/ops.h"
+
+namespace mpitron {
+
+BertBatch BertBatch::from(const std::vector<data::BertSample>& samples) {
+  MPT_CHECK(!samples.empty(), "BertBatch::from: no samples", "");
+  const int64_t B = static_cast<int64_t>(samples.size()), T = static_cast<int64_t>(samples[0].tokens.size());
+  std::vector<int64_t> tok, typ, lab, len, rnd;
+  for (const data::BertSample& s : samples) {
+    MPT_CHECK(static_cast<int64_t>(s.tokens.size()) == T, "BertBatch::from: samples of different lengths", "");
+    tok.insert(tok.end(), s.tokens.begin(), s.tokens.end());
+    typ.insert(typ.end(), s.types.begin(), s.types.end());
+    lab.insert(lab.end(), s.labels.begin(), s.labels.end());
+    len.push_back(s.length);
+    rnd.push_back(s.is_random);
+  }
+  BertBatch b;
+  b.tokens = Tensor::from_ints(tok, {B, T}, DType::I32);
+  b.types = Tensor::from_ints(typ, {B, T}, DType::I32);
+  b.labels = Tensor::from_ints(lab, {B, T}, DType::I32);
+  b.lengths = Tensor::from_ints(len, {B}, DType::I32);
+  b.is_random = Tensor::from_ints(rnd, {B}, DType::I32);
+  return b;
+}
+
+bool BertBatch::padded() const {
+  const std::vector<float> l = lengths.to(Device::cpu()).to_floats();
+  for (float v : l)
+    if (static_cast<int64_t>(v) < tokens.dim(1)) return true;
+  return false;
+}
+
+namespace {
+
+// tanh for the pooler: (B, C) rows, computed on the host (no tensor op for it yet;
+// the pooler is B·C elements, one per sample and hidden unit).
+struct TanhNode final : Node {
+  Var x, y;
+  const char* name() const override { return "pooler_tanh"; }
+  void backward() override {
+    if (!y.grad().defined() || !x.requires_grad()) return;
+    const std::vector<float> g = y.grad().to(Device::cpu()).to_floats(), v = y.value().to(Device::cpu()).to_floats();
+    std::vector<float> d(g.size());
+    for (size_t i = 0; i < g.size(); ++i) d[i] = g[i] * (1.0f - v[i] * v[i]);
+    const Tensor dx = Tensor::from_vector(d, x.value().shape(), x.value().dtype()).to(x.value().device());
+    axpby(1.0f, dx, 1.0f, x.grad_or_zeros());
+  }
+};
+
+Var tanh_op(Tape& tape, const Var& x) {
+  std::vector<float> v = x.value().to(Device::cpu()).to_floats();
+  for (float& e : v) e = std::tanh(e);
+  Var y(Tensor::from_vector(v, x.value().shape(), x.value().dtype()).to(x.value().device()), x.requires_grad());
+  if (tape.recording() && y.requires_grad()) {
+    auto n = std::make_unique<TanhNode>();
+    n->x = x, n->y = y;
+    tape.record(std::move(n));
+  }
+  return y;
+}
+
+}  // namespace
+
+Bert::Bert(const GPTConfig& cfg, Device device, const ModelParallel& mp) : core_(cfg, device, mp) {
+  const GPTConfig& c = core_.config();
+  MPT_CHECK(c.bert, "Bert needs a BERT configuration (GPTConfig::bert)", "");
+  MPT_CHECK(c.learned_positions(), "BERT uses learned absolute positions: --position-embedding-type learned_absolute",
+            "");
+  MPT_CHECK(!mp.tp.sequence_parallel || !c.binary_head,
+            "--sequence-parallel with BERT's binary head is not supported (the pooler reads [CLS] rows of every "
+            "sequence part)",
+            "drop --sequence-parallel, or train with --bert-no-binary-head");
+}
+
+Var Bert::embed(Tape& tape, const BertBatch& batch, const ForwardOptions& opt) {
+  const GPTConfig& c = core_.config();
+  const TensorParallel& tp = core_.parallel().tp;
+  const ParamSet& ps = core_.params();
+  const Device dev = core_.device();
+  const int64_t B = batch.tokens.dim(0), T = batch.tokens.dim(1), N = B * T;
+  MPT_CHECK(T <= c.max_position_embeddings,
+            str("sequence of ", T, " tokens exceeds --max-position-embeddings ", c.max_position_embeddings), "");
+  MPT_CHECK(!tp.sequence_parallel || N % tp.size == 0,
+            str("--sequence-parallel splits ", N, " tokens of a micro-batch over ", tp.size, " ranks: not divisible"),
+            "make --micro-batch-size x --seq-length divisible by --tensor-model-parallel-size");
+  const Tensor ids = batch.tokens.to(dev).contiguous().view({N});
+  const int64_t vocab_start = tp.rank * (c.padded_vocab_size / tp.size);
+  Var x = ag::embedding(tape, ids, ps.var("wte"), vocab_start);
+  x = tp.sequence_parallel ? ag::tp_scatter(tape, x, tp) : ag::tp_reduce(tape, x, tp);
+  const int64_t rows = tp.local_rows(N), row0 = tp.first_row(N);
+  std::vector<int64_t> pos(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) pos[static_cast<size_t>(i)] = (row0 + i) % T;
+  const Tensor pos_ids = Tensor::from_ints(pos, {rows}, DType::I32).to(dev);
+  x = ag::add(tape, x, ag::embedding(tape, pos_ids, ag::sequence_parallel_param(tape, ps.var("wpe"), tp)));
+  if (c.num_tokentypes > 0) {
+    const Tensor types = batch.types.contiguous().view({N}).slice(0, row0, row0 + rows).contiguous().to(dev);
+    x = ag::add(tape, x,
+                ag::embedding(tape, types, ag::sequence_parallel_param(tape, ps.var("tokentype_embeddings"), tp)));
+  }
+  if (c.post_ln)
+    x = ag::layernorm(tape, x, ag::sequence_parallel_param(tape, ps.var("emb_ln.weight"), tp),
+                      ag::sequence_parallel_param(tape, ps.var("emb_ln.bias"), tp), c.layernorm_epsilon);
+  const float p = opt.train ? c.hidden_dropout : 0.0f;
+  return ag::dropout(tape, x, p, opt.dropout_seed, static_cast<uint64_t>(row0 * c.hidden_size / 4));
+}
+
+Var Bert::heads(Tape& tape, const Var& x, const BertBatch& batch) {
+  const GPTConfig& c = core_.config();
+  const TensorParallel& tp = core_.parallel().tp;
+  const ParamSet& ps = core_.params();
+  const Device dev = core_.device();
+  const float eps = c.layernorm_epsilon;
+  auto spp = [&](const char* name) { return ag::sequence_parallel_param(tape, ps.var(name), tp); };
+  const int64_t B = batch.tokens.dim(0), T = batch.tokens.dim(1);
+  Var h = x;  // (Nl, C)
+  if (!c.post_ln) h = ag::layernorm(tape, h, spp("lnf.weight"), spp("lnf.bias"), eps);
+  // MLM head on this rank's rows (replicated parameters), then the vocab-parallel tied decoder.
+  Var d = ag::gelu(tape, ag::linear(tape, h, spp("lm_head.dense.weight"), spp("lm_head.dense.bias")));
+  d = ag::layernorm(tape, d, spp("lm_head.ln.weight"), spp("lm_head.ln.bias"), eps);
+  const Tensor labels = batch.labels.to(dev).contiguous().view({B * T});
+  Var lm;
+  if (!tp.active()) {
+    lm = ag::cross_entropy(tape, ag::linear(tape, d, ps.var("wte"), ps.var("lm_head.bias")), labels);
+  } else {
+    d = tp.sequence_parallel ? ag::tp_gather(tape, d, tp) : ag::tp_copy(tape, d, tp);
+    Var logits = ag::linear(tape, d, ps.var("wte"), ps.var("lm_head.bias"));  // (N, V/t)
+    lm = ag::vocab_parallel_cross_entropy(tape, logits, labels, tp.rank * (c.padded_vocab_size / tp.size), tp);
+  }
+  losses_.lm = lm.value().item();
+  losses_.sop = 0;
+  if (!c.binary_head) return lm;
+  // Binary head on the [CLS] rows (h holds every row: no sequence parallelism here);
+  // computed identically on every TP rank.
+  std::vector<int64_t> cls(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) cls[static_cast<size_t>(b)] = b * T;
+  Var first = ag::embedding(tape, Tensor::from_ints(cls, {B}, DType::I32).to(dev), h);  // (B, C)
+  Var pooled = tanh_op(tape, ag::linear(tape, first, ps.var("pooler.dense.weight"), ps.var("pooler.dense.bias")));
+  Var logits = ag::linear(tape, pooled, ps.var("binary_head.weight"), ps.var("binary_head.bias"));  // (B, 2)
+  Var sop = ag::cross_entropy(tape, logits, batch.is_random.to(dev).contiguous());
+  losses_.sop = sop.value().item();
+  return ag::add(tape, lm, sop);
+}
+
+Var Bert::chunk_forward(Tape& tape, int c, const BertBatch& batch, const Var& input, const ForwardOptions& opt) {
+  const ChunkInfo& ch = core_.chunk(c);
+  const int64_t B = batch.tokens.dim(0), T = batch.tokens.dim(1);
+  ForwardOptions o = opt;
+  // Padded samples mask their padding keys (model/layers/attention_layer.cpp).
+  if (batch.padded()) o.kv_lengths = batch.lengths.to(core_.device());
+  Var x;
+  if (ch.first_stage) {
+    x = embed(tape, batch, o);
+  } else {
+    MPT_CHECK(input.defined() && input.shape() == core_.activation_shape(B),
+              str("stage ", ch.stage, " received ", input.defined() ? input.value().describe() : "nothing",
+                  ", expected an activation of shape ", shape_str(core_.activation_shape(B))),
+              "");
+    x = input;
+  }
+  x = core_.layers(tape, ch, x, B, T, o);
+  return ch.last_stage ? heads(tape, x, batch) : x;
+}
+
+Var Bert::forward(Tape& tape, const BertBatch& batch, const ForwardOptions& opt) {
+  MPT_CHECK(core_.num_chunks() == 1 && core_.chunk(0).first_stage && core_.chunk(0).last_stage,
+            "Bert::forward runs the whole model; with pipeline parallelism run chunk_forward per stage", "");
+  return chunk_forward(tape, 0, batch, Var(), opt);
+}
+
+}  // namespace mpitron
