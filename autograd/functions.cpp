@@ -259,33 +259,39 @@ struct AttentionNode final : Node {
   Shape qkv_shape;  // (B, T, 3, NH, HD) or (B, T, NH + 2G, HD)
   int64_t b = 0, t = 0, nh = 0, hd = 0;
   float scale = 1.0f;
-  const char* name() const override { return "causal_attention"; }
+  AttentionMask mask;
+  const char* name() const override { return mask.causal && !mask.kv_lengths.defined() ? "causal_attention" : "attention"; }
   void backward() override {
     if (!y.grad().defined() || !qkv.requires_grad()) return;
     const Tensor q = qkv.value().view(qkv_shape);
     Tensor dqkv = Tensor::empty(q.shape(), q.dtype(), q.device());
-    attention_backward(y.grad().view({b, t, nh, hd}), q, out, lse, dqkv, scale);
+    attention_backward(y.grad().view({b, t, nh, hd}), q, out, lse, dqkv, scale, {}, mask);
     axpby(1.0f, dqkv.view(qkv.shape()), 1.0f, qkv.grad_or_zeros());
   }
 };
 }  // namespace
 
 Var causal_attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int64_t heads, int64_t kv_groups) {
+  return attention(tape, qkv, batch, seq, heads, kv_groups, AttentionMask{});
+}
+
+Var attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int64_t heads, int64_t kv_groups,
+              const AttentionMask& mask) {
   const Tensor& v = qkv.value();
   const int64_t width = v.dim(-1), g = kv_groups > 0 ? kv_groups : heads;
   MPT_CHECK(width % (heads + 2 * g) == 0,
-            str("causal_attention: qkv width ", width, " is not (heads ", heads, " + 2 × kv groups ", g, ") × head dim"), "");
+            str("attention: qkv width ", width, " is not (heads ", heads, " + 2 × kv groups ", g, ") × head dim"), "");
   const int64_t hd = width / (heads + 2 * g);
   const Shape qs = kv_groups > 0 ? Shape{batch, seq, heads + 2 * g, hd} : Shape{batch, seq, 3, heads, hd};
   Tensor out = Tensor::empty({batch, seq, heads, hd}, v.dtype(), v.device());
   Tensor lse = Tensor::empty({batch, heads, seq}, DType::F32, v.device());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  attention_forward(v.view(qs), out, lse, scale);
+  attention_forward(v.view(qs), out, lse, scale, {}, mask);
   Var y(out.view({batch * seq, heads * hd}), qkv.requires_grad());
   if (tape.recording() && y.requires_grad()) {
     auto n = std::make_unique<AttentionNode>();
     n->qkv = qkv, n->y = y, n->out = out, n->lse = lse, n->qkv_shape = qs, n->b = batch, n->t = seq, n->nh = heads;
-    n->hd = hd, n->scale = scale;
+    n->hd = hd, n->scale = scale, n->mask = mask;
     tape.record(std::move(n));
   }
   return y;

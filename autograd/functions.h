@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "autograd/tape.h"
+#include "tensor/attention.h"
 #include "tensor/rope.h"
 
 namespace mpitron::ag {
@@ -29,6 +30,11 @@ Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_sta
 // out (B, T, NH·HD) = causal attention over qkv viewed as (B, T, 3, NH, HD), or with
 // kv_groups G > 0 as (B, T, NH + 2G, HD) (grouped-query attention; 0 means G = NH).
 Var causal_attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int64_t heads, int64_t kv_groups = 0);
+// The same under any AttentionMask (tensor/attention.h), e.g. BERT's bidirectional
+// attention with a key padding mask: {false, kv_lengths (B) i32 on qkv's device}.
+// The mask's tensor is held by the tape node until backward.
+Var attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int64_t heads, int64_t kv_groups,
+              const AttentionMask& mask);
 // Philox dropout; (seed, offset) names the mask.
 Var dropout(Tape& tape, const Var& x, float p, uint64_t seed, uint64_t offset);
 // Mean over valid positions (targets >= 0) of softmax cross-entropy: a (1) f32 Var.

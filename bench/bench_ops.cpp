@@ -228,6 +228,19 @@ class Bench {
         compute(dev, "attention fwd", sh, dt, f, [&] { attention_forward(qkv, out, lse, 0.125f); });
         compute(dev, "attention bwd", sh, dt, 2.5 * f, [&] { attention_backward(out, qkv, out, lse, dqkv, 0.125f); });
       }
+      {  // BERT: bidirectional with a key padding mask, lengths 7T/8, 3T/4, 5T/8, T/2, … (useful FLOPs)
+        const Tensor qkv = randn({bsz, t, 3, nh, hd}, dt, dev, 19), out = Tensor::empty({bsz, t, nh, hd}, dt, dev);
+        const Tensor lse = Tensor::empty({bsz, nh, t}, DType::F32, dev), dqkv = Tensor::empty(qkv.shape(), dt, dev);
+        std::vector<int64_t> lens(static_cast<size_t>(bsz));
+        int64_t keys = 0;
+        for (int64_t b = 0; b < bsz; ++b) keys += lens[static_cast<size_t>(b)] = std::max<int64_t>(1, t - (b % 4 + 1) * t / 8);
+        const AttentionMask mask{false, Tensor::from_ints(lens, {bsz}, DType::I32).to(dev)};
+        const double f = 4.0 * nh * double(t) * double(keys) * hd;  // 4·T·len·HD per (sample, head)
+        const std::string sh = str("B", bsz, " T", t, " NH", nh, " HD", hd, " pad");
+        compute(dev, "attention bidir+pad fwd", sh, dt, f, [&] { attention_forward(qkv, out, lse, 0.125f, {}, mask); });
+        compute(dev, "attention bidir+pad bwd", sh, dt, 2.5 * f,
+                [&] { attention_backward(out, qkv, out, lse, dqkv, 0.125f, {}, mask); });
+      }
       {  // grouped-query attention: the same FLOPs per query head, G = NH/4 kv heads
         const int64_t g = nh / 4;
         const Tensor qkv = randn({bsz, t, nh + 2 * g, hd}, dt, dev, 18), out = Tensor::empty({bsz, t, nh, hd}, dt, dev);

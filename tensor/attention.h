@@ -1,5 +1,6 @@
-// tensor/attention.h — causal scaled-dot-product self-attention over a fused QKV,
-// multi-head (MHA) or grouped-query (GQA: fewer key/value heads than query heads).
+// tensor/attention.h — scaled-dot-product self-attention over a fused QKV, causal
+// (GPT) or bidirectional with a key padding mask (BERT), multi-head (MHA) or
+// grouped-query (GQA: fewer key/value heads than query heads).
 //
 //   qkv: the fused QKV projection output, per token Q, then K, then V, heads contiguous:
 //        (B, T, 3, NH, HD)   MHA: NH heads each (B, T, 3·C), C = NH·HD; or
@@ -9,9 +10,15 @@
 //                            (HF's repeat_kv); NH must be divisible by G. G = NH is MHA
 //                            (the same bytes as the 5-D form), G = 1 multi-query attention.
 //        NH is out's head count, so G = (qkv.dim(2) − NH)/2 follows from the shapes.
-//   out: (B, T, NH, HD)  = softmax(Q_h·K_gᵀ·scale, causal) · V_g  per (batch, head h)
+//   out: (B, T, NH, HD)  = softmax(Q_h·K_gᵀ·scale, mask) · V_g  per (batch, head h)
 //   lse: (B, NH, T) f32  = log Σ_j exp(score_ij) of each (scaled, masked) row;
 //        saved by forward for backward (the flash-attention statistics).
+//   mask (AttentionMask below): query i of sample b sees key j iff
+//        j < len_b (the key padding mask; len_b = kv_lengths[b], T without it) and,
+//        when causal, j <= i. Masked scores are −∞ before the softmax (dropout acts
+//        after it, on the kept probabilities). A row with no visible key (only
+//        possible with len_b = 0, which the op rejects) would be out 0, lse −∞,
+//        gradient 0: the CUDA fallback clamps len_b to [0, T] and does exactly that.
 // dtypes: qkv/out/dout/dqkv share f32, bf16 or f16; math in f32.
 //
 // Attention dropout (Megatron's --attention-dropout; drop.p = 0: none, exactly the
@@ -57,11 +64,27 @@ MPT_HD bool attention_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h,
   return static_cast<float>(r.x[e & 3] >> 8) * (1.0f / 16777216.0f) >= p;
 }
 
+// Which keys each query sees. The default is causal attention over every key (GPT).
+// BERT: causal = false and kv_lengths = each sample's unpadded length (Megatron's
+// BERT padding mask with the padding at the end of each sample; HF's
+// attention_mask [1…1 0…0]: keys j >= len_b are masked for every query, padded
+// query rows included, which therefore still attend the sample's real tokens).
+//   kv_lengths: (B) i32 on the op's device, 1 <= len_b <= T; undefined: all T keys.
+//   The values are checked (an error naming the op) where that is free — a CPU
+//   tensor; a device tensor is not read back (no stream sync): the CUDA fallback
+//   clamps to [0, T], cuDNN takes them as its seq_len_kv.
+struct AttentionMask {
+  bool causal = true;
+  Tensor kv_lengths;
+};
+
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
-                       const AttentionDropout& drop = {}, Stream s = Stream());
+                       const AttentionDropout& drop = {}, const AttentionMask& mask = {}, Stream s = Stream());
 // dqkv (qkv's shape): overwritten; dK and dV of a kv group sum over the group's NH/G query heads.
+// mask: the forward's (lse holds its statistics). Masked keys get dK = dV = 0.
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dqkv, float scale, const AttentionDropout& drop = {}, Stream s = Stream());
+                        const Tensor& dqkv, float scale, const AttentionDropout& drop = {},
+                        const AttentionMask& mask = {}, Stream s = Stream());
 
 // Which implementation attention_* uses on CUDA right now ("cudnn" or "cublas").
 std::string cuda_attention_backend();

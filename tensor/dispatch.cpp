@@ -303,28 +303,47 @@ void check_attention_dropout(const char* op, const AttentionDropout& d) {
   need(d.p >= 0.0f && d.p < 1.0f, str(op, ": dropout probability must be in [0, 1), got ", d.p));
   need(d.first_head >= 0 && d.first_head < (int64_t{1} << 24), str(op, ": first_head ", d.first_head, " out of range"));
 }
+// kv_lengths: (B) i32 on qkv's device; its values 1..T are checked when they are on the host.
+void check_attention_mask(const char* op, const AttentionMask& m, const Tensor& qkv, const Tensor& out) {
+  const Tensor& l = m.kv_lengths;
+  if (!l.defined()) return;
+  const int64_t b = out.dim(0), t = out.dim(1);
+  need(l.dtype() == DType::I32, str(op, ": mask kv_lengths must be i32, got ", l.describe()));
+  need_shape(op, l, "mask kv_lengths", {b});
+  need(l.device() == qkv.device(),
+       str(op, ": mask kv_lengths is on ", l.device().name(), " but qkv on ", qkv.device().name(), "; move it there"));
+  need(l.is_contiguous(), str(op, ": mask kv_lengths must be contiguous"));
+  if (!l.device().is_cpu()) return;
+  const int32_t* v = l.data<int32_t>();
+  for (int64_t i = 0; i < b; ++i)
+    need(v[i] >= 1 && v[i] <= t, str(op, ": mask kv_lengths[", i, "] = ", v[i], " is outside [1, T = ", t,
+                                     "]: every sample needs at least one real token and at most T"));
+}
 }  // namespace
 
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
-                       const AttentionDropout& drop, Stream s) {
+                       const AttentionDropout& drop, const AttentionMask& mask, Stream s) {
   const char* op = "attention_forward";
   check_attention(op, qkv, out, lse);
   check_attention_dropout(op, drop);
+  check_attention_mask(op, mask, qkv, out);
   check_same_device(op, {&qkv, &out, &lse});
   check_contiguous(op, {{&qkv, "qkv"}, {&out, "out"}, {&lse, "lse"}});
-  MPT_BACKEND(qkv, attention_forward, qkv, out, lse, scale, drop, s);
+  MPT_BACKEND(qkv, attention_forward, qkv, out, lse, scale, drop, mask, s);
 }
 
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dqkv, float scale, const AttentionDropout& drop, Stream s) {
+                        const Tensor& dqkv, float scale, const AttentionDropout& drop, const AttentionMask& mask,
+                        Stream s) {
   const char* op = "attention_backward";
   check_attention(op, qkv, out, lse);
   check_attention_dropout(op, drop);
+  check_attention_mask(op, mask, qkv, out);
   need_like(op, out, "out", dout, "dout");
   need_like(op, qkv, "qkv", dqkv, "dqkv");
   check_same_device(op, {&dout, &qkv, &out, &lse, &dqkv});
   check_contiguous(op, {{&dout, "dout"}, {&qkv, "qkv"}, {&out, "out"}, {&lse, "lse"}, {&dqkv, "dqkv"}});
-  MPT_BACKEND(qkv, attention_backward, dout, qkv, out, lse, dqkv, scale, drop, s);
+  MPT_BACKEND(qkv, attention_backward, dout, qkv, out, lse, dqkv, scale, drop, mask, s);
 }
 
 std::string cuda_attention_backend() {

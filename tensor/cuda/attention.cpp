@@ -1,4 +1,5 @@
-// tensor/cuda/attention.cpp — causal self-attention on CUDA: cuDNN fused flash
+// tensor/cuda/attention.cpp — self-attention on CUDA (causal, or bidirectional
+// with a key padding mask: attention.h's AttentionMask): cuDNN fused flash
 // attention (graph API through the header-only cudnn-frontend), with the
 // cuBLAS + softmax path of attention_fallback.cu behind it.
 //
@@ -12,6 +13,12 @@
 //   inside dqkv; the softmax statistics (B, NH, T, 1) f32 are our lse
 //   (natural-log logsumexp of the scaled, masked scores — the fallback's too,
 //   so a cuDNN forward and a fallback backward, or the reverse, agree).
+//   Mask: causal → set_causal_mask (top-left diagonal); kv_lengths → cuDNN's
+//   padding mask with seq_len_kv = kv_lengths and seq_len_q = T for every sample
+//   (a (B) i32 device tensor of T's, made once per (device, B, T) and kept): every
+//   query row is computed, as attention.h defines, only keys are cut. Backward with
+//   the padding mask first zeroes dqkv (cudaMemsetAsync), so the dK/dV rows of
+//   padded keys, which cuDNN may leave unwritten, are their true gradient 0.
 //
 // Which path runs (per call):
 //   cuDNN when the build has it (MPITRON_WITH_CUDNN), the dtype is bf16/f16,
@@ -23,7 +30,8 @@
 //   (drop.p > 0): cuDNN's SDPA dropout draws its own Philox mask, which cannot
 //   equal attention_keep's (attention.h), so CPU, CUDA, TP ranks and recompute
 //   would disagree (docs/cuda.md). Such calls count as `.fallback`.
-// Built graphs are cached by (device, B, T, NH, G, HD, dtype, scale, fwd/bwd); the
+// Built graphs are cached by (device, B, T, NH, G, HD, dtype, scale, fwd/bwd, causal,
+// padded); the
 // cuDNN workspace comes from the caching allocator. Compiled by the host
 // compiler (the frontend is plain C++), so kernels live in the .cu files.
 #include <atomic>
@@ -108,7 +116,17 @@ namespace fe = cudnn_frontend;
   } while (0)
 
 // Tensor uids in the variant packs.
-enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV };
+
+// seq_len_q of the padding mask: (B) i32 on `device`, every entry T (made once, kept).
+const Tensor& full_seq_lens(int device, int64_t B, int64_t T) {
+  static std::mutex mu;
+  static auto* cache = new std::map<std::tuple<int, int64_t, int64_t>, Tensor>();
+  std::lock_guard<std::mutex> lock(mu);
+  Tensor& t = (*cache)[{device, B, T}];
+  if (!t.defined()) t = Tensor::from_ints(std::vector<int64_t>(static_cast<size_t>(B), T), {B}, DType::I32).to(Device::cuda(device));
+  return t;
+}
 
 cudnnHandle_t cudnn_handle(int device) {
   static std::mutex mu;
@@ -129,17 +147,18 @@ struct GraphEntry {
   std::string why;  // when !ok: what cuDNN said
 };
 
-using GraphKey = std::tuple<int, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t>;
+using GraphKey = std::tuple<int, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, bool, bool>;
 
 // Builds (or finds) the fwd/bwd SDPA graph for this shape. Never throws for an
 // unsupported configuration: returns an entry with ok = false instead.
+// causal: the causal mask; padded: the padding mask (seq_len_q/seq_len_kv inputs kSeqQ/kSeqKV).
 std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward, int64_t B, int64_t T, int64_t NH,
-                                       int64_t G, int64_t HD, DType dt, float scale) {
+                                       int64_t G, int64_t HD, DType dt, float scale, bool causal, bool padded) {
   static std::mutex mu;
   static auto* cache = new std::map<GraphKey, std::shared_ptr<GraphEntry>>();
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &scale, 4);
-  const GraphKey key{device, forward, B, T, NH, G, HD, static_cast<int>(dt), scale_bits};
+  const GraphKey key{device, forward, B, T, NH, G, HD, static_cast<int>(dt), scale_bits, causal, padded};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
@@ -160,12 +179,23 @@ std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward
     auto Q = tensor("Q", kQ, dims, qkv_strides);
     auto K = tensor("K", kK, kv_dims, qkv_strides);
     auto V = tensor("V", kV, kv_dims, qkv_strides);
+    // Padding mask: per-sample lengths (B, 1, 1, 1) i32.
+    auto seq_len = [&](const char* name, int64_t uid) {
+      return g->tensor(fe::graph::Tensor_attributes()
+                           .set_name(name)
+                           .set_uid(uid)
+                           .set_dim({B, 1, 1, 1})
+                           .set_stride({1, 1, 1, 1})
+                           .set_data_type(fe::DataType_t::INT32));
+    };
     if (forward) {
       auto opts = fe::graph::SDPA_attributes()
                       .set_name("sdpa")
                       .set_generate_stats(true)
-                      .set_causal_mask(true)
+                      .set_causal_mask(causal)
                       .set_attn_scale(scale);
+      if (padded)
+        opts.set_padding_mask(true).set_seq_len_q(seq_len("seq_len_q", kSeqQ)).set_seq_len_kv(seq_len("seq_len_kv", kSeqKV));
       auto [O, Stats] = g->sdpa(Q, K, V, opts);
       O->set_output(true).set_dim(dims).set_stride(o_strides).set_uid(kO);
       Stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim(stat_dims).set_stride(stat_strides).set_uid(
@@ -179,8 +209,10 @@ std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward
                                  .set_dim(stat_dims)
                                  .set_stride(stat_strides)
                                  .set_data_type(fe::DataType_t::FLOAT));
-      auto opts = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_causal_mask(true).set_attn_scale(
-          scale);
+      auto opts =
+          fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_causal_mask(causal).set_attn_scale(scale);
+      if (padded)
+        opts.set_padding_mask(true).set_seq_len_q(seq_len("seq_len_q", kSeqQ)).set_seq_len_kv(seq_len("seq_len_kv", kSeqKV));
       auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opts);
       dQ->set_output(true).set_dim(dims).set_stride(qkv_strides).set_uid(kDQ);
       dK->set_output(true).set_dim(kv_dims).set_stride(qkv_strides).set_uid(kDK);
@@ -204,7 +236,8 @@ std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward
   }
   if (!e->ok)
     log_warn(str("attention: cuDNN ", forward ? "forward" : "backward", " unavailable for B=", B, " T=", T,
-                 " NH=", NH, " G=", G, " HD=", HD, " ", dtype_name(dt), " (", e->why, "); using the cuBLAS path"));
+                 " NH=", NH, " G=", G, " HD=", HD, " ", dtype_name(dt), causal ? " causal" : " bidirectional",
+                 padded ? " padded" : "", " (", e->why, "); using the cuBLAS path"));
   cache->emplace(key, e);
   return e;
 }
@@ -225,9 +258,9 @@ void execute(const GraphEntry& e, cudnnHandle_t h, int device, std::unordered_ma
 }  // namespace
 #endif  // MPITRON_WITH_CUDNN
 
-// out = softmax(Q·Kᵀ·scale, causal)·V, lse = its row statistics (attention.h)
+// out = softmax(Q·Kᵀ·scale, mask)·V, lse = its row statistics (attention.h)
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
-                       const AttentionDropout& drop, Stream s) {
+                       const AttentionDropout& drop, const AttentionMask& mask, Stream s) {
 #ifdef MPITRON_WITH_CUDNN
   const AttnShape d = attn_shape(qkv, out);
   const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD;
@@ -237,13 +270,18 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
     DeviceGuard g(qkv);
     const int dev = qkv.device().index;
     const cudnnHandle_t h = cudnn_handle(dev);
-    const auto e = sdpa_graph(dev, h, true, B, T, NH, d.G, HD, qkv.dtype(), scale);
+    const bool padded = mask.kv_lengths.defined();
+    const auto e = sdpa_graph(dev, h, true, B, T, NH, d.G, HD, qkv.dtype(), scale, mask.causal, padded);
     if (e->ok) {
       std::unordered_map<int64_t, void*> pack{{kQ, q},
                                               {kK, q + d.k_off * es},
                                               {kV, q + d.v_off * es},
                                               {kO, out.data_ptr()},
                                               {kStats, lse.data_ptr()}};
+      if (padded) {
+        pack[kSeqQ] = full_seq_lens(dev, B, T).data_ptr();
+        pack[kSeqKV] = mask.kv_lengths.data_ptr();
+      }
       execute(*e, h, dev, pack, s);
       path_count_add("attention_forward", "cudnn");
       return;
@@ -251,12 +289,13 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
   }
 #endif
   path_count_add("attention_forward", "fallback");
-  attention_forward_fallback(qkv, out, lse, scale, drop, s);
+  attention_forward_fallback(qkv, out, lse, scale, drop, mask, s);
 }
 
 // dqkv (qkv's shape) = gradients of Q, K, V (overwritten; dK/dV summed over each group's heads)
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dqkv, float scale, const AttentionDropout& drop, Stream s) {
+                        const Tensor& dqkv, float scale, const AttentionDropout& drop, const AttentionMask& mask,
+                        Stream s) {
 #ifdef MPITRON_WITH_CUDNN
   const AttnShape d = attn_shape(qkv, out);
   const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD;
@@ -267,7 +306,8 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
     DeviceGuard g(qkv);
     const int dev = qkv.device().index;
     const cudnnHandle_t h = cudnn_handle(dev);
-    const auto e = sdpa_graph(dev, h, false, B, T, NH, d.G, HD, qkv.dtype(), scale);
+    const bool padded = mask.kv_lengths.defined();
+    const auto e = sdpa_graph(dev, h, false, B, T, NH, d.G, HD, qkv.dtype(), scale, mask.causal, padded);
     if (e->ok) {
       std::unordered_map<int64_t, void*> pack{{kQ, q},
                                               {kK, q + d.k_off * es},
@@ -278,6 +318,12 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
                                               {kDQ, dq},
                                               {kDK, dq + d.k_off * es},
                                               {kDV, dq + d.v_off * es}};
+      if (padded) {
+        pack[kSeqQ] = full_seq_lens(dev, B, T).data_ptr();
+        pack[kSeqKV] = mask.kv_lengths.data_ptr();
+        // Padded keys' dK/dV rows: 0, whether or not cuDNN writes them.
+        MPT_CUDA_CHECK(cudaMemsetAsync(dq, 0, dqkv.nbytes(), stream_of(s)));
+      }
       execute(*e, h, dev, pack, s);
       path_count_add("attention_backward", "cudnn");
       return;
@@ -285,7 +331,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   }
 #endif
   path_count_add("attention_backward", "fallback");
-  attention_backward_fallback(dout, qkv, out, lse, dqkv, scale, drop, s);
+  attention_backward_fallback(dout, qkv, out, lse, dqkv, scale, drop, mask, s);
 }
 
 }  // namespace mpitron::cuda

@@ -1,5 +1,5 @@
-// tensor/cuda/attention_fallback.cu — causal attention from cuBLASLt GEMMs and a
-// softmax kernel: the path for f32, for shapes cuDNN rejects, for builds without
+// tensor/cuda/attention_fallback.cu — attention (causal, or bidirectional with a key
+// padding mask) from cuBLASLt GEMMs and a masked softmax kernel: the path for f32, for shapes cuDNN rejects, for builds without
 // cuDNN, and for tests (cuda_attention_force_fallback).
 //
 //   qkv (B, T, NH + 2G, HD) (or the 5-D MHA form, G = NH), out/dout (B, T, NH, HD),
@@ -13,7 +13,7 @@
 //
 // Forward, per (b, chunk of groups, r):
 //   S = scale·Q·Kᵀ            (hc, T, T) f32 scratch
-//   P = exp(S − lse), causal   (hc, T, T) io dtype; lse = rowwise logsumexp of S (j ≤ i)
+//   P = exp(S − lse), masked   (hc, T, T) io dtype; lse = rowwise logsumexp of S (j < hi)
 //   O = P·V
 // Backward (P recomputed from S and lse, as flash attention does):
 //   dP = dO·Vᵀ, D_i = Σ_d dO_id·O_id, dS = P ⊙ (dP − D)
@@ -26,6 +26,11 @@
 // Attention dropout (attention.h): the kernels multiply P by M/(1 − p) before
 // P·V (forward) and Pᵀ·dO (backward) and mask dP before dS, M from attention_keep
 // for (b, first_head + local head, i, j) — the CPU path's mask exactly.
+// Masking (attention.h's AttentionMask): row i of sample b sees keys j < hi =
+// min(len_b, causal ? i + 1 : T), len_b read on the device from kv_lengths and
+// clamped to [0, T]; the full T×T GEMMs run regardless and the kernels write P = dS
+// = 0 beyond hi, so padded keys get dK = dV = 0; a row with hi = 0 gets out 0,
+// lse −∞.
 #include <algorithm>
 
 #include "tensor/attention.h"
@@ -55,12 +60,20 @@ int64_t group_chunk(const AttnDims& d, size_t bytes_per_elem) {
 
 // Row r = k·T + i of S (gc·T rows of length T; batch entry k is head h0 + k·head_step):
 // lse and P for the causal row. lse points at head h0's row (B, NH, T) layout.
-// Dropout of one kernel launch: batch entry k of the launch is global head
+// Mask and dropout of one kernel launch: batch entry k of the launch is global head
 // head0 + k·head_step of batch b.
 struct DropRows {
   float p;  // 0: no dropout
   uint64_t seed, offset;
   int64_t b, head0;
+  const int32_t* kv_len;  // (B) on the device, or null: every key
+  bool causal;
+  // Row i sees keys j < hi(i).
+  __device__ int hi(int i, int t_len) const {
+    int len = kv_len ? kv_len[b] : t_len;
+    len = len < 0 ? 0 : len > t_len ? t_len : len;
+    return causal && i + 1 < len ? i + 1 : len;
+  }
   // M/(1 − p) at (k, i, j)
   __device__ float keep(int64_t k, int i, int j, int t_len, int head_step) const {
     if (p == 0.0f) return 1.0f;
@@ -69,33 +82,34 @@ struct DropRows {
 };
 
 template <typename T>
-__global__ void causal_softmax_forward_kernel(const float* S, T* P, float* lse, int64_t rows, int t_len,
+__global__ void masked_softmax_forward_kernel(const float* S, T* P, float* lse, int64_t rows, int t_len,
                                               int head_step, DropRows dr) {
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int i = static_cast<int>(r % t_len);
+  const int hi = dr.hi(i, t_len);
   const float* sr = S + r * t_len;
   T* pr = P + r * t_len;
   float m = -INFINITY;
-  for (int j = lane; j <= i; j += 32) m = fmaxf(m, sr[j]);
+  for (int j = lane; j < hi; j += 32) m = fmaxf(m, sr[j]);
   m = warp_max(m);
   float sum = 0.0f;
-  for (int j = lane; j <= i; j += 32) sum += expf(sr[j] - m);
+  for (int j = lane; j < hi; j += 32) sum += expf(sr[j] - m);
   sum = warp_sum(sum);
-  const float l = m + logf(sum);
+  const float l = hi > 0 ? m + logf(sum) : -INFINITY;  // no visible key: P = 0, lse −∞
   const int64_t k = r / t_len;
   for (int j = lane; j < t_len; j += 32)
-    pr[j] = from_float<T>(j <= i ? expf(sr[j] - l) * dr.keep(k, i, j, t_len, head_step) : 0.0f);
+    pr[j] = from_float<T>(j < hi ? expf(sr[j] - l) * dr.keep(k, i, j, t_len, head_step) : 0.0f);
   if (lane == 0) lse[(r / t_len) * head_step * t_len + i] = l;
 }
 
-// Row r = k·T + i: P = exp(S − lse) (causal), dS = P ⊙ (dP·M/(1−p) − D_i), D_i = dO_i·O_i;
+// Row r = k·T + i: P = exp(S − lse) (masked: 0 for j >= hi), dS = P ⊙ (dP·M/(1−p) − D_i), D_i = dO_i·O_i;
 // the P written (for dV) is P·M/(1 − p).
 // dout/out/lse point at head h0 of batch b; batch entry k is head h0 + k·head_step,
 // whose row i is at (i·NH + k·head_step)·HD.
 template <typename T>
-__global__ void causal_softmax_backward_kernel(const float* S, const float* dP, const float* lse, const T* dout,
+__global__ void masked_softmax_backward_kernel(const float* S, const float* dP, const float* lse, const T* dout,
                                                const T* out, T* P, T* dS, int64_t rows, int t_len, int nh, int hd,
                                                int head_step, DropRows dr) {
   const int lane = threadIdx.x & 31;
@@ -112,9 +126,10 @@ __global__ void causal_softmax_backward_kernel(const float* S, const float* dP, 
   const float* dpr = dP + r * t_len;
   T* pr = P + r * t_len;
   T* dsr = dS + r * t_len;
+  const int hi = dr.hi(i, t_len);
   for (int j = lane; j < t_len; j += 32) {
-    const float p = j <= i ? expf(sr[j] - l) : 0.0f;
-    const float m = j <= i ? dr.keep(r / t_len, i, j, t_len, head_step) : 0.0f;
+    const float p = j < hi ? expf(sr[j] - l) : 0.0f;
+    const float m = j < hi ? dr.keep(r / t_len, i, j, t_len, head_step) : 0.0f;
     pr[j] = from_float<T>(p * m);
     dsr[j] = from_float<T>(p * (dpr[j] * m - dsum));
   }
@@ -133,7 +148,7 @@ __global__ void store_group_grad_kernel(const float* src, T* dst, int64_t n, int
 }  // namespace
 
 void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
-                                const AttentionDropout& drop, Stream s) {
+                                const AttentionDropout& drop, const AttentionMask& mask, Stream s) {
   DeviceGuard g(qkv);
   const AttnDims d = attn_dims(qkv, out);
   if (d.B * d.T * d.NH == 0) return;
@@ -146,6 +161,7 @@ void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tens
   const char* base = static_cast<const char*>(qkv.data_ptr());
   char* obase = static_cast<char*>(out.data_ptr());
   float* lse_p = static_cast<float*>(lse.data_ptr());
+  const int32_t* kv_len = mask.kv_lengths.defined() ? static_cast<const int32_t*>(mask.kv_lengths.data_ptr()) : nullptr;
   for (int64_t b = 0; b < d.B; ++b) {
     for (int64_t g0 = 0; g0 < d.G; g0 += gc_max) {
       const int64_t gc = std::min(gc_max, d.G - g0);
@@ -161,9 +177,9 @@ void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tens
         const int grid = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
         MPT_DISPATCH_DEV_FLOAT(dt, "attention_forward", [&](auto tag) {
           using T = decltype(tag);
-          MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, causal_softmax_forward_kernel<T>)(
+          MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, masked_softmax_forward_kernel<T>)(
               S.get<float>(), P.get<T>(), lse_p + (b * d.NH + h0) * d.T, rows, static_cast<int>(d.T),
-              static_cast<int>(d.rep), DropRows{drop.p, drop.seed, drop.offset, b, drop.first_head + h0});
+              static_cast<int>(d.rep), DropRows{drop.p, drop.seed, drop.offset, b, drop.first_head + h0, kv_len, mask.causal});
         });
         MPT_KERNEL_CHECK("attention_forward (softmax)");
         // O (gc heads, T, HD) = P · V, written into out (B, T, NH, HD)
@@ -176,7 +192,8 @@ void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tens
 }
 
 void attention_backward_fallback(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                 const Tensor& dqkv, float scale, const AttentionDropout& drop, Stream s) {
+                                 const Tensor& dqkv, float scale, const AttentionDropout& drop,
+                                 const AttentionMask& mask, Stream s) {
   DeviceGuard g(qkv);
   const AttnDims d = attn_dims(qkv, out);
   if (d.B * d.T * d.NH == 0) return;
@@ -196,6 +213,7 @@ void attention_backward_fallback(const Tensor& dout, const Tensor& qkv, const Te
   const char* do_base = static_cast<const char*>(dout.data_ptr());
   const char* o_base = static_cast<const char*>(out.data_ptr());
   const float* lse_p = static_cast<const float*>(lse.data_ptr());
+  const int32_t* kv_len = mask.kv_lengths.defined() ? static_cast<const int32_t*>(mask.kv_lengths.data_ptr()) : nullptr;
   for (int64_t b = 0; b < d.B; ++b) {
     for (int64_t g0 = 0; g0 < d.G; g0 += gc_max) {
       const int64_t gc = std::min(gc_max, d.G - g0);
@@ -216,11 +234,11 @@ void attention_backward_fallback(const Tensor& dout, const Tensor& qkv, const Te
         const int grid = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
         MPT_DISPATCH_DEV_FLOAT(dt, "attention_backward", [&](auto tag) {
           using T = decltype(tag);
-          MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, causal_softmax_backward_kernel<T>)(
+          MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, masked_softmax_backward_kernel<T>)(
               S.get<float>(), dP.get<float>(), lse_p + (b * d.NH + h0) * d.T,
               reinterpret_cast<const T*>(do_base + ooff), reinterpret_cast<const T*>(o_base + ooff), P.get<T>(),
               dS.get<T>(), rows, static_cast<int>(d.T), static_cast<int>(d.NH), static_cast<int>(d.HD),
-              static_cast<int>(d.rep), DropRows{drop.p, drop.seed, drop.offset, b, drop.first_head + h0});
+              static_cast<int>(d.rep), DropRows{drop.p, drop.seed, drop.offset, b, drop.first_head + h0, kv_len, mask.causal});
         });
         MPT_KERNEL_CHECK("attention_backward (softmax)");
         const MatOperand Pm{P.get(), d.T, d.T, d.T, d.T * d.T};

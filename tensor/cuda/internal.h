@@ -36,8 +36,9 @@ bool attention_cudnn_aligned(const Tensor& qkv, const Tensor& out, const Tensor&
 // The cuBLAS + softmax attention (attention_fallback.cu); same contract as
 // attention_forward / attention_backward in attention.h.
 void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
-                                const AttentionDropout& drop, Stream s);
+                                const AttentionDropout& drop, const AttentionMask& mask, Stream s);
 void attention_backward_fallback(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                 const Tensor& dqkv, float scale, const AttentionDropout& drop, Stream s);
+                                 const Tensor& dqkv, float scale, const AttentionDropout& drop,
+                                 const AttentionMask& mask, Stream s);
 
 }  // namespace mpitron::cuda

@@ -1,5 +1,5 @@
 // tests/autograd/test_llama_functions.cpp — the Llama autograd functions (rmsnorm, swiglu,
-// rope, grouped-query causal_attention) record nodes whose backward accumulates the right
+// rope, grouped-query causal_attention, attention under a BERT mask) record nodes whose backward accumulates the right
 // gradients.
 //
 // rmsnorm → swiglu: compared with float64 central differences of the composed function
@@ -93,4 +93,37 @@ TEST_CASE("ag::causal_attention: a width that does not split into heads + 2·gro
   Tape tape;
   const Var x(Tensor::zeros({4, 50}, DType::F32), true);
   CHECK_THROWS_AS(ag::causal_attention(tape, x, 1, 4, 4, 2), Error);  // 50 is not 8 × HD
+}
+
+TEST_CASE("ag::attention with a BERT mask (bidirectional, kv_lengths): same as the tensor ops, grads accumulate") {
+  for (Device dev : test_devices()) {
+    const int64_t b = 3, t = 6, nh = 2, hd = 8;
+    Rng rng(92);
+    const Input qkv = rand_input(rng, {b * t, 3 * nh * hd}, DType::F32, dev, -1.5, 1.5);
+    const Input dy = rand_input(rng, {b * t, nh * hd}, DType::F32, dev, -1, 1);
+    const AttentionMask mask{false, make_ints({6, 2, 4}, {b}, DType::I32, dev)};
+    Tape tape;
+    Var x(qkv.t, true);
+    const Var y = ag::attention(tape, x, b, t, nh, 0, mask);
+    tape.backward(y, dy.t);
+
+    const Shape s5{b, t, 3, nh, hd};
+    const Tensor out = Tensor::empty({b, t, nh, hd}, DType::F32, dev), lse = Tensor::empty({b, nh, t}, DType::F32, dev);
+    const Tensor dq = Tensor::empty(s5, DType::F32, dev);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    attention_forward(qkv.t.view(s5), out, lse, scale, {}, mask);
+    attention_backward(dy.t.view({b, t, nh, hd}), qkv.t.view(s5), out, lse, dq, scale, {}, mask);
+    const std::string name = case_name(dev, DType::F32, "ag attention BERT mask");
+    check_close(name + " y", y.value(), values(out), Tol{1e-6, 1e-7, 0});
+    check_close(name + " dqkv", x.grad(), values(dq), Tol{1e-6, 1e-7, 0});
+    // The mask reached the op: the causal op gives a different output.
+    Tape t2;
+    CHECK(values(ag::causal_attention(t2, x, b, t, nh).value()) != values(out));
+    // A second pass accumulates (+=) into the existing gradient.
+    Tape t3;
+    t3.backward(ag::attention(t3, x, b, t, nh, 0, mask), dy.t);
+    std::vector<double> twice = values(dq);
+    for (double& v : twice) v *= 2;
+    check_close(name + " dqkv after two passes", x.grad(), twice, Tol{1e-6, 1e-7, 0});
+  }
 }
