@@ -37,18 +37,9 @@ void apply_rope(const BlockShape& s, const Tensor& qkv, const AttentionCore* cor
   }
 }
 
-// ===== THE ATTENTION-MASK SPOT (integrator) =====
-// BERT needs bidirectional attention (s.causal false) and key padding (s.kv_lengths:
-// keys j >= len[b] masked). That is tensor/attention.h's AttentionMask {causal,
-// kv_lengths}, a trailing argument of attention_forward / attention_backward, which
-// is not merged yet: once it is, pass attention_mask(s) to both calls below and
-// delete this check. Until then only causal attention without padding runs.
-void check_attention_mask(const BlockShape& s) {
-  MPT_CHECK(s.causal && !s.kv_lengths.defined(),
-            "bidirectional attention and key padding (BERT) need the attention op's mask (tensor/attention.h "
-            "AttentionMask), which this build does not have",
-            "build a version with the masked attention op");
-}
+// The block's attention mask: causal (decoders) or bidirectional (BERT), with
+// BERT's key padding (kv_lengths (B) i32: keys j >= len[b] are masked).
+AttentionMask attention_mask(const BlockShape& s) { return AttentionMask{s.causal, s.kv_lengths}; }
 
 Tensor gather(const BlockShape& s, const Tensor& t) { return s.tp.sequence_parallel ? tp_all_gather_rows(s.tp, t) : t; }
 
@@ -74,11 +65,10 @@ Tensor attention_layer_forward(const BlockShape& s, const AttentionParams& p, co
     a.lse = Tensor();
     core->attend(s, a.qkv, a.att);
   } else {
-    check_attention_mask(s);
     a.lse = Tensor::empty({s.batch, NHl, s.seq}, DType::F32, in.device());
     const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
     attention_forward(a.qkv.view({s.batch, s.seq, H, HD}), a.att.view({s.batch, s.seq, NHl, HD}), a.lse, scale,
-                      attention_dropout(s, seed));
+                      attention_dropout(s, seed), attention_mask(s));
   }
   Tensor out = Tensor::empty({N, C}, in.dtype(), in.device());
   const bool bias_here = s.tp.rank == 0 && p.proj_b.defined();  // row-parallel bias: added once
@@ -96,10 +86,9 @@ Tensor attention_layer_backward(const BlockShape& s, const AttentionParams& p, c
   linear_backward_weight(dout_f, a.att, p.proj_w, p.proj_b, defer);
   Tensor dqkv = Tensor::empty(a.qkv.shape(), dout.dtype(), dout.device());
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  check_attention_mask(s);
   attention_backward(datt.view({s.batch, s.seq, NHl, HD}), a.qkv.view({s.batch, s.seq, H, HD}),
                      a.att.view({s.batch, s.seq, NHl, HD}), a.lse, dqkv.view({s.batch, s.seq, H, HD}), scale,
-                     attention_dropout(s, seed));
+                     attention_dropout(s, seed), attention_mask(s));
   apply_rope(s, dqkv, nullptr, true);  // rope is a rotation: its transpose is the inverse
   Tensor din_f = Tensor::empty({N, C}, dout.dtype(), dout.device());
   linear_backward_input(dqkv, p.qkv_w, din_f);
