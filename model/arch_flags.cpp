@@ -1,4 +1,5 @@
 #include "model/arch_flags.h"
+#include "model/flag_given.h"
 
 #include <cmath>
 
@@ -9,7 +10,6 @@ namespace po = boost::program_options;
 namespace mpitron {
 
 namespace {
-bool given(const po::variables_map& vm, const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); }
 const char* kFlags[] = {"normalization", "norm-epsilon", "swiglu", "position-embedding-type", "rotary-base",
                         "rotary-percent", "use-rotary-position-embeddings", "no-position-embedding",
                         "group-query-attention", "num-query-groups", "untie-embeddings-and-output-weights",
@@ -39,14 +39,14 @@ void add_architecture_flags(po::options_description& d, ArchFlags& f) {
 
 bool architecture_flags_given(const po::variables_map& vm) {
   for (const char* flag : kFlags)
-    if (given(vm, flag) && (vm[flag].value().type() != typeid(bool) || vm[flag].as<bool>())) return true;
+    if (flag_given(vm, flag) && (vm[flag].value().type() != typeid(bool) || vm[flag].as<bool>())) return true;
   return false;
 }
 
 void apply_architecture_flags(const po::variables_map& vm, const ArchFlags& f, GPTConfig& m) {
   m.normalization = parse_normalization(f.normalization);
-  if (given(vm, "norm-epsilon")) {
-    MPT_CHECK(!given(vm, "layernorm-epsilon") || vm["layernorm-epsilon"].as<float>() == f.norm_epsilon,
+  if (flag_given(vm, "norm-epsilon")) {
+    MPT_CHECK(!flag_given(vm, "layernorm-epsilon") || vm["layernorm-epsilon"].as<float>() == f.norm_epsilon,
               str("--norm-epsilon ", f.norm_epsilon, " and --layernorm-epsilon ", vm["layernorm-epsilon"].as<float>(),
                   " disagree"),
               "they are one setting: give one of them");
@@ -57,7 +57,7 @@ void apply_architecture_flags(const po::variables_map& vm, const ArchFlags& f, G
   m.swiglu = f.swiglu;
   PositionEmbedding pe = parse_position_embedding(f.position_embedding_type);
   if (f.rope) {
-    MPT_CHECK(!given(vm, "position-embedding-type") || pe == PositionEmbedding::Rope,
+    MPT_CHECK(!flag_given(vm, "position-embedding-type") || pe == PositionEmbedding::Rope,
               str("--use-rotary-position-embeddings with --position-embedding-type ", f.position_embedding_type),
               "rope replaces learned positions: drop one of the two");
     pe = PositionEmbedding::Rope;
@@ -66,7 +66,7 @@ void apply_architecture_flags(const po::variables_map& vm, const ArchFlags& f, G
   m.position_embedding = pe;
   const bool rope = pe == PositionEmbedding::Rope;
   for (const char* flag : {"rotary-base", "rotary-percent"})
-    MPT_CHECK(rope || !given(vm, flag), str("--", flag, " applies to rotary positions, but the position type is ",
+    MPT_CHECK(rope || !flag_given(vm, flag), str("--", flag, " applies to rotary positions, but the position type is ",
                                             to_string(pe)),
               "add --position-embedding-type rope, or drop the flag");
   MPT_CHECK(std::isfinite(f.rotary_base) && f.rotary_base > 0, str("--rotary-base must be > 0, got ", f.rotary_base), "");
@@ -74,7 +74,7 @@ void apply_architecture_flags(const po::variables_map& vm, const ArchFlags& f, G
             str("--rotary-percent must be in (0, 1], got ", f.rotary_percent), "");
   m.rotary_base = f.rotary_base;
   m.rotary_percent = f.rotary_percent;
-  MPT_CHECK(f.gqa || !given(vm, "num-query-groups"), "--num-query-groups is given without --group-query-attention",
+  MPT_CHECK(f.gqa || !flag_given(vm, "num-query-groups"), "--num-query-groups is given without --group-query-attention",
             "add --group-query-attention (Megatron ignores the groups without it)");
   if (f.gqa) {
     MPT_CHECK(f.num_query_groups >= 1 && m.num_attention_heads % f.num_query_groups == 0,

@@ -1,4 +1,5 @@
 #include "model/checkpoint_args.h"
+#include "model/flag_given.h"
 
 #include <cmath>
 #include <vector>
@@ -9,12 +10,6 @@
 namespace po = boost::program_options;
 
 namespace mpitron {
-
-namespace {
-
-bool given(const po::variables_map& vm, const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); }
-
-}  // namespace
 
 void reconcile_model_flags(const po::variables_map& vm, const GPTConfig& saved, GPTConfig& m, bool fill,
                            const std::string& where, bool check_seq_length) {
@@ -30,19 +25,19 @@ void reconcile_model_flags(const po::variables_map& vm, const GPTConfig& saved, 
   std::vector<std::string> wrong;
   for (const IntFlag& f : ints) {
     if (!check_seq_length && f.field == &GPTConfig::seq_length) continue;
-    if (given(vm, f.flag)) {
+    if (flag_given(vm, f.flag)) {
       if (m.*f.field != saved.*f.field) wrong.push_back(str("--", f.flag, " ", m.*f.field, " (checkpoint: ", saved.*f.field, ")"));
     } else if (fill) {
       m.*f.field = saved.*f.field;
     }
   }
   // --ffn-hidden-size: compare the effective widths (0 means 4·hidden).
-  if (given(vm, "ffn-hidden-size")) {
+  if (flag_given(vm, "ffn-hidden-size")) {
     if (m.ffn() != saved.ffn()) wrong.push_back(str("--ffn-hidden-size ", m.ffn(), " (checkpoint: ", saved.ffn(), ")"));
   } else if (fill) {
     m.ffn_hidden_size = saved.ffn();
   }
-  if (given(vm, "layernorm-epsilon")) {
+  if (flag_given(vm, "layernorm-epsilon")) {
     if (std::fabs(m.layernorm_epsilon - saved.layernorm_epsilon) > 1e-12f * std::fabs(saved.layernorm_epsilon) + 1e-30f)
       wrong.push_back(str("--layernorm-epsilon ", m.layernorm_epsilon, " (checkpoint: ", saved.layernorm_epsilon, ")"));
   } else if (fill) {

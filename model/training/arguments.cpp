@@ -1,4 +1,5 @@
 #include "model/training/arguments.h"
+#include "model/flag_given.h"
 
 #include <boost/program_options.hpp>
 #include <cmath>
@@ -156,8 +157,6 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
 void need(bool ok, const std::string& what, const std::string& hint = "") {
   if (!ok) MPT_THROW(what, hint);
 }
-
-bool given(const po::variables_map& vm, const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); }
 
 // Megatron's recompute flags onto mpitron's block recompute. Fused attention keeps
 // no T×T scores (only its output and log-sum-exp) and recomputes them in its own
@@ -496,7 +495,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(sources == 1, "--data-path is required (or --train-data-path, or --mock-data)",
        "point it at a preprocessed prefix (see preprocess_data)");
   need(!split_paths || !a.train_data_path.empty(), "--valid-data-path/--test-data-path need --train-data-path", "");
-  need(!split_paths || !given(vm, "split"),
+  need(!split_paths || !flag_given(vm, "split"),
        "--split divides --data-path; with --train-data-path each split has its own files", "drop --split");
   need(a.log_interval >= 1 && a.eval_interval >= 1 && a.eval_iters >= 0, "--log-interval and --eval-interval must be >= 1");
   need(a.save_interval == 0 || !a.save.empty(), "--save-interval given without --save", "add --save DIR");

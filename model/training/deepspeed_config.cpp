@@ -1,4 +1,5 @@
 #include "model/training/deepspeed_config.h"
+#include "model/flag_given.h"
 
 #include <cmath>
 #include <fstream>
@@ -142,17 +143,13 @@ DeepSpeedConfig read_deepspeed_config(const std::string& path) {
 
 namespace {
 
-bool given(const boost::program_options::variables_map& vm, const char* flag) {
-  return vm.count(flag) && !vm[flag].defaulted();
-}
-
 // Takes the JSON's value for `field` unless the command line set `flag` to another.
 template <class Field, class Json>
 void take(const DeepSpeedConfig& ds, const boost::program_options::variables_map& vm, const std::optional<Json>& js,
           const char* key, const char* flag, Field& field) {
   if (!js) return;
   const Field v = static_cast<Field>(*js);
-  if (given(vm, flag) && field != v)
+  if (flag_given(vm, flag) && field != v)
     MPT_THROW(str("--deepspeed_config ", ds.file, " sets ", key, " = ", *js, " but the command line gives --", flag, " ",
                   field),
               "make the two agree, or drop one of them");
@@ -166,12 +163,12 @@ void apply_deepspeed_config(const DeepSpeedConfig& ds, const boost::program_opti
   take(ds, vm, ds.global_batch, "train_batch_size", "global-batch-size", a.global_batch_size);
   take(ds, vm, ds.clip_grad, "gradient_clipping", "clip-grad", a.optim.clip_grad);
   take(ds, vm, ds.zero_stage, "zero_optimization.stage", "zero-stage", a.zero_stage);
-  if (ds.zero_stage && *ds.zero_stage == 0 && given(vm, "use-distributed-optimizer"))
+  if (ds.zero_stage && *ds.zero_stage == 0 && flag_given(vm, "use-distributed-optimizer"))
     MPT_THROW(str("--deepspeed_config ", ds.file, " sets zero_optimization.stage = 0 but the command line gives "
                   "--use-distributed-optimizer (stage 1)"),
               "make the two agree, or drop one of them");
   if (ds.overlap_comm) {
-    if (*ds.overlap_comm && given(vm, "no-overlap-grad-reduce"))
+    if (*ds.overlap_comm && flag_given(vm, "no-overlap-grad-reduce"))
       MPT_THROW(str("--deepspeed_config ", ds.file, " sets zero_optimization.overlap_comm = true but the command line "
                     "gives --no-overlap-grad-reduce"),
                 "make the two agree, or drop one of them");
@@ -185,7 +182,7 @@ void apply_deepspeed_config(const DeepSpeedConfig& ds, const boost::program_opti
     take(ds, vm, ds.fp16, "fp16.enabled", "fp16", a.fp16);
   }
   take(ds, vm, ds.bf16, "bf16.enabled", "bf16", a.bf16);
-  if (ds.loss_scale && *ds.loss_scale == 0 && given(vm, "loss-scale"))  // 0: dynamic scaling, DeepSpeed's default
+  if (ds.loss_scale && *ds.loss_scale == 0 && flag_given(vm, "loss-scale"))  // 0: dynamic scaling, DeepSpeed's default
     MPT_THROW(str("--deepspeed_config ", ds.file, " sets fp16.loss_scale = 0 (dynamic) but the command line gives "
                   "--loss-scale ", a.scaler.constant, " (static)"),
               "make the two agree, or drop one of them");
