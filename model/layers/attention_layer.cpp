@@ -8,7 +8,6 @@
 namespace mpitron {
 
 namespace {
-const GemmArgs kLinear{false, true, 1.0f, 0.0f};  // y = x · Wᵀ
 
 // The attention-probability dropout: the mask of (batch, GLOBAL head, i, j) — this
 // rank's heads start at rank·NH/t — so TP ranks and a recompute draw the
@@ -41,14 +40,6 @@ void apply_rope(const BlockShape& s, const Tensor& qkv, const AttentionCore* cor
 // BERT's key padding (kv_lengths (B) i32: keys j >= len[b] are masked).
 AttentionMask attention_mask(const BlockShape& s) { return AttentionMask{s.causal, s.kv_lengths}; }
 
-Tensor gather(const BlockShape& s, const Tensor& t) { return s.tp.sequence_parallel ? tp_all_gather_rows(s.tp, t) : t; }
-
-// The local rows of a row-parallel partial output (N, C): summed over the group.
-Tensor reduce_rows(const BlockShape& s, const Tensor& full) {
-  if (s.tp.sequence_parallel) return tp_reduce_scatter_rows(s.tp, full);
-  tp_all_reduce(s.tp, full);
-  return full;
-}
 }  // namespace
 
 Tensor attention_layer_forward(const BlockShape& s, const AttentionParams& p, const Tensor& in, AttentionActs& a,
@@ -56,9 +47,9 @@ Tensor attention_layer_forward(const BlockShape& s, const AttentionParams& p, co
   const int64_t N = s.tokens(), C = s.hidden, HD = s.head_dim(), NHl = s.local_heads();
   const int64_t H = NHl + 2 * s.local_groups();
   a.in = in;
-  const Tensor in_f = gather(s, in);  // (N, C)
+  const Tensor in_f = gather_rows(s, in);  // (N, C)
   a.qkv = Tensor::empty({N, s.local_qkv()}, in.dtype(), in.device());
-  gemm(in_f, p.qkv_w.value(), a.qkv, kLinear, p.qkv_b.defined() ? p.qkv_b.value() : Tensor());
+  linear_forward(in_f, p.qkv_w, p.qkv_b, a.qkv);
   apply_rope(s, a.qkv, core, false);
   a.att = Tensor::empty({N, NHl * HD}, in.dtype(), in.device());
   if (core) {
@@ -71,8 +62,7 @@ Tensor attention_layer_forward(const BlockShape& s, const AttentionParams& p, co
                       attention_dropout(s, seed), attention_mask(s));
   }
   Tensor out = Tensor::empty({N, C}, in.dtype(), in.device());
-  const bool bias_here = s.tp.rank == 0 && p.proj_b.defined();  // row-parallel bias: added once
-  gemm(a.att, p.proj_w.value(), out, kLinear, bias_here ? p.proj_b.value() : Tensor());
+  linear_forward(a.att, p.proj_w, s.tp.rank == 0 ? p.proj_b : Var(), out);  // row-parallel bias: added once
   return reduce_rows(s, out);
 }
 
@@ -80,7 +70,7 @@ Tensor attention_layer_backward(const BlockShape& s, const AttentionParams& p, c
                                 const Tensor& dout, uint64_t seed, WeightGradWork* defer) {
   const int64_t N = s.tokens(), C = s.hidden, HD = s.head_dim(), NHl = s.local_heads();
   const int64_t H = NHl + 2 * s.local_groups();
-  const Tensor dout_f = gather(s, dout);  // (N, C): the full output gradient on every rank
+  const Tensor dout_f = gather_rows(s, dout);  // (N, C): the full output gradient on every rank
   Tensor datt = Tensor::empty({N, NHl * HD}, dout.dtype(), dout.device());
   linear_backward_input(dout_f, p.proj_w, datt);
   linear_backward_weight(dout_f, a.att, p.proj_w, p.proj_b, defer);
@@ -92,7 +82,7 @@ Tensor attention_layer_backward(const BlockShape& s, const AttentionParams& p, c
   apply_rope(s, dqkv, nullptr, true);  // rope is a rotation: its transpose is the inverse
   Tensor din_f = Tensor::empty({N, C}, dout.dtype(), dout.device());
   linear_backward_input(dqkv, p.qkv_w, din_f);
-  linear_backward_weight(dqkv, gather(s, a.in), p.qkv_w, p.qkv_b, defer);
+  linear_backward_weight(dqkv, gather_rows(s, a.in), p.qkv_w, p.qkv_b, defer);
   return reduce_rows(s, din_f);
 }
 

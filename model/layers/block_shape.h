@@ -36,6 +36,19 @@ struct BlockShape {
   int64_t local_fc() const { return (swiglu ? 2 : 1) * local_ffn(); }
 };
 
+// The (N, C) rows a column-parallel matmul reads from this rank's (Nl, C): the
+// tensor itself, or its rows all-gathered over the TP group with sequence parallelism.
+inline Tensor gather_rows(const BlockShape& s, const Tensor& t) {
+  return s.tp.sequence_parallel ? tp_all_gather_rows(s.tp, t) : t;
+}
+// This rank's rows of a row-parallel partial output (N, C), summed over the TP group:
+// all-reduced in place, or reduce-scattered to (Nl, C) with sequence parallelism.
+inline Tensor reduce_rows(const BlockShape& s, const Tensor& full) {
+  if (s.tp.sequence_parallel) return tp_reduce_scatter_rows(s.tp, full);
+  tp_all_reduce(s.tp, full);
+  return full;
+}
+
 // The shape of layer l of `cfg` for a micro-batch (batch, seq) under `tp`; train
 // false: no dropout.
 BlockShape block_shape(const GPTConfig& cfg, int64_t batch, int64_t seq, const TensorParallel& tp, bool train,

@@ -8,6 +8,10 @@ namespace {
 const GemmArgs kLinear{false, true, 1.0f, 0.0f};  // y = x · Wᵀ
 }
 
+void linear_forward(const Tensor& x, const Var& w, const Var& b, const Tensor& y) {
+  gemm(x, w.value(), y, kLinear, b.defined() ? b.value() : Tensor());
+}
+
 void linear_backward_input(const Tensor& dy, const Var& w, const Tensor& dx) {
   gemm(dy, w.value(), dx, GemmArgs{false, false, 1.0f, 0.0f});  // (N, out) · (out, in)
 }
