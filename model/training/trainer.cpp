@@ -379,11 +379,17 @@ struct Trainer::Impl {
       return Tensor();
     }
     Tensor backward(int mb, int chunk, const Tensor& grad_output) override {
+      return run_backward(mb, chunk, grad_output, nullptr);
+    }
+    // The tape of (mb, chunk) backwards; defer: where the blocks put their weight
+    // gradients (a split backward's W runs them), null to compute them now.
+    Tensor run_backward(int mb, int chunk, const Tensor& grad_output, WeightGradWork* defer) {
       auto it = live.find({mb, chunk});
       MPT_CHECK(it != live.end(), str("pipeline backward of micro-batch ", mb, " chunk ", chunk, " before its forward"),
                 "");
       Live l = std::move(it->second);
       live.erase(it);
+      l.tape->set_defer_weight_grads(defer);
       if (m.model->chunk(chunk).last_stage) l.tape->backward(l.output, loss_seed);
       else l.tape->backward(l.output, grad_output);
       if (m.model->chunk(chunk).first_stage) return Tensor();
@@ -399,17 +405,7 @@ struct Trainer::Impl {
       return true;
     }
     Tensor backward_input(int mb, int chunk, const Tensor& grad_output) override {
-      auto it = live.find({mb, chunk});
-      MPT_CHECK(it != live.end(), str("pipeline backward of micro-batch ", mb, " chunk ", chunk, " before its forward"),
-                "");
-      Live l = std::move(it->second);
-      live.erase(it);
-      WeightGradWork& w = deferred[{mb, chunk}];
-      l.tape->set_defer_weight_grads(&w);
-      if (m.model->chunk(chunk).last_stage) l.tape->backward(l.output, loss_seed);
-      else l.tape->backward(l.output, grad_output);
-      if (m.model->chunk(chunk).first_stage) return Tensor();
-      return l.input.grad();
+      return run_backward(mb, chunk, grad_output, &deferred[{mb, chunk}]);
     }
     void backward_weight(int mb, int chunk) override {
       auto it = deferred.find({mb, chunk});

@@ -121,6 +121,14 @@ std::vector<std::string> with(std::vector<std::string> f, std::initializer_list<
   return f;
 }
 
+// Losses of part of a run against the single-process ones, within 1e-5 relative.
+void check_part(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    CHECK_MESSAGE(std::abs(got[i] - want[i]) <= 1e-5 * std::abs(want[i]), what, " step ", i, ": ", got[i], " vs ",
+                  want[i]);
+}
+
 // The same run as a Llama-family model with grouped-query attention (4 heads,
 // 2 kv groups), RMSNorm, SwiGLU, rope, an untied output layer and no biases.
 std::vector<std::string> llama_flags(const std::string& data) {
@@ -292,12 +300,6 @@ TEST_CASE("a Llama checkpoint reshards across layouts") {
   const std::string data = make_dataset(dir);
   const Result single = run(llama_flags(data), MPI_COMM_SELF);
   const std::vector<double> second(single.losses.begin() + 5, single.losses.end());
-  auto check_part = [](const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i)
-      CHECK_MESSAGE(std::abs(got[i] - want[i]) <= 1e-5 * std::abs(want[i]), what, " step ", i, ": ", got[i], " vs ",
-                    want[i]);
-  };
   const std::string ck = (dir / "llama_tp2pp2").string();
   run(with(llama_flags(data), {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--save",
                                ck.c_str(), "--exit-interval", "5"}),
@@ -325,12 +327,6 @@ TEST_CASE("checkpoints saved under one layout resume under another") {
   const Result single = run(flags(data), MPI_COMM_SELF);
   const std::vector<double> first(single.losses.begin(), single.losses.begin() + 5);
   const std::vector<double> second(single.losses.begin() + 5, single.losses.end());
-  auto check_part = [](const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i)
-      CHECK_MESSAGE(std::abs(got[i] - want[i]) <= 1e-5 * std::abs(want[i]), what, " step ", i, ": ", got[i], " vs ",
-                    want[i]);
-  };
   const std::vector<std::string> tp2pp2 = {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"};
   const std::vector<std::string> pp2dp2z1 = {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"};
   auto layout = [&](const std::vector<std::string>& extra, std::initializer_list<std::string> more) {
