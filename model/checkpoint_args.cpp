@@ -22,7 +22,27 @@ void reconcile_model_flags(const po::variables_map& vm, const GPTConfig& saved, 
                           {"num-attention-heads", &GPTConfig::num_attention_heads},
                           {"seq-length", &GPTConfig::seq_length},
                           {"max-position-embeddings", &GPTConfig::max_position_embeddings}};
+  MPT_CHECK(saved.bert == m.bert,
+            str("checkpoint ", where, " holds a ", saved.bert ? "BERT (pretrain_bert)" : "decoder (pretrain_gpt)",
+                " but this run builds a ", m.bert ? "BERT" : "decoder"),
+            saved.bert ? "load it with pretrain_bert" : "load it with pretrain_gpt");
   std::vector<std::string> wrong;
+  if (m.bert) {  // BERT's own choices: --bert-post-ln, --bert-no-binary-head
+    const bool post_given = flag_given(vm, "bert-post-ln") && vm["bert-post-ln"].as<bool>();
+    const bool nobin_given = flag_given(vm, "bert-no-binary-head") && vm["bert-no-binary-head"].as<bool>();
+    if (fill && !post_given && !nobin_given) {
+      m.post_ln = saved.post_ln;
+      m.binary_head = saved.binary_head;
+      m.num_tokentypes = saved.num_tokentypes;
+    } else {
+      if (m.post_ln != saved.post_ln)
+        wrong.push_back(str(m.post_ln ? "--bert-post-ln" : "no --bert-post-ln", " (checkpoint: ",
+                            saved.post_ln ? "post-LN" : "pre-LN", ")"));
+      if (m.binary_head != saved.binary_head)
+        wrong.push_back(str(m.binary_head ? "no --bert-no-binary-head" : "--bert-no-binary-head", " (checkpoint: ",
+                            saved.binary_head ? "binary head" : "no binary head", ")"));
+    }
+  }
   for (const IntFlag& f : ints) {
     if (!check_seq_length && f.field == &GPTConfig::seq_length) continue;
     if (flag_given(vm, f.flag)) {

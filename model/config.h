@@ -47,7 +47,7 @@ struct GPTConfig {
   bool untie_embeddings = false;         // --untie-embeddings-and-output-weights: own head (V, C)
   bool add_bias_linear = true;           // false with --disable-bias-linear
   DType compute_dtype = DType::F32;      // f32, or bf16/f16 with --bf16/--fp16
-  // BERT (model/bert.h; docs/model-families.md "BERT"). No flags yet (no pretrain_bert app):
+  // BERT (model/bert.h; docs/model-families.md "BERT"; set by pretrain_bert and its flags):
   bool bert = false;                     // encoder with the MLM head (+ pooler and binary head)
   bool causal = true;                    // false: bidirectional attention (BERT)
   bool post_ln = false;                  // post-LN: x2 = LN1(x + attn(x)), y = LN2(x2 + mlp(x2)), an

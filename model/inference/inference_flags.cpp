@@ -65,6 +65,10 @@ void check_inference_flags(const po::variables_map& vm, InferenceFlags& f) {
 
 void check_against_checkpoint(const po::variables_map& vm, const InferenceFlags& f, const GPTConfig& checkpoint,
                               const std::string& load_dir) {
+  MPT_CHECK(!checkpoint.bert,
+            str("checkpoint ", load_dir, " holds a BERT (pretrain_bert): generate_text, evaluate and the server run "
+                "decoder language models (GPT-2, Llama)"),
+            "use a pretrain_gpt checkpoint; a BERT is fine-tuned with finetune or exported with convert_checkpoint");
   GPTConfig m = f.shape;
   apply_architecture_flags(vm, f.arch, m);
   reconcile_model_flags(vm, checkpoint, m, /*fill=*/false, load_dir, f.with_seq_length);

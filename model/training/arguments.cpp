@@ -147,15 +147,53 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("deepspeed_config", po::value<std::string>(), "DeepSpeed JSON: batch sizes, clipping, ZeRO stage, fp16/bf16")
       ("config", po::value(&config_file), "file of `flag = value` lines (command line wins)")
       ("help,h", "print this help");
-  po::options_description all("pretrain_gpt: train a GPT on Megatron .bin/.idx data");
+  po::options_description all(a.model.bert ? "pretrain_bert: pretrain a BERT (masked LM + sentence order) on Megatron "
+                                              "sentence data (preprocess_data --split-sentences)"
+                                            : "pretrain_gpt: train a GPT on Megatron .bin/.idx data");
   add_architecture_flags(model, a.arch);
   all.add(model).add(train).add(lr).add(prec).add(data).add(log).add(ckpt).add(misc);
+  if (a.model.bert) {
+    po::options_description bert("BERT (pretrain_bert)");
+    bert.add_options()
+        ("bert-no-binary-head", po::bool_switch(), "no pooler and sentence-order head (one segment per sample, "
+                                                   "no token types)")
+        ("bert-post-ln", po::bool_switch(&a.model.post_ln),
+         "the original BERT's post-LN blocks and embedding LayerNorm (Hugging Face checkpoints); default pre-LN "
+         "with a final LayerNorm, as Megatron's BERT")
+        ("mask-prob", po::value(&a.mask_prob)->default_value(0.15), "fraction of tokens masked")
+        ("short-seq-prob", po::value(&a.short_seq_prob)->default_value(0.1), "chance of a shorter sample");
+    all.add(bert);
+  }
   add_noop_flags(all);
   return all;
 }
 
 void need(bool ok, const std::string& what, const std::string& hint = "") {
   if (!ok) MPT_THROW(what, hint);
+}
+
+// pretrain_bert: what a BERT cannot be (its choices are set in parse_train_args).
+void check_bert_flags(const TrainArgs& a) {
+  const GPTConfig& m = a.model;
+  need(a.tokenizer_type == "BertWordPieceLowerCase" || a.tokenizer_type == "BertWordPieceCase",
+       str("pretrain_bert: --tokenizer-type ", a.tokenizer_type, " is not a BERT tokenizer"),
+       "use --tokenizer-type BertWordPieceLowerCase or BertWordPieceCase with --vocab-file vocab.txt");
+  need(!a.vocab_file.empty(), "pretrain_bert needs --vocab-file (a BERT vocab.txt)",
+       "the vocabulary the data was preprocessed with");
+  need(m.normalization == Normalization::LayerNorm && !m.swiglu && m.learned_positions() && !m.untie_embeddings &&
+           m.add_bias_linear && m.num_query_groups == 0,
+       "pretrain_bert trains BERT's architecture (LayerNorm, GELU, learned positions, tied MLM decoder, biases, "
+       "multi-head attention); --normalization RMSNorm, --swiglu, --position-embedding-type rope/none, "
+       "--untie-embeddings-and-output-weights, --disable-bias-linear and --group-query-attention are GPT-family flags",
+       "drop them");
+  need(!(a.sequence_parallel && a.tensor_model_parallel_size > 1 && m.binary_head),
+       "--sequence-parallel with BERT's binary head is not supported (the pooler reads the [CLS] row of every "
+       "sequence, which sequence parallelism splits over ranks)",
+       "drop --sequence-parallel, or add --bert-no-binary-head");
+  need(a.mask_prob > 0 && a.mask_prob < 1, str("--mask-prob must be in (0, 1), got ", a.mask_prob));
+  need(a.short_seq_prob >= 0 && a.short_seq_prob <= 1, str("--short-seq-prob must be in [0, 1], got ", a.short_seq_prob));
+  need(a.seed > 0 && a.seed < (uint64_t{1} << 31), str("pretrain_bert: --seed ", a.seed, " must be in [1, 2^31)"),
+       "Megatron's BERT sample mapping takes a positive 32-bit seed");
 }
 
 // Megatron's recompute flags onto mpitron's block recompute. Fused attention keeps
@@ -266,7 +304,8 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     }
     po::notify(vm);
   } catch (const po::error& e) {
-    MPT_THROW(str("pretrain_gpt: ", e.what()), "run pretrain_gpt --help for the flags mpitron supports");
+    const char* prog = a.model.bert ? "pretrain_bert" : "pretrain_gpt";
+    MPT_THROW(str(prog, ": ", e.what()), str("run ", prog, " --help for the flags mpitron supports"));
   }
 
   nlohmann::json flags;
@@ -375,12 +414,18 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
 
   GPTConfig& m = a.model;
   apply_architecture_flags(vm, a.arch, m);
+  if (m.bert) {  // pretrain_bert (model/bert.h): Megatron's 2 token types with the binary head, none without
+    m.causal = false;
+    m.binary_head = !vm["bert-no-binary-head"].as<bool>();
+    m.num_tokentypes = m.binary_head ? 2 : 0;
+  }
   if (vm["use-checkpoint-args"].as<bool>()) {
     need(!a.load.empty(), "--use-checkpoint-args needs --load DIR", "name the checkpoint directory to take them from");
     reconcile_model_flags(vm, read_checkpoint_config(a.load), m, /*fill=*/true, a.load);
   } else {
     for (const char* flag : {"num-layers", "hidden-size", "num-attention-heads", "seq-length"})
-      need(vm.count(flag) > 0, str("pretrain_gpt: the option '--", flag, "' is required but missing"),
+      need(vm.count(flag) > 0, str(m.bert ? "pretrain_bert" : "pretrain_gpt", ": the option '--", flag,
+                                   "' is required but missing"),
            "give it, or --use-checkpoint-args with --load to take the model flags from a checkpoint");
     if (!vm.count("max-position-embeddings")) m.max_position_embeddings = m.seq_length;
   }
@@ -403,7 +448,8 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(!(a.fp16 && a.bf16), "--fp16 and --bf16 were both given", "pick one");
   need(!vm.count("loss-scale") || a.fp16, "--loss-scale only applies with --fp16", "add --fp16 or drop --loss-scale");
   m.compute_dtype = a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32;
-  need(a.tokenizer_type == "GPT2BPETokenizer" || a.tokenizer_type == "HuggingFaceTokenizer" ||
+  if (m.bert) check_bert_flags(a);
+  else need(a.tokenizer_type == "GPT2BPETokenizer" || a.tokenizer_type == "HuggingFaceTokenizer" ||
            a.tokenizer_type == "SentencePieceTokenizer" || a.tokenizer_type == "Llama2Tokenizer" ||
            a.tokenizer_type == "GPTSentencePieceTokenizer",
        str("--tokenizer-type ", a.tokenizer_type, " is not supported"),

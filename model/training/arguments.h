@@ -1,4 +1,4 @@
-// model/training/arguments.h — pretrain_gpt's flags, with Megatron-LM's names.
+// model/training/arguments.h — pretrain_gpt's and pretrain_bert's flags, with Megatron-LM's names.
 //
 // Every flag listed in `pretrain_gpt --help` works; flags Megatron has that
 // mpitron does not (yet) are unknown options and rejected by the parser with
@@ -62,6 +62,9 @@ struct TrainArgs {
   std::string tokenizer_model;             // --tokenizer-model (HF tokenizer.json / SentencePiece .model)
   int64_t make_vocab_size_divisible_by = 128;
   uint64_t seed = 1234;                    // --seed
+  // pretrain_bert only (the caller sets model.bert before parsing; docs/model-families.md "BERT")
+  double mask_prob = 0.15;                 // --mask-prob: fraction of tokens masked for the MLM loss
+  double short_seq_prob = 0.1;             // --short-seq-prob: chance a sample targets a shorter length
   // logging, evaluation, exit
   int64_t log_interval = 100;              // --log-interval
   int64_t eval_interval = 1000;            // --eval-interval
@@ -112,7 +115,9 @@ struct TrainArgs {
 };
 
 // Parse argv (and --config FILE, `flag = value` lines). Throws mpitron::Error on
-// bad flags. Returns false when --help was printed.
+// bad flags. Returns false when --help was printed. With out.model.bert set
+// before the call these are pretrain_bert's flags: the BERT group (--bert-no-binary-head,
+// --bert-post-ln, --mask-prob, --short-seq-prob) is added and a BERT configured.
 bool parse_train_args(int argc, char** argv, TrainArgs& out);
 
 }  // namespace mpitron

@@ -17,6 +17,7 @@
 #include "model/training/async_save.h"
 #include "io/metrics_jsonl.h"
 #include "io/tensorboard.h"
+#include "model/training/train_model.h"
 #include "model/training/train_stats.h"
 #include "model/gpt.h"
 #include "model/memory.h"
@@ -76,7 +77,8 @@ struct Trainer::Impl {
   TrainArgs args;
   std::shared_ptr<SampleSource> data;
   Device device;
-  std::unique_ptr<GPT> model;
+  std::unique_ptr<TrainModel> task;  // the GPT or BERT being trained
+  GPT* model = nullptr;              // its core: parameters, chunks, blocks
   ParallelContext par;
   std::unique_ptr<AdamWOptimizer> opt;       // replicated optimizer (no ZeRO)
   std::unique_ptr<GradBuckets> buckets;      // dp > 1 without ZeRO: all-reduce buckets
@@ -243,20 +245,18 @@ struct Trainer::Impl {
     zero->sync_values_from_master();
   }
 
-  // (mbs, T) inputs and targets of the micro-batch that starts at sample `first` of `split`.
-  void micro_batch(int split, int64_t first, Tensor& in, Tensor& tgt) {
-    const int64_t mbs = args.micro_batch_size, T = args.model.seq_length;
-    const int64_t n = data->num_samples(split);
-    MPT_CHECK(n > 0, str("the ", split == 0 ? "train" : split == 1 ? "valid" : "test", " split has no samples"),
-              "check --split and --data-path");
-    in = Tensor::empty({mbs, T}, DType::I32);
-    tgt = Tensor::empty({mbs, T}, DType::I32);
-    std::vector<int32_t> buf(static_cast<size_t>(T + 1));
-    for (int64_t b = 0; b < mbs; ++b) {
-      data->sample(split, (first + b) % n, buf.data());
-      std::copy(buf.begin(), buf.end() - 1, in.data<int32_t>() + b * T);
-      std::copy(buf.begin() + 1, buf.end(), tgt.data<int32_t>() + b * T);
-    }
+  // The micro-batch that starts at sample `first` of `split`.
+  MicroBatch micro_batch(int split, int64_t first) const {
+    return task->micro_batch(*data, split, first, args.micro_batch_size);
+  }
+  // The loss parts summed since the last call (last stage; 0 elsewhere), summed over
+  // the pipeline and data-parallel groups and divided by `count` micro-batches.
+  std::vector<double> take_parts(double count) {
+    std::vector<double> v = task->parts().v;
+    v.resize(task->loss_names().size(), 0.0);
+    task->parts().v.clear();
+    for (double& x : v) x = dp_sum(pp_sum(x)) / std::max(count, 1.0);
+    return v;
   }
 
   // Dropout seed of micro-batch k of an iteration: a pure function of (seed, iteration, k).
@@ -280,29 +280,33 @@ struct Trainer::Impl {
         .dump();
   }
 
-  double evaluate(int split, int64_t iters, int64_t* consumed) {
+  // The mean loss over `iters` global batches of `split`: the trained loss, then its
+  // parts (BERT: lm, sop).
+  std::vector<double> evaluate(int split, int64_t iters, int64_t* consumed) {
     Tape tape;
     NoGradGuard guard(tape);
     double sum = 0;
     int64_t count = 0;
     const int64_t gbs = args.global_batch_size, mbs = args.micro_batch_size;
+    task->parts().v.clear();
     for (int64_t it = 0; it < iters; ++it) {
       for (int64_t k = 0; k < gbs / (mbs * par.dp_size); ++k) {
-        Tensor in, tgt;
-        micro_batch(split, micro_first(*consumed, k), in, tgt);
+        const MicroBatch mb = micro_batch(split, micro_first(*consumed, k));
         if (pipelined()) {
-          sum += pipeline_eval(in, tgt);
+          sum += pipeline_eval(mb);
         } else {
           ForwardOptions o;
           o.train = false;
-          sum += model->forward(tape, in, tgt, o).value().item();
+          sum += task->chunk_forward(tape, 0, mb, Var(), o).value().item();
         }
         ++count;
       }
       *consumed += gbs;
     }
-    const double total = dp_sum(pp_sum(sum)), n = dp_sum(static_cast<double>(count));
-    return n > 0 ? total / n : 0.0;
+    const double n = dp_sum(static_cast<double>(count));
+    std::vector<double> out{n > 0 ? dp_sum(pp_sum(sum)) / n : 0.0};
+    for (double p : take_parts(n)) out.push_back(p);
+    return out;
   }
 
   // A TensorBoard scalar under Megatron-LM's tag ("lm loss"), or with --deepspeed
@@ -315,13 +319,29 @@ struct Trainer::Impl {
     if (vs_samples) tb->add_scalar(tag + " vs samples", v, st.consumed_train_samples);
   }
 
-  void report_eval(const char* what, double loss) {
+  // ev: evaluate()'s result. GPT: "lm loss value | lm loss PPL"; BERT: each part's value
+  // and PPL, as Megatron's evaluate_and_print_results prints every loss key.
+  void report_eval(const char* what, const std::vector<double>& ev) {
+    const double loss = ev[0];
     const double ppl = std::exp(std::min(loss, 20.0));
+    std::string line = str(" ", what, " |");
+    const std::vector<std::string>& names = task->loss_names();
+    for (size_t i = 0; i < names.size(); ++i) {
+      const double v = task->is_bert() ? ev[i + 1] : loss;
+      line += str(" ", names[i], " value: ", sci(v), " | ", names[i], " PPL: ", sci(std::exp(std::min(v, 20.0))), " |");
+    }
     log_info("-----------------------------------------------------------------------------------------------");
-    log_info(" ", what, " | lm loss value: ", sci(loss), " | lm loss PPL: ", sci(ppl), " |");
+    log_info(line);
     log_info("-----------------------------------------------------------------------------------------------");
-    tb_scalar("lm-loss-validation", "lm loss validation", loss);
-    tb_scalar("lm-loss-validation", "lm loss validation ppl", ppl);
+    if (task->is_bert()) {
+      for (size_t i = 0; i < names.size(); ++i) {
+        tb_scalar("lm-loss-validation", names[i] + " validation", ev[i + 1]);
+        tb_scalar("lm-loss-validation", names[i] + " validation ppl", std::exp(std::min(ev[i + 1], 20.0)));
+      }
+    } else {
+      tb_scalar("lm-loss-validation", "lm loss validation", loss);
+      tb_scalar("lm-loss-validation", "lm loss validation ppl", ppl);
+    }
     if (metrics) metrics->log_json(st.iteration, {{"valid_loss", loss}, {"valid_ppl", ppl}});
   }
 
@@ -337,18 +357,14 @@ struct Trainer::Impl {
       Var input, output;
     };
     std::map<std::pair<int, int>, Live> live;
-    std::map<int, std::pair<Tensor, Tensor>> batches;  // micro-batch → (tokens, targets)
+    std::map<int, MicroBatch> batches;  // micro-batch → its samples
     std::map<int, int> last_backward;  // chunk → the micro-batch of its last B in the schedule
 
     GPTStageRunner(Impl& impl, int64_t consumed_samples, float seed)
         : m(impl), consumed(consumed_samples), loss_seed(seed) {}
-    const std::pair<Tensor, Tensor>& batch(int mb) {
+    const MicroBatch& batch(int mb) {
       auto it = batches.find(mb);
-      if (it == batches.end()) {
-        Tensor in, tgt;
-        m.micro_batch(0, m.micro_first(consumed, mb), in, tgt);
-        it = batches.emplace(mb, std::make_pair(in, tgt)).first;
-      }
+      if (it == batches.end()) it = batches.emplace(mb, m.micro_batch(0, m.micro_first(consumed, mb))).first;
       return it->second;
     }
     Tensor forward(int mb, int chunk, const Tensor& input) override {
@@ -372,8 +388,7 @@ struct Trainer::Impl {
             for (size_t i = first; i < end; ++i) b.mark_ready(i);
           };
       }
-      const auto& [in, tgt] = batch(mb);
-      l.output = m.model->chunk_forward(*l.tape, chunk, in, tgt, l.input, o);
+      l.output = m.task->chunk_forward(*l.tape, chunk, batch(mb), l.input, o);
       if (!ch.last_stage) return l.output.value();
       loss_sum += l.output.value().item();
       return Tensor();
@@ -470,7 +485,7 @@ struct Trainer::Impl {
   // Forward only, stage after stage (evaluation): the loss on the last stage, 0 elsewhere.
   // Stages follow the schedule's placement (round-robin, or V for zbv): a
   // neighbour stage on this same rank is handed on without a message.
-  double pipeline_eval(const Tensor& in, const Tensor& tgt) {
+  double pipeline_eval(const MicroBatch& mb) {
     const parallel::Schedule& sched = schedules.begin()->second;
     const int stages = sched.stages(), me = par.pp_rank;
     double loss = 0;
@@ -484,14 +499,14 @@ struct Trainer::Impl {
         if (sched.rank_of_stage(s - 1) == me) {
           input = carried;
         } else {
-          Tensor buf = Tensor::empty(model->activation_shape(in.dim(0)), args.model.compute_dtype, device);
+          Tensor buf = Tensor::empty(model->activation_shape(args.micro_batch_size), args.model.compute_dtype, device);
           par.pp->recv(buf, sched.rank_of_stage(s - 1));
           input = Var(buf);
         }
       }
       ForwardOptions o;
       o.train = false;
-      Var out = model->chunk_forward(tape, sched.chunk_of_stage(s), in, tgt, input, o);
+      Var out = task->chunk_forward(tape, sched.chunk_of_stage(s), mb, input, o);
       if (s == stages - 1) loss = out.value().item();
       else if (sched.rank_of_stage(s + 1) == me) carried = out;
       else par.pp->send(out.value(), sched.rank_of_stage(s + 1));
@@ -572,7 +587,8 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   // Refuse what cannot fit before allocating any of it.
   check_fits_memory(a.model, a.micro_batch_size, par.tp_size, par.pp_size, par.dp_size, static_cast<int>(a.zero_stage),
                     device_memory_bytes(m.device), m.device.name());
-  m.model = std::make_unique<GPT>(a.model, m.device, mp);
+  m.task = std::make_unique<TrainModel>(a.model, m.device, mp);
+  m.model = &m.task->core();
   m.model->init_weights(a.seed);
   // One data-parallel rank has nothing to shard: the distributed optimizer is then
   // the plain one (Megatron accepts --use-distributed-optimizer at dp = 1 too).
@@ -641,7 +657,7 @@ TrainSummary Trainer::run() {
   const TrainArgs& a = m.args;
   TrainSummary sum;
   const GPTConfig& c = a.model;
-  log_info("mpitron pretrain_gpt: ", c.num_layers, " layers, hidden ", c.hidden_size, ", heads ", c.num_attention_heads,
+  log_info(c.bert ? "mpitron pretrain_bert: " : "mpitron pretrain_gpt: ", c.num_layers, " layers, hidden ", c.hidden_size, ", heads ", c.num_attention_heads,
            ", seq ", c.seq_length, ", vocab ", c.padded_vocab_size, " (padded from ", c.vocab_size, "), ",
            c.num_parameters(), " parameters, ", dtype_name(c.compute_dtype), " on ", m.device.name(),
            a.recompute_activations
@@ -709,6 +725,7 @@ TrainSummary Trainer::run() {
   Timer interval_timer;
   int64_t interval_iters = 0, interval_tokens = 0, interval_skipped = 0, interval_nan = 0;
   double interval_loss = 0;
+  std::vector<double> interval_parts;  // BERT: lm and sop loss sums over the interval
   int64_t interval_loss_n = 0;
   bool first_logged = false;
   double interval_fwd_bwd_s = 0, interval_optim_s = 0;  // --log-timers-to-tensorboard
@@ -728,13 +745,13 @@ TrainSummary Trainer::run() {
     if (m.zero) m.zero->zero_grad();
     else m.model->params().zero_grad();
     double loss_sum = 0;
+    m.task->parts().v.clear();
     if (m.pipelined()) {
       loss_sum = m.pp_sum(m.pipeline_step(n_micro, scale / static_cast<float>(n_micro)));
     }
     for (int64_t k = 0; k < (m.pipelined() ? 0 : n_micro); ++k) {
       const bool last = k == n_micro - 1;
-      Tensor in, tgt;
-      m.micro_batch(0, m.micro_first(m.st.consumed_train_samples, k), in, tgt);
+      const MicroBatch mb = m.micro_batch(0, m.micro_first(m.st.consumed_train_samples, k));
       Tape tape;
       ForwardOptions o;
       o.recompute = a.recompute_activations;
@@ -753,12 +770,15 @@ TrainSummary Trainer::run() {
             for (size_t i = first; i < end; ++i) m.buckets->mark_ready(i);
           };
       }
-      Var loss = m.model->forward(tape, in, tgt, o);
+      Var loss = m.task->chunk_forward(tape, 0, mb, Var(), o);
       loss_sum += loss.value().item();
       tape.backward(loss, scale / static_cast<float>(n_micro));
       if (m.zero) m.zero->on_backward_done();
       else if (m.buckets && last) m.buckets->on_backward_done();
     }
+    // BERT's two losses, averaged like the loss (GPT's one part is the loss itself).
+    const std::vector<double> step_parts =
+        m.task->is_bert() ? m.take_parts(static_cast<double>(m.par.dp_size * n_micro)) : std::vector<double>{};
     // The loss and grad norm are judged between the norm and the update (the
     // optimizer's veto), and the verdict is OR-ed over every rank.
     StepVerdict verdict;
@@ -842,11 +862,17 @@ TrainSummary Trainer::run() {
     interval_nan += nan_loss;
     if (!r.skipped && !nan_loss) {
       interval_loss += loss;
+      interval_parts.resize(step_parts.size(), 0.0);
+      for (size_t i = 0; i < step_parts.size(); ++i) interval_parts[i] += step_parts[i];
       ++interval_loss_n;
     }
     ++interval_iters;
     interval_tokens += gbs * c.seq_length;
     sum.losses.push_back(loss);
+    if (m.task->is_bert()) {
+      sum.lm_losses.push_back(step_parts[0]);
+      sum.sop_losses.push_back(step_parts.size() > 1 ? step_parts[1] : 0.0);
+    }
     sum.grad_norms.push_back(r.grad_norm);
 
     if (m.st.iteration % a.log_interval == 0 || m.st.iteration == m.total_iters) {
@@ -864,15 +890,30 @@ TrainSummary Trainer::run() {
       const double reserved = m.device.is_cuda()
                                   ? static_cast<double>(cuda_caching_allocator(m.device.index).stats().reserved_bytes)
                                   : static_cast<double>(mem.current_bytes);
-      char line[768];
+      // GPT: "lm loss: X"; BERT: "lm loss: X | sop loss: Y" (Megatron prints each loss key).
+      std::vector<double> part_avg;
+      for (double p : interval_parts) part_avg.push_back(interval_loss_n ? p / static_cast<double>(interval_loss_n) : NAN);
+      part_avg.resize(m.task->is_bert() ? m.task->loss_names().size() : 0, NAN);
+      std::string loss_text;
+      char num[32];
+      if (part_avg.empty()) {
+        std::snprintf(num, sizeof num, "%.6E", avg);
+        loss_text = str("lm loss: ", num);
+      }
+      for (size_t i = 0; i < part_avg.size(); ++i) {
+        std::snprintf(num, sizeof num, "%.6E", part_avg[i]);
+        loss_text += str(i ? " | " : "", m.task->loss_names()[i], ": ", num);
+      }
+      char line[896];
       std::snprintf(line, sizeof line,
                     " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
-                    "learning rate: %.6E | global batch size: %5lld | lm loss: %.6E | loss scale: %.1f | "
+                    "learning rate: %.6E | global batch size: %5lld | %s | loss scale: %.1f | "
                     "grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: %3lld | "
                     "tokens/s: %.0f | TFLOP/s: %.4f | MFU: %.2f%% | peak memory (MB): %.1f | "
                     "reserved memory (MB): %.1f |",
                     static_cast<long long>(m.st.iteration), static_cast<long long>(m.total_iters),
-                    static_cast<long long>(m.st.consumed_train_samples), ms, logged_lr, static_cast<long long>(gbs), avg,
+                    static_cast<long long>(m.st.consumed_train_samples), ms, logged_lr, static_cast<long long>(gbs),
+                    loss_text.c_str(),
                     scale, r.grad_norm, static_cast<long long>(interval_skipped), static_cast<long long>(interval_nan),
                     tps, flops / 1e12, 100.0 * flops / m.peak,
                     static_cast<double>(mem.peak_bytes) / 1e6, reserved / 1e6);
@@ -892,7 +933,8 @@ TrainSummary Trainer::run() {
       }
       log_info(line, extra);
       if (m.tb) {  // Megatron-LM's tags, or Megatron-DeepSpeed's with --deepspeed (docs/training.md)
-        m.tb_scalar("lm-loss-training", "lm loss", avg);
+        if (part_avg.empty()) m.tb_scalar("lm-loss-training", "lm loss", avg);
+        for (size_t i = 0; i < part_avg.size(); ++i) m.tb_scalar("lm-loss-training", m.task->loss_names()[i], part_avg[i]);
         m.tb_scalar("learning-rate", "learning-rate", logged_lr);
         m.tb_scalar("batch-size", "batch-size", static_cast<double>(gbs));
         m.tb_scalar("loss-scale", "loss-scale", scale);
@@ -911,13 +953,17 @@ TrainSummary Trainer::run() {
         }
         m.tb->flush();
       }
-      if (m.metrics)
-        m.metrics->log_json(m.st.iteration, {{"consumed_samples", m.st.consumed_train_samples},
-                                             {"lm_loss", avg}, {"lr", logged_lr}, {"global_batch_size", gbs},
-                                             {"loss_scale", scale}, {"grad_norm", r.grad_norm},
-                                             {"skipped_iterations", interval_skipped}, {"nan_iterations", interval_nan},
-                                             {"ms_per_iteration", ms}, {"tokens_per_second", tps},
-                                             {"tflops", flops / 1e12}, {"mfu", flops / m.peak}});
+      if (m.metrics) {
+        nlohmann::json row{{"consumed_samples", m.st.consumed_train_samples},
+                           {"lm_loss", part_avg.empty() ? avg : part_avg[0]}, {"lr", logged_lr}, {"global_batch_size", gbs},
+                           {"loss_scale", scale}, {"grad_norm", r.grad_norm},
+                           {"skipped_iterations", interval_skipped}, {"nan_iterations", interval_nan},
+                           {"ms_per_iteration", ms}, {"tokens_per_second", tps},
+                           {"tflops", flops / 1e12}, {"mfu", flops / m.peak}};
+        if (part_avg.size() > 1) row["sop_loss"] = part_avg[1];
+        if (!part_avg.empty()) row["loss"] = avg;  // BERT: the trained sum
+        m.metrics->log_json(m.st.iteration, row);
+      }
       sum.peak_memory_bytes = memory_stats(m.device).peak_bytes;
       sum.estimated_memory_bytes = est.total();
       if (!first_logged) sum.first_loss = avg;
@@ -926,12 +972,13 @@ TrainSummary Trainer::run() {
       sum.tokens_per_second = tps;
       interval_iters = interval_tokens = interval_skipped = interval_nan = interval_loss_n = 0;
       interval_loss = 0;
+      interval_parts.clear();
       interval_fwd_bwd_s = interval_optim_s = 0;
       interval_timer.reset();
     }
     if (a.eval_iters > 0 && m.st.iteration % a.eval_interval == 0 && m.st.iteration != m.total_iters) {
-      const double vl = m.evaluate(1, a.eval_iters, &m.st.consumed_valid_samples);
-      m.report_eval(str("validation loss at iteration ", m.st.iteration).c_str(), vl);
+      m.report_eval(str("validation loss at iteration ", m.st.iteration).c_str(),
+                    m.evaluate(1, a.eval_iters, &m.st.consumed_valid_samples));
       interval_timer.reset();
     }
     if (a.save_interval > 0 && m.st.iteration % a.save_interval == 0) {
@@ -964,8 +1011,9 @@ TrainSummary Trainer::run() {
   if (m.async) m.async->wait();  // the last interval's save, when it was also the last step
   m.write_pipeline_profile();
   if (a.eval_iters > 0 && !sum.signalled) {
-    const double vl = m.evaluate(1, a.eval_iters, &m.st.consumed_valid_samples);
-    m.report_eval(str("validation loss at the end of training (iteration ", m.st.iteration, ")").c_str(), vl);
+    const std::vector<double> ev = m.evaluate(1, a.eval_iters, &m.st.consumed_valid_samples);
+    const double vl = ev[0];
+    m.report_eval(str("validation loss at the end of training (iteration ", m.st.iteration, ")").c_str(), ev);
     sum.valid_loss = vl;
     sum.valid_ppl = std::exp(std::min(vl, 20.0));
   }

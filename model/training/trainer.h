@@ -19,13 +19,22 @@
 
 namespace mpitron {
 
+namespace data {
+struct BertSample;
+}
+
 // Where samples come from: split 0 train, 1 valid, 2 test; each sample is
-// seq_length + 1 tokens (inputs [:-1], targets [1:]).
+// seq_length + 1 tokens (inputs [:-1], targets [1:]). A masked-LM source
+// (pretrain_bert, model/training/bert_data.h) gives BERT samples instead.
 class SampleSource {
  public:
   virtual ~SampleSource() = default;
   virtual int64_t num_samples(int split) const = 0;
   virtual void sample(int split, int64_t index, int32_t* tokens) const = 0;
+  // BERT samples (tokens, types, masked labels, sentence-order label); sources that
+  // have none refuse.
+  virtual bool masked_lm() const { return false; }
+  virtual void bert_sample(int split, int64_t index, data::BertSample& out) const;
 };
 
 struct TrainSummary {
@@ -37,7 +46,8 @@ struct TrainSummary {
   int64_t spike_reruns = 0;    // of those, how many went back to the newest checkpoint (--spike-rerun)
   std::string checkpoint_dir;
   double tokens_per_second = 0;
-  std::vector<double> losses;  // per iteration (lm loss)
+  std::vector<double> losses;  // per iteration: the loss trained on (GPT: lm loss; BERT: lm + sop)
+  std::vector<double> lm_losses, sop_losses;  // BERT: per iteration, the two parts of `losses`
   std::vector<double> grad_norms;  // per iteration (before clipping)
   bool signalled = false;      // stopped by SIGTERM/SIGUSR1 (--exit-signal-handler)
   int64_t peak_memory_bytes = 0;       // measured tensor memory peak (as of the last log line)
@@ -69,7 +79,7 @@ class Trainer {
   Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, ParallelContext par = {});
   ~Trainer();
   TrainSummary run();
-  GPT& model();
+  GPT& model();  // the decoder, or BERT's encoder core (its parameters, chunks and blocks)
 
  private:
   struct Impl;

@@ -1,0 +1,94 @@
+#include "model/training/bert_data.h"
+
+#include <map>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/bert_dataset.h"
+#include "data/blended_dataset.h"
+
+namespace mpitron {
+
+namespace {
+
+const char* kSplitNames[3] = {"train", "valid", "test"};
+
+class BertSamples final : public SampleSource {
+ public:
+  std::shared_ptr<const data::BertDataset> split[3];
+  int64_t num_samples(int s) const override { return split[s] ? split[s]->size() : 0; }
+  void sample(int, int64_t, int32_t*) const override {
+    MPT_THROW("BERT data has no next-token samples", "this is a bug: the trainer reads BERT samples with bert_sample");
+  }
+  bool masked_lm() const override { return true; }
+  void bert_sample(int s, int64_t i, data::BertSample& out) const override { out = split[s]->sample(i); }
+};
+
+std::string one_prefix(const std::vector<std::string>& path, const char* flag) {
+  const data::DataBlend blend = data::parse_data_path(path);
+  MPT_CHECK(blend.prefixes.size() == 1,
+            str(flag, " names ", blend.prefixes.size(), " datasets: pretrain_bert reads one sentence dataset per split"),
+            "merge them first (merge_datasets), or give one prefix per split with --train-data-path / "
+            "--valid-data-path / --test-data-path");
+  return blend.prefixes[0];
+}
+
+}  // namespace
+
+std::shared_ptr<SampleSource> make_bert_data(const TrainArgs& a, const data::TextTokenizer& tok) {
+  MPT_CHECK(!a.mock_data, "--mock-data is not implemented for pretrain_bert",
+            "preprocess some text with preprocess_data --split-sentences and give it with --data-path");
+  const data::BertVocab vocab = data::BertVocab::from(tok);
+  const std::vector<int64_t> wanted = samples_per_split(a);
+  const bool per_split = !a.train_data_path.empty();
+  MPT_CHECK(per_split || !a.data_path.empty(), "pretrain_bert needs --data-path (or --train-data-path)",
+            "give the prefix preprocess_data --split-sentences wrote (…_text_sentence)");
+  const std::vector<std::string>* paths[3] = {&a.train_data_path, &a.valid_data_path, &a.test_data_path};
+  const char* flags[3] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
+  std::map<std::string, std::shared_ptr<const data::IndexedDataset>> opened;
+  auto open = [&](const std::string& prefix) {
+    auto& ds = opened[prefix];
+    if (!ds) ds = std::make_shared<const data::IndexedDataset>(prefix);
+    return ds;
+  };
+  const std::string shared = per_split ? "" : one_prefix(a.data_path, "--data-path");
+  auto out = std::make_shared<BertSamples>();
+  for (int s = 0; s < 3; ++s) {
+    if (wanted[s] == 0) continue;
+    std::string prefix = shared;
+    if (per_split) {
+      if (paths[s]->empty()) {
+        log_warn("no ", flags[s], ": no ", kSplitNames[s], " evaluation");
+        continue;
+      }
+      prefix = one_prefix(*paths[s], flags[s]);
+    }
+    const auto file = open(prefix);
+    data::DocRange range{0, file->document_count()};
+    if (!per_split) range = data::split_document_ranges(a.split, file->document_count())[s];
+    if (range.size() == 0) {
+      MPT_CHECK(s != 0, str("--split '", a.split, "' leaves no training documents in ", prefix),
+                "give the train split a non-zero weight");
+      log_warn("the ", kSplitNames[s], " split of --split '", a.split, "' is empty: no ", kSplitNames[s], " evaluation");
+      continue;
+    }
+    data::BertDatasetConfig cfg;
+    cfg.seq_length = a.model.seq_length;
+    cfg.binary_head = a.model.binary_head;
+    cfg.mask_prob = a.mask_prob;
+    cfg.short_seq_prob = a.short_seq_prob;
+    cfg.seed = static_cast<int32_t>(a.seed);
+    cfg.num_samples = wanted[s];
+    out->split[s] = std::make_shared<const data::BertDataset>(file, range, vocab, cfg);
+    MPT_CHECK(s != 0 || out->split[s]->size() > 0,
+              str(prefix, ": no BERT samples in the train documents (each needs ", cfg.binary_head ? "2 sentences" : "1 sentence",
+                  " of at most 512 tokens)"),
+              str("BERT samples are built from sentences: preprocess with --split-sentences and give the …_text_sentence "
+                  "prefix", cfg.binary_head ? "; --bert-no-binary-head also takes one-sentence documents" : ""));
+    log_info("> ", kSplitNames[s], " BERT samples: ", out->split[s]->size(), " (needed ", wanted[s], ") from ",
+             range.size(), " documents of ", prefix);
+  }
+  return out;
+}
+
+}  // namespace mpitron

@@ -1,0 +1,104 @@
+#include "model/training/pretrain.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/text_tokenizer.h"
+#include "data/tokenizer.h"
+#include "model/inference/inference_load.h"
+#include "model/training/arguments.h"
+#include "model/training/bert_data.h"
+#include "model/training/gpt_data.h"
+#include "model/training/parallel_runtime.h"
+#include "model/training/trainer.h"
+
+namespace mpitron {
+
+int pretrain_main(int argc, char** argv, PretrainModel which) {
+  int provided = 0;
+  // --async-save writes checkpoints with MPI-IO from a background thread.
+  const bool async_save = std::any_of(argv + 1, argv + argc, [](const char* a) { return std::string(a) == "--async-save"; });
+  MPI_Init_thread(&argc, &argv, async_save ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  set_process_rank(world > 1 ? rank : -1);
+  int rc = 0;
+  try {
+    TrainArgs args;
+    args.model.bert = which == PretrainModel::BERT;  // pretrain_bert's flags and model
+    args.world_size = world;  // parsing sets dp = world / (tp x pp)
+    if (parse_train_args(argc, argv, args)) {
+      ParallelRuntime runtime(MPI_COMM_WORLD, args);
+      const ParallelContext par = runtime.context();
+      if (world > 1)
+        log_info(runtime.describe(), args.sequence_parallel ? ", sequence parallel" : "",
+                 args.zero_stage ? str(", ZeRO stage ", args.zero_stage) : "");
+      const auto tok_ptr = data::make_tokenizer({args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file});
+      const data::TextTokenizer& tok = *tok_ptr;
+      args.model.vocab_size = tok.vocab_size();
+      args.model.padded_vocab_size = data::padded_vocab_size(tok.vocab_size(), static_cast<int>(args.tensor_model_parallel_size),
+                                                             static_cast<int>(args.make_vocab_size_divisible_by));
+      // A checkpoint saved at another TP size may have another padded vocabulary;
+      // adopt it when it still divides by this TP size (rows past the vocabulary are never used).
+      if (!args.load.empty() && checkpoint_exists(args.load)) {
+        const GPTConfig saved_cfg = read_checkpoint_config(args.load);
+        MPT_CHECK(saved_cfg.bert == args.model.bert,
+                  str("--load ", args.load, " holds a ", saved_cfg.bert ? "BERT (pretrain_bert)" : "decoder (pretrain_gpt)",
+                      " checkpoint; this is ", args.model.bert ? "pretrain_bert" : "pretrain_gpt"),
+                  saved_cfg.bert ? "load it with pretrain_bert" : "load it with pretrain_gpt");
+        const int64_t saved = saved_cfg.padded_vocab_size;
+        if (saved != args.model.padded_vocab_size && saved >= tok.vocab_size() &&
+            saved % args.tensor_model_parallel_size == 0) {
+          log_info("--load ", args.load, ": the checkpoint's padded vocabulary ", saved, " divides by TP ",
+                   args.tensor_model_parallel_size, ": using it instead of ", args.model.padded_vocab_size);
+          args.model.padded_vocab_size = saved;
+        }
+      }
+      // Rank 0 builds the index caches first; the others then load them.
+      auto make_data = [&] {
+        return args.model.bert ? make_bert_data(args, tok) : make_gpt_data(args, tok.vocab_size());
+      };
+      std::shared_ptr<SampleSource> data;
+      if (rank == 0) {
+        try {
+          data = make_data();
+        } catch (...) {
+          MPI_Barrier(MPI_COMM_WORLD);
+          throw;
+        }
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (rank != 0) data = make_data();
+      Trainer trainer(args, data, par);
+      const TrainSummary s = trainer.run();
+      if (s.steps_run == 0)
+        log_info("done: nothing trained: the run was already at iteration ", s.iterations, ", its end");
+      else
+        log_info("done: ", s.iterations, " iterations; train loss ", s.first_loss, " -> ", s.last_loss,
+                 s.lm_losses.empty() ? ""
+                                     : str(" (lm loss ", s.lm_losses.front(), " -> ", s.lm_losses.back(),
+                                           args.model.binary_head
+                                               ? str(", sop loss ", s.sop_losses.front(), " -> ", s.sop_losses.back())
+                                               : "",
+                                           " over single steps)"),
+                 s.valid_loss > 0 ? str("; validation loss ", s.valid_loss, " (perplexity ", s.valid_ppl, ")") : "",
+                 s.spike_skips ? str("; ", s.spike_skips, " spike steps skipped (", s.spike_reruns, " reruns)") : "");
+      if (!s.checkpoint_dir.empty()) log_info("checkpoint: ", s.checkpoint_dir);
+      if (!args.tensorboard_dir.empty()) log_info("tensorboard events and metrics.jsonl: ", args.tensorboard_dir);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    rc = 1;
+  }
+  MPI_Finalize();
+  return rc;
+}
+
+}  // namespace mpitron

@@ -1,0 +1,12 @@
+// model/training/pretrain.h — the body of apps/pretrain_gpt and apps/pretrain_bert:
+// MPI start-up, flags, the parallel runtime, tokenizer, data, Trainer, summary line.
+#pragma once
+
+namespace mpitron {
+
+enum class PretrainModel { GPT, BERT };
+
+// Runs a whole pretraining job; returns the process exit code (errors are printed).
+int pretrain_main(int argc, char** argv, PretrainModel which);
+
+}  // namespace mpitron

@@ -1,0 +1,75 @@
+#include "model/training/train_model.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "data/bert_dataset.h"
+#include "model/training/trainer.h"
+
+namespace mpitron {
+
+void SampleSource::bert_sample(int, int64_t, data::BertSample&) const {
+  MPT_THROW("this data source has no BERT samples", "pretrain_bert reads a sentence-level dataset "
+                                                    "(preprocess_data --split-sentences)");
+}
+
+void LossParts::add(const std::vector<double>& x) {
+  if (v.size() < x.size()) v.resize(x.size(), 0.0);
+  for (size_t i = 0; i < x.size(); ++i) v[i] += x[i];
+}
+
+TrainModel::TrainModel(const GPTConfig& cfg, Device device, const ModelParallel& mp) {
+  if (cfg.bert) {
+    bert_ = std::make_unique<Bert>(cfg, device, mp);
+    names_ = {"lm loss"};
+    if (cfg.binary_head) names_.push_back("sop loss");
+  } else {
+    gpt_ = std::make_unique<GPT>(cfg, device, mp);
+    names_ = {"lm loss"};
+  }
+}
+
+MicroBatch TrainModel::micro_batch(const SampleSource& data, int split, int64_t first, int64_t mbs) const {
+  const int64_t n = data.num_samples(split);
+  MPT_CHECK(n > 0, str("the ", split == 0 ? "train" : split == 1 ? "valid" : "test", " split has no samples"),
+            "check --split and --data-path");
+  MicroBatch mb;
+  if (bert_) {
+    MPT_CHECK(data.masked_lm(), "BERT trains on masked samples, but the data source gives token runs",
+              "this is a bug in the caller of Trainer (pretrain_bert builds the BERT data)");
+    std::vector<data::BertSample> s(static_cast<size_t>(mbs));
+    for (int64_t b = 0; b < mbs; ++b) data.bert_sample(split, (first + b) % n, s[static_cast<size_t>(b)]);
+    mb.bert = BertBatch::from(s);
+    return mb;
+  }
+  MPT_CHECK(!data.masked_lm(), "a GPT trains on token runs, but the data source gives BERT samples",
+            "this is a bug in the caller of Trainer");
+  const int64_t T = core().config().seq_length;
+  mb.tokens = Tensor::empty({mbs, T}, DType::I32);
+  mb.targets = Tensor::empty({mbs, T}, DType::I32);
+  std::vector<int32_t> buf(static_cast<size_t>(T + 1));
+  for (int64_t b = 0; b < mbs; ++b) {
+    data.sample(split, (first + b) % n, buf.data());
+    std::copy(buf.begin(), buf.end() - 1, mb.tokens.data<int32_t>() + b * T);
+    std::copy(buf.begin() + 1, buf.end(), mb.targets.data<int32_t>() + b * T);
+  }
+  return mb;
+}
+
+Var TrainModel::chunk_forward(Tape& tape, int c, const MicroBatch& batch, const Var& input, const ForwardOptions& opt) {
+  const bool last = core().chunk(c).last_stage;
+  if (!bert_) {
+    Var out = gpt_->chunk_forward(tape, c, batch.tokens, batch.targets, input, opt);
+    if (last) parts_.add({out.value().item()});
+    return out;
+  }
+  Var out = bert_->chunk_forward(tape, c, batch.bert, input, opt);
+  if (last) {
+    const BertLosses& l = bert_->last_losses();
+    if (bert_->config().binary_head) parts_.add({l.lm, l.sop});
+    else parts_.add({l.lm});
+  }
+  return out;
+}
+
+}  // namespace mpitron

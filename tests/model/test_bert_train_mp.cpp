@@ -1,0 +1,150 @@
+// pretrain_bert's trainer with real MPI ranks: a small BERT (bidirectional
+// attention, padded samples, MLM + sentence-order heads, hidden and attention
+// dropout 0.1) trains 10 steps on the bundled sentence data (tests/data/ref/bert_ds,
+// uncased WordPiece vocab) under TP, PP (1F1B and zero-bubble), DP and ZeRO, and
+// must give the single-process lm and sop losses and grad norms within 1e-5
+// relative (fp32). Replicated parameters stay bitwise equal across TP ranks.
+// mpitron-test: np=2,4
+// mpitron-test: timeout=900
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <filesystem>
+
+#include "data/wordpiece_tokenizer.h"
+#include "model/training/arguments.h"
+#include "model/training/bert_data.h"
+#include "model/training/parallel_runtime.h"
+#include "model/training/trainer.h"
+#include "tests/data/data_test_util.h"
+#include "tests/model/mpi_test_util.h"
+
+using namespace mpitron;
+namespace fs = std::filesystem;
+
+namespace {
+
+using testing::world_rank;
+using testing::world_size;
+
+std::string vocab() { return testing::source_path("tests/data/ref/bert_uncased/vocab.txt"); }
+
+std::vector<std::string> flags(bool binary_head = true) {
+  std::vector<std::string> f = {
+      "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+      "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "10",
+      "--lr", "2e-3", "--lr-warmup-iters", "2", "--lr-decay-style", "linear", "--hidden-dropout", "0.1",
+      "--attention-dropout", "0.1", "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", vocab(),
+      "--data-path", testing::source_path("tests/data/ref/bert_ds/wiki_text_sentence"), "--split", "90,10,0",
+      "--log-interval", "5", "--eval-interval", "5", "--eval-iters", "1", "--seed", "7", "--device", "cpu",
+      "--ddp-bucket-size", "5000", "--make-vocab-size-divisible-by", "64"};
+  if (!binary_head) f.push_back("--bert-no-binary-head");
+  return f;
+}
+
+struct Result {
+  std::vector<double> lm, sop, grad_norms;
+  double valid_loss = 0;
+};
+
+Result run(std::vector<std::string> f, MPI_Comm comm) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  TrainArgs a;
+  a.model.bert = true;
+  a.world_size = size;
+  std::vector<char*> argv{const_cast<char*>("pretrain_bert")};
+  for (auto& s : f) argv.push_back(s.data());
+  REQUIRE(parse_train_args(static_cast<int>(argv.size()), argv.data(), a));
+  const data::WordPieceTokenizer tok(vocab(), true);
+  a.model.vocab_size = tok.vocab_size();
+  a.model.padded_vocab_size = (tok.vocab_size() + 127) / 128 * 128;  // 64 x TP 2 = 128 at every layout
+  const std::shared_ptr<SampleSource> data = make_bert_data(a, tok);
+  ParallelRuntime rt(comm, a);
+  Trainer t(a, data, rt.context());
+  const TrainSummary s = t.run();
+  if (rt.grid().tp_size() > 1) {
+    const ParamSet& ps = t.model().params();
+    std::vector<float> mine;
+    for (const ParamInfo& p : ps.infos())
+      if (p.tp.axis < 0) {
+        const std::vector<float> v = ps.values().flat_range(p.offset, p.numel()).to_floats();
+        mine.insert(mine.end(), v.begin(), v.end());
+      }
+    std::vector<float> first(mine);
+    MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_FLOAT, 0, rt.grid().tp_comm());
+    CHECK_MESSAGE(std::memcmp(first.data(), mine.data(), mine.size() * sizeof(float)) == 0,
+                  "replicated parameters differ between tensor-parallel ranks");
+  }
+  REQUIRE(s.lm_losses.size() == s.losses.size());
+  for (size_t i = 0; i < s.losses.size(); ++i)  // the trained loss is the sum of the two
+    CHECK(std::abs(s.losses[i] - (s.lm_losses[i] + s.sop_losses[i])) <= 1e-6 * std::abs(s.losses[i]));
+  return {s.lm_losses, s.sop_losses, s.grad_norms, s.valid_loss};
+}
+
+void check_series(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    CHECK_MESSAGE(std::abs(got[i] - want[i]) <= 1e-5 * std::abs(want[i]) + 1e-12, what, " iteration ", i + 1, ": ",
+                  got[i], " vs ", want[i]);
+}
+
+void check_close(const Result& got, const Result& want, const std::string& what) {
+  check_series(got.lm, want.lm, what + " lm loss");
+  check_series(got.sop, want.sop, what + " sop loss");
+  check_series(got.grad_norms, want.grad_norms, what + " grad norm");
+  CHECK_MESSAGE(std::abs(got.valid_loss - want.valid_loss) <= 1e-5 * std::abs(want.valid_loss), what,
+                " validation loss ", got.valid_loss, " vs ", want.valid_loss);
+}
+
+struct Layout {
+  int ranks;
+  bool binary_head;
+  std::vector<std::string> extra;
+};
+
+}  // namespace
+
+TEST_CASE("pretrain_bert: every kind of layout gives the single-process lm and sop losses") {
+  const int world = world_size();
+  const std::vector<Layout> layouts = {
+      {2, true, {"--use-distributed-optimizer"}},                                  // DP2 + ZeRO-1
+      {2, true, {"--zero-stage", "2"}},                                             // DP2 + ZeRO-2
+      {2, true, {"--pipeline-model-parallel-size", "2"}},                          // PP2 1F1B, tied wte on both ends
+      {2, true, {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"}},  // split backward
+      {2, true, {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zbv",
+                 "--num-layers-per-virtual-pipeline-stage", "1"}},                  // V: both ends on rank 0
+      {2, false, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}},    // TP2 + SP, no binary head
+      {4, true, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}},  // TP2 x PP2
+      {4, true, {"--tensor-model-parallel-size", "2", "--use-distributed-optimizer", "--recompute-activations"}},
+      {4, true, {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+                 "--use-distributed-optimizer"}},                                   // interleaved PP2 x DP2
+  };
+  std::map<bool, Result> single;
+  for (bool bh : {true, false}) {
+    bool needed = false;
+    for (const Layout& l : layouts) needed |= l.ranks == world && l.binary_head == bh;
+    if (!needed) continue;
+    single[bh] = run(flags(bh), MPI_COMM_SELF);
+    const Result& s = single[bh];
+    REQUIRE(s.lm.size() == 10);
+    CHECK(s.lm.back() < s.lm.front());
+    if (bh) CHECK(s.sop.front() > 0.3);  // the two losses are both there
+    else CHECK(s.sop.front() == 0.0);
+  }
+  int ran = 0;
+  for (const Layout& l : layouts) {
+    if (l.ranks != world) continue;
+    std::vector<std::string> f = flags(l.binary_head);
+    f.insert(f.end(), l.extra.begin(), l.extra.end());
+    std::string what = "bert ";
+    for (const std::string& e : l.extra) what += e + " ";
+    check_close(run(f, MPI_COMM_WORLD), single[l.binary_head], what);
+    ++ran;
+  }
+  if (world > 1) CHECK(ran > 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
