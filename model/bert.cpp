@@ -114,13 +114,15 @@ Var Bert::embed(Tape& tape, const BertBatch& batch, const ForwardOptions& opt) {
   return ag::dropout(tape, x, p, opt.dropout_seed, static_cast<uint64_t>(row0 * c.hidden_size / 4));
 }
 
-Var Bert::classification_head(Tape& tape, const Var& h, const BertBatch& batch, const ForwardOptions& opt) {
+Var Bert::classification_head(Tape& tape, const Var& x, const BertBatch& batch, const ForwardOptions& opt) {
   const GPTConfig& c = core_.config();
   const ParamSet& ps = core_.params();
   const Device dev = core_.device();
   const int64_t B = batch.tokens.dim(0), T = batch.tokens.dim(1);
   MPT_CHECK(batch.class_labels.defined() && batch.class_labels.numel() == B,
             "Bert: a classification model needs the batch's class_labels (B)", "");
+  Var h = x;  // (N, C)
+  if (!c.post_ln) h = ag::layernorm(tape, h, ps.var("lnf.weight"), ps.var("lnf.bias"), c.layernorm_epsilon);
   // [CLS] rows of h (every row on every TP rank: no sequence parallelism), as the binary head.
   std::vector<int64_t> cls(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) cls[static_cast<size_t>(b)] = b * T;
@@ -193,13 +195,7 @@ Var Bert::chunk_forward(Tape& tape, int c, const BertBatch& batch, const Var& in
   }
   x = core_.layers(tape, ch, x, B, T, o);
   if (!ch.last_stage) return x;
-  if (config().num_classes == 0) return heads(tape, x, batch);
-  Var h = x;
-  if (!config().post_ln) {
-    auto spp = [&](const char* name) { return ag::sequence_parallel_param(tape, params().var(name), core_.parallel().tp); };
-    h = ag::layernorm(tape, h, spp("lnf.weight"), spp("lnf.bias"), config().layernorm_epsilon);
-  }
-  return classification_head(tape, h, batch, o);
+  return config().num_classes > 0 ? classification_head(tape, x, batch, o) : heads(tape, x, batch);
 }
 
 Var Bert::forward(Tape& tape, const BertBatch& batch, const ForwardOptions& opt) {

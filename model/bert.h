@@ -66,7 +66,8 @@ class Bert {
  private:
   Var embed(Tape& tape, const BertBatch& batch, const ForwardOptions& opt);
   Var heads(Tape& tape, const Var& x, const BertBatch& batch);
-  Var classification_head(Tape& tape, const Var& h, const BertBatch& batch, const ForwardOptions& opt);
+  // num_classes > 0, instead of heads(): final norm (pre-LN), pooler, dropout, classifier, loss.
+  Var classification_head(Tape& tape, const Var& x, const BertBatch& batch, const ForwardOptions& opt);
 
   GPT core_;
   BertLosses losses_;
