@@ -1,9 +1,9 @@
 // finetune — fine-tune a pretrained BERT on a sequence-classification task, as Megatron-LM's
 // tasks/main.py --task MNLI (model/training/finetune.h; docs/finetune.md).
-//   mpirun -np 2 build/apps/finetune --task MNLI --train-data train.tsv --valid-data dev_matched.tsv \
-//       --pretrained-checkpoint bert_ckpt --vocab-file vocab.txt --tokenizer-type BertWordPieceLowerCase \
-//       --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 128 \
-//       --max-position-embeddings 512 --epochs 3 --micro-batch-size 8 --lr 5e-5 \
+//   mpirun -np 2 build/apps/finetune --task MNLI --train-data train.tsv --valid-data dev_matched.tsv
+//       --pretrained-checkpoint bert_ckpt --vocab-file vocab.txt --tokenizer-type BertWordPieceLowerCase
+//       --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 128
+//       --max-position-embeddings 512 --epochs 3 --micro-batch-size 8 --lr 5e-5
 //       --lr-warmup-fraction 0.065 --weight-decay 1e-2 --log-interval 100 --save ckpt_mnli
 // Every rank runs the same command: world = tensor parallel x data parallel.
 #include <mpi.h>
