@@ -72,6 +72,10 @@ Bert::Bert(const GPTConfig& cfg, Device device, const ModelParallel& mp) : core_
   MPT_CHECK(c.bert, "Bert needs a BERT configuration (GPTConfig::bert)", "");
   MPT_CHECK(c.learned_positions(), "BERT uses learned absolute positions: --position-embedding-type learned_absolute",
             "");
+  MPT_CHECK(!mp.tp.sequence_parallel || c.num_classes == 0,
+            "--sequence-parallel with a classification head is not supported (the pooler reads [CLS] rows of every "
+            "sequence part)",
+            "drop --sequence-parallel");
   MPT_CHECK(!mp.tp.sequence_parallel || !c.binary_head,
             "--sequence-parallel with BERT's binary head is not supported (the pooler reads [CLS] rows of every "
             "sequence part)",
@@ -108,6 +112,32 @@ Var Bert::embed(Tape& tape, const BertBatch& batch, const ForwardOptions& opt) {
                       ag::sequence_parallel_param(tape, ps.var("emb_ln.bias"), tp), c.layernorm_epsilon);
   const float p = opt.train ? c.hidden_dropout : 0.0f;
   return ag::dropout(tape, x, p, opt.dropout_seed, static_cast<uint64_t>(row0 * c.hidden_size / 4));
+}
+
+Var Bert::classification_head(Tape& tape, const Var& x, const BertBatch& batch, const ForwardOptions& opt) {
+  const GPTConfig& c = core_.config();
+  const ParamSet& ps = core_.params();
+  const Device dev = core_.device();
+  const int64_t B = batch.tokens.dim(0), T = batch.tokens.dim(1);
+  MPT_CHECK(batch.class_labels.defined() && batch.class_labels.numel() == B,
+            "Bert: a classification model needs the batch's class_labels (B)", "");
+  Var h = x;  // (N, C)
+  if (!c.post_ln) h = ag::layernorm(tape, h, ps.var("lnf.weight"), ps.var("lnf.bias"), c.layernorm_epsilon);
+  // [CLS] rows of h (every row on every TP rank: no sequence parallelism), as the binary head.
+  std::vector<int64_t> cls(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) cls[static_cast<size_t>(b)] = b * T;
+  Var first = ag::embedding(tape, Tensor::from_ints(cls, {B}, DType::I32).to(dev), h);  // (B, C)
+  Var pooled = tanh_op(tape, ag::linear(tape, first, ps.var("pooler.dense.weight"), ps.var("pooler.dense.bias")));
+  // The mask after the blocks' (offsets N·C·(1 + 2l) and N·C·(2 + 2l)): N·C·(1 + 2L).
+  const uint64_t nc = static_cast<uint64_t>(B * T * c.hidden_size);
+  pooled = ag::dropout(tape, pooled, opt.train ? c.hidden_dropout : 0.0f, opt.dropout_seed,
+                       nc * (1 + 2 * static_cast<uint64_t>(c.num_layers)));
+  Var logits = ag::linear(tape, pooled, ps.var("classification_head.weight"), ps.var("classification_head.bias"));
+  Var loss = ag::cross_entropy(tape, logits, batch.class_labels.to(dev).contiguous());
+  losses_ = BertLosses{};
+  losses_.cls = loss.value().item();
+  losses_.class_logits = logits.value().to(Device::cpu()).to(DType::F32);
+  return loss;
 }
 
 Var Bert::heads(Tape& tape, const Var& x, const BertBatch& batch) {
@@ -164,7 +194,8 @@ Var Bert::chunk_forward(Tape& tape, int c, const BertBatch& batch, const Var& in
     x = input;
   }
   x = core_.layers(tape, ch, x, B, T, o);
-  return ch.last_stage ? heads(tape, x, batch) : x;
+  if (!ch.last_stage) return x;
+  return config().num_classes > 0 ? classification_head(tape, x, batch, o) : heads(tape, x, batch);
 }
 
 Var Bert::forward(Tape& tape, const BertBatch& batch, const ForwardOptions& opt) {

@@ -13,6 +13,11 @@
 //          pooled = tanh(h[CLS]·Wpᵀ + bp)   (B, C), [CLS] = row b·T
 //          sop loss = mean cross-entropy(pooled·Wbᵀ + bb (B, 2), is_random)
 //   loss = lm loss + sop loss               (Megatron's sum; without the binary head: lm loss)
+// Sequence classification (cfg.num_classes = K > 0: Megatron's Classification model,
+// model/training/finetune.h), instead of both heads:
+//          pooled = tanh(h[CLS]·Wpᵀ + bp)   (B, C)
+//          logits = dropout(pooled)·Wcᵀ + bc   (B, K), dropout p = hidden_dropout
+//          loss = mean cross-entropy(logits, class_labels)
 // The GPT class holds the parameters, chunks and blocks (one code path for the
 // layout, init, TP/PP placement); Bert adds the embedding sum and the heads.
 #pragma once
@@ -32,12 +37,15 @@ struct BertBatch {
   Tensor tokens, types, labels;  // (B, T): ids, token types, original id where masked else -1
   Tensor lengths;                // (B): tokens before the padding
   Tensor is_random;              // (B): the sentence-order label
+  Tensor class_labels;           // (B): the class of each sample (num_classes > 0 only)
   static BertBatch from(const std::vector<data::BertSample>& samples);
   bool padded() const;           // some length < T
 };
 
 struct BertLosses {
   double lm = 0, sop = 0;  // the last stage's last micro-batch (sop 0 without the binary head)
+  double cls = 0;          // classification loss (num_classes > 0; lm and sop are then 0)
+  Tensor class_logits;     // (B, K) f32 host: the classifier's logits (num_classes > 0)
 };
 
 class Bert {
@@ -58,6 +66,8 @@ class Bert {
  private:
   Var embed(Tape& tape, const BertBatch& batch, const ForwardOptions& opt);
   Var heads(Tape& tape, const Var& x, const BertBatch& batch);
+  // num_classes > 0, instead of heads(): final norm (pre-LN), pooler, dropout, classifier, loss.
+  Var classification_head(Tape& tape, const Var& x, const BertBatch& batch, const ForwardOptions& opt);
 
   GPT core_;
   BertLosses losses_;

@@ -65,6 +65,8 @@ void GPTConfig::validate() const {
   MPT_CHECK(num_tokentypes >= 0, str("token types must be >= 0, got ", num_tokentypes), "");
   MPT_CHECK(bert || (causal && !post_ln && num_tokentypes == 0),
             "bidirectional attention, the post-LN block order and token types are BERT's (model/bert.h)", "");
+  MPT_CHECK(num_classes >= 0, str("classes must be >= 0, got ", num_classes), "");
+  MPT_CHECK(num_classes == 0 || bert, "a classification head (num_classes > 0) sits on a BERT encoder (model/bert.h)", "");
   MPT_CHECK(!bert || !untie_embeddings,
             "--untie-embeddings-and-output-weights: BERT's MLM decoder is tied to the word embeddings", "");
   MPT_CHECK(init_method_std > 0, str("--init-method-std must be > 0, got ", init_method_std), "");

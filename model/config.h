@@ -54,6 +54,9 @@ struct GPTConfig {
                                          //   embedding LayerNorm and no final norm (the original BERT)
   int64_t num_tokentypes = 0;            // token-type embedding rows (BERT with the binary head: 2)
   bool binary_head = true;               // BERT: pooler + sentence-order head (Megatron's --bert-no-binary-head: false)
+  int64_t num_classes = 0;               // BERT: > 0 makes it Megatron's Classification model (finetune --task):
+                                         //   pooler + dropout + classification_head (num_classes, C) instead of
+                                         //   the MLM and binary heads (model/training/finetune.h)
 
   int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }

@@ -29,6 +29,7 @@ nlohmann::json config_to_json(const GPTConfig& c) {
     j["post_ln"] = c.post_ln;
     j["num_tokentypes"] = c.num_tokentypes;
     j["binary_head"] = c.binary_head;
+    if (c.num_classes > 0) j["num_classes"] = c.num_classes;  // a fine-tuned classifier (finetune --task)
   }
   return j;
 }
@@ -59,6 +60,7 @@ GPTConfig config_from_json(const nlohmann::json& j, const std::string& where) {
     c.post_ln = j.value("post_ln", false);
     c.num_tokentypes = j.value("num_tokentypes", int64_t{0});
     c.binary_head = j.value("binary_head", true);
+    c.num_classes = j.value("num_classes", int64_t{0});
   } catch (const nlohmann::json::exception& e) {
     MPT_THROW(str(where, ": model_config ", j.dump(), " is incomplete: ", e.what()), "");
   } catch (const Error& e) {

@@ -35,6 +35,8 @@ const char* to_string(ParamRole r) {
     case ParamRole::PoolerBias: return "pooler.bias";
     case ParamRole::BinaryHeadWeight: return "binary_head.weight";
     case ParamRole::BinaryHeadBias: return "binary_head.bias";
+    case ParamRole::ClassificationHeadWeight: return "classification_head.weight";
+    case ParamRole::ClassificationHeadBias: return "classification_head.bias";
   }
   return "?";
 }
@@ -97,10 +99,11 @@ std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
   using R = ParamRole;
   using I = ParamInit;
   std::vector<ParamSpec> v;
+  const bool classifier = c.bert && c.num_classes > 0;  // no LM head: wte is only the embedding
   ParamSpec wte = split(row("wte", R::WordEmbedding, {V, C}, I::Normal,
-                            c.untie_embeddings ? ParamPlace::FirstStage : ParamPlace::FirstAndLast),
+                            c.untie_embeddings || classifier ? ParamPlace::FirstStage : ParamPlace::FirstAndLast),
                         0);
-  wte.matmul = !c.untie_embeddings;  // the tied head's matmul
+  wte.matmul = !c.untie_embeddings && !classifier;  // the tied head's matmul
   v.push_back(wte);
   const ParamPlace first = ParamPlace::FirstStage, last = ParamPlace::LastStage;
   if (c.learned_positions())
@@ -114,7 +117,12 @@ std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
     v.push_back(row("lnf.weight", R::FinalNormWeight, {C}, I::Ones, last));
     if (c.norm_has_bias()) v.push_back(row("lnf.bias", R::FinalNormBias, {C}, I::Zeros, last));
   }
-  if (c.bert) {
+  if (classifier) {  // Megatron's Classification: pooler tanh(dense([CLS])), then dropout and a K-way linear
+    v.push_back(matmul(row("pooler.dense.weight", R::PoolerWeight, {C, C}, I::Normal, last)));
+    v.push_back(row("pooler.dense.bias", R::PoolerBias, {C}, I::Zeros, last));
+    v.push_back(matmul(row("classification_head.weight", R::ClassificationHeadWeight, {c.num_classes, C}, I::Normal, last)));
+    v.push_back(row("classification_head.bias", R::ClassificationHeadBias, {c.num_classes}, I::Zeros, last));
+  } else if (c.bert) {
     // MLM head: dense + gelu + LayerNorm (replicated, computed on every TP rank),
     // then the tied decoder wte (vocab-parallel) with its own bias (vocab-parallel).
     v.push_back(matmul(row("lm_head.dense.weight", R::LmHeadDenseWeight, {C, C}, I::Normal, last)));

@@ -28,6 +28,9 @@
 //   lm_head.dense.weight (C, C) / .bias, lm_head.ln.weight / .bias    last stage
 //   lm_head.bias (V)                    vocab-parallel like wte (the decoder is the tied wte)
 //   pooler.dense.weight (C, C) / .bias, binary_head.weight (2, C) / .bias (2)   binary head only
+// BERT classification (cfg.num_classes = K > 0; Megatron's Classification model) has, instead
+// of every lm_head and binary_head row (wte is then first stage only, no decoder):
+//   pooler.dense.weight (C, C) / .bias, classification_head.weight (K, C) / .bias (K)   last stage
 #pragma once
 #include <cstdint>
 #include <string>
@@ -47,6 +50,7 @@ enum class ParamRole : uint8_t {
   TokentypeEmbedding, EmbeddingNormWeight, EmbeddingNormBias,
   LmHeadDenseWeight, LmHeadDenseBias, LmHeadNormWeight, LmHeadNormBias, LmHeadBias,
   PoolerWeight, PoolerBias, BinaryHeadWeight, BinaryHeadBias,
+  ClassificationHeadWeight, ClassificationHeadBias,  // BERT with num_classes > 0
 };
 const char* to_string(ParamRole r);
 

@@ -4,7 +4,7 @@
 set -uo pipefail
 BUILD=$1; SRC=$2; fail=0
 for app in pretrain_gpt generate_text evaluate text_generation_server preprocess_data convert_checkpoint \
-           schedule_sim merge_datasets; do
+           schedule_sim merge_datasets finetune; do
   [ -x "$BUILD/apps/$app" ] || { echo "FAILED: $BUILD/apps/$app not built"; fail=1; continue; }
   flags=$("$BUILD/apps/$app" --help 2>/dev/null | grep -oE "^ +(-[a-z] \[ )?--[A-Za-z0-9_-]+" | grep -oE -- "--[A-Za-z0-9_-]+" | sort -u)
   [ -n "$flags" ] || { echo "FAILED: $app --help listed no flags"; fail=1; continue; }

@@ -1,0 +1,37 @@
+// finetune — fine-tune a pretrained BERT on a sequence-classification task, as Megatron-LM's
+// tasks/main.py --task MNLI (model/training/finetune.h; docs/finetune.md).
+//   mpirun -np 2 build/apps/finetune --task MNLI --train-data train.tsv --valid-data dev_matched.tsv
+//       --pretrained-checkpoint bert_ckpt --vocab-file vocab.txt --tokenizer-type BertWordPieceLowerCase
+//       --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 128
+//       --max-position-embeddings 512 --epochs 3 --micro-batch-size 8 --lr 5e-5
+//       --lr-warmup-fraction 0.065 --weight-decay 1e-2 --log-interval 100 --save ckpt_mnli
+// Every rank runs the same command: world = tensor parallel x data parallel.
+#include <mpi.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "model/training/finetune.h"
+
+using namespace mpitron;
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rc = 0;
+  try {
+    FinetuneArgs args;
+    if (parse_finetune_args(argc, argv, args)) run_finetune(args, MPI_COMM_WORLD);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::fflush(stderr);
+    rc = 1;
+  }
+  if (rc != 0) {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world > 1) MPI_Abort(MPI_COMM_WORLD, rc);  // the other ranks may wait in a collective
+  }
+  MPI_Finalize();
+  return rc;
+}

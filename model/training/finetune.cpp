@@ -1,0 +1,540 @@
+#include "model/training/finetune.h"
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "core/log.h"
+#include "core/timer.h"
+#include "io/checkpoint.h"
+#include "model/arch_flags.h"
+#include "model/checkpoint_args.h"
+#include "model/config_json.h"
+#include "model/training/checkpointing.h"
+#include "model/training/lr_schedule.h"
+#include "model/training/parallel_runtime.h"
+#include "parallel/communicator.h"
+
+namespace mpitron {
+
+// ---------------------------------------------------------------- tasks and data
+
+std::string clean_text(const std::string& text) {
+  std::string s;  // whitespace runs (newlines included) -> one space
+  bool space = false;
+  for (const char ch : text) {
+    if (std::isspace(static_cast<unsigned char>(ch))) {
+      space = true;
+      continue;
+    }
+    if (space) s += ' ';
+    space = false;
+    s += ch;
+  }
+  if (space) s += ' ';
+  for (int k = 0; k < 3; ++k) {  // Python's str.replace(' . ', '. '): non-overlapping, left to right
+    std::string out;
+    size_t i = 0;
+    while (i < s.size()) {
+      if (s.compare(i, 3, " . ") == 0) {
+        out += ". ";
+        i += 3;
+      } else {
+        out += s[i++];
+      }
+    }
+    s = out;
+  }
+  return s;
+}
+
+namespace {
+
+std::string strip(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+std::vector<std::string> split_tabs(const std::string& s) {
+  std::vector<std::string> v;
+  size_t at = 0;
+  for (;;) {
+    const size_t t = s.find('\t', at);
+    v.push_back(s.substr(at, t == std::string::npos ? std::string::npos : t - at));
+    if (t == std::string::npos) return v;
+    at = t + 1;
+  }
+}
+
+const std::vector<std::string> kMnliLabels{"contradiction", "entailment", "neutral"};
+
+}  // namespace
+
+std::vector<ClassificationExample> read_mnli_tsv(const std::string& path, const std::string& test_label) {
+  std::ifstream f(path);
+  MPT_CHECK(f.good(), str("cannot open ", path), "check --train-data / --valid-data");
+  auto label_of = [&](const std::string& l, const std::string& where) {
+    const auto it = std::find(kMnliLabels.begin(), kMnliLabels.end(), l);
+    MPT_CHECK(it != kMnliLabels.end(), str(where, ": MNLI label '", l, "' is not contradiction, entailment or neutral"),
+              "MNLI's gold_label is the last column; unlabelled rows ('-') are not accepted (as Megatron)");
+    return static_cast<int32_t>(it - kMnliLabels.begin());
+  };
+  std::vector<ClassificationExample> out;
+  std::string line;
+  int64_t lineno = 0;
+  bool is_test = false;
+  while (std::getline(f, line)) {
+    ++lineno;
+    const std::vector<std::string> row = split_tabs(strip(line));
+    const std::string where = str(path, ":", lineno);
+    if (lineno == 1) {  // the header; 10 columns: a test file, no gold_label
+      MPT_CHECK(row.size() >= 10, str(where, ": an MNLI header has at least 10 tab-separated columns, found ", row.size()),
+                "the GLUE MNLI layout: index ... sentence1 (column 8) sentence2 (column 9) ... gold_label (last)");
+      is_test = row.size() == 10;
+      continue;
+    }
+    MPT_CHECK(row.size() >= 10, str(where, ": ", row.size(), " columns, MNLI rows have at least 10"), "");
+    ClassificationExample ex;
+    ex.text_a = clean_text(strip(row[8]));
+    ex.text_b = clean_text(strip(row[9]));
+    MPT_CHECK(!ex.text_a.empty() && !ex.text_b.empty(), str(where, ": empty sentence1 or sentence2"), "");
+    const std::string id = strip(row[0]);
+    MPT_CHECK(!id.empty() && std::all_of(id.begin(), id.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }),
+              str(where, ": the id column '", id, "' is not a non-negative integer"), "");
+    ex.uid = std::stoll(id);
+    ex.label = label_of(is_test ? test_label : strip(row.back()), where);
+    out.push_back(std::move(ex));
+  }
+  MPT_CHECK(lineno > 0, str(path, " is empty"), "an MNLI file starts with a header row");
+  return out;
+}
+
+const std::vector<ClassificationTask>& classification_tasks() {
+  static const std::vector<ClassificationTask> tasks{
+      {"MNLI", kMnliLabels, [](const std::string& p) { return read_mnli_tsv(p); }},
+  };
+  return tasks;
+}
+
+const ClassificationTask& find_classification_task(const std::string& name) {
+  std::string known;
+  for (const ClassificationTask& t : classification_tasks()) {
+    if (t.name == name) return t;
+    known += (known.empty() ? "" : ", ") + t.name;
+  }
+  MPT_THROW(str("--task ", name, " is not a task finetune knows; known tasks: ", known),
+            "docs/finetune.md \"Adding a sequence-classification task\"");
+}
+
+ClassificationSample build_classification_sample(const std::vector<int32_t>& ids_a, const std::vector<int32_t>* ids_b,
+                                                 int64_t seq_length, int32_t cls, int32_t sep, int32_t pad) {
+  MPT_CHECK(seq_length >= 2, str("--seq-length ", seq_length, " cannot hold [CLS] and [SEP]"), "");
+  ClassificationSample s;
+  std::vector<int32_t>& ids = s.tokens;
+  std::vector<int32_t>& types = s.types;
+  ids.push_back(cls), types.push_back(0);
+  ids.insert(ids.end(), ids_a.begin(), ids_a.end()), types.insert(types.end(), ids_a.size(), 0);
+  ids.push_back(sep), types.push_back(0);
+  if (ids_b) ids.insert(ids.end(), ids_b->begin(), ids_b->end()), types.insert(types.end(), ids_b->size(), 1);
+  bool trimmed = false;
+  if (static_cast<int64_t>(ids.size()) >= seq_length) {  // keep seq_length − 1, the last [SEP] goes after
+    ids.resize(static_cast<size_t>(seq_length - 1));
+    types.resize(ids.size());
+    trimmed = true;
+  }
+  if (ids_b || trimmed) ids.push_back(sep), types.push_back(ids_b ? 1 : 0);
+  s.length = static_cast<int32_t>(ids.size());
+  ids.resize(static_cast<size_t>(seq_length), pad);
+  types.resize(ids.size(), 0);
+  return s;
+}
+
+ClassificationSample build_classification_sample(const data::TextTokenizer& tok, const ClassificationExample& ex,
+                                                 int64_t seq_length) {
+  const auto enc = tok.make_encoder(false);
+  const std::vector<int32_t> a = enc->encode(ex.text_a);
+  const std::vector<int32_t> b = ex.text_b.empty() ? std::vector<int32_t>{} : enc->encode(ex.text_b);
+  ClassificationSample s =
+      build_classification_sample(a, ex.text_b.empty() ? nullptr : &b, seq_length, tok.cls(), tok.sep(), tok.pad());
+  s.label = ex.label;
+  s.uid = ex.uid;
+  return s;
+}
+
+BertBatch classification_batch(const std::vector<const ClassificationSample*>& samples) {
+  MPT_CHECK(!samples.empty(), "classification_batch: no samples", "");
+  const int64_t B = static_cast<int64_t>(samples.size()), T = static_cast<int64_t>(samples[0]->tokens.size());
+  std::vector<int64_t> tok, typ, len, lab;
+  for (const ClassificationSample* s : samples) {
+    MPT_CHECK(static_cast<int64_t>(s->tokens.size()) == T, "classification_batch: samples of different lengths", "");
+    tok.insert(tok.end(), s->tokens.begin(), s->tokens.end());
+    typ.insert(typ.end(), s->types.begin(), s->types.end());
+    len.push_back(s->length);
+    lab.push_back(s->label);
+  }
+  BertBatch b;
+  b.tokens = Tensor::from_ints(tok, {B, T}, DType::I32);
+  b.types = Tensor::from_ints(typ, {B, T}, DType::I32);
+  b.lengths = Tensor::from_ints(len, {B}, DType::I32);
+  b.class_labels = Tensor::from_ints(lab, {B}, DType::I32);
+  b.is_random = Tensor::zeros({B}, DType::I32);
+  return b;
+}
+
+// ---------------------------------------------------------------- --pretrained-checkpoint
+
+PretrainedLoad load_pretrained_encoder(const std::string& dir, GPT& model, MPI_Comm comm) {
+  const GPTConfig& c = model.config();
+  const ParamSet& ps = model.params();
+  std::vector<float> values;
+  PretrainedLoad res;
+  io::CheckpointReader r = io::CheckpointReader::load_latest(dir, comm, [&](const io::CheckpointReader& ck) {
+    const GPTConfig saved = config_from_json(ck.attr_json("model_config"), ck.path());
+    // The shape flags and what they must equal in the checkpoint.
+    std::string diff;
+    auto cmp = [&](const char* flag, auto want, auto have) {
+      if (want != have) diff += str(diff.empty() ? "" : ", ", flag, " ", want, " (checkpoint: ", have, ")");
+    };
+    cmp("--num-layers", c.num_layers, saved.num_layers);
+    cmp("--hidden-size", c.hidden_size, saved.hidden_size);
+    cmp("--num-attention-heads", c.num_attention_heads, saved.num_attention_heads);
+    cmp("--ffn-hidden-size", c.ffn(), saved.ffn());
+    cmp("--max-position-embeddings", c.max_position_embeddings, saved.max_position_embeddings);
+    cmp("--bert-post-ln", c.post_ln, saved.post_ln);
+    cmp("padded vocabulary (--vocab-file, --make-vocab-size-divisible-by x --tensor-model-parallel-size)",
+        c.padded_vocab_size, saved.padded_vocab_size);
+    const std::string arch = architecture_differences(c, saved);
+    if (!arch.empty()) diff += (diff.empty() ? "" : ", ") + arch;
+    MPT_CHECK(saved.bert, str("--pretrained-checkpoint ", ck.path(), " is not a BERT checkpoint (family ", saved.family(), ")"),
+              "fine-tune a checkpoint saved by pretrain_bert");
+    MPT_CHECK(diff.empty(), str("--pretrained-checkpoint ", ck.path(), " has another model shape than the flags: ", diff),
+              "pass the model flags the checkpoint was pretrained with");
+    values.assign(static_cast<size_t>(ps.numel()), 0.0f);
+    res = PretrainedLoad{};
+    res.path = ck.path();
+    std::vector<io::ReadRequest> reqs;
+    for (const ParamInfo& p : ps.infos()) {
+      if (p.role == ParamRole::ClassificationHeadWeight || p.role == ParamRole::ClassificationHeadBias ||
+          !ck.has_tensor("model/" + p.name)) {
+        res.fresh.push_back(p.name);
+        continue;
+      }
+      std::vector<io::Hdf5File::Hyperslab> slabs;
+      for (const GlobalPiece& g : global_pieces(p, 0, p.numel())) slabs.push_back({g.start, g.count});
+      reqs.push_back({"model/" + p.name, slabs, values.data() + p.offset, io::ElemType::F32, p.global_shape});
+      res.loaded.push_back(p.name);
+    }
+    ck.read_verified(reqs, io::VerifyScope::RequestedDatasets);
+  });
+  MPT_CHECK(r.found(), str("--pretrained-checkpoint ", dir, " holds no checkpoint"),
+            "give the --save directory of a pretraining run");
+  // Only the loaded parameters change: copy their ranges into the values.
+  std::vector<float> now = ps.values().to(Device::cpu()).to(DType::F32).to_floats();
+  for (const std::string& name : res.loaded) {
+    const ParamInfo& p = ps.info(name);
+    std::copy(values.begin() + p.offset, values.begin() + p.offset + p.numel(), now.begin() + p.offset);
+  }
+  ps.values().copy_from(Tensor::from_vector(now, {ps.numel()}).to(ps.values().dtype()).to(model.device()));
+  return res;
+}
+
+// ---------------------------------------------------------------- flags
+
+bool parse_finetune_args(int argc, char** argv, FinetuneArgs& a) {
+  namespace po = boost::program_options;
+  int64_t pp = 1, vpp = 0;
+  bool sequence_parallel = false, post_ln = false;
+  GPTConfig& m = a.model;
+  m = GPTConfig{};
+  m.num_layers = 2, m.hidden_size = 64, m.num_attention_heads = 4, m.seq_length = 128, m.max_position_embeddings = 512;
+  po::options_description d("finetune: fine-tune a pretrained BERT on a classification task (Megatron's tasks/main.py)");
+  d.add_options()("help,h", "print this help")
+      ("task", po::value(&a.task)->required(), "the task: MNLI")
+      ("train-data", po::value(&a.train_data)->multitoken()->required(), "training files of the task (one or more)")
+      ("valid-data", po::value(&a.valid_data)->multitoken(), "validation files (one or more): accuracy after each epoch")
+      ("pretrained-checkpoint", po::value(&a.pretrained_checkpoint), "a BERT checkpoint directory: its encoder "
+       "weights (not its heads, optimizer state or iteration) start the run")
+      ("epochs", po::value(&a.epochs)->default_value(3), "passes over the training files")
+      ("micro-batch-size", po::value(&a.micro_batch_size)->default_value(4), "samples per micro-batch per rank")
+      ("global-batch-size", po::value(&a.global_batch_size), "samples per step (default micro-batch-size x data-parallel size)")
+      ("lr", po::value(&a.lr)->default_value(1e-4f, "1e-4"), "peak learning rate")
+      ("min-lr", po::value(&a.min_lr)->default_value(0.0f, "0"), "learning rate at the end of the decay")
+      ("lr-decay-style", po::value(&a.lr_decay_style)->default_value("linear"), "constant | linear | cosine")
+      ("lr-warmup-fraction", po::value(&a.lr_warmup_fraction)->default_value(0.0f, "0"), "fraction of the steps of linear warmup")
+      ("weight-decay", po::value(&a.optim.weight_decay)->default_value(0.01f, "0.01"), "AdamW weight decay")
+      ("clip-grad", po::value(&a.optim.clip_grad)->default_value(1.0f, "1.0"), "global gradient-norm clip (0: none)")
+      ("adam-beta1", po::value(&a.optim.beta1)->default_value(0.9f, "0.9"), "Adam beta1")
+      ("adam-beta2", po::value(&a.optim.beta2)->default_value(0.999f, "0.999"), "Adam beta2")
+      ("adam-eps", po::value(&a.optim.eps)->default_value(1e-8f, "1e-8"), "Adam epsilon")
+      ("bert-post-ln", po::bool_switch(&post_ln), "post-LN blocks (the original BERT); default pre-LN (Megatron's)")
+      ("hidden-dropout", po::value(&m.hidden_dropout)->default_value(0.1f, "0.1"), "dropout after the embeddings, "
+       "sublayers and on the pooled [CLS] (Megatron's classification dropout)")
+      ("attention-dropout", po::value(&m.attention_dropout)->default_value(0.1f, "0.1"), "dropout on attention probabilities")
+      ("init-method-std", po::value(&m.init_method_std)->default_value(0.02f, "0.02"), "std of the normal init")
+      ("tokenizer-type", po::value(&a.tokenizer_type)->default_value("BertWordPieceLowerCase"),
+       "BertWordPieceLowerCase or BertWordPieceCase")
+      ("vocab-file", po::value(&a.vocab_file)->required(), "the WordPiece vocab.txt")
+      ("make-vocab-size-divisible-by", po::value(&a.make_vocab_size_divisible_by)->default_value(128),
+       "pad the vocabulary to a multiple of this x tensor-model-parallel-size")
+      ("save", po::value(&a.save), "checkpoint directory: a checkpoint after every epoch")
+      ("save-interval", po::value(&a.save_interval)->default_value(0), "also save every N steps (0: only per epoch)")
+      ("log-interval", po::value(&a.log_interval)->default_value(10), "steps between loss lines")
+      ("eval-interval", po::value(&a.eval_interval)->default_value(0), "steps between accuracy evaluations (0: per epoch only)")
+      ("seed", po::value(&a.seed)->default_value(1234), "init, shuffling and dropout seed")
+      ("tensor-model-parallel-size", po::value(&a.tensor_model_parallel_size)->default_value(1), "tensor parallel ranks")
+      ("pipeline-model-parallel-size", po::value(&pp)->default_value(1), "must be 1: finetune has no pipeline")
+      ("num-layers-per-virtual-pipeline-stage", po::value(&vpp), "not supported by finetune")
+      ("sequence-parallel", po::bool_switch(&sequence_parallel), "not supported by finetune (the pooler reads [CLS] rows)")
+      ("device", po::value(&a.device)->default_value("auto"), "auto | cpu | cuda")
+      ("force-mpi-for-device", po::bool_switch(&a.force_mpi_for_device), "MPI (host-staged) collectives for GPU tensors");
+  add_model_shape_flags(d, m);
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, d), vm);
+    if (vm.count("help")) {
+      std::ostringstream help;
+      help << d;
+      std::printf("%s\n", help.str().c_str());
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    MPT_THROW(str("finetune: ", e.what()), "run finetune --help for the flags it supports");
+  }
+  MPT_CHECK(pp == 1, str("--pipeline-model-parallel-size ", pp, " is not supported by finetune"),
+            "fine-tune with data and tensor parallelism (--pipeline-model-parallel-size 1)");
+  MPT_CHECK(vpp == 0, "--num-layers-per-virtual-pipeline-stage is not supported by finetune", "leave it out");
+  MPT_CHECK(!sequence_parallel, "--sequence-parallel is not supported by finetune (the pooler reads the [CLS] rows)",
+            "leave it out");
+  find_classification_task(a.task);
+  MPT_CHECK(a.epochs >= 1, str("--epochs must be >= 1, got ", a.epochs), "");
+  MPT_CHECK(a.micro_batch_size >= 1, str("--micro-batch-size must be >= 1, got ", a.micro_batch_size), "");
+  MPT_CHECK(a.log_interval >= 1, str("--log-interval must be >= 1, got ", a.log_interval), "");
+  MPT_CHECK(a.tokenizer_type == "BertWordPieceLowerCase" || a.tokenizer_type == "BertWordPieceCase",
+            str("--tokenizer-type ", a.tokenizer_type, ": finetune needs a BERT WordPiece tokenizer"),
+            "BertWordPieceLowerCase or BertWordPieceCase with --vocab-file");
+  m.bert = true;
+  m.causal = false;
+  m.post_ln = post_ln;
+  m.num_tokentypes = 2;  // A and B (Megatron's Classification model: num_tokentypes=2)
+  m.num_classes = static_cast<int64_t>(find_classification_task(a.task).labels.size());
+  nlohmann::json flags = nlohmann::json::array();
+  for (int i = 1; i < argc; ++i) flags.push_back(argv[i]);
+  a.flags_json = flags.dump();
+  return true;
+}
+
+// ---------------------------------------------------------------- the run
+
+namespace {
+
+struct Dataset {
+  std::string name;
+  std::vector<ClassificationSample> samples;
+};
+
+Dataset load_dataset(const ClassificationTask& task, const std::vector<std::string>& files, const data::TextTokenizer& tok,
+                     int64_t seq_length, const std::string& name) {
+  Dataset d;
+  d.name = name;
+  for (const std::string& f : files)
+    for (const ClassificationExample& ex : task.read(f)) d.samples.push_back(build_classification_sample(tok, ex, seq_length));
+  return d;
+}
+
+// Mixes (seed, step, micro-batch) into one dropout seed: the same masks whatever rank runs it.
+uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(step) << 20) ^ static_cast<uint64_t>(micro);
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return x;
+}
+
+}  // namespace
+
+FinetuneResult run_finetune(const FinetuneArgs& args, MPI_Comm world) {
+  const ClassificationTask& task = find_classification_task(args.task);
+  TrainArgs ta;  // the layout ParallelRuntime reads
+  ta.tensor_model_parallel_size = args.tensor_model_parallel_size;
+  ta.device = args.device;
+  ta.force_mpi_for_device = args.force_mpi_for_device;
+  ParallelRuntime rt(world, ta);
+  const ParallelContext par = rt.context();
+  int world_rank = 0;
+  MPI_Comm_rank(world, &world_rank);
+  const bool printer = world_rank == 0;
+  const Device dev = rt.device();
+
+  data::TokenizerSpec spec;
+  spec.type = args.tokenizer_type;
+  spec.vocab_file = args.vocab_file;
+  const std::unique_ptr<data::TextTokenizer> tok = data::make_tokenizer(spec);
+  GPTConfig cfg = args.model;
+  cfg.vocab_size = tok->vocab_size();
+  const int64_t mult = args.make_vocab_size_divisible_by * par.tp_size;
+  cfg.padded_vocab_size = (cfg.vocab_size + mult - 1) / mult * mult;
+  cfg.validate();
+
+  const Dataset train = load_dataset(task, args.train_data, *tok, cfg.seq_length, "train");
+  std::vector<Dataset> valid;
+  for (const std::string& f : args.valid_data)
+    valid.push_back(load_dataset(task, {f}, *tok, cfg.seq_length, std::filesystem::path(f).filename().string()));
+
+  const int64_t dp = par.dp_size, mbs = args.micro_batch_size;
+  const int64_t gbs = args.global_batch_size > 0 ? args.global_batch_size : mbs * dp;
+  MPT_CHECK(gbs % (mbs * dp) == 0,
+            str("--global-batch-size ", gbs, " is not a multiple of --micro-batch-size ", mbs, " x data-parallel size ", dp), "");
+  const int64_t micros = gbs / mbs;  // micro-batches per step, over all dp ranks
+  const int64_t n_train = static_cast<int64_t>(train.samples.size());
+  const int64_t steps_per_epoch = n_train / gbs;
+  MPT_CHECK(steps_per_epoch >= 1, str("--train-data has ", n_train, " samples, fewer than a global batch of ", gbs), "");
+  const int64_t total_steps = steps_per_epoch * args.epochs;
+
+  ModelParallel mp;
+  mp.tp = TensorParallel{par.tp, par.tp_size, par.tp_rank, false};
+  Bert model(cfg, dev, mp);
+  model.init_weights(args.seed);
+  if (!args.pretrained_checkpoint.empty()) {
+    const PretrainedLoad l = load_pretrained_encoder(args.pretrained_checkpoint, model.core(),
+                                                     rt.grid().world_size() > 1 ? world : MPI_COMM_NULL);
+    std::string fresh;
+    for (const std::string& n : l.fresh) fresh += " " + n;
+    log_info("loaded the encoder from ", l.path, " (", l.loaded.size(), " tensors); initialised fresh:", fresh);
+  }
+  ParamSet& ps = model.params();
+  AdamWOptimizer opt(ps, args.optim, par.mp);
+  LRScheduleConfig lc;
+  lc.lr = args.lr;
+  lc.min_lr = args.min_lr;
+  lc.style = args.lr_decay_style;
+  lc.warmup_steps = static_cast<int64_t>(args.lr_warmup_fraction * static_cast<double>(total_steps));
+  lc.decay_steps = total_steps;
+  const LRSchedule sched(lc);
+  if (printer)
+    std::printf(" > finetune %s: %s; %lld train samples, %lld steps per epoch x %lld epochs (global batch %lld), "
+                "%lld parameters\n",
+                task.name.c_str(), rt.describe().c_str(), static_cast<long long>(n_train),
+                static_cast<long long>(steps_per_epoch), static_cast<long long>(args.epochs),
+                static_cast<long long>(gbs), static_cast<long long>(cfg.num_parameters()));
+
+  FinetuneResult res;
+  const int64_t B_eval = mbs;
+  // Accuracy on every validation file: each dp rank takes samples r, r + dp, ...
+  auto evaluate = [&](int64_t epoch) {
+    int64_t all_correct = 0, all_total = 0;
+    for (const Dataset& d : valid) {
+      Timer t;
+      std::vector<const ClassificationSample*> mine;
+      for (size_t i = static_cast<size_t>(par.dp_rank); i < d.samples.size(); i += static_cast<size_t>(dp))
+        mine.push_back(&d.samples[i]);
+      int64_t counts[2] = {0, static_cast<int64_t>(mine.size())};
+      for (size_t i = 0; i < mine.size(); i += static_cast<size_t>(B_eval)) {
+        const std::vector<const ClassificationSample*> part(mine.begin() + static_cast<std::ptrdiff_t>(i),
+                                                            mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), i + static_cast<size_t>(B_eval))));
+        Tape tape;
+        tape.set_recording(false);
+        ForwardOptions o;
+        o.train = false;
+        model.forward(tape, classification_batch(part), o);
+        const std::vector<float> logits = model.last_losses().class_logits.to_floats();
+        const size_t K = static_cast<size_t>(cfg.num_classes);
+        for (size_t b = 0; b < part.size(); ++b) {
+          const auto row = logits.begin() + static_cast<std::ptrdiff_t>(b * K);
+          counts[0] += std::max_element(row, row + static_cast<std::ptrdiff_t>(K)) - row == part[b]->label;
+        }
+      }
+      if (par.dp_comm != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT64_T, MPI_SUM, par.dp_comm);
+      all_correct += counts[0], all_total += counts[1];
+      if (printer)
+        std::printf(" > |epoch: %lld| metrics for %s: correct / total = %lld / %lld = %.4f %%, elapsed time (sec): %.3f\n",
+                    static_cast<long long>(epoch), d.name.c_str(), static_cast<long long>(counts[0]),
+                    static_cast<long long>(counts[1]), counts[1] ? 100.0 * counts[0] / counts[1] : 0.0, t.seconds());
+    }
+    if (printer)
+      std::printf(" >> |epoch: %lld| overall: correct / total = %lld / %lld = %.4f %%\n", static_cast<long long>(epoch),
+                  static_cast<long long>(all_correct), static_cast<long long>(all_total),
+                  all_total ? 100.0 * all_correct / all_total : 0.0);
+    std::fflush(stdout);
+    return all_total ? static_cast<double>(all_correct) / static_cast<double>(all_total) : 0.0;
+  };
+  auto save = [&](int64_t step) {
+    TrainState st;
+    st.iteration = step;
+    st.consumed_train_samples = step * gbs;
+    st.seed = args.seed;
+    nlohmann::json lr_json = {{"lr", lc.lr}, {"min_lr", lc.min_lr}, {"style", lc.style},
+                              {"warmup_steps", lc.warmup_steps}, {"decay_steps", lc.decay_steps}};
+    const SaveInfo info = save_checkpoint(args.save, model.core(),
+                                          OptimState{opt.master(), opt.exp_avg(), opt.exp_avg_sq(), 0, opt.steps_taken()},
+                                          LossScaler(), st, args.flags_json, lr_json.dump(), 0,
+                                          rt.grid().world_size() > 1 ? world : MPI_COMM_NULL, par.dp_rank == 0);
+    if (printer) std::printf(" saved checkpoint %s at step %lld\n", info.dir.c_str(), static_cast<long long>(step));
+  };
+
+  Timer interval;
+  double interval_loss = 0;
+  int64_t interval_steps = 0, step = 0;
+  for (int64_t epoch = 0; epoch < args.epochs; ++epoch) {
+    std::vector<int64_t> order(static_cast<size_t>(n_train));
+    for (int64_t i = 0; i < n_train; ++i) order[static_cast<size_t>(i)] = i;
+    std::mt19937_64 rng(args.seed + static_cast<uint64_t>(epoch));  // the epoch's shuffle (Megatron: seed + epoch)
+    for (int64_t i = n_train - 1; i > 0; --i)
+      std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(rng() % static_cast<uint64_t>(i + 1))]);
+    for (int64_t s = 0; s < steps_per_epoch; ++s) {
+      ps.zero_grad();
+      double loss_sum = 0;
+      for (int64_t k = par.dp_rank; k < micros; k += dp) {  // this rank's micro-batches of the step
+        std::vector<const ClassificationSample*> part;
+        for (int64_t j = 0; j < mbs; ++j)
+          part.push_back(&train.samples[static_cast<size_t>(order[static_cast<size_t>(s * gbs + k * mbs + j)])]);
+        Tape tape;
+        ForwardOptions o;
+        o.train = true;
+        o.dropout_seed = dropout_seed(args.seed, step, k);
+        Var loss = model.forward(tape, classification_batch(part), o);
+        loss_sum += model.last_losses().cls;
+        tape.backward(loss, 1.0f / static_cast<float>(micros));  // the step's loss is the mean over micro-batches
+      }
+      if (par.dp) par.dp->all_reduce(ps.grads());
+      if (par.dp_comm != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, par.dp_comm);
+      const double loss = loss_sum / static_cast<double>(micros);
+      const float lr = sched.lr_at(step);
+      const StepResult sr = opt.step(lr, 1.0f);
+      ++step;
+      res.losses.push_back(loss);
+      interval_loss += loss;
+      ++interval_steps;
+      if (step % args.log_interval == 0 || step == total_steps) {
+        const int64_t n = interval_steps;
+        if (printer)
+        std::printf(" iteration %8lld/%8lld | epoch %lld | consumed samples: %10lld | elapsed time per iteration (ms): "
+                    "%.1f | learning rate: %.6E | global batch size: %5lld | lm loss: %.6E | grad norm: %.3f |%s\n",
+                    static_cast<long long>(step), static_cast<long long>(total_steps), static_cast<long long>(epoch),
+                    static_cast<long long>(step * gbs), 1000.0 * interval.seconds() / static_cast<double>(n), lr,
+                    static_cast<long long>(gbs), interval_loss / static_cast<double>(n), sr.grad_norm,
+                    sr.skipped ? " skipped (non-finite gradients) |" : "");
+        std::fflush(stdout);
+        interval_loss = 0, interval_steps = 0;
+        interval.reset();
+      }
+      if (args.eval_interval > 0 && step % args.eval_interval == 0 && !valid.empty()) evaluate(epoch);
+      if (!args.save.empty() && args.save_interval > 0 && step % args.save_interval == 0) save(step);
+    }
+    if (!valid.empty()) res.accuracies.push_back(evaluate(epoch));
+    if (!args.save.empty() && !(args.save_interval > 0 && step % args.save_interval == 0)) save(step);
+  }
+  res.steps = step;
+  return res;
+}
+
+}  // namespace mpitron
