@@ -164,7 +164,7 @@ if [ "$PARTS" = all ] || [ "$PARTS" = tests ]; then
   step ctest 240 60 bash -c "ctest --test-dir '$RUN' --output-on-failure -j 8 --timeout 200 2>&1 | tee '$OUT/ctest.log'"
   # Tensor/pipeline/data-parallel equivalence with device tensors: 2 and 4 ranks share the one GPU,
   # communicating through MPI (host-staged, --force-mpi-for-device).
-  step mp_cuda 150 60 bash -c "cd '$RUN' && for np in 2 4; do MPITRON_TEST_DEVICE=cuda OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np \$np tests/model_test_trainer_mp 2>&1 | tail -4; done | tee -a '$OUT/ctest.log'"
+  step mp_cuda 150 60 bash -c "cd '$RUN' && for np in 2 4; do MPITRON_TEST_DEVICE=cuda OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np \$np tests/model_test_trainer_mp 2>&1 | tail -4; MPITRON_TEST_DEVICE=cuda OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np \$np tests/model_test_bert_train_mp 2>&1 | tail -4; done | tee -a '$OUT/ctest.log'"
   step cublas 90 30 bash -c "MPITRON_ATTENTION=cublas ctest --test-dir '$RUN' -R '^tensor_' --output-on-failure -j 8 --timeout 80 2>&1 | tee -a '$OUT/ctest.log' | tail -5"
 fi
 

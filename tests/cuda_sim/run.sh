@@ -15,11 +15,12 @@ BUILD=${SIM_BUILD:-build-sim}
 JOBS=${JOBS:-$(nproc)}
 start=$(date +%s)
 # The op conformance suite (device=cuda), the GPT reference against PyTorch,
-# bitwise resume, and the TP/PP/DP equivalence at 2 ranks.
+# bitwise resume, and the TP/PP/DP equivalence at 2 ranks, GPT and BERT (bidirectional
+# attention with padding masks, the MLM and sentence-order heads).
 # Every tests/tensor/test_*.cpp (new op families join by themselves), then the model tests.
 TESTS=($(for f in tests/tensor/test_*.cpp; do f=${f##*/}; echo "tensor_${f%.cpp}"; done)
-       model_test_gpt_reference model_test_trainer model_test_trainer_mp)
-REGEX=${SIM_TESTS:-'^(tensor_test_.*|model_test_gpt_reference|model_test_trainer_mp_np2)$'}
+       model_test_gpt_reference model_test_trainer model_test_trainer_mp model_test_bert_train_mp)
+REGEX=${SIM_TESTS:-'^(tensor_test_.*|model_test_gpt_reference|model_test_trainer_mp_np2|model_test_bert_train_mp_np2)$'}
 
 [ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -G Ninja -DMPITRON_CUDA_SIM=ON ${SIM_CMAKE_FLAGS:-}
 cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}"

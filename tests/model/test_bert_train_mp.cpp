@@ -10,6 +10,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <filesystem>
@@ -32,6 +33,13 @@ using testing::world_size;
 
 std::string vocab() { return testing::source_path("tests/data/ref/bert_uncased/vocab.txt"); }
 
+// MPITRON_TEST_DEVICE=cuda runs the same layouts on the GPU (tools/gpu_check.sh; the
+// cuDNN graph with BERT's padding mask): the ranks share one GPU, so MPI carries the tensors.
+std::string test_device() {
+  const char* d = std::getenv("MPITRON_TEST_DEVICE");
+  return d && *d ? d : "cpu";
+}
+
 std::vector<std::string> flags(bool binary_head = true) {
   std::vector<std::string> f = {
       "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
@@ -39,9 +47,10 @@ std::vector<std::string> flags(bool binary_head = true) {
       "--lr", "2e-3", "--lr-warmup-iters", "2", "--lr-decay-style", "linear", "--hidden-dropout", "0.1",
       "--attention-dropout", "0.1", "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", vocab(),
       "--data-path", testing::source_path("tests/data/ref/bert_ds/wiki_text_sentence"), "--split", "90,10,0",
-      "--log-interval", "5", "--eval-interval", "5", "--eval-iters", "1", "--seed", "7", "--device", "cpu",
+      "--log-interval", "5", "--eval-interval", "5", "--eval-iters", "1", "--seed", "7", "--device", test_device(),
       "--ddp-bucket-size", "5000", "--make-vocab-size-divisible-by", "64"};
   if (!binary_head) f.push_back("--bert-no-binary-head");
+  if (test_device() == "cuda") f.push_back("--force-mpi-for-device");
   return f;
 }
 
