@@ -67,6 +67,8 @@ void GPTConfig::validate() const {
             "bidirectional attention, the post-LN block order and token types are BERT's (model/bert.h)", "");
   MPT_CHECK(!bert || !untie_embeddings,
             "--untie-embeddings-and-output-weights: BERT's MLM decoder is tied to the word embeddings", "");
+  MPT_CHECK(!gelu_exact || !swiglu || bert, "--exact-gelu with --swiglu: the SwiGLU MLP has no GELU",
+            "drop --exact-gelu");
   MPT_CHECK(init_method_std > 0, str("--init-method-std must be > 0, got ", init_method_std), "");
   MPT_CHECK(layernorm_epsilon > 0, str("--norm-epsilon must be > 0, got ", layernorm_epsilon), "");
   if (position_embedding == PositionEmbedding::Rope) {
