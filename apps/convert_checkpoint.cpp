@@ -11,9 +11,10 @@
 // without a config.json the input is a GPT-2 .safetensors file.
 // mpitron-to-hf reads the checkpoint's architecture: GPT-2, Llama (RMSNorm + SwiGLU + rope) or
 // BERT (post-LN with the binary head → BertForPreTraining; the erf GELU is written as
-// hidden_act "gelu", the tanh one as "gelu_new"), anything else is refused. hf-to-mpitron pads the vocabulary (zero rows) and writes iteration 0
-// with zero Adam moments (load it with generate_text / evaluate --load, or pretrain_gpt --load
-// --finetune, under any TP x PP layout); mpitron-to-hf drops the padding rows. Values are copied
+// hidden_act "gelu", the tanh one as "gelu_new"), anything else is refused. hf-to-mpitron pads
+// the vocabulary (zero rows) and writes iteration 0 with zero Adam moments (load it with
+// generate_text / evaluate --load, or pretrain_gpt --load --finetune, under any TP x PP layout);
+// mpitron-to-hf drops the padding rows. Values are copied
 // exactly (F16/BF16 inputs are widened to f32; exporting with the same --dtype gives the same bits).
 #include "apps/app_main.h"
 #include <mpi.h>
