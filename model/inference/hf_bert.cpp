@@ -74,12 +74,9 @@ GPTConfig hf_bert_config(const std::string& config_json, int64_t divisible_by) {
   const std::string type = hf_model_type(config_json);
   MPT_CHECK(type == "bert", str("HF model_type ", type, " is not BERT"),
             "convert BertForPreTraining checkpoints (model_type bert) here");
-  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
-    const std::string a = j["architectures"][0].is_string() ? j["architectures"][0].get<std::string>() : "";
-    MPT_CHECK(a == "BertForPreTraining", str("HF architecture ", a, " is not BertForPreTraining"),
-              "mpitron converts the pre-training model (MLM + next-sentence heads); a task head such as "
-              "BertForSequenceClassification has other tensors");
-  }
+  // architectures is not checked: the hub's pre-trained BERTs say BertForMaskedLM yet hold the
+  // BertForPreTraining tensors. The tensors decide (a missing head or a task head's extra
+  // tensors are named by bert_from_hf).
   // Keys that do not change the forward math in evaluation.
   static const std::set<std::string> known{
       "_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype", "bos_token_id",
@@ -159,18 +156,27 @@ std::unique_ptr<Bert> bert_from_hf(const HfCheckpoint& ck, const GPTConfig& cfg)
     const auto it = ck.file_of.find(name);
     return it == ck.file_of.end() ? ck.dir : it->second;
   };
+  // TF-era checkpoints name LayerNorm parameters gamma / beta (transformers renames them on load).
+  const auto find = [&](const std::string& name) {
+    int64_t i = st.index(name);
+    const size_t dot = name.rfind('.');
+    const std::string stem = name.substr(0, dot + 1), leaf = name.substr(dot + 1);
+    if (i < 0 && name.find("LayerNorm.") != std::string::npos && (leaf == "weight" || leaf == "bias"))
+      i = st.index(stem + (leaf == "weight" ? "gamma" : "beta"));
+    return i;
+  };
   for (const BertName& n : bert_names(cfg)) {
     const Tensor dst = param_view(core, ps.values(), n.ours);
     const int64_t rows = n.hf.size() == 1 ? 0 : dst.dim(0) / static_cast<int64_t>(n.hf.size());  // q|k|v: C each
     for (size_t k = 0; k < n.hf.size(); ++k) {
       const std::string& name = n.hf[k];
-      const int64_t i = st.index(name);
+      const int64_t i = find(name);
       MPT_CHECK(i >= 0, str("HF checkpoint ", ck.dir, " has no tensor ", name, " (looked in ", file(name), ")"),
                 "is it a complete BertForPreTraining checkpoint matching its config.json?");
       used[static_cast<size_t>(i)] = true;
       const int64_t r0 = static_cast<int64_t>(k) * rows;
       const Tensor part = rows == 0 ? dst : dst.slice(0, r0, r0 + rows);
-      const Tensor t = st.to_f32(name);
+      const Tensor t = st.to_f32(st.tensors[static_cast<size_t>(i)].name);
       MPT_CHECK(t.shape() == part.shape(),
                 str("HF tensor ", name, " in ", file(name), " is ", shape_str(t.shape()), ", but mpitron's ", n.ours,
                     rows == 0 ? std::string() : str(" (rows ", r0, "..", r0 + rows, ")"), " needs ",
@@ -195,7 +201,7 @@ std::unique_ptr<Bert> bert_from_hf(const HfCheckpoint& ck, const GPTConfig& cfg)
       continue;
     }
     MPT_THROW(str("HF tensor ", name, " in ", file(name), " is not part of a BertForPreTraining with this config.json"),
-              "check num_hidden_layers; TF-era names (gamma/beta) must be converted with transformers first");
+              "check num_hidden_layers; a task head (BertForSequenceClassification, …) is not converted");
   }
   return model;
 }

@@ -24,7 +24,9 @@
 //   cls.predictions.decoder.weight / .bias: tied to word_embeddings / predictions.bias; read
 //       only to check they are equal (save_pretrained usually leaves them out), never written
 //   cls.seq_relationship (2, C)          → binary_head
-// HF's buffers bert.embeddings.position_ids / token_type_ids (older checkpoints) are ignored.
+// HF's buffers bert.embeddings.position_ids / token_type_ids (older checkpoints) are ignored, and
+// TF-era LayerNorm names (.gamma / .beta) are read as .weight / .bias. config.json's
+// architectures is not checked (the hub's BERTs say BertForMaskedLM but hold these tensors).
 // nn.Linear stores (out, in) as we do: nothing is transposed.
 //
 // config.json → GPTConfig: hidden_size, num_hidden_layers, num_attention_heads,

@@ -148,7 +148,7 @@ std::string hf_model_type(const std::string& config_json) {
     if (a == "GPT2LMHeadModel" || a == "GPT2Model") return "gpt2";
     if (a == "LlamaForCausalLM") return "llama";
     if (a == "MistralForCausalLM") return "mistral";
-    if (a == "BertForPreTraining") return "bert";
+    if (a == "BertForPreTraining" || a == "BertForMaskedLM") return "bert";
     MPT_THROW(str("HF config.json has no model_type and architecture ", a, " is not known"),
               "mpitron converts GPT-2, Llama (LlamaForCausalLM, MistralForCausalLM without sliding window) and "
               "BERT (BertForPreTraining)");

@@ -59,7 +59,7 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir);
 
 // The model_type of an HF config.json text ("gpt2", "llama", …; from "architectures" when
 // model_type is absent: GPT2LMHeadModel → gpt2, LlamaForCausalLM → llama, MistralForCausalLM
-// → mistral, BertForPreTraining → bert). Throws when neither is there.
+// → mistral, BertForPreTraining / BertForMaskedLM → bert). Throws when neither is there.
 std::string hf_model_type(const std::string& config_json);
 
 // Shared by the HF name maps (hf_llama.cpp, hf_bert.cpp):
