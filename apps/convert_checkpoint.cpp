@@ -1,16 +1,20 @@
-// convert_checkpoint — Hugging Face safetensors <-> mpitron HDF5 checkpoint, GPT-2 and Llama.
+// convert_checkpoint — Hugging Face safetensors <-> mpitron HDF5 checkpoint, GPT-2, Llama and BERT.
 //   convert_checkpoint --direction hf-to-mpitron --input gpt2/ --output ckpt/gpt2
 //   convert_checkpoint --direction hf-to-mpitron --input Llama-2-7b-hf/ --output ckpt/llama
+//   convert_checkpoint --direction hf-to-mpitron --input bert-base-uncased/ --output ckpt/bert
 //   convert_checkpoint --direction mpitron-to-hf --input ckpt/llama --output out/llama-hf/
 //       [--dtype F32|F16|BF16] [--hf-prefix transformer.|none] [--lm-head] [--hf-config-out out/config.json]
 // The family is detected, no flag: hf-to-mpitron reads config.json's model_type (or
 // architectures): gpt2 → model/inference/inference_load.h, llama / mistral →
-// model/inference/hf_llama.h (a directory: config.json + model.safetensors or a sharded
-// model.safetensors.index.json); without a config.json the input is a GPT-2 .safetensors file.
-// mpitron-to-hf reads the checkpoint's architecture: GPT-2 or Llama (RMSNorm + SwiGLU + rope),
-// anything else is refused. hf-to-mpitron pads the vocabulary (zero rows) and writes iteration 0
-// with zero Adam moments (load it with generate_text / evaluate --load, or pretrain_gpt --load
-// --finetune, under any TP x PP layout); mpitron-to-hf drops the padding rows. Values are copied
+// model/inference/hf_llama.h, bert (BertForPreTraining) → model/inference/hf_bert.h (a
+// directory: config.json + model.safetensors or a sharded model.safetensors.index.json);
+// without a config.json the input is a GPT-2 .safetensors file.
+// mpitron-to-hf reads the checkpoint's architecture: GPT-2, Llama (RMSNorm + SwiGLU + rope) or
+// BERT (post-LN with the binary head → BertForPreTraining; the erf GELU is written as
+// hidden_act "gelu", the tanh one as "gelu_new"), anything else is refused. hf-to-mpitron pads
+// the vocabulary (zero rows) and writes iteration 0 with zero Adam moments (load it with
+// generate_text / evaluate --load, or pretrain_gpt --load --finetune, under any TP x PP layout);
+// mpitron-to-hf drops the padding rows. Values are copied
 // exactly (F16/BF16 inputs are widened to f32; exporting with the same --dtype gives the same bits).
 #include "apps/app_main.h"
 #include <mpi.h>
@@ -26,6 +30,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/safetensors.h"
+#include "model/inference/hf_bert.h"
 #include "model/inference/hf_llama.h"
 #include "model/inference/inference_load.h"
 
@@ -55,15 +60,15 @@ int run(int argc, char** argv) {
   std::string direction, input, output, hf_config, hf_config_out, dtype = "F32", prefix = "transformer.";
   int64_t heads = 0, divisible_by = 128, tp = 1;
   bool lm_head = false;
-  po::options_description d("convert_checkpoint: Hugging Face GPT-2 / Llama safetensors <-> mpitron checkpoint "
-                            "(the family is read from config.json or the checkpoint)");
+  po::options_description d("convert_checkpoint: Hugging Face GPT-2 / Llama / BERT (BertForPreTraining) safetensors "
+                            "<-> mpitron checkpoint (the family is read from config.json or the checkpoint)");
   d.add_options()("help,h", "print this help")
       ("direction", po::value(&direction)->required(), "hf-to-mpitron or mpitron-to-hf")
       ("input", po::value(&input)->required(), "hf-to-mpitron: a Hugging Face model directory (config.json and model.safetensors, or "
-                                              "model.safetensors.index.json and its shards; Llama needs this), or a GPT-2 "
+                                              "model.safetensors.index.json and its shards; Llama and BERT need this), or a GPT-2 "
                                               ".safetensors file; mpitron-to-hf: a checkpoint directory")
       ("output", po::value(&output)->required(), "hf-to-mpitron: the checkpoint directory to create; mpitron-to-hf: "
-                                                "a directory (model.safetensors + config.json; created for Llama) or, "
+                                                "a directory (model.safetensors + config.json; created for Llama and BERT) or, "
                                                 "for GPT-2, a .safetensors file")
       ("hf-config", po::value(&hf_config), "hf-to-mpitron: HF config.json, when it is not in the --input directory")
       ("num-attention-heads", po::value(&heads), "hf-to-mpitron, GPT-2: heads, when there is no config.json")
@@ -98,6 +103,16 @@ int run(int argc, char** argv) {
                 str("the ", type, " config.json gives num_attention_heads; drop the flag"));
       HfCheckpoint ck = read_hf_checkpoint(input);
       ck.config_json = config_text;
+      if (type == "bert") {
+        const GPTConfig cfg = hf_bert_config(config_text, divisible_by * tp);
+        auto model = bert_from_hf(ck, cfg);
+        const std::string dir = save_model_checkpoint(output, model->core(), input);
+        log_info("wrote ", dir, ": bert (post-LN, BertForPreTraining), ", cfg.num_layers, " layers, hidden ",
+                 cfg.hidden_size, ", ", cfg.num_attention_heads, " heads, ffn ", cfg.ffn(), ", vocab ", cfg.vocab_size,
+                 " (padded ", cfg.padded_vocab_size, "), ", cfg.num_tokentypes, " token types, ",
+                 cfg.gelu_exact ? "erf" : "tanh", " GELU");
+        return 0;
+      }
       const GPTConfig cfg = hf_llama_config(config_text, divisible_by * tp);
       auto model = gpt_from_hf_llama(ck, cfg);
       const std::string dir = save_model_checkpoint(output, *model, input);
@@ -118,10 +133,32 @@ int run(int argc, char** argv) {
     InferenceModel m = load_model_for_inference(input);
     const GPTConfig& cfg = m.model->config();
     std::string why;
+    if (cfg.bert) {
+      MPT_CHECK(hf_bert_exportable(cfg, &why),
+                str("checkpoint ", input, " is a BERT that BertForPreTraining cannot hold: ", why),
+                "mpitron-to-hf exports the original post-LN BERT with its binary head");
+      MPT_CHECK(!vm.count("hf-prefix") && !lm_head, "--hf-prefix and --lm-head are GPT-2 export options",
+                "a BERT export always has bert.* / cls.* names and a tied decoder");
+      std::string out = output;
+      if (!ends_with(output, ".safetensors")) {
+        std::filesystem::create_directories(output);
+        out = output + "/model.safetensors";
+        if (hf_config_out.empty()) hf_config_out = output + "/config.json";
+      }
+      io::write_safetensors(out, hf_bert_from_gpt(*m.model, dtype));
+      if (!hf_config_out.empty()) {
+        std::ofstream f(hf_config_out);
+        f << hf_bert_config_json(cfg, dtype) << "\n";
+        MPT_CHECK(f.good(), str("cannot write ", hf_config_out), "");
+      }
+      log_info("wrote ", out, hf_config_out.empty() ? "" : " and " + hf_config_out, " (BertForPreTraining) from ", m.dir);
+      return 0;
+    }
     if (cfg.family() != "gpt2") {
       MPT_CHECK(hf_llama_exportable(cfg, &why),
                 str("checkpoint ", input, " has architecture family ", cfg.family(), ", which Hugging Face has no model for: ", why),
-                "mpitron-to-hf exports GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM) architectures");
+                "mpitron-to-hf exports GPT-2 (GPT2LMHeadModel), Llama (LlamaForCausalLM) and BERT (BertForPreTraining) "
+                "architectures");
       MPT_CHECK(!vm.count("hf-prefix") && !lm_head, "--hf-prefix and --lm-head are GPT-2 export options",
                 "a Llama export always has model.* names and its own lm_head.weight");
       std::string out = output;

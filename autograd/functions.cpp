@@ -174,23 +174,24 @@ Var rope(Tape& tape, const Var& x, int64_t batch, int64_t seq, int64_t heads, in
 namespace {
 struct GeluNode final : Node {
   Var x, y;
-  const char* name() const override { return "gelu"; }
+  bool exact = false;
+  const char* name() const override { return exact ? "gelu_erf" : "gelu"; }
   void backward() override {
     if (!y.grad().defined() || !x.requires_grad()) return;
     Tensor dx = empty_like(x.value());
-    gelu_backward(y.grad(), x.value(), dx);
+    gelu_backward(y.grad(), x.value(), dx, exact);
     axpby(1.0f, dx, 1.0f, x.grad_or_zeros());
   }
 };
 }  // namespace
 
-Var gelu(Tape& tape, const Var& x) {
+Var gelu(Tape& tape, const Var& x, bool exact) {
   Tensor y = empty_like(x.value());
-  gelu_forward(x.value(), y);
+  gelu_forward(x.value(), y, exact);
   Var out(y, x.requires_grad());
   if (tape.recording() && out.requires_grad()) {
     auto n = std::make_unique<GeluNode>();
-    n->x = x, n->y = out;
+    n->x = x, n->y = out, n->exact = exact;
     tape.record(std::move(n));
   }
   return out;

@@ -16,7 +16,7 @@ Var linear(Tape& tape, const Var& x, const Var& w, const Var& b);
 Var layernorm(Tape& tape, const Var& x, const Var& weight, const Var& bias, float eps = 1e-5f);
 // y (N, C) = x / √(mean_c(x²) + eps) · weight   (Llama's RMSNorm)
 Var rmsnorm(Tape& tape, const Var& x, const Var& weight, float eps = 1e-5f);
-Var gelu(Tape& tape, const Var& x);
+Var gelu(Tape& tape, const Var& x, bool exact = false);  // exact: the erf form (tensor/gelu.h)
 // y (N, F) = silu(a) · b over the halves x (N, 2F) = [a | b]   (Megatron's --swiglu)
 Var swiglu(Tape& tape, const Var& x);
 // y (N, H·D) = rotary embedding of x viewed as (batch, seq, H, D): heads [0, rotate_heads)

@@ -13,7 +13,7 @@ namespace {
 const char* kFlags[] = {"normalization", "norm-epsilon", "swiglu", "position-embedding-type", "rotary-base",
                         "rotary-percent", "use-rotary-position-embeddings", "no-position-embedding",
                         "group-query-attention", "num-query-groups", "untie-embeddings-and-output-weights",
-                        "disable-bias-linear"};
+                        "disable-bias-linear", "exact-gelu", "openai-gelu"};
 }  // namespace
 
 void add_architecture_flags(po::options_description& d, ArchFlags& f) {
@@ -33,7 +33,11 @@ void add_architecture_flags(po::options_description& d, ArchFlags& f) {
       ("num-query-groups", po::value(&f.num_query_groups),
        "key/value heads with --group-query-attention (default 1: multi-query)")
       ("untie-embeddings-and-output-weights", po::bool_switch(&f.untie), "an output layer of its own (head.weight)")
-      ("disable-bias-linear", po::bool_switch(&f.no_bias), "no biases in the attention and MLP linears");
+      ("disable-bias-linear", po::bool_switch(&f.no_bias), "no biases in the attention and MLP linears")
+      ("exact-gelu", po::bool_switch(&f.exact_gelu),
+       "GELU is x·Φ(x) with erf (HF BERT's \"gelu\", torch's F.gelu; Megatron's unfused path) instead of the tanh "
+       "approximation (the default: GPT-2, Megatron's fused bias_gelu)")
+      ("openai-gelu", po::bool_switch(&f.openai_gelu), "the tanh-approximation GELU (Megatron's name; the default here)");
   d.add(g);
 }
 
@@ -86,6 +90,9 @@ void apply_architecture_flags(const po::variables_map& vm, const ArchFlags& f, G
   }
   m.untie_embeddings = f.untie;
   m.add_bias_linear = !f.no_bias;
+  MPT_CHECK(!(f.exact_gelu && f.openai_gelu), "--exact-gelu and --openai-gelu both given",
+            "--openai-gelu is the tanh approximation, --exact-gelu the erf form: give one");
+  m.gelu_exact = f.exact_gelu;
 }
 
 void copy_architecture(const GPTConfig& from, GPTConfig& to) {
@@ -98,6 +105,7 @@ void copy_architecture(const GPTConfig& from, GPTConfig& to) {
   to.num_query_groups = from.num_query_groups;
   to.untie_embeddings = from.untie_embeddings;
   to.add_bias_linear = from.add_bias_linear;
+  to.gelu_exact = from.gelu_exact;
 }
 
 std::string architecture_differences(const GPTConfig& a, const GPTConfig& b) {
@@ -122,6 +130,8 @@ std::string architecture_differences(const GPTConfig& a, const GPTConfig& b) {
   diff(a.add_bias_linear != b.add_bias_linear,
        str("--disable-bias-linear ", a.add_bias_linear ? "off" : "on", " (checkpoint: ", b.add_bias_linear ? "off" : "on",
            ")"));
+  diff(a.gelu_exact != b.gelu_exact,
+       str("--exact-gelu ", a.gelu_exact ? "on" : "off", " (checkpoint: ", b.gelu_exact ? "on" : "off", ")"));
   return out;
 }
 

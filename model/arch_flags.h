@@ -6,6 +6,7 @@
 //   --rotary-base B  --rotary-percent P   --use-rotary-position-embeddings (= rope)
 //   --no-position-embedding               --group-query-attention --num-query-groups G
 //   --untie-embeddings-and-output-weights --disable-bias-linear
+//   --exact-gelu (erf GELU, HF BERT)       --openai-gelu (tanh GELU, the default)
 // A Llama model: --normalization RMSNorm --swiglu --position-embedding-type rope
 //   --untie-embeddings-and-output-weights --disable-bias-linear [--group-query-attention
 //   --num-query-groups 8] (docs/model-families.md).
@@ -23,6 +24,7 @@ struct ArchFlags {
   std::string position_embedding_type = "learned_absolute";
   float norm_epsilon = 0.0f;
   bool swiglu = false, rope = false, no_position_embedding = false, gqa = false, untie = false, no_bias = false;
+  bool exact_gelu = false, openai_gelu = false;
   int64_t num_query_groups = 1;  // Megatron's default with --group-query-attention
   double rotary_base = 10000.0, rotary_percent = 1.0;
 };

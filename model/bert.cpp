@@ -151,7 +151,7 @@ Var Bert::heads(Tape& tape, const Var& x, const BertBatch& batch) {
   Var h = x;  // (Nl, C)
   if (!c.post_ln) h = ag::layernorm(tape, h, spp("lnf.weight"), spp("lnf.bias"), eps);
   // MLM head on this rank's rows (replicated parameters), then the vocab-parallel tied decoder.
-  Var d = ag::gelu(tape, ag::linear(tape, h, spp("lm_head.dense.weight"), spp("lm_head.dense.bias")));
+  Var d = ag::gelu(tape, ag::linear(tape, h, spp("lm_head.dense.weight"), spp("lm_head.dense.bias")), c.gelu_exact);
   d = ag::layernorm(tape, d, spp("lm_head.ln.weight"), spp("lm_head.ln.bias"), eps);
   const Tensor labels = batch.labels.to(dev).contiguous().view({B * T});
   Var lm;
@@ -196,6 +196,35 @@ Var Bert::chunk_forward(Tape& tape, int c, const BertBatch& batch, const Var& in
   x = core_.layers(tape, ch, x, B, T, o);
   if (!ch.last_stage) return x;
   return config().num_classes > 0 ? classification_head(tape, x, batch, o) : heads(tape, x, batch);
+}
+
+BertLogits Bert::logits(const BertBatch& batch) {
+  const ModelParallel& mp = core_.parallel();
+  MPT_CHECK(mp.tp.size == 1 && mp.pp_size == 1 && core_.num_chunks() == 1, "Bert::logits needs the whole model on one rank",
+            "load the checkpoint into a single process (it loads under any layout)");
+  const GPTConfig& c = core_.config();
+  const ParamSet& ps = core_.params();
+  const Device dev = core_.device();
+  const int64_t B = batch.tokens.dim(0), T = batch.tokens.dim(1);
+  Tape tape;
+  tape.set_recording(false);
+  ForwardOptions o;
+  o.train = false;
+  if (batch.padded()) o.kv_lengths = batch.lengths.to(dev);
+  Var h = core_.layers(tape, core_.chunk(0), embed(tape, batch, o), B, T, o);  // (N, C)
+  if (!c.post_ln) h = ag::layernorm(tape, h, ps.var("lnf.weight"), ps.var("lnf.bias"), c.layernorm_epsilon);
+  // The same head math as heads() (MLM transform, tied decoder; pooler and binary head).
+  Var d = ag::gelu(tape, ag::linear(tape, h, ps.var("lm_head.dense.weight"), ps.var("lm_head.dense.bias")), c.gelu_exact);
+  d = ag::layernorm(tape, d, ps.var("lm_head.ln.weight"), ps.var("lm_head.ln.bias"), c.layernorm_epsilon);
+  BertLogits out;
+  out.mlm = ag::linear(tape, d, ps.var("wte"), ps.var("lm_head.bias")).value();
+  if (!c.binary_head) return out;
+  std::vector<int64_t> cls(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) cls[static_cast<size_t>(b)] = b * T;
+  Var first = ag::embedding(tape, Tensor::from_ints(cls, {B}, DType::I32).to(dev), h);  // (B, C)
+  Var pooled = tanh_op(tape, ag::linear(tape, first, ps.var("pooler.dense.weight"), ps.var("pooler.dense.bias")));
+  out.binary = ag::linear(tape, pooled, ps.var("binary_head.weight"), ps.var("binary_head.bias")).value();
+  return out;
 }
 
 Var Bert::forward(Tape& tape, const BertBatch& batch, const ForwardOptions& opt) {

@@ -48,6 +48,12 @@ struct BertLosses {
   Tensor class_logits;     // (B, K) f32 host: the classifier's logits (num_classes > 0)
 };
 
+// The heads' outputs before any loss (Bert::logits).
+struct BertLogits {
+  Tensor mlm;     // (B·T, V) f32, every position (V = padded vocab; padding columns are b_lm's zeros)
+  Tensor binary;  // (B, 2) f32 sentence-order logits; undefined without the binary head
+};
+
 class Bert {
  public:
   Bert(const GPTConfig& cfg, Device device, const ModelParallel& mp = {});
@@ -62,6 +68,9 @@ class Bert {
   Var forward(Tape& tape, const BertBatch& batch, const ForwardOptions& opt);
   // The two losses of the last chunk_forward on the last stage.
   const BertLosses& last_losses() const { return losses_; }
+  // Both heads' logits for a batch, no dropout and no loss (labels and is_random are not
+  // read). The whole model on one rank (tests and HF comparison, model/inference/hf_bert.h).
+  BertLogits logits(const BertBatch& batch);
 
  private:
   Var embed(Tape& tape, const BertBatch& batch, const ForwardOptions& opt);

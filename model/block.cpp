@@ -18,6 +18,7 @@ BlockShape block_shape(const GPTConfig& c, int64_t batch, int64_t seq, const Ten
   s.rope_args.percent = c.rotary_percent;
   s.causal = c.causal;
   s.post_ln = c.post_ln;
+  s.gelu_exact = c.gelu_exact;
   return s;
 }
 

@@ -69,6 +69,8 @@ void GPTConfig::validate() const {
   MPT_CHECK(num_classes == 0 || bert, "a classification head (num_classes > 0) sits on a BERT encoder (model/bert.h)", "");
   MPT_CHECK(!bert || !untie_embeddings,
             "--untie-embeddings-and-output-weights: BERT's MLM decoder is tied to the word embeddings", "");
+  MPT_CHECK(!gelu_exact || !swiglu || bert, "--exact-gelu with --swiglu: the SwiGLU MLP has no GELU",
+            "drop --exact-gelu");
   MPT_CHECK(init_method_std > 0, str("--init-method-std must be > 0, got ", init_method_std), "");
   MPT_CHECK(layernorm_epsilon > 0, str("--norm-epsilon must be > 0, got ", layernorm_epsilon), "");
   if (position_embedding == PositionEmbedding::Rope) {

@@ -46,6 +46,8 @@ struct GPTConfig {
   double rotary_percent = 1.0;           // --rotary-percent: fraction of each head's dims rotated
   bool untie_embeddings = false;         // --untie-embeddings-and-output-weights: own head (V, C)
   bool add_bias_linear = true;           // false with --disable-bias-linear
+  bool gelu_exact = false;               // --exact-gelu: GELU is x·Φ(x) with erf (HF BERT's "gelu"), not the
+                                         //   tanh approximation (GPT-2, Megatron's fused bias_gelu; the default)
   DType compute_dtype = DType::F32;      // f32, or bf16/f16 with --bf16/--fp16
   // BERT (model/bert.h; docs/model-families.md "BERT"; set by pretrain_bert and its flags):
   bool bert = false;                     // encoder with the MLM head (+ pooler and binary head)

@@ -23,6 +23,7 @@ nlohmann::json config_to_json(const GPTConfig& c) {
           {"num_query_groups", c.query_groups()},
           {"untie_embeddings", c.untie_embeddings},
           {"add_bias_linear", c.add_bias_linear}};
+  if (c.gelu_exact) j["gelu_exact"] = true;  // absent: the tanh approximation (checkpoints before the key)
   if (c.bert) {  // BERT's choices (model/bert.h); absent: a decoder
     j["bert"] = true;
     j["causal"] = c.causal;
@@ -55,6 +56,7 @@ GPTConfig config_from_json(const nlohmann::json& j, const std::string& where) {
     c.num_query_groups = g == c.num_attention_heads ? 0 : g;
     c.untie_embeddings = j.value("untie_embeddings", false);
     c.add_bias_linear = j.value("add_bias_linear", true);
+    c.gelu_exact = j.value("gelu_exact", false);
     c.bert = j.value("bert", false);
     c.causal = j.value("causal", true);
     c.post_ln = j.value("post_ln", false);

@@ -228,6 +228,23 @@ void gelu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream
   MPT_BACKEND(x, gelu_backward, dout, x, dx, s);
 }
 
+void gelu_erf_forward(const Tensor& x, const Tensor& out, Stream s) {
+  need_float("gelu_erf_forward", x, "x");
+  need_like("gelu_erf_forward", x, "x", out, "out");
+  check_same_device("gelu_erf_forward", {&x, &out});
+  check_contiguous("gelu_erf_forward", {{&x, "x"}, {&out, "out"}});
+  MPT_BACKEND(x, gelu_erf_forward, x, out, s);
+}
+
+void gelu_erf_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream s) {
+  need_float("gelu_erf_backward", x, "x");
+  need_like("gelu_erf_backward", x, "x", dout, "dout");
+  need_like("gelu_erf_backward", x, "x", dx, "dx");
+  check_same_device("gelu_erf_backward", {&dout, &x, &dx});
+  check_contiguous("gelu_erf_backward", {{&x, "x"}, {&dout, "dout"}, {&dx, "dx"}});
+  MPT_BACKEND(x, gelu_erf_backward, dout, x, dx, s);
+}
+
 namespace {
 // x (..., 2F) and a (..., F) tensor `o` with the same leading dims.
 void check_swiglu_pair(const char* op, const Tensor& x, const Tensor& o, const char* on) {

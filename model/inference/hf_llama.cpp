@@ -81,8 +81,9 @@ Tensor param_view(const GPT& model, const Tensor& flat, const std::string& ours)
   return is_vocab(ours) ? t.slice(0, 0, model.config().vocab_size) : t;
 }
 
-// The shortest decimal that reads back as f (1e-05, not 9.999999747378752e-06).
-double short_float(float f) {
+}  // namespace
+
+double hf_short_float(float f) {
   for (int p = 6; p < 10; ++p) {
     char b[32];
     std::snprintf(b, sizeof b, "%.*g", p, static_cast<double>(f));
@@ -91,14 +92,12 @@ double short_float(float f) {
   return f;
 }
 
-const char* torch_dtype(const std::string& dtype) {
+const char* hf_torch_dtype(const std::string& dtype) {
   if (dtype == "F32") return "float32";
   if (dtype == "F16") return "float16";
   if (dtype == "BF16") return "bfloat16";
   MPT_THROW(str("export dtype ", dtype, " is not known"), "use F32, F16 or BF16");
 }
-
-}  // namespace
 
 HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   HfCheckpoint ck;
@@ -149,8 +148,10 @@ std::string hf_model_type(const std::string& config_json) {
     if (a == "GPT2LMHeadModel" || a == "GPT2Model") return "gpt2";
     if (a == "LlamaForCausalLM") return "llama";
     if (a == "MistralForCausalLM") return "mistral";
+    if (a == "BertForPreTraining" || a == "BertForMaskedLM") return "bert";
     MPT_THROW(str("HF config.json has no model_type and architecture ", a, " is not known"),
-              "mpitron converts GPT-2 and Llama (LlamaForCausalLM, MistralForCausalLM without sliding window)");
+              "mpitron converts GPT-2, Llama (LlamaForCausalLM, MistralForCausalLM without sliding window) and "
+              "BERT (BertForPreTraining)");
   }
   MPT_THROW("HF config.json has neither model_type nor architectures", "is it a Hugging Face config.json?");
 }
@@ -297,7 +298,7 @@ io::Safetensors hf_llama_from_gpt(const GPT& model, const std::string& dtype, co
   const GPTConfig& c = model.config();
   std::string why;
   MPT_CHECK(hf_llama_exportable(c, &why), str("the model is not a Llama: ", why), "");
-  torch_dtype(dtype);  // validates
+  hf_torch_dtype(dtype);  // validates
   const Tensor values = (flat ? *flat : model.params().values()).to(Device::cpu()).to(DType::F32);
   io::Safetensors st;
   for (const LlamaName& n : llama_names(c)) {
@@ -324,14 +325,14 @@ std::string hf_llama_config_json(const GPTConfig& c, const std::string& dtype) {
                   {"num_hidden_layers", c.num_layers},
                   {"max_position_embeddings", c.max_position_embeddings},
                   {"vocab_size", c.vocab_size},
-                  {"rms_norm_eps", short_float(c.layernorm_epsilon)},
+                  {"rms_norm_eps", hf_short_float(c.layernorm_epsilon)},
                   {"rope_theta", c.rotary_base},
                   {"rope_scaling", nullptr},
                   {"tie_word_embeddings", !c.untie_embeddings},
                   {"attention_bias", c.add_bias_linear},
                   {"mlp_bias", c.add_bias_linear},
                   {"attention_dropout", 0.0},
-                  {"torch_dtype", torch_dtype(dtype)}};
+                  {"torch_dtype", hf_torch_dtype(dtype)}};
   return j.dump(2);
 }
 

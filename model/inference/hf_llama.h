@@ -59,8 +59,14 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir);
 
 // The model_type of an HF config.json text ("gpt2", "llama", …; from "architectures" when
 // model_type is absent: GPT2LMHeadModel → gpt2, LlamaForCausalLM → llama, MistralForCausalLM
-// → mistral). Throws when neither is there.
+// → mistral, BertForPreTraining / BertForMaskedLM → bert). Throws when neither is there.
 std::string hf_model_type(const std::string& config_json);
+
+// Shared by the HF name maps (hf_llama.cpp, hf_bert.cpp):
+// the shortest decimal that reads back as f (1e-05, not 9.999999747378752e-06);
+double hf_short_float(float f);
+// torch_dtype of an export dtype: F32 → float32, F16 → float16, BF16 → bfloat16; throws otherwise.
+const char* hf_torch_dtype(const std::string& dtype);
 
 // GPTConfig of an HF Llama config.json (see the top of this file). Throws naming the key.
 GPTConfig hf_llama_config(const std::string& config_json, int64_t divisible_by = 128);

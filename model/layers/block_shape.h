@@ -24,6 +24,7 @@ struct BlockShape {
   bool causal = true;    // false: bidirectional attention (BERT)
   Tensor kv_lengths;     // (B) i32 on the device: keys j >= len[b] masked (BERT padding); undefined: none
   bool post_ln = false;  // post-LN block order (model/block.h)
+  bool gelu_exact = false;  // the MLP's GELU is the erf form (GPTConfig::gelu_exact)
 
   int64_t tokens() const { return batch * seq; }                   // N
   int64_t local_rows() const { return tp.local_rows(tokens()); }   // rows of x and y

@@ -13,7 +13,7 @@ Tensor mlp_layer_forward(const BlockShape& s, const MlpParams& p, const Tensor& 
   linear_forward(in_f, p.fc_w, p.fc_b, a.fc);
   a.g = Tensor::empty({N, s.local_ffn()}, in.dtype(), in.device());
   if (s.swiglu) swiglu_forward(a.fc, a.g);
-  else gelu_forward(a.fc, a.g);
+  else gelu_forward(a.fc, a.g, s.gelu_exact);
   Tensor out = Tensor::empty({N, C}, in.dtype(), in.device());
   linear_forward(a.g, p.proj_w, s.tp.rank == 0 ? p.proj_b : Var(), out);  // row-parallel bias: added once
   return reduce_rows(s, out);
@@ -31,7 +31,7 @@ Tensor mlp_layer_backward(const BlockShape& s, const MlpParams& p, const MlpActs
     dfc = Tensor::empty(a.fc.shape(), dout.dtype(), dout.device());
     swiglu_backward(dg, a.fc, dfc);
   } else {
-    gelu_backward(dg, a.fc, dg);
+    gelu_backward(dg, a.fc, dg, s.gelu_exact);
   }
   Tensor din_f = Tensor::empty({N, C}, dout.dtype(), dout.device());
   linear_backward_input(dfc, p.fc_w, din_f);

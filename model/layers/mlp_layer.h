@@ -4,7 +4,7 @@
 //   in_f (N, C)    = in, or all-gathered rows under sequence parallelism
 //   fc   (N, FCl)  = in_f · Wfcᵀ + bfc       FCl = Fl (GELU) or 2·Fl = [gate | up] (SwiGLU),
 //                                            this rank's slice of each half
-//   g    (N, Fl)   = gelu(fc), or silu(gate)·up
+//   g    (N, Fl)   = gelu(fc) (tanh or erf form, s.gelu_exact), or silu(gate)·up
 //   out  (Nl, C)   = reduce(g · Wprojᵀ + bproj)   bproj added by TP rank 0 only
 // Backward in two parts as in attention_layer.h.
 #pragma once

@@ -8,6 +8,11 @@
 // The textbook 0.5·x·(1 + tanh u) cancels for x below about −3 (tanh u → −1
 // and 1 + tanh u keeps only a few correct bits; at x ≈ −6 it is exactly 0);
 // x·sigmoid(2u) keeps full relative precision there. Same form as tensor/cpu/gelu.cpp.
+//
+// The exact GELU (gelu_erf, HF BERT's "gelu"), with Φ the normal CDF and φ its density:
+//   gelu_erf(x)  = x·Φ(x),   Φ(x) = erfc(−x/√2)/2
+//   gelu_erf'(x) = Φ(x) + x·φ(x),   φ(x) = e^(−x²/2)/√(2π)
+// erfc rather than 1 + erf(x/√2), which cancels for negative x as 1 + tanh u does.
 #pragma once
 #include <cmath>
 
@@ -35,5 +40,14 @@ MPT_HOST_DEVICE float gelu_grad(float x) {
   const float du = kK * (1.0f + 3.0f * kC * x * x);
   return s + 2.0f * x * s * (1.0f - s) * du;
 }
+
+constexpr float kInvSqrt2 = 0.7071067811865476f;     // 1/√2
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;   // 1/√(2π)
+
+MPT_HOST_DEVICE float normal_cdf(float x) { return 0.5f * erfcf(-kInvSqrt2 * x); }
+
+MPT_HOST_DEVICE float gelu_erf(float x) { return x * normal_cdf(x); }
+
+MPT_HOST_DEVICE float gelu_erf_grad(float x) { return normal_cdf(x) + x * kInvSqrt2Pi * expf(-0.5f * x * x); }
 
 }  // namespace mpitron::gelu_math

@@ -42,6 +42,7 @@ GPTConfig family(const std::string& name) {
   } else if (name == "bert" || name == "bert-pre-ln") {
     c.bert = true;
     c.post_ln = name == "bert";
+    c.gelu_exact = name == "bert";  // HF BERT's erf GELU in the post-LN block (pre-LN keeps tanh)
     c.num_tokentypes = 2;
     c.causal = false;  // bidirectional attention
   } else if (name == "partial-rope-mqa") {
@@ -74,7 +75,7 @@ Var composed_block(Tape& tape, const GPTConfig& c, const BlockParams& p, const V
     Var att = ag::attention(tape, qkv, B, T, NH, G, AttentionMask{c.causal, Tensor()});
     Var a = ag::dropout(tape, ag::linear(tape, att, p.attn.proj_w, p.attn.proj_b), c.hidden_dropout, seed, offset);
     Var x2 = norm(ag::add(tape, x, a), p.norm1);
-    Var g = ag::gelu(tape, ag::linear(tape, x2, p.mlp.fc_w, p.mlp.fc_b));
+    Var g = ag::gelu(tape, ag::linear(tape, x2, p.mlp.fc_w, p.mlp.fc_b), c.gelu_exact);
     Var m = ag::dropout(tape, ag::linear(tape, g, p.mlp.proj_w, p.mlp.proj_b), c.hidden_dropout, seed,
                         offset + static_cast<uint64_t>(N * C));
     return norm(ag::add(tape, x2, m), p.norm2);
@@ -90,7 +91,7 @@ Var composed_block(Tape& tape, const GPTConfig& c, const BlockParams& p, const V
   Var a = ag::dropout(tape, ag::linear(tape, att, p.attn.proj_w, p.attn.proj_b), c.hidden_dropout, seed, offset);
   Var x2 = ag::add(tape, x, a);
   Var fc = ag::linear(tape, norm(x2, p.norm2), p.mlp.fc_w, p.mlp.fc_b);
-  Var g = c.swiglu ? ag::swiglu(tape, fc) : ag::gelu(tape, fc);
+  Var g = c.swiglu ? ag::swiglu(tape, fc) : ag::gelu(tape, fc, c.gelu_exact);
   Var m = ag::dropout(tape, ag::linear(tape, g, p.mlp.proj_w, p.mlp.proj_b), c.hidden_dropout, seed,
                       offset + static_cast<uint64_t>(N * C));
   return ag::add(tape, x2, m);
@@ -122,6 +123,7 @@ TEST_CASE("block: the hand-written backward equals the block composed from fine-
     const uint64_t seed = 99, offset = 1000;
     const BlockShape s = block_shape(c, B, T, TensorParallel{}, true, l);
     CHECK(s.post_ln == (name == "bert"));
+    CHECK(s.gelu_exact == (name == "bert"));
     const ParamSet& ps = model.params();
 
     // Hand-written.
