@@ -132,7 +132,18 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
   io::CheckpointReader r = io::CheckpointReader::load_latest(load_dir, comm, [&](const io::CheckpointReader& ck) {
     const nlohmann::json saved = ck.attr_json("model_config");
     const nlohmann::json want = config_to_json(c);
-    const std::string arch = architecture_differences(c, config_from_json(saved, ck.path()));
+    const GPTConfig saved_cfg = config_from_json(saved, ck.path());
+    MPT_CHECK(saved_cfg.bert == c.bert,
+              str("checkpoint ", ck.path(), " holds a ", saved_cfg.bert ? "BERT (pretrain_bert)" : "decoder (pretrain_gpt)",
+                  " but this run trains a ", c.bert ? "BERT" : "decoder"),
+              saved_cfg.bert ? "load it with pretrain_bert" : "load it with pretrain_gpt");
+    std::string arch = architecture_differences(c, saved_cfg);
+    if (c.bert && saved_cfg.post_ln != c.post_ln)
+      arch += str(arch.empty() ? "" : ", ", "--bert-post-ln ", c.post_ln ? "on" : "off", " (checkpoint: ",
+                  saved_cfg.post_ln ? "on" : "off", ")");
+    if (c.bert && saved_cfg.binary_head != c.binary_head)
+      arch += str(arch.empty() ? "" : ", ", "--bert-no-binary-head ", c.binary_head ? "off" : "on", " (checkpoint: ",
+                  saved_cfg.binary_head ? "off" : "on", ")");
     MPT_CHECK(arch.empty(), str("checkpoint ", ck.path(), " has another architecture than this run: ", arch),
               "use the architecture flags the checkpoint was trained with (docs/model-families.md)");
     for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "padded_vocab_size"}) {

@@ -4,8 +4,14 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "model/params.h"
 
 #include "tests/model/model_test_util.h"
 
@@ -38,6 +44,21 @@ inline std::string make_shared_dataset(const std::filesystem::path& dir, uint32_
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return (dir / "toy_text_document").string();
+}
+
+// Replicated parameters (norms, position embeddings, row-parallel biases) must be
+// bitwise identical on every tensor-parallel rank after training.
+inline void check_tp_replicas_identical(const ParamSet& ps, MPI_Comm tp_comm) {
+  std::vector<float> mine;
+  for (const ParamInfo& p : ps.infos())
+    if (p.tp.axis < 0) {
+      const std::vector<float> v = ps.values().flat_range(p.offset, p.numel()).to_floats();
+      mine.insert(mine.end(), v.begin(), v.end());
+    }
+  std::vector<float> first(mine);
+  MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_FLOAT, 0, tp_comm);
+  CHECK_MESSAGE(std::memcmp(first.data(), mine.data(), mine.size() * sizeof(float)) == 0,
+                "replicated parameters differ between tensor-parallel ranks");
 }
 
 }  // namespace mpitron::testing

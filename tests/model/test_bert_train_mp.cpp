@@ -75,19 +75,7 @@ Result run(std::vector<std::string> f, MPI_Comm comm) {
   ParallelRuntime rt(comm, a);
   Trainer t(a, data, rt.context());
   const TrainSummary s = t.run();
-  if (rt.grid().tp_size() > 1) {
-    const ParamSet& ps = t.model().params();
-    std::vector<float> mine;
-    for (const ParamInfo& p : ps.infos())
-      if (p.tp.axis < 0) {
-        const std::vector<float> v = ps.values().flat_range(p.offset, p.numel()).to_floats();
-        mine.insert(mine.end(), v.begin(), v.end());
-      }
-    std::vector<float> first(mine);
-    MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_FLOAT, 0, rt.grid().tp_comm());
-    CHECK_MESSAGE(std::memcmp(first.data(), mine.data(), mine.size() * sizeof(float)) == 0,
-                  "replicated parameters differ between tensor-parallel ranks");
-  }
+  if (rt.grid().tp_size() > 1) testing::check_tp_replicas_identical(t.model().params(), rt.grid().tp_comm());
   REQUIRE(s.lm_losses.size() == s.losses.size());
   for (size_t i = 0; i < s.losses.size(); ++i)  // the trained loss is the sum of the two
     CHECK(std::abs(s.losses[i] - (s.lm_losses[i] + s.sop_losses[i])) <= 1e-6 * std::abs(s.losses[i]));
