@@ -2,7 +2,9 @@
 // --split-sentences and the test's uncased WordPiece vocab, a small BERT trained
 // with Megatron's log lines (lm loss and sop loss, both falling), validation,
 // a checkpoint that resumes, and the refusals a user meets (a GPT tokenizer, GPT
-// family flags, document-level data, --mock-data).
+// family flags, document-level data, --mock-data); and the BERT workflow's end: a
+// pretrain_bert checkpoint fine-tuned with `finetune --task MNLI` on the synthetic
+// MNLI files (tests/data/finetune) above a stated dev accuracy.
 #include <doctest/doctest.h>
 
 #include <regex>
@@ -19,17 +21,20 @@ namespace {
 
 const std::string kVocab = kSource + "/tests/data/ref/bert_uncased/vocab.txt";
 
-// WikiText-2 validation paragraphs (lines of more than 200 characters) as JSON lines.
+// The first `docs` WikiText-2 paragraphs (lines of more than 200 characters) of the
+// validation, then the test file, as JSON lines (3208 in all).
 void write_corpus(const std::string& path, size_t docs) {
-  std::istringstream in(slurp(kSource + "/assets/text/wikitext-2.valid.txt"));
   std::ofstream out(path);
-  std::string line;
   size_t n = 0;
-  while (n < docs && std::getline(in, line))
-    if (line.size() > 200) {
-      out << nlohmann::json({{"text", line}}).dump() << "\n";
-      ++n;
-    }
+  for (const char* file : {"valid", "test"}) {
+    std::istringstream in(slurp(kSource + "/assets/text/wikitext-2." + file + ".txt"));
+    std::string line;
+    while (n < docs && std::getline(in, line))
+      if (line.size() > 200) {
+        out << nlohmann::json({{"text", line}}).dump() << "\n";
+        ++n;
+      }
+  }
 }
 
 // The values after `key: ` on the iteration log lines.
@@ -116,4 +121,45 @@ TEST_CASE("pretrain_bert refuses what it cannot train, naming the flag or file")
     CHECK(rc != 0);
     CHECK_MESSAGE(log.find(c.expect) != std::string::npos, log);
   }
+}
+
+// From a pretrain_bert checkpoint to MNLI: the pretrained encoder (2 layers, hidden 64,
+// seq 32) fine-tuned on tests/data/finetune's synthetic MNLI (1200 train, 300 dev rows;
+// chance 33 %, the negation rule alone about 67 %, docs/finetune.md). Measured on the
+// 2-core VM with these settings: 300 / 300 after 10 epochs. The run is deterministic, but
+// such a small model is sensitive to its start: from another pretraining run (same flags
+// on slightly different paragraphs) fine-tuning seeds 7, 1 and 5 reached 93.3, 93.3 and
+// 73.3 %, and pretraining on 400 paragraphs only left seed 7 on the 67 % plateau. If a
+// numerical change moves this run below the bound, look at those numbers before the code.
+TEST_CASE("a pretrain_bert checkpoint fine-tunes on MNLI above the stated accuracy") {
+  TempDir dir("bert_to_mnli");
+  write_corpus(dir / "wiki.jsonl", 4000);  // all of them
+  REQUIRE(run_app("preprocess_data", "--input " + (dir / "wiki.jsonl") + " --output-prefix " + (dir / "wiki") +
+                                         " --split-sentences --tokenizer-type BertWordPieceLowerCase --vocab-file " +
+                                         kVocab + " --workers 1",
+                  dir / "pp.log") == 0);
+  const std::string shape = " --num-layers 2 --hidden-size 64 --num-attention-heads 4 --max-position-embeddings 32"
+                            " --init-method-std 0.1 --tokenizer-type BertWordPieceLowerCase --vocab-file " + kVocab;
+  const int rc = run_app("pretrain_bert", shape + " --seq-length 32 --micro-batch-size 16 --global-batch-size 32"
+                                                  " --train-iters 200 --lr 2e-3 --lr-warmup-iters 20 --split 98,2,0"
+                                                  " --log-interval 50 --eval-iters 0 --seed 3 --data-path " +
+                                                  (dir / "wiki_text_sentence") + " --save " + (dir / "pre"),
+                         dir / "pre.log");
+  REQUIRE_MESSAGE(rc == 0, slurp(dir / "pre.log"));
+  const std::string ft = kSource + "/tests/data/finetune/";
+  const int rc2 = run_app("finetune", "--task MNLI --train-data " + ft + "train.tsv --valid-data " + ft +
+                                          "dev_matched.tsv --pretrained-checkpoint " + (dir / "pre") + shape +
+                                          " --seq-length 24 --epochs 10 --micro-batch-size 8 --global-batch-size 16"
+                                          " --lr 3e-4 --lr-warmup-fraction 0.1 --weight-decay 0.01 --hidden-dropout 0.05"
+                                          " --attention-dropout 0 --log-interval 75 --seed 7 --device cpu",
+                          dir / "ft.log");
+  const std::string log = slurp(dir / "ft.log");
+  REQUIRE_MESSAGE(rc2 == 0, log);
+  CHECK(log.find("loaded the encoder from") != std::string::npos);  // the load is reported
+  const std::regex re("overall: correct / total = ([0-9]+) / ([0-9]+)");
+  double acc = -1;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator(); ++it)
+    acc = std::stod((*it)[1]) / std::stod((*it)[2]);
+  MESSAGE("MNLI dev accuracy after 10 epochs from the pretrain_bert checkpoint: ", acc);
+  CHECK(acc > 0.80);
 }
