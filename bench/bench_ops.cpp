@@ -205,6 +205,9 @@ class Bench {
         const std::string sh = str(tok, "x", 4 * c);
         mem(dev, "gelu fwd", sh, dt, 2 * bytes(s, dt), [&] { gelu_forward(x, y); });
         mem(dev, "gelu bwd", sh, dt, 3 * bytes(s, dt), [&] { gelu_backward(y, x, dx); });
+        // The exact erf GELU (BERT, --exact-gelu) beside the tanh form.
+        mem(dev, "gelu erf fwd", sh, dt, 2 * bytes(s, dt), [&] { gelu_erf_forward(x, y); });
+        mem(dev, "gelu erf bwd", sh, dt, 3 * bytes(s, dt), [&] { gelu_erf_backward(y, x, dx); });
         mem(dev, "dropout fwd p=0.1", sh, dt, 2 * bytes(s, dt), [&] { dropout_forward(x, y, 0.1f, 1, 0); });
         mem(dev, "add (residual)", sh, dt, 3 * bytes(s, dt), [&] { add_forward(x, y, dx); });
         const Tensor o = Tensor::empty(s, lowp ? DType::F32 : DType::BF16, dev);
