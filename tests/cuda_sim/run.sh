@@ -32,7 +32,10 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:detect_stack
 # At 2 ranks: TP2 with sequence parallelism, PP2 1F1B and PP2 zb-h1 (split backward)
 # (MPITRON_TEST_LAYOUTS picks them from tests/model/test_trainer_mp.cpp; all eight cost
 # ~4x the time under the simulation).
+# BERT at 2 ranks: PP2 zb-h1 (padded bidirectional attention, both heads, the tied
+# decoder over stages, split backward; MPITRON_BERT_TEST_LAYOUTS, tests/model/test_bert_train_mp.cpp).
 export MPITRON_CUDA_SIM_COUNTS="$counts" MPITRON_TEST_DEVICE=cuda MPITRON_TEST_LAYOUTS=${MPITRON_TEST_LAYOUTS:-1,3,6}
+export MPITRON_BERT_TEST_LAYOUTS=${MPITRON_BERT_TEST_LAYOUTS:-3}
 status=0
 (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" -R "$REGEX") || status=1
 if [ -z "${SIM_TESTS:-}" ]; then

@@ -12,7 +12,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <map>
+#include <sstream>
 #include <filesystem>
 
 #include "data/wordpiece_tokenizer.h"
@@ -120,10 +122,24 @@ TEST_CASE("pretrain_bert: every kind of layout gives the single-process lm and s
       {4, true, {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
                  "--use-distributed-optimizer"}},                                   // interleaved PP2 x DP2
   };
+  // MPITRON_BERT_TEST_LAYOUTS=i,j,… runs only those layouts of this world size (0-based, in
+  // the order above): the simulated device's quick set (tests/cuda_sim/run.sh).
+  std::vector<int> only;
+  if (const char* e = std::getenv("MPITRON_BERT_TEST_LAYOUTS"); e && *e) {
+    std::stringstream ss(e);
+    for (std::string tok; std::getline(ss, tok, ',');) only.push_back(std::stoi(tok));
+  }
+  std::vector<Layout> run_layouts;
+  int index = -1;
+  for (const Layout& l : layouts) {
+    if (l.ranks != world) continue;
+    ++index;
+    if (only.empty() || std::find(only.begin(), only.end(), index) != only.end()) run_layouts.push_back(l);
+  }
   std::map<bool, Result> single;
   for (bool bh : {true, false}) {
     bool needed = false;
-    for (const Layout& l : layouts) needed |= l.ranks == world && l.binary_head == bh;
+    for (const Layout& l : run_layouts) needed |= l.binary_head == bh;
     if (!needed) continue;
     single[bh] = run(flags(bh), MPI_COMM_SELF);
     const Result& s = single[bh];
@@ -133,8 +149,7 @@ TEST_CASE("pretrain_bert: every kind of layout gives the single-process lm and s
     else CHECK(s.sop.front() == 0.0);
   }
   int ran = 0;
-  for (const Layout& l : layouts) {
-    if (l.ranks != world) continue;
+  for (const Layout& l : run_layouts) {
     std::vector<std::string> f = flags(l.binary_head);
     f.insert(f.end(), l.extra.begin(), l.extra.end());
     std::string what = "bert ";
