@@ -86,9 +86,13 @@ Result run(std::vector<std::string> f, MPI_Comm comm) {
 
 void check_series(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
   REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i)
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
     CHECK_MESSAGE(std::abs(got[i] - want[i]) <= 1e-5 * std::abs(want[i]) + 1e-12, what, " iteration ", i + 1, ": ",
                   got[i], " vs ", want[i]);
+    if (want[i] != 0) worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
+  }
+  if (world_rank() == 0) MESSAGE(what, ": largest relative difference over 10 steps ", worst);
 }
 
 void check_close(const Result& got, const Result& want, const std::string& what) {
