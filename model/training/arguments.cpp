@@ -160,8 +160,8 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
         ("bert-post-ln", po::bool_switch(&a.model.post_ln),
          "the original BERT's post-LN blocks and embedding LayerNorm (Hugging Face checkpoints); default pre-LN "
          "with a final LayerNorm, as Megatron's BERT")
-        ("mask-prob", po::value(&a.mask_prob)->default_value(0.15), "fraction of tokens masked")
-        ("short-seq-prob", po::value(&a.short_seq_prob)->default_value(0.1), "chance of a shorter sample");
+        ("mask-prob", po::value(&a.mask_prob)->default_value(0.15, "0.15"), "fraction of tokens masked")
+        ("short-seq-prob", po::value(&a.short_seq_prob)->default_value(0.1, "0.1"), "chance of a shorter sample");
     all.add(bert);
   }
   add_noop_flags(all);
