@@ -1,4 +1,5 @@
 #include "model/inference/hf_bert.h"
+#include "model/inference/hf_config.h"
 
 #include <map>
 #include <set>
@@ -64,13 +65,8 @@ Tensor param_view(const GPT& model, const Tensor& flat, const std::string& ours)
 }  // namespace
 
 GPTConfig hf_bert_config(const std::string& config_json, int64_t divisible_by) {
-  json j;
-  try {
-    j = json::parse(config_json);
-  } catch (const json::exception& e) {
-    MPT_THROW(str("HF config.json is not valid JSON: ", e.what()), "");
-  }
-  MPT_CHECK(j.is_object(), "HF config.json is not a JSON object", "");
+  const HfConfig cfg(config_json, "BertConfig");
+  const json& j = cfg.json();
   const std::string type = hf_model_type(config_json);
   MPT_CHECK(type == "bert", str("HF model_type ", type, " is not BERT"),
             "convert BertForPreTraining checkpoints (model_type bert) here");
@@ -89,25 +85,9 @@ GPTConfig hf_bert_config(const std::string& config_json, int64_t divisible_by) {
       "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings",
       "type_vocab_size", "vocab_size", "layer_norm_eps", "hidden_act", "position_embedding_type", "is_decoder",
       "add_cross_attention", "tie_word_embeddings"};
-  for (auto it = j.begin(); it != j.end(); ++it)
-    MPT_CHECK(known.count(it.key()), str("HF config.json key ", it.key(), " (", it.value().dump(), ") is not supported"),
-              "mpitron maps the BertConfig keys listed in model/inference/hf_bert.h; a key that changes the model "
-              "cannot be ignored");
-  const auto need = [&](const char* key) -> int64_t {
-    MPT_CHECK(j.contains(key) && j[key].is_number_integer(), str("HF config.json has no integer ", key), "");
-    const int64_t v = j[key].get<int64_t>();
-    MPT_CHECK(v >= 1, str("HF config.json ", key, " = ", v, " must be >= 1"), "");
-    return v;
-  };
-  const auto get_or = [&](const char* key, auto def) {
-    if (!j.contains(key) || j[key].is_null()) return def;
-    try {
-      return j[key].get<decltype(def)>();
-    } catch (const json::exception&) {
-      MPT_THROW(str("HF config.json ", key, " = ", j[key].dump(), " has the wrong type"),
-                "see transformers' BertConfig for the key's type");
-    }
-  };
+  cfg.refuse_unknown(known, "model/inference/hf_bert.h");
+  const auto need = [&](const char* key) { return cfg.need(key); };
+  const auto get_or = [&](const char* key, auto def) { return cfg.get_or(key, def); };
   GPTConfig c;
   c.bert = true;
   c.causal = false;

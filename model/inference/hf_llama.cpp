@@ -1,4 +1,5 @@
 #include "model/inference/hf_llama.h"
+#include "model/inference/hf_config.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -157,8 +158,8 @@ std::string hf_model_type(const std::string& config_json) {
 }
 
 GPTConfig hf_llama_config(const std::string& config_json, int64_t divisible_by) {
-  const json j = parse_json(config_json, "HF config.json");
-  MPT_CHECK(j.is_object(), "HF config.json is not a JSON object", "");
+  const HfConfig cfg(config_json, "LlamaConfig");
+  const json& j = cfg.json();
   const std::string type = hf_model_type(config_json);
   MPT_CHECK(type != "qwen2", "HF model_type qwen2 has biases on q/k/v but not on o_proj and the MLP",
             "mpitron's --disable-bias-linear is all or nothing; Qwen2 checkpoints cannot be converted yet");
@@ -173,25 +174,9 @@ GPTConfig hf_llama_config(const std::string& config_json, int64_t divisible_by) 
       "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "rms_norm_eps", "rope_theta",
       "max_position_embeddings", "vocab_size", "attention_bias", "mlp_bias", "hidden_act", "rope_scaling",
       "partial_rotary_factor", "head_dim", "sliding_window"};
-  for (auto it = j.begin(); it != j.end(); ++it)
-    MPT_CHECK(benign.count(it.key()), str("HF config.json key ", it.key(), " (", it.value().dump(), ") is not supported"),
-              "mpitron maps the LlamaConfig keys listed in model/inference/hf_llama.h; a key that changes the model "
-              "cannot be ignored");
-  const auto need = [&](const char* key) -> int64_t {
-    MPT_CHECK(j.contains(key) && j[key].is_number_integer(), str("HF config.json has no integer ", key), "");
-    const int64_t v = j[key].get<int64_t>();
-    MPT_CHECK(v >= 1, str("HF config.json ", key, " = ", v, " must be >= 1"), "");
-    return v;
-  };
-  const auto get_or = [&](const char* key, auto def) {
-    if (!j.contains(key) || j[key].is_null()) return def;
-    try {
-      return j[key].get<decltype(def)>();
-    } catch (const json::exception&) {
-      MPT_THROW(str("HF config.json ", key, " = ", j[key].dump(), " has the wrong type"),
-                "see transformers' LlamaConfig for the key's type");
-    }
-  };
+  cfg.refuse_unknown(benign, "model/inference/hf_llama.h");
+  const auto need = [&](const char* key) { return cfg.need(key); };
+  const auto get_or = [&](const char* key, auto def) { return cfg.get_or(key, def); };
   GPTConfig c;
   c.hidden_size = need("hidden_size");
   c.ffn_hidden_size = need("intermediate_size");
