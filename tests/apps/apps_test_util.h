@@ -8,6 +8,10 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+
 namespace apps_test {
 
 inline const std::string kSource = MPITRON_SOURCE_DIR;
@@ -40,6 +44,20 @@ inline int run_app(const std::string& name, const std::string& args, const std::
   const std::string cmd = "OMP_NUM_THREADS=1 apps/" + name + " " + args + " > " + log + " 2>&1";
   const int rc = std::system(cmd.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+}
+
+// HF export at BF16 (torch_dtype bfloat16, `tensor` stored BF16), import (widened exactly)
+// and export again: the same bytes. ckpt: an mpitron checkpoint; files go under tmp.
+inline void check_hf_bf16_round_trip(const std::string& ckpt, const TempDir& tmp, const std::string& tensor) {
+  REQUIRE(run_app("convert_checkpoint", "--direction mpitron-to-hf --dtype BF16 --input " + ckpt + " --output " + tmp / "bf16",
+                  tmp / "bf.log") == 0);
+  CHECK(nlohmann::json::parse(slurp(tmp / "bf16/config.json"))["torch_dtype"] == "bfloat16");
+  CHECK(mpitron::io::read_safetensors(tmp / "bf16/model.safetensors").at(tensor).dtype == "BF16");
+  REQUIRE(run_app("convert_checkpoint", "--direction hf-to-mpitron --input " + tmp / "bf16" + " --output " + tmp / "ckbf",
+                  tmp / "bf2.log") == 0);
+  REQUIRE(run_app("convert_checkpoint", "--direction mpitron-to-hf --dtype BF16 --input " + tmp / "ckbf" + " --output " +
+                      tmp / "bf16b", tmp / "bf3.log") == 0);
+  CHECK(slurp(tmp / "bf16b/model.safetensors") == slurp(tmp / "bf16/model.safetensors"));
 }
 
 }  // namespace apps_test

@@ -235,15 +235,7 @@ TEST_CASE("convert_checkpoint: HF BERT -> mpitron -> HF is bitwise, config.json 
   CHECK(bert_from_hf(ck2, hf_bert_config(ck2.config_json))->params().values().to_floats() ==
         direct->params().values().to_floats());
   // BF16: export, import (widened exactly), export again: the same bytes.
-  REQUIRE(run_app("convert_checkpoint", "--direction mpitron-to-hf --dtype BF16 --input " + ckpt + " --output " + tmp / "bf16",
-                  tmp / "bf.log") == 0);
-  CHECK(json::parse(slurp(tmp / "bf16/config.json"))["torch_dtype"] == "bfloat16");
-  CHECK(io::read_safetensors(tmp / "bf16/model.safetensors").at("cls.predictions.bias").dtype == "BF16");
-  REQUIRE(run_app("convert_checkpoint", "--direction hf-to-mpitron --input " + tmp / "bf16" + " --output " + tmp / "ckbf",
-                  tmp / "bf2.log") == 0);
-  REQUIRE(run_app("convert_checkpoint", "--direction mpitron-to-hf --dtype BF16 --input " + tmp / "ckbf" + " --output " +
-                      tmp / "bf16b", tmp / "bf3.log") == 0);
-  CHECK(slurp(tmp / "bf16b/model.safetensors") == slurp(tmp / "bf16/model.safetensors"));
+  apps_test::check_hf_bf16_round_trip(ckpt, tmp, "cls.predictions.bias");
   // GPT-2-only flags are refused for a BERT.
   CHECK(run_app("convert_checkpoint", "--direction mpitron-to-hf --lm-head --input " + ckpt + " --output " + tmp / "x",
                 tmp / "bad.log") != 0);
