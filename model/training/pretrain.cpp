@@ -48,12 +48,7 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
       // A checkpoint saved at another TP size may have another padded vocabulary;
       // adopt it when it still divides by this TP size (rows past the vocabulary are never used).
       if (!args.load.empty() && checkpoint_exists(args.load)) {
-        const GPTConfig saved_cfg = read_checkpoint_config(args.load);
-        MPT_CHECK(saved_cfg.bert == args.model.bert,
-                  str("--load ", args.load, " holds a ", saved_cfg.bert ? "BERT (pretrain_bert)" : "decoder (pretrain_gpt)",
-                      " checkpoint; this is ", args.model.bert ? "pretrain_bert" : "pretrain_gpt"),
-                  saved_cfg.bert ? "load it with pretrain_bert" : "load it with pretrain_gpt");
-        const int64_t saved = saved_cfg.padded_vocab_size;
+        const int64_t saved = read_checkpoint_config(args.load).padded_vocab_size;
         if (saved != args.model.padded_vocab_size && saved >= tok.vocab_size() &&
             saved % args.tensor_model_parallel_size == 0) {
           log_info("--load ", args.load, ": the checkpoint's padded vocabulary ", saved, " divides by TP ",
