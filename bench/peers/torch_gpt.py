@@ -42,6 +42,9 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt_flops import flops_per_token, num_parameters  # noqa: E402
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -222,28 +225,6 @@ class Llama(nn.Module):
             x = b(x, cos, sin)
         logits = self.head(self.lnf(x))  # (B, T, V)
         return F.cross_entropy(logits.view(B * T, -1).float(), targets.reshape(-1))
-
-
-def flops_per_token(L, C, T, V, family="gpt2", NH=1, G=0, Fd=0):
-    """GPTConfig::flops_per_token (docs/flops.md): 6 * N_matmul + 6 * L * T * C, N_matmul with the head."""
-    if family == "llama":
-        HD = C // NH
-        matmul = L * ((NH + 2 * G) * HD * C + C * NH * HD + 2 * Fd * C + C * Fd) + V * C
-    else:
-        Fd = 4 * C
-        matmul = L * (3 * C * C + C * C + 2 * C * Fd) + V * C
-    return 6.0 * matmul + 6.0 * L * T * C
-
-
-def num_parameters(L, C, V, P, family="gpt2", NH=1, G=0, Fd=0):
-    """GPTConfig::num_parameters (the tied head counts once; Llama: no wpe, no biases, own head)."""
-    if family == "llama":
-        HD = C // NH
-        per_layer = C + (NH + 2 * G) * HD * C + C * NH * HD + C + 2 * Fd * C + C * Fd
-        return V * C + L * per_layer + C + V * C
-    Fd = 4 * C
-    per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + Fd * C + Fd + C * Fd + C
-    return V * C + P * C + L * per_layer + 2 * C
 
 
 def rss_bytes(field):
