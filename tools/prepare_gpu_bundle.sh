@@ -20,12 +20,14 @@
 #                   runtime (every image has it), the CUDA libraries (the GPU
 #                   machine has its own) and the InfiniBand/OFI/UCX stacks (one
 #                   node needs none; those Open MPI plugins are not loaded).
+#   build-llmc/     the llm.c peer (tools/prepare_llmc.sh: llm.c's train_gpt2cu for sm_90 and its
+#                   token files, about 4 MiB), when llm.c's source is here (LLMC_SRC); SKIP_LLMC=1 skips it.
 # Static libraries would put the CUDA kernels into every one of ~40 binaries
 # (8 MB each); shared, they are in libmpitron_tensor.so once.
 #
 #   tools/prepare_gpu_bundle.sh            (JOBS=1 by default: CUDA compiles are heavy here)
 # Environment: BUILD (build-gpu), RUN (build-gpu-run), BUNDLE (build-gpu-bundle), JOBS (1), ARCH (90),
-# SKIP_BUILD=1 to reuse BUILD as it is. All three folders match .gitignore's /build*/.
+# SKIP_BUILD=1 to reuse BUILD as it is, SKIP_LLMC=1 to leave build-llmc/ out, LLMC_SRC (tools/prepare_llmc.sh). All three folders match .gitignore's /build*/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -98,17 +100,25 @@ rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE"
 tar -C "$RUN" -cf - . | xz -T2 -6 >"$BUNDLE/$RUN.tar.xz"
 
+# ---- 4b. the llm.c peer ----------------------------------------------------------------
+LLMC=build-llmc
+if [ "${SKIP_LLMC:-0}" != 1 ]; then
+  tools/prepare_llmc.sh || { echo "prepare_gpu_bundle: the llm.c peer failed (SKIP_LLMC=1 to go on without it)" >&2; exit 1; }
+fi
+
 # ---- 5. sizes against the 64 MiB carry limit ----------------------------------------
 mib() { echo "$1 / 1048576" | bc -l; }
 tree=$(git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 run=$(du -sb "$RUN" | cut -f1)
 bundle=$(du -sb "$BUNDLE" | cut -f1)
 debs=$(du -sb .debs | cut -f1)
-total=$((tree + bundle + debs))
+llmc=0
+[ -d "$LLMC" ] && llmc=$(du -sb "$LLMC" | cut -f1)
+total=$((tree + bundle + debs + llmc))
 echo
 echo "packages ($(echo $pkgs | wc -w)): $(echo $pkgs | tr '\n' ' ')"
-printf 'working tree %6.1f MiB\n%-12s %6.1f MiB (%s unpacked: %.1f MiB)\n.debs        %6.1f MiB\ntotal        %6.1f MiB of 64 MiB\n' \
-  "$(mib $tree)" "$BUNDLE" "$(mib $bundle)" "$RUN" "$(mib $run)" "$(mib $debs)" "$(mib $total)"
+printf 'working tree %6.1f MiB\n%-12s %6.1f MiB (%s unpacked: %.1f MiB)\n.debs        %6.1f MiB\n%-12s %6.1f MiB\ntotal        %6.1f MiB of 64 MiB\n' \
+  "$(mib $tree)" "$BUNDLE" "$(mib $bundle)" "$RUN" "$(mib $run)" "$(mib $debs)" "$LLMC" "$(mib $llmc)" "$(mib $total)"
 echo "largest files of the bundle (unpacked) and .debs:"
 find "$RUN" .debs -type f -printf '%s %p\n' | sort -rn | head -6 | awk '{printf "  %6.1f MiB %s\n", $1 / 1048576, $2}'
 if [ "$total" -gt "$LIMIT" ]; then
@@ -116,4 +126,6 @@ if [ "$total" -gt "$LIMIT" ]; then
   exit 1
 fi
 echo
-echo "next (device tool): run carry=[\"$BUNDLE\", \".debs\"] command=\"bash tools/gpu_check.sh\" timeout_s=600"
+carry="\"$BUNDLE\", \".debs\""
+[ -d "$LLMC" ] && carry="$carry, \"$LLMC\""
+echo "next (device tool): run carry=[$carry] command=\"bash tools/gpu_check.sh\" timeout_s=600"
