@@ -5,7 +5,7 @@
 //   bench_train [--config tiny,124M,llama-124M,... | all] [--device auto|cpu|cuda] [--dtype f32|bf16]
 //               [--batch B] [--seq T] [--micro-batches K] [--warmup N] [--steps N]
 //               [--recompute off|on|both] [--dropout P] [--threads N] [--json FILE]
-//               [--peer] [--peer-compile] [--python PY] [--peer-script PATH]
+//               [--peer] [--peer-compile] [--python PY] [--peer-script PATH] [--profile]
 //
 // Presets (train_step_bench.h): GPT-2 tiny, 124M, 350M, 774M, 1.3B, 1.5B and the Llama
 // family llama-tiny, llama-124M (the GPT-2 sizes with RMSNorm, SwiGLU, rope, GQA, an
@@ -26,6 +26,8 @@
 // After the rows, the recompute memory saving per size, and with --peer the
 // PyTorch rows (bench/peers/torch_gpt.py, same config and family, batch, threads,
 // steps) and the ratio mpitron / PyTorch of tokens/s, per config (GPT-2 and Llama).
+// --profile: each row's timed steps between cudaProfilerStart/Stop (core/profiler.h), for
+// `ncu --profile-from-start off` (tools/gpu_check.sh's profile step, bench/kernel_profile.py).
 #include <omp.h>
 #include <unistd.h>
 
@@ -51,7 +53,7 @@ struct Options {
   int64_t batch = 0, seq = 0, micro_batches = 1;
   int warmup = -1, steps = -1, threads = 0;
   float dropout = 0.0f;
-  bool peer = false, peer_compile = false;
+  bool peer = false, peer_compile = false, profile = false;
   std::string python = "python3", peer_script;
 };
 
@@ -70,6 +72,7 @@ std::vector<std::string> split_list(const std::string& s) {
                "                   [--dtype f32|bf16] [--batch B] [--seq T] [--micro-batches K] [--warmup N]\n"
                "                   [--steps N] [--recompute off|on|both] [--dropout P] [--threads N]\n"
                "                   [--json FILE] [--peer] [--peer-compile] [--python PY] [--peer-script PATH]\n"
+               "                   [--profile]\n"
                "presets: %s\n",
                preset_names().c_str());
   std::exit(rc);
@@ -147,6 +150,7 @@ int main(int argc, char** argv) {
     else if (a == "--peer-compile") o.peer_compile = true;
     else if (a == "--python") o.python = next();
     else if (a == "--peer-script") o.peer_script = next();
+    else if (a == "--profile") o.profile = true;
     else if (a == "--help" || a == "-h") usage(0);
     else {
       std::fprintf(stderr, "bench_train: unknown flag %s\n", a.c_str());
@@ -216,6 +220,7 @@ int main(int argc, char** argv) {
         s.warmup = warmup;
         s.steps = steps;
         s.recompute = rc;
+        s.profile = o.profile;
         const double need = estimate_step_bytes(s);
         if (avail > 0 && need > 0.92 * avail) {
           const std::string why = str("SKIPPED ", p.name, rc ? " recompute" : "", ": estimated ", gib(need),
@@ -229,6 +234,9 @@ int main(int argc, char** argv) {
         try {
           rows.push_back(run_step_bench(s, peak, ceiling));
           setups.push_back(s);
+          if (rows.back().raw_allocs_timed >= 0)
+            std::fprintf(stderr, "  %s%s: %.0f cudaMalloc segments during the timed steps\n", p.name,
+                         rc ? " (recompute)" : "", rows.back().raw_allocs_timed);
         } catch (const Error& e) {
           const std::string why = str("FAILED ", p.name, rc ? " recompute" : "", ": ", e.what());
           std::printf("%s\n", why.c_str());

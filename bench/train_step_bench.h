@@ -31,6 +31,10 @@
 //                free), an upper bound. (malloc is left as the trainer has it:
 //                forcing every block through mmap would make rows comparable in
 //                RSS but adds page faults to every step.)
+//   raw allocs   (JSON raw_allocs_timed, CUDA) segments the caching allocator took from
+//                cudaMalloc during the timed steps: allocator stalls, 0 in a steady state.
+// With StepSetup::profile the timed steps run between profiler_start and profiler_stop
+// (core/profiler.h), so `ncu --profile-from-start off` records exactly them.
 #pragma once
 #include <cblas.h>
 #include <omp.h>
@@ -55,6 +59,7 @@
 #include "core/allocator.h"    // cuda_caching_allocator: peak_bytes, peak_reserved_bytes
 #include "core/device.h"       // Device, Event, device_synchronize
 #include "core/error.h"        // mpitron::Error, str
+#include "core/profiler.h"     // profiler_start/stop around the timed steps (--profile)
 #include "model/config.h"      // GPTConfig, flops_per_token
 #include "model/gpt.h"         // GPT::forward
 #include "model/training/optimizer.h"   // AdamWOptimizer::step
@@ -147,6 +152,7 @@ struct StepSetup {
   int64_t micro_batches = 1; // gradient-accumulation steps per optimizer step
   int warmup = 2, steps = 5;
   bool recompute = false;    // --recompute-activations (whole-block recompute)
+  bool profile = false;      // the timed steps between profiler_start/stop (core/profiler.h)
   uint64_t seed = 1234;
 };
 
@@ -164,6 +170,8 @@ struct StepRow {
   std::string memory_kind;               // what peak_bytes counts
   double loss_first = 0, loss_last = 0;
   double flops_per_token = 0;
+  double raw_allocs_timed = -1;          // CUDA: segments the caching allocator took from cudaMalloc
+                                         // during the timed steps (0 in a steady state); -1 on CPU
 };
 
 inline nlohmann::json to_json(const StepRow& r) {
@@ -175,7 +183,7 @@ inline nlohmann::json to_json(const StepRow& r) {
           {"mfu_peak", r.mfu_peak}, {"mfu_ceiling", r.mfu_ceiling}, {"peak_bytes", r.peak_bytes},
           {"peak_reserved_bytes", r.peak_reserved_bytes},
           {"rss_peak_bytes", r.rss_peak_bytes}, {"memory_kind", r.memory_kind}, {"loss_first", r.loss_first}, {"loss_last", r.loss_last},
-          {"flops_per_token", r.flops_per_token}};
+          {"flops_per_token", r.flops_per_token}, {"raw_allocs_timed", r.raw_allocs_timed}};
 }
 
 // ---- host memory (CPU rows) --------------------------------------------------------------
@@ -399,8 +407,13 @@ inline StepRow run_step_bench(const StepSetup& s, double peak_tflops, double cei
     }
 
     int64_t mb = 0;
+    uint64_t raw_allocs_before = 0;
     for (int it = 0; it < s.warmup + s.steps; ++it) {
       device_synchronize();
+      if (it == s.warmup) {  // the timed steps begin
+        if (dev.is_cuda()) raw_allocs_before = cuda_caching_allocator(dev.index).stats().raw_allocs;
+        if (s.profile) profiler_start();
+      }
       const auto t0 = std::chrono::steady_clock::now();
       model.params().zero_grad();
       double loss_sum = 0;
@@ -428,6 +441,9 @@ inline StepRow run_step_bench(const StepSetup& s, double peak_tflops, double cei
                    s.recompute ? " (recompute)" : "", it + 1, s.warmup + s.steps, ms, loss,
                    it < s.warmup ? " (warm-up)" : "");
     }
+    if (s.profile) profiler_stop();
+    if (dev.is_cuda())
+      r.raw_allocs_timed = static_cast<double>(cuda_caching_allocator(dev.index).stats().raw_allocs - raw_allocs_before);
     r.peak_bytes = static_cast<double>(memory_stats(dev).peak_bytes);
     r.peak_reserved_bytes = dev.is_cuda()
                                 ? static_cast<double>(cuda_caching_allocator(dev.index).stats().peak_reserved_bytes)
@@ -464,6 +480,7 @@ inline StepRow row_from_json(const nlohmann::json& j) {
   r.rss_peak_bytes = j.value("rss_peak_bytes", 0.0);
   r.loss_first = j.value("loss_first", 0.0), r.loss_last = j.value("loss_last", 0.0);
   r.flops_per_token = j.value("flops_per_token", 0.0);
+  r.raw_allocs_timed = j.value("raw_allocs_timed", -1.0);
   return r;
 }
 
