@@ -16,6 +16,7 @@
 #   llmc        llm.c's train_gpt2cu on 124M, same B and T (bench/peers/llmc_gpt.py; build-llmc carried)
 #   torch       the PyTorch peer (torch.compile + SDPA flash attention + bf16 autocast) on 124M
 #   bench_mfu   GPT-2 124M/350M/774M/1.5B, bf16, seq 1024, with the GEMM ceiling
+#   profile     ncu times every kernel of two 124M steps: launches, kernel time, gaps (bench/kernel_profile.py)
 #   mp_cuda     the parallel-layout equivalence tests (GPT and BERT) on the GPU, 2 and 4 ranks
 #   cublas      the tensor tests again with MPITRON_ATTENTION=cublas (the fallback attention)
 #   bench_ops   per-op throughput on CUDA vs the measured ceilings
@@ -171,9 +172,10 @@ printf '%-12s %-28s %5s s\n' setup ok $(($(date +%s) - START)) >>"$SUMMARY"
 # A step that no longer fits is skipped and says so; what ran is in the summary either way.
 want() { [ "$PARTS" = all ] || [ "$PARTS" = "$1" ]; }
 # Every test with a CUDA path: the tensor ops (cuDNN attention, vector kernels), core, the bf16 GPT
-# reference against PyTorch, the trainer on the device, comm/grid/ZeRO with device buffers.
+# reference against PyTorch, the trainer on the device (MPITRON_TEST_DEVICE=cuda), comm/grid/ZeRO
+# with device buffers.
 CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_trainer$|parallel_test_(comm|grid|zero))'
-want tests && step ctest_cuda 150 60 bash -c "ctest --test-dir '$RUN' -R '$CUDA_TESTS' --output-on-failure -j 8 --timeout 120 2>&1 | tee '$OUT/ctest.log'"
+want tests && step ctest_cuda 150 60 bash -c "MPITRON_TEST_DEVICE=cuda ctest --test-dir '$RUN' -R '$CUDA_TESTS' --output-on-failure -j 8 --timeout 120 2>&1 | tee '$OUT/ctest.log'"
 want bench && step bench_train 110 45 "$RUN/bench/bench_train" --device cuda --config 124M,llama-124M,1.3B,llama-1B \
   --batch 8 --seq 1024 --warmup 2 --steps 6 --recompute off --json "$OUT/bench_train.json"
 # llm.c (tools/prepare_llmc.sh built it into build-llmc, carried): 124M, same B and T; -r 0 (no
@@ -184,6 +186,17 @@ want bench && step llmc 60 25 python3 bench/peers/llmc_gpt.py --llmc build-llmc 
 want bench && step torch 110 50 python3 bench/peers/torch_gpt.py --preset 124M --device cuda --batch 8 --seq 1024 \
   --warmup 3 --steps 6 --compile --json "$OUT/torch_compile.json"
 want bench && step bench_mfu 100 40 "$RUN/bench/bench_mfu" --warmup 3 --steps 8 --json "$OUT/bench_mfu.json"
+# Where the 124M step's time goes: Nsight Compute times every kernel of 2 timed steps (bench_train
+# --profile marks them; ncu leaves the clocks alone), bench/kernel_profile.py sums them per kernel and
+# class and sets them against the unprofiled step of bench_train.json (the rest: launch/host gaps).
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+PROFILE_TXT=${TMPDIR:-/tmp}/mpitron_kernel_profile.txt  # printed in summary.txt (8 files at most come back)
+rm -f "$PROFILE_TXT"
+want bench && step profile 90 40 bash -c "[ -n '$NCU' ] || { echo 'no ncu on this machine'; exit 3; }; '$NCU' --profile-from-start off \
+  --clock-control none --cache-control none --csv --metrics gpu__time_duration.sum --log-file /tmp/ncu_124M.csv \
+  '$RUN/bench/bench_train' --device cuda --config 124M --batch 8 --seq 1024 --warmup 2 --steps 2 --recompute off \
+  --profile >/tmp/ncu_run.log 2>&1; rc=\$?; tail -3 /tmp/ncu_run.log; python3 bench/kernel_profile.py /tmp/ncu_124M.csv \
+  --steps 2 --bench-json '$OUT/bench_train.json' --config 124M | tee '$PROFILE_TXT'; exit \$rc"
 # Tensor/pipeline/data-parallel equivalence with device tensors: 2 and 4 ranks share the one GPU,
 # communicating through MPI (host-staged, --force-mpi-for-device).
 want tests && step mp_cuda 120 50 bash -c "cd '$RUN' && for np in 2 4; do for t in model_test_trainer_mp model_test_bert_train_mp; do echo \"--- \$t np \$np\"; MPITRON_TEST_DEVICE=cuda OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np \$np tests/\$t 2>&1 | tail -4; done; done | tee -a '$OUT/ctest.log'"
@@ -307,6 +320,7 @@ if j:
             v = f"{r['tflops']:.1f} TFLOP/s" if r["tflops"] > 0 else f"{r['gbps']:.0f} GB/s"
             print(f"  {r['op']:26s} {r['shape']:22s} {r['dtype']:5s} {v:>14s} {100 * r['fraction_of_ceiling']:5.1f}%")
 EOF
+  if [ -s "$PROFILE_TXT" ]; then echo; echo "=== where the 124M step's time goes (profile step)"; cat "$PROFILE_TXT"; fi
   echo
   echo "=== steps (total $(($(date +%s) - START)) s of the ${DEADLINE} s budget)"
   cat "$SUMMARY"
