@@ -199,7 +199,10 @@ want bench && step profile 90 40 bash -c "[ -n '$NCU' ] || { echo 'no ncu on thi
   --steps 2 --bench-json '$OUT/bench_train.json' --config 124M | tee '$PROFILE_TXT'; exit \$rc"
 # Tensor/pipeline/data-parallel equivalence with device tensors: 2 and 4 ranks share the one GPU,
 # communicating through MPI (host-staged, --force-mpi-for-device).
-want tests && step mp_cuda 120 50 bash -c "cd '$RUN' && for np in 2 4; do for t in model_test_trainer_mp model_test_bert_train_mp; do echo \"--- \$t np \$np\"; MPITRON_TEST_DEVICE=cuda OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np \$np tests/\$t 2>&1 | tail -4; done; done | tee -a '$OUT/ctest.log'"
+want tests && step mp_cuda 120 50 bash -c "set -o pipefail; cd '$RUN' && { fail=0; for np in 2 4; do for t in model_test_trainer_mp model_test_bert_train_mp; do \
+  echo \"--- \$t np \$np\"; MPITRON_TEST_DEVICE=cuda OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np \$np tests/\$t \
+  >/tmp/mp_cuda.log 2>&1 || { fail=1; echo \"FAILED \$t np \$np\"; grep -m 5 -E 'ERROR|error:|hint:' /tmp/mp_cuda.log; }; \
+  grep -E '(test cases|assertions):' /tmp/mp_cuda.log | tail -2; done; done; exit \$fail; } 2>&1 | tee -a '$OUT/ctest.log'"
 want tests && step cublas 60 25 bash -c "MPITRON_ATTENTION=cublas ctest --test-dir '$RUN' -R '^tensor_' --output-on-failure -j 8 --timeout 50 2>&1 | tee -a '$OUT/ctest.log' | tail -5"
 want bench && step bench_ops 45 20 "$RUN/bench/bench_ops" --device cuda --min-time 0.05 --json "$OUT/bench_ops.json"
 want bench && step bench_more 80 30 "$RUN/bench/bench_train" --device cuda --config tiny,124M,350M,1.3B \
