@@ -13,7 +13,7 @@
 #               LD_LIBRARY_PATH to the machine's own cuDNN / NCCL / cuBLAS / NVRTC
 #   ctest_cuda  every test with a CUDA path (tensor ops, core, bf16 GPT reference, trainer, comm/grid/ZeRO)
 #   bench_train 124M / llama-124M / 1.3B / llama-1B, bf16, B=8, T=1024, no recompute
-#   llmc        llm.c's train_gpt2cu on 124M, same B and T (bench/peers/llmc_gpt.py; build-llmc carried)
+#   llmc        llm.c's train_gpt2cu on 124M, B=8 and 16, T=1024 (bench/peers/llmc_gpt.py; build-llmc carried)
 #   torch       the PyTorch peer (torch.compile + SDPA flash attention + bf16 autocast) on 124M
 #   bench_mfu   GPT-2 124M/350M/774M/1.5B, bf16, seq 1024, with the GEMM ceiling
 #   profile     ncu times every kernel of two 124M steps: launches, kernel time, gaps (bench/kernel_profile.py)
@@ -178,10 +178,10 @@ CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_trainer$|parall
 want tests && step ctest_cuda 150 60 bash -c "MPITRON_TEST_DEVICE=cuda ctest --test-dir '$RUN' -R '$CUDA_TESTS' --output-on-failure -j 8 --timeout 120 2>&1 | tee '$OUT/ctest.log'"
 want bench && step bench_train 110 45 "$RUN/bench/bench_train" --device cuda --config 124M,llama-124M,1.3B,llama-1B \
   --batch 8 --seq 1024 --warmup 2 --steps 6 --recompute off --json "$OUT/bench_train.json"
-# llm.c (tools/prepare_llmc.sh built it into build-llmc, carried): 124M, same B and T; -r 0 (no
-# recompute, as our row) and -r 1 (its default, GELU recomputed).
-want bench && step llmc 60 25 python3 bench/peers/llmc_gpt.py --llmc build-llmc --batch 8 --seq 1024 --steps 12 \
-  --warmup 3 --recompute 0,1 --json "$OUT/llmc.json"
+# llm.c (tools/prepare_llmc.sh built it into build-llmc, carried): 124M at T=1024 with B=8 (bench_train's
+# row) and B=16 (bench_mfu's), -r 0: no recompute, as our rows (its default -r 1 recomputes GELU).
+want bench && step llmc 70 25 python3 bench/peers/llmc_gpt.py --llmc build-llmc --batch 8,16 --seq 1024 --steps 12 \
+  --warmup 3 --recompute 0 --json "$OUT/llmc.json"
 # The PyTorch peer on the 124M row (same B, T, steps): torch.compile + SDPA flash attention + bf16 autocast.
 want bench && step torch 110 50 python3 bench/peers/torch_gpt.py --preset 124M --device cuda --batch 8 --seq 1024 \
   --warmup 3 --steps 6 --compile --json "$OUT/torch_compile.json"
@@ -268,11 +268,11 @@ for name in ("bench_train.json", "bench_mfu.json"):
     for s in j.get("skipped", []):
         print(f"  {s}")
 bt = load("bench_train.json")
-ours = {}  # config -> our row without recompute
-if bt:
-    for r in bt["rows"]:
+ours = {}  # (config, B, T) -> our row without recompute (bench_train B=8; bench_mfu's own B)
+for j in (bt, load("bench_mfu.json")):
+    for r in (j or {}).get("rows", []):
         if not r["recompute"]:
-            ours[r["config"]] = r
+            ours.setdefault((r["config"], r["micro_batch"], r["seq"]), r)
 peers = [("torch_gpt", r) for r in (load("torch_peer.json") or {}).get("rows", [])]
 peers += [("llm.c", r) for r in (load("llmc.json") or {}).get("rows", [])]
 ratios = []
@@ -281,8 +281,8 @@ for bench, r in peers:
     print(f"{bench:12s} {r['impl']:16s} {r['config']:10s} {r['micro_batch']:3d} {r['seq']:5d} "
           f"{'on' if r['recompute'] else 'off':>3s} {r['ms_per_step']:9.1f} {r['tokens_per_s']:10.0f} {r['tflops']:8.1f} "
           f"{100 * r['tflops'] / 989:6.1f}% {gm:6.1f}% {r['peak_bytes'] / G:8.2f}")
-    o = ours.get(r["config"])
-    if o and o["micro_batch"] == r["micro_batch"] and o["seq"] == r["seq"]:
+    o = ours.get((r["config"], r["micro_batch"], r["seq"]))
+    if o:
         ratios.append(f"  mpitron / {r['impl']} ({r['config']}, B={o['micro_batch']}, T={o['seq']}, ours without "
                       f"recompute): {o['tokens_per_s'] / r['tokens_per_s']:.2f}x")
 for bench, r in peers:
@@ -292,14 +292,15 @@ for bench, r in peers:
 if ratios:
     print("\n=== ratios (tokens/s, same run)")
     print("\n".join(ratios))
-o = ours.get("124M")
-if o:
-    print(f"  target 124M >= 500K tokens/s: {o['tokens_per_s'] / 1e3:.0f}K ({'met' if o['tokens_per_s'] >= 5e5 else 'SHORT'})")
+for key in sorted(k for k in ours if k[0] == "124M"):
+    o = ours[key]
+    print(f"  target 124M >= 500K tokens/s (B={key[1]}, T={key[2]}): {o['tokens_per_s'] / 1e3:.0f}K "
+          f"({'met' if o['tokens_per_s'] >= 5e5 else 'SHORT'})")
     for bench, r in peers:
-        if r["config"] == "124M" and r["micro_batch"] == o["micro_batch"] and r["seq"] == o["seq"]:
+        if (r["config"], r["micro_batch"], r["seq"]) == key:
             x = o["tokens_per_s"] / r["tokens_per_s"]
             need = 1.1 if bench == "llm.c" else 1.0
-            print(f"  target >= {need}x {r['impl']}: {x:.2f}x ({'met' if x >= need else 'SHORT'})")
+            print(f"  target >= {need}x {r['impl']} (B={key[1]}): {x:.2f}x ({'met' if x >= need else 'SHORT'})")
 m = load("bench_mfu.json")
 for r in (m or {}).get("rows", []):
     if r["config"] == "1.5B":

@@ -18,8 +18,8 @@ steps after `--warmup` (the first steps build cuDNN graphs), tokens/s = B*T / me
 GPTConfig::flops_per_token (gpt_flops.py). peak_bytes is llm.c's own "device memory usage" line
 (cudaMemGetInfo after its allocations, CUDA context included), so it is not bench_train's peak.
 
-    python3 bench/peers/llmc_gpt.py --llmc build-llmc --batch 8 --seq 1024 --steps 12 --warmup 3 \\
-        --recompute 0,1 --json out/llmc.json
+    python3 bench/peers/llmc_gpt.py --llmc build-llmc --batch 8,16 --seq 1024 --steps 12 --warmup 3 \\
+        --recompute 0 --json out/llmc.json
     python3 bench/peers/llmc_gpt.py --parse LOG --batch 8 --seq 1024    (rows from a saved llm.c log)
 """
 import argparse
@@ -70,7 +70,7 @@ def parse(text, B, T, warmup, recompute, info):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llmc", default="build-llmc", help="folder made by tools/prepare_llmc.sh")
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", default="8", help="micro-batch sizes B, comma-separated (one run each)")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=12, help="steps in all, warm-up included")
     ap.add_argument("--warmup", type=int, default=3, help="first steps left out of the median")
@@ -83,24 +83,27 @@ def main():
 
     info_path = os.path.join(a.llmc, "LLMC_INFO")
     info = open(info_path).read().strip() if os.path.exists(info_path) else "unknown (no LLMC_INFO)"
-    rows = []
+    rows, failed = [], False
+    batches = [int(x) for x in a.batch.split(",")]
     if a.parse:
-        rows.append(parse(open(a.parse).read(), a.batch, a.seq, a.warmup, 0, info))
+        rows.append(parse(open(a.parse).read(), batches[0], a.seq, a.warmup, 0, info))
     else:
         exe = os.path.join(a.llmc, "train_gpt2cu")
         if not os.access(exe, os.X_OK):
             sys.exit(f"llmc_gpt: {exe} not found: run tools/prepare_llmc.sh on the CPU machine and carry {a.llmc}")
-        for r in [int(x) for x in a.recompute.split(",")]:
+        for B, r in [(B, int(x)) for B in batches for x in a.recompute.split(",")]:
             cmd = [exe, "-i", os.path.join(a.llmc, "tinyshakespeare_train.bin"),
                    "-j", os.path.join(a.llmc, "tinyshakespeare_val.bin"), "-e", "d12",
-                   "-b", str(a.batch), "-t", str(a.seq), "-x", str(a.steps), "-r", str(r),
+                   "-b", str(B), "-t", str(a.seq), "-x", str(a.steps), "-r", str(r),
                    "-v", str(10 * a.steps), "-m", "2", "-s", "0", "-h", "0"]
             print("llmc_gpt:", " ".join(cmd), flush=True)
             p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             print(p.stdout, flush=True)
             if p.returncode != 0:
-                sys.exit(f"llmc_gpt: train_gpt2cu -r {r} exited with {p.returncode}")
-            rows.append(parse(p.stdout, a.batch, a.seq, a.warmup, r, info))
+                failed = True
+                print(f"llmc_gpt: train_gpt2cu -b {B} -r {r} exited with {p.returncode}", file=sys.stderr)
+                continue
+            rows.append(parse(p.stdout, B, a.seq, a.warmup, r, info))
     for r in rows:
         print(f"{r['impl']:10s} 124M B={r['micro_batch']} T={r['seq']}: {r['ms_per_step']:.2f} ms/step, "
               f"{r['tokens_per_s']:.0f} tokens/s, {r['tflops']:.1f} TFLOP/s, loss {r['loss_first']:.3f}->"
@@ -108,6 +111,8 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": rows}, f, indent=2)
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
