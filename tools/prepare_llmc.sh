@@ -16,7 +16,7 @@
 #                                  (USE_CUDNN=1, no MPI/NCCL: one GPU)
 #     tinyshakespeare_{train,val}.bin  the bundled Shakespeare (assets/text) as GPT-2 tokens in llm.c's
 #                                  format (256 int32 header: 20240520, 1, count; then uint16 tokens),
-#                                  tokenised by our preprocess_data (a CPU build: BUILD, default build);
+#                                  tokenised by our preprocess_data (PREPROCESS, else build/ or build-gpu/);
 #                                  the first 32768 tokens are val, the rest train
 #     LLMC_INFO                    llm.c's commit, nvcc, make flags, the build-only edits below
 #
@@ -31,7 +31,6 @@ ROOT=$(pwd)
 LLMC_SRC=${LLMC_SRC:-/work/.mirror/karpathy+llm.c/repo}
 SRC=${SRC:-build-llmc-src}
 OUTD=${OUTD:-build-llmc}
-BUILD=${BUILD:-build}
 ARCH=${ARCH:-90}
 FRONTEND=$ROOT/.deps/cudnn-frontend/include
 
@@ -39,8 +38,11 @@ die() { echo "prepare_llmc: $*" >&2; exit 1; }
 [ -e "$LLMC_SRC" ] || die "no llm.c at LLMC_SRC=$LLMC_SRC: clone https://github.com/karpathy/llm.c and pass LLMC_SRC"
 [ -f "$FRONTEND/cudnn_frontend.h" ] || die "no cuDNN frontend headers at $FRONTEND: run make deps"
 command -v nvcc >/dev/null || die "nvcc not found (the CUDA toolkit builds llm.c)"
-PRE=$BUILD/apps/preprocess_data
-[ -x "$PRE" ] || die "$PRE not found: build the CPU tree first (make build), or pass BUILD"
+PRE=${PREPROCESS:-}
+if [ -z "$PRE" ]; then
+  for p in build/apps/preprocess_data build-gpu/apps/preprocess_data; do [ -x "$p" ] && PRE=$p && break; done
+fi
+[ -n "$PRE" ] && [ -x "$PRE" ] || die "no executable preprocess_data (${PRE:-looked in build/apps and build-gpu/apps}): run make build, or pass PREPROCESS=path"
 
 # ---- 1. llm.c's source, at one commit -----------------------------------------------------------
 rm -rf "$SRC" "$OUTD"
