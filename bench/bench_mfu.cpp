@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
       s.model.seq_length = seq;
       s.model.max_position_embeddings = std::max<int64_t>(1024, seq);
       s.model.hidden_dropout = 0.0f;  // as llm.c and the PyTorch peer; dropout is memory-bound work
+      s.model.attention_dropout = 0.0f;  // likewise (GPTConfig's default is Megatron's 0.1)
       s.model.compute_dtype = dt;
       s.device = dev;
       s.micro_batch = o.batch > 0 ? o.batch : gpu ? default_batch(p.name) : 2;

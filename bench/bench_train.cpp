@@ -14,7 +14,8 @@
 // timed steps; CUDA: tiny, llama-tiny, 124M, llama-124M, 350M, 1.3B, llama-1B, bf16,
 // B=8, T=1024, 3 warm-up + 10 timed steps. Rows print in --config order, so a Llama
 // row sits under the GPT-2 row of its size.
-// Both: recompute off and on, K=1 micro-batch, dropout 0 (the peer has the same).
+// Both: recompute off and on, K=1 micro-batch, dropout 0 (--dropout: hidden dropout, the peer's too),
+// attention dropout 0 (the peer has none; Megatron's default 0.1 would also take cuDNN attention off).
 // A size whose estimated memory (train_step_bench.h: estimate_step_bytes)
 // exceeds what the device has is skipped with the reason printed.
 //
@@ -213,6 +214,7 @@ int main(int argc, char** argv) {
         s.model.seq_length = seq;
         s.model.max_position_embeddings = std::max<int64_t>(1024, seq);
         s.model.hidden_dropout = o.dropout;
+        s.model.attention_dropout = 0.0f;  // the peers have none (SDPA, llm.c); p > 0 also turns cuDNN attention off
         s.model.compute_dtype = dt;
         s.device = dev;
         s.micro_batch = batch;
