@@ -32,8 +32,10 @@
 #include "io/safetensors.h"
 #include "model/inference/hf_bert.h"
 #include "model/inference/inference_load.h"
+#include "tests/error_of.h"  // error_of
 
 using namespace mpitron;
+using mpitron::testing_util::error_of;
 using apps_test::TempDir;
 using apps_test::run_app;
 using apps_test::slurp;
@@ -91,15 +93,6 @@ double nsp_err(const Tensor& logits, const json& want) {
   for (size_t b = 0; b < want.size(); ++b)
     for (size_t k = 0; k < 2; ++k) worst = std::max(worst, std::abs(double(lg[b * 2 + k]) - want[b][k].get<double>()));
   return worst;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 bool has(const std::string& s, const std::string& t) { return s.find(t) != std::string::npos; }

@@ -27,8 +27,10 @@
 #include "model/inference/generate.h"
 #include "model/inference/hf_llama.h"
 #include "model/inference/inference_load.h"
+#include "tests/error_of.h"  // error_of
 
 using namespace mpitron;
+using mpitron::testing_util::error_of;
 using apps_test::TempDir;
 using apps_test::run_app;
 using apps_test::slurp;
@@ -60,15 +62,6 @@ double logit_err(const Tensor& logits, const json& want, int64_t V) {
       ++row;
     }
   return worst;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 bool has(const std::string& s, const std::string& t) { return s.find(t) != std::string::npos; }

@@ -15,8 +15,10 @@
 #include "data/text_tokenizer.h"
 #include "data/wordpiece_tokenizer.h"
 #include "tests/data/data_test_util.h"
+#include "tests/error_of.h"  // error_of
 
 using namespace mpitron;
+using mpitron::testing_util::error_of;
 using namespace mpitron::data;
 using namespace mpitron::testing;
 
@@ -35,15 +37,6 @@ std::shared_ptr<const IndexedDataset> wiki() {
   return d;
 }
 DocRange all_docs() { return {0, wiki()->document_count()}; }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 template <typename T> std::vector<int64_t> as64(const std::vector<T>& v) { return std::vector<int64_t>(v.begin(), v.end()); }
 

@@ -14,8 +14,10 @@
 #include "data/sp_tokenizer.h"
 #include "data/text_tokenizer.h"
 #include "tests/data/data_test_util.h"
+#include "tests/error_of.h"  // error_of
 
 using namespace mpitron;
+using mpitron::testing_util::error_of;
 using namespace mpitron::data;
 using namespace mpitron::testing;
 
@@ -27,15 +29,6 @@ const nlohmann::json& ref() {
 }
 std::string hf_file() { return source_path("tests/data/ref/llama3_style/tokenizer.json"); }
 std::string sp_file() { return source_path("tests/data/ref/sp_bpe.model"); }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 void check_all(const char* key, TextEncoder& enc) {
   for (const auto& c : ref()["cases"]) {

@@ -14,8 +14,10 @@
 #include "data/text_tokenizer.h"
 #include "data/wordpiece_tokenizer.h"
 #include "tests/data/data_test_util.h"
+#include "tests/error_of.h"  // error_of
 
 using namespace mpitron;
+using mpitron::testing_util::error_of;
 using namespace mpitron::data;
 using namespace mpitron::testing;
 
@@ -27,15 +29,6 @@ const nlohmann::json& ref() {
 }
 std::string vocab(bool lower) {
   return source_path(lower ? "tests/data/ref/bert_uncased/vocab.txt" : "tests/data/ref/bert_cased/vocab.txt");
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

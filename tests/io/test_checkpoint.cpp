@@ -10,8 +10,10 @@
 #include "io/checkpoint.h"
 #include "io/crc32c.h"
 #include "tests/io/io_test_util.h"
+#include "tests/error_of.h"  // error_of
 
 using namespace mpitron;
+using mpitron::testing_util::error_of;
 using namespace mpitron::io;
 using mpitron::test::ScratchDir;
 namespace fs = std::filesystem;
@@ -89,15 +91,6 @@ void flip_byte(const std::string& path, int64_t offset) {
   c = static_cast<char>(c ^ 0x10);
   f.seekp(offset);
   f.write(&c, 1);
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

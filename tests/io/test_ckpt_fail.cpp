@@ -15,8 +15,10 @@
 
 #include "io/checkpoint.h"
 #include "tests/io/io_test_util.h"
+#include "tests/error_of.h"  // error_of
 
 using namespace mpitron;
+using mpitron::testing_util::error_of;
 using namespace mpitron::io;
 using mpitron::test::ScratchDir;
 using mpitron::test::world;
@@ -66,15 +68,6 @@ std::string tracker(const std::string& dir) {
   std::string s;
   std::getline(in, s);
   return s;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Every rank's text, so a test can check that all ranks saw an error.

@@ -7,8 +7,10 @@
 
 #include "io/hdf5_file.h"
 #include "tests/io/io_test_util.h"
+#include "tests/error_of.h"  // error_of
 
 using namespace mpitron;
+using mpitron::testing_util::error_of;
 using namespace mpitron::io;
 using mpitron::test::ScratchDir;
 
@@ -29,15 +31,6 @@ Tensor pattern(DType dtype, const Shape& shape, float scale = 1.0f) {
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&
          std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
