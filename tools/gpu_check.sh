@@ -48,6 +48,7 @@ left() { echo $((DEADLINE - ($(date +%s) - START))); }
 step() {
   local name=$1 max=$2 need=$3
   shift 3
+  if [ -n "${STEPS:-}" ] && ! [[ " $STEPS " == *" $name "* ]]; then return 0; fi  # STEPS="a b": only those
   local l
   l=$(left)
   if [ "$l" -lt "$need" ]; then
@@ -175,7 +176,8 @@ want() { [ "$PARTS" = all ] || [ "$PARTS" = "$1" ]; }
 # reference against PyTorch, the trainer on the device (MPITRON_TEST_DEVICE=cuda), comm/grid/ZeRO
 # with device buffers.
 CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_trainer$|parallel_test_(comm|grid|zero))'
-want tests && step ctest_cuda 150 60 bash -c "MPITRON_TEST_DEVICE=cuda ctest --test-dir '$RUN' -R '$CUDA_TESTS' --output-on-failure -j 8 --timeout 120 2>&1 | tee '$OUT/ctest.log'"
+# CUDA_RERUN (a ctest -R regex) reruns only those tests, e.g. what failed in the first call.
+want tests && step ctest_cuda 120 60 bash -c "MPITRON_TEST_DEVICE=cuda ctest --test-dir '$RUN' -R '${CUDA_RERUN:-$CUDA_TESTS}' --output-on-failure -j 12 --timeout 90 2>&1 | tee -a '$OUT/ctest.log'"
 want bench && step bench_train 110 45 "$RUN/bench/bench_train" --device cuda --config 124M,llama-124M,1.3B,llama-1B \
   --batch 8 --seq 1024 --warmup 2 --steps 6 --recompute off --json "$OUT/bench_train.json"
 # llm.c (tools/prepare_llmc.sh built it into build-llmc, carried): 124M at T=1024 with B=8 (bench_train's
@@ -185,6 +187,15 @@ want bench && step llmc 70 25 python3 bench/peers/llmc_gpt.py --llmc build-llmc 
 # The PyTorch peer on the 124M row (same B, T, steps): torch.compile + SDPA flash attention + bf16 autocast.
 want bench && step torch 110 50 python3 bench/peers/torch_gpt.py --preset 124M --device cuda --batch 8 --seq 1024 \
   --warmup 3 --steps 6 --compile --json "$OUT/torch_compile.json"
+# compute-sanitizer over the op tests: memcheck on every tensor_test_* (8 at a time), racecheck on the
+# kernels with shared-memory reductions. Each test under its own timeout; the ERROR SUMMARY per test.
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)
+SAN_TESTS=${SAN_TESTS:-$(cd "$RUN/tests" 2>/dev/null && ls tensor_test_* | sed 's/^tensor_test_//' | tr '\n' ' ')}
+want tests && step sanitizer 80 30 bash -c "[ -n '$SAN' ] || { echo 'no compute-sanitizer on this machine'; exit 3; }; cd '$RUN'; \
+  run1() { timeout 55 '$SAN' --tool \$1 --error-exitcode 9 --print-limit 3 tests/tensor_test_\$2 >/tmp/san_\$1_\$2.log 2>&1; rc=\$?; \
+    echo \"sanitizer \$1 \$2 rc=\$rc \$(grep -m1 'ERROR SUMMARY' /tmp/san_\$1_\$2.log)\"; [ \$rc -eq 0 ] || grep -m 8 -E '=====.*(Invalid|Race|Uninit|Error|error)' /tmp/san_\$1_\$2.log; [ \$rc -eq 0 ]; }; \
+  export -f run1; fail=0; { for t in $SAN_TESTS; do echo memcheck \$t; done; for t in layernorm rmsnorm softmax cross_entropy norm; do echo racecheck \$t; done; } | \
+  xargs -P 8 -n 2 bash -c 'run1 \$0 \$1' || fail=1; exit \$fail" 2>&1 | tee -a "$OUT/ctest.log"
 want bench && step bench_mfu 100 40 "$RUN/bench/bench_mfu" --warmup 3 --steps 8 --json "$OUT/bench_mfu.json"
 # Where the 124M step's time goes: Nsight Compute times every kernel of 2 timed steps (bench_train
 # --profile marks them; ncu leaves the clocks alone), bench/kernel_profile.py sums them per kernel and
@@ -240,6 +251,7 @@ EOF
   echo "=== ctest"
   grep -hE "tests passed|tests failed|SKIPPED cuda" "$OUT/ctest.log" 2>/dev/null | sort | uniq -c | head -8
   grep -hE "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Exception|Not Run)\)" "$OUT/ctest.log" 2>/dev/null | head -20
+  grep -hE "^sanitizer " "$OUT/ctest.log" 2>/dev/null | sort | awk '/rc=0 /{ok++; next} {print} END{print "sanitizer: " ok+0 " runs clean"}'
   python3 - "$OUT" <<'EOF'
 import json, os, sys
 out = sys.argv[1]
