@@ -178,7 +178,7 @@ want() { [ "$PARTS" = all ] || [ "$PARTS" = "$1" ]; }
 CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_trainer$|parallel_test_(comm|grid|zero))'
 # CUDA_RERUN (a ctest -R regex) reruns only those tests, e.g. what failed in the first call.
 want tests && step ctest_cuda 120 60 bash -c "MPITRON_TEST_DEVICE=cuda ctest --test-dir '$RUN' -R '${CUDA_RERUN:-$CUDA_TESTS}' --output-on-failure -j 12 --timeout 90 2>&1 | tee -a '$OUT/ctest.log'"
-want bench && step bench_train 110 45 "$RUN/bench/bench_train" --device cuda --config 124M,llama-124M,1.3B,llama-1B \
+want bench && step bench_train 110 45 "$RUN/bench/bench_train" --device cuda --config "${BENCH_TRAIN_CONFIGS:-124M,llama-124M,1.3B,llama-1B}" \
   --batch 8 --seq 1024 --warmup 2 --steps 6 --recompute off --json "$OUT/bench_train.json"
 # llm.c (tools/prepare_llmc.sh built it into build-llmc, carried): 124M at T=1024 with B=8 (bench_train's
 # row) and B=16 (bench_mfu's), -r 0: no recompute, as our rows (its default -r 1 recomputes GELU).
@@ -191,23 +191,24 @@ want bench && step torch 110 50 python3 bench/peers/torch_gpt.py --preset 124M -
 # kernels with shared-memory reductions. Each test under its own timeout; the ERROR SUMMARY per test.
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)
 SAN_TESTS=${SAN_TESTS:-$(cd "$RUN/tests" 2>/dev/null && ls tensor_test_* | sed 's/^tensor_test_//' | tr '\n' ' ')}
-want tests && step sanitizer 80 30 bash -c "[ -n '$SAN' ] || { echo 'no compute-sanitizer on this machine'; exit 3; }; cd '$RUN'; \
-  run1() { timeout 55 '$SAN' --tool \$1 --error-exitcode 9 --print-limit 3 tests/tensor_test_\$2 >/tmp/san_\$1_\$2.log 2>&1; rc=\$?; \
+want tests && step sanitizer 120 30 bash -c "[ -n '$SAN' ] || { echo 'no compute-sanitizer on this machine'; exit 3; }; cd '$RUN'; \
+  run1() { timeout ${SAN_TIMEOUT:-55} '$SAN' --tool \$1 --error-exitcode 9 --print-limit 3 tests/tensor_test_\$2 >/tmp/san_\$1_\$2.log 2>&1; rc=\$?; \
     echo \"sanitizer \$1 \$2 rc=\$rc \$(grep -m1 'ERROR SUMMARY' /tmp/san_\$1_\$2.log)\"; [ \$rc -eq 0 ] || grep -m 8 -E '=====.*(Invalid|Race|Uninit|Error|error)' /tmp/san_\$1_\$2.log; [ \$rc -eq 0 ]; }; \
-  export -f run1; fail=0; { for t in $SAN_TESTS; do echo memcheck \$t; done; for t in layernorm rmsnorm softmax cross_entropy norm; do echo racecheck \$t; done; } | \
+  export -f run1; fail=0; { for t in $SAN_TESTS; do echo memcheck \$t; done; for t in ${SAN_RACE-layernorm rmsnorm softmax cross_entropy norm}; do echo racecheck \$t; done; } | \
   xargs -P 8 -n 2 bash -c 'run1 \$0 \$1' || fail=1; exit \$fail" 2>&1 | tee -a "$OUT/ctest.log"
 want bench && step bench_mfu 100 40 "$RUN/bench/bench_mfu" --warmup 3 --steps 8 --json "$OUT/bench_mfu.json"
 # Where the 124M step's time goes: Nsight Compute times every kernel of 2 timed steps (bench_train
 # --profile marks them; ncu leaves the clocks alone), bench/kernel_profile.py sums them per kernel and
 # class and sets them against the unprofiled step of bench_train.json (the rest: launch/host gaps).
+PROFILE_CONFIG=${PROFILE_CONFIG:-124M} PROFILE_STEPS=${PROFILE_STEPS:-2}  # the profiled preset (B=8, T=1024) and steps
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 PROFILE_TXT=${TMPDIR:-/tmp}/mpitron_kernel_profile.txt  # printed in summary.txt (8 files at most come back)
 rm -f "$PROFILE_TXT"
 want bench && step profile 90 40 bash -c "[ -n '$NCU' ] || { echo 'no ncu on this machine'; exit 3; }; '$NCU' --profile-from-start off \
   --clock-control none --cache-control none --csv --metrics gpu__time_duration.sum --log-file /tmp/ncu_124M.csv \
-  '$RUN/bench/bench_train' --device cuda --config 124M --batch 8 --seq 1024 --warmup 2 --steps 2 --recompute off \
+  '$RUN/bench/bench_train' --device cuda --config $PROFILE_CONFIG --batch 8 --seq 1024 --warmup 2 --steps $PROFILE_STEPS --recompute off \
   --profile >/tmp/ncu_run.log 2>&1; rc=\$?; tail -3 /tmp/ncu_run.log; python3 bench/kernel_profile.py /tmp/ncu_124M.csv \
-  --steps 2 --bench-json '$OUT/bench_train.json' --config 124M | tee '$PROFILE_TXT'; exit \$rc"
+  --steps $PROFILE_STEPS --bench-json '$OUT/bench_train.json' --config $PROFILE_CONFIG | tee '$PROFILE_TXT'; exit \$rc"
 # Tensor/pipeline/data-parallel equivalence with device tensors: 2 and 4 ranks share the one GPU,
 # communicating through MPI (host-staged, --force-mpi-for-device).
 want tests && step mp_cuda 120 50 bash -c "set -o pipefail; cd '$RUN' && { fail=0; for np in 2 4; do for t in model_test_trainer_mp model_test_bert_train_mp; do \
@@ -336,7 +337,7 @@ if j:
             v = f"{r['tflops']:.1f} TFLOP/s" if r["tflops"] > 0 else f"{r['gbps']:.0f} GB/s"
             print(f"  {r['op']:26s} {r['shape']:22s} {r['dtype']:5s} {v:>14s} {100 * r['fraction_of_ceiling']:5.1f}%")
 EOF
-  if [ -s "$PROFILE_TXT" ]; then echo; echo "=== where the 124M step's time goes (profile step)"; cat "$PROFILE_TXT"; fi
+  if [ -s "$PROFILE_TXT" ]; then echo; echo "=== where the $PROFILE_CONFIG step's time goes (profile step)"; cat "$PROFILE_TXT"; fi
   echo
   echo "=== steps (total $(($(date +%s) - START)) s of the ${DEADLINE} s budget)"
   cat "$SUMMARY"

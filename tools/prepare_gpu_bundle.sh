@@ -120,7 +120,7 @@ echo "packages ($(echo $pkgs | wc -w)): $(echo $pkgs | tr '\n' ' ')"
 printf 'working tree %6.1f MiB\n%-12s %6.1f MiB (%s unpacked: %.1f MiB)\n.debs        %6.1f MiB\n%-12s %6.1f MiB\ntotal        %6.1f MiB of 64 MiB\n' \
   "$(mib $tree)" "$BUNDLE" "$(mib $bundle)" "$RUN" "$(mib $run)" "$(mib $debs)" "$LLMC" "$(mib $llmc)" "$(mib $total)"
 echo "largest files of the bundle (unpacked) and .debs:"
-find "$RUN" .debs -type f -printf '%s %p\n' | sort -rn | head -6 | awk '{printf "  %6.1f MiB %s\n", $1 / 1048576, $2}'
+find "$RUN" .debs -type f -printf '%s %p\n' | sort -rn | head -6 | awk '{printf "  %6.1f MiB %s\n", $1 / 1048576, $2}' || true
 if [ "$total" -gt "$LIMIT" ]; then
   echo "prepare_gpu_bundle: OVER the 64 MiB carry limit (docs/gpu.md: what to drop)" >&2
   exit 1

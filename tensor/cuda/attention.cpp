@@ -302,7 +302,9 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   const size_t es = dtype_size(qkv.dtype());
   char* q = static_cast<char*>(qkv.data_ptr());
   char* dq = static_cast<char*>(dqkv.data_ptr());
-  if (B * T * NH > 0 && drop.p == 0.0f && cudnn_eligible(qkv, out, lse, dout, dqkv)) {
+  // T = 1: cuDNN 9's SDPA backward refuses s_q = s_kv = 1 (seen on an H200), so the fallback
+  // runs without asking (the lse of either path serves the other).
+  if (B * T * NH > 0 && T > 1 && drop.p == 0.0f && cudnn_eligible(qkv, out, lse, dout, dqkv)) {
     DeviceGuard g(qkv);
     const int dev = qkv.device().index;
     const cudnnHandle_t h = cudnn_handle(dev);

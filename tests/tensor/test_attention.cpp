@@ -123,8 +123,9 @@ struct AttnResult {
 // cuDNN takes (HD % 8 == 0, HD <= 128). Otherwise the fallback. Under the simulated
 // device (no cuDNN) this is always the fallback; a GPU session checks the cuDNN half.
 std::string attention_path(const std::string& op, DType dt, const AttnDims& d) {
+  // cuDNN 9's SDPA backward refuses s_q = s_kv = 1 (seen on an H200): T = 1 backward is the fallback.
   const bool cudnn = cuda_attention_backend() == "cudnn" && dt != DType::F32 && outputs_aligned() && d.hd % 8 == 0 &&
-                     d.hd <= 128;
+                     d.hd <= 128 && !(op == "attention_backward" && d.t == 1);
   return op + (cudnn ? ".cudnn" : ".fallback");
 }
 
