@@ -162,6 +162,14 @@ Plan make_plan(cublasLtHandle_t h, cublasComputeType_t compute, cudaDataType_t t
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   MPT_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  if (tout != CUDA_R_32F) {
+    // Split-K partial sums only in f32 (the compute type): the in-place and output-type
+    // schemes keep them in D's 16-bit type, a rounding per partial (seen on an H200: a
+    // bf16 GEMM with K = 32 and a 4-byte aligned bias off by ~20 bf16 ulps of the result).
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    MPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                          sizeof(schemes)));
+  }
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &res, &found);

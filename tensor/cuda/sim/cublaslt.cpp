@@ -35,6 +35,7 @@ struct cublasLtMatrixLayoutOpaque_sim {
 struct cublasLtMatmulPreferenceOpaque_sim {
   uint64_t ws = 0;
   uint32_t align[4] = {256, 256, 256, 256};
+  uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_MASK;  // the reference GEMM never splits K
 };
 
 namespace {
@@ -216,6 +217,12 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
   if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && bytes == sizeof(uint64_t)) {
     std::memcpy(&p->ws, buf, 8);
     return CUBLAS_STATUS_SUCCESS;
+  }
+  if (a == CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK && bytes == sizeof(uint32_t)) {
+    std::memcpy(&p->reduction_schemes, buf, 4);
+    return (p->reduction_schemes & ~uint32_t{CUBLASLT_REDUCTION_SCHEME_MASK}) == 0
+               ? CUBLAS_STATUS_SUCCESS
+               : misuse("reduction scheme mask " + std::to_string(p->reduction_schemes) + " has unknown bits");
   }
   if (a >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && a <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES &&
       bytes == sizeof(uint32_t)) {
