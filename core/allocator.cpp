@@ -9,7 +9,7 @@
 #include <cuda_runtime.h>
 #endif
 #if defined(MPITRON_CUDA_SIM) && defined(__SANITIZE_ADDRESS__)
-// The simulated device (tensor/cuda/sim): a block's slack beyond the bytes asked
+// The simulated device (tests/cuda_sim): a block's slack beyond the bytes asked
 // for, and every free (cached) block, are poisoned, so AddressSanitizer reports a
 // kernel that reads past its tensor or into released memory.
 #include <sanitizer/asan_interface.h>

@@ -6,7 +6,7 @@
 //   * the device guard, stream and scratch-memory helpers (scratch comes from the
 //     caching allocator, never from cudaMalloc),
 //   * the per-device cuBLASLt handle and per-(device, stream) workspace.
-// Device code is guarded by MPT_DEVICE_CODE (nvcc, or the simulated device of tensor/cuda/sim).
+// Device code is guarded by MPT_DEVICE_CODE (nvcc, or the simulated device of tests/cuda_sim).
 #pragma once
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -59,7 +59,7 @@
 // ---- kernel launches -----------------------------------------------------------------
 // Every launch is written MPT_LAUNCH(grid, block, shmem, stream, kernel)(args...):
 // under nvcc it is kernel<<<grid, block, shmem, stream>>>(args...); in the
-// simulated-device build (MPITRON_CUDA_SIM, tensor/cuda/sim) it runs the kernel's
+// simulated-device build (MPITRON_CUDA_SIM, tests/cuda_sim) it runs the kernel's
 // threads as fibers on the host. The kernel goes last (its template arguments may
 // hold commas) and is named exactly as in <<<>>> (template arguments deduced or not).
 #if defined(MPITRON_CUDA_SIM)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tests/cuda_sim/convert_launches.py FILE... — rewrites `kernel<<<g, b, s, st>>>(args)`
 launch sites into `MPT_LAUNCH(g, b, s, st, kernel)(args)` (common.cuh), the form both
-nvcc and the simulated device (tensor/cuda/sim) build. Missing shmem/stream become
+nvcc and the simulated device (tests/cuda_sim) build. Missing shmem/stream become
 0/nullptr. A one-off helper for merging kernels written with <<<>>>; review the diff."""
 import re
 import sys

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/cuda_sim/run.sh — `make test-cuda-sim`: the CUDA backend's kernels on the
-# simulated device (tensor/cuda/sim, docs/cuda.md "The simulated device"), under
+# simulated device (tests/cuda_sim, docs/cuda.md "The simulated device"), under
 # AddressSanitizer, no GPU needed:
 #   1. configure $SIM_BUILD (default build-sim) with -DMPITRON_CUDA_SIM=ON,
 #   2. build the tests below,

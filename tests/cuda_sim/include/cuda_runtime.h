@@ -1,10 +1,10 @@
-// tensor/cuda/sim/include/cuda_runtime.h — the simulated device's CUDA runtime
+// tests/cuda_sim/include/cuda_runtime.h — the simulated device's CUDA runtime
 // (MPITRON_CUDA_SIM builds only; this folder shadows the toolkit's headers).
 //
 // The project's .cu files compile as host C++ against it: the execution-space
 // keywords vanish, `__shared__` becomes block-local static storage, threadIdx /
 // blockIdx / blockDim / gridDim read the running simulated thread, and
-// __syncthreads / __shfl_xor_sync are barriers of tensor/cuda/sim/scheduler.cpp.
+// __syncthreads / __shfl_xor_sync are barriers of tests/cuda_sim/scheduler.cpp.
 // Device memory is host memory (AddressSanitizer sees every access); streams and
 // events are synchronous. See docs/cuda.md, "The simulated device".
 #pragma once
@@ -18,7 +18,7 @@
 #include <utility>
 
 #ifndef MPITRON_CUDA_SIM
-#error "tensor/cuda/sim/include is for the simulated-device build (-DMPITRON_CUDA_SIM=ON) only"
+#error "tests/cuda_sim/include is for the simulated-device build (-DMPITRON_CUDA_SIM=ON) only"
 #endif
 
 // ---- execution spaces and launch bounds ---------------------------------------------

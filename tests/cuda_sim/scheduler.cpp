@@ -1,4 +1,4 @@
-// tensor/cuda/sim/scheduler.cpp — runs a kernel launch on the simulated device.
+// tests/cuda_sim/scheduler.cpp — runs a kernel launch on the simulated device.
 //
 // Blocks run one after another (in a seeded permuted order); the threads of a
 // block are cooperative fibers on one OS thread (a few lines of x86-64 assembly
@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "cuda_runtime.h"
-#include "tensor/cuda/sim/sim.h"
+#include "tests/cuda_sim/sim.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>

@@ -1,4 +1,4 @@
-// tensor/cuda/sim/include/cuda_fp16.h — __half for the simulated device:
+// tests/cuda_sim/include/cuda_fp16.h — __half for the simulated device:
 // the same 16 bits as mpitron's f16_t, converted with mpitron's (round to nearest even).
 #pragma once
 #include "cuda_runtime.h"

@@ -1,4 +1,4 @@
-// tensor/cuda/sim/sim.h — what the simulated device's runtime files share.
+// tests/cuda_sim/sim.h — what the simulated device's runtime files share.
 #pragma once
 #include <string>
 

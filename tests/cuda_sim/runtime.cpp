@@ -1,4 +1,4 @@
-// tensor/cuda/sim/runtime.cpp — the CUDA runtime API of the simulated device.
+// tests/cuda_sim/runtime.cpp — the CUDA runtime API of the simulated device.
 //
 // Device memory is plain host memory (256-byte aligned, like cudaMalloc), so
 // AddressSanitizer sees every out-of-bounds access of a kernel or a copy. Every
@@ -16,7 +16,7 @@
 #include <string>
 
 #include "cuda_runtime.h"
-#include "tensor/cuda/sim/sim.h"
+#include "tests/cuda_sim/sim.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>

@@ -1,4 +1,4 @@
-// tensor/cuda/sim/include/cuda_bf16.h — __nv_bfloat16 for the simulated device:
+// tests/cuda_sim/include/cuda_bf16.h — __nv_bfloat16 for the simulated device:
 // the same 16 bits as mpitron's bf16_t, converted with mpitron's (round to nearest even).
 #pragma once
 #include "cuda_runtime.h"

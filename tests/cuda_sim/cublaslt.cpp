@@ -1,4 +1,4 @@
-// tensor/cuda/sim/cublaslt.cpp — cuBLASLt on the simulated device: a reference GEMM.
+// tests/cuda_sim/cublaslt.cpp — cuBLASLt on the simulated device: a reference GEMM.
 //
 // Semantics are cuBLASLt's (column-major): with op(X) = X or Xᵀ per TRANSA/TRANSB,
 //   D[b] (m, n) = alpha · op(A[b]) (m, k) · op(B[b]) (k, n) + beta · C[b]  [+ bias (m) per column]

@@ -1,5 +1,5 @@
-// tensor/cuda/sim/include/cublasLt.h — the part of cuBLASLt mpitron uses, for the
-// simulated device. cublasLtMatmul runs a reference GEMM (tensor/cuda/sim/cublaslt.cpp)
+// tests/cuda_sim/include/cublasLt.h — the part of cuBLASLt mpitron uses, for the
+// simulated device. cublasLtMatmul runs a reference GEMM (tests/cuda_sim/cublaslt.cpp)
 // with cuBLASLt's column-major semantics: layouts (rows, cols, ld), TRANSA/TRANSB,
 // strided batches and the BIAS epilogue. It checks the alignments promised to the
 // heuristic against the pointers passed. Heuristics and kernels are not simulated.

@@ -1,4 +1,4 @@
-// tensor/cuda/sim/include/cub/cub.cuh — cub::DeviceRadixSort::SortPairs for the
+// tests/cuda_sim/include/cub/cub.cuh — cub::DeviceRadixSort::SortPairs for the
 // simulated device: a stable sort of (key, value) pairs by key bits [begin_bit, end_bit),
 // the contract of CUB's LSD radix sort. Asks for 1 byte of temporary storage.
 #pragma once

@@ -1,3 +1,0 @@
-// tensor/cuda/sim/include/cublas_v2.h — the simulated device has cuBLASLt only (cublasLt.h).
-#pragma once
-#include "cublasLt.h"
