@@ -8,10 +8,24 @@
 #ifdef MPITRON_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
+#if defined(MPITRON_CUDA_SIM)
+// The simulated device (tests/cuda_sim) is told of every block handed out and
+// released (its tool interface, like AddressSanitizer's): its race check then knows
+// each block as an allocation made at the caller, and remembers the last accesses
+// of reused bytes; under AddressSanitizer it poisons the slack past the bytes asked
+// for and every cached block, in stream order, so a kernel that reads past its
+// tensor or into released memory is reported.
+#include <cuda_sim_tools.h>
+#define MPT_SIM_BLOCK_ALLOCATED(p, n, size, s) cudaSimBlockAllocated(p, n, size, static_cast<cudaStream_t>(s))
+#define MPT_SIM_BLOCK_RELEASED(p, size, s) cudaSimBlockReleased(p, size, static_cast<cudaStream_t>(s))
+#define MPT_SIM_DRAIN() cudaDeviceSynchronize()  // queued poisoning of the segment's blocks runs first
+#else
+#define MPT_SIM_DRAIN() ((void)0)
+#define MPT_SIM_BLOCK_ALLOCATED(p, n, size, s) ((void)0)
+#define MPT_SIM_BLOCK_RELEASED(p, size, s) ((void)0)
+#endif
 #if defined(MPITRON_CUDA_SIM) && defined(__SANITIZE_ADDRESS__)
-// The simulated device (tests/cuda_sim): a block's slack beyond the bytes asked
-// for, and every free (cached) block, are poisoned, so AddressSanitizer reports a
-// kernel that reads past its tensor or into released memory.
+// A new segment is all poisoned until blocks are handed out from it (nothing queued uses it yet).
 #include <sanitizer/asan_interface.h>
 #define MPT_SIM_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
 #define MPT_SIM_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
@@ -96,6 +110,7 @@ void CachingAllocator::split(Block* b, size_t size) {
 
 void CachingAllocator::free_segment(Block* b) {
   pool(b->small).erase(b);
+  MPT_SIM_DRAIN();
   MPT_SIM_UNPOISON(b->ptr, b->size);
   raw_->raw_free(b->ptr);
   st_.reserved_bytes -= b->size;
@@ -142,8 +157,7 @@ void* CachingAllocator::allocate(size_t bytes, Stream stream) {
                 "reduce --micro-batch-size, enable --recompute-activations, or use more GPUs");
   }
   split(b, size);
-  MPT_SIM_UNPOISON(b->ptr, bytes);
-  MPT_SIM_POISON(b->ptr + bytes, b->size - bytes);
+  MPT_SIM_BLOCK_ALLOCATED(b->ptr, bytes, b->size, b->stream);
   b->allocated = true;
   live_[b->ptr] = b;
   st_.current_bytes += b->size;
@@ -161,7 +175,7 @@ void CachingAllocator::release(void* p) {
   live_.erase(it);
   b->allocated = false;
   st_.current_bytes -= b->size;
-  MPT_SIM_POISON(b->ptr, b->size);
+  MPT_SIM_BLOCK_RELEASED(b->ptr, b->size, b->stream);
   FreeSet& free = pool(b->small);
   if (Block* prev = b->prev; prev && !prev->allocated) {  // merge into the free block before
     free.erase(prev);

@@ -7,13 +7,16 @@
 // to D's type. Layout shapes, types, batch counts, ld ≥ rows and the alignments
 // promised through the preference (MIN_ALIGNMENT_*) are checked: a violation is
 // CUBLAS_STATUS_INVALID_VALUE with a message on stderr, where real cuBLASLt might
-// silently pick a kernel that faults.
+// silently pick a kernel that faults. The GEMM is an operation of its stream
+// (tests/cuda_sim/streams.cpp): checked for races over the exact bytes of A, B,
+// C, D and the bias, then run by the stream's worker.
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "cublasLt.h"
+#include "tests/cuda_sim/sim.h"
 
 struct cublasLtContext {
   int unused = 0;
@@ -132,6 +135,7 @@ const char* cublasGetStatusName(cublasStatus_t s) {
   return "CUBLAS_STATUS_UNKNOWN";
 }
 const char* cublasGetStatusString(cublasStatus_t s) {
+  if (s == CUBLAS_STATUS_EXECUTION_FAILED) return cudaGetErrorString(cudaErrorIllegalState);  // the race report
   return s == CUBLAS_STATUS_INVALID_VALUE ? "invalid value (simulated cuBLASLt: see stderr)" : cublasGetStatusName(s);
 }
 
@@ -267,32 +271,42 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     }
   }
   if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && !d->bias) return misuse("BIAS epilogue without a bias pointer");
+  // Copies: the descriptors may change or go before the stream runs the GEMM.
+  const cublasLtMatmulDescOpaque_sim dd = *d;
+  const cublasLtMatrixLayoutOpaque_sim a = *la, b = *lb, c = *lc, dl = *ld;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  const bool ta = d->ta != CUBLAS_OP_N, tb = d->tb != CUBLAS_OP_N;
-  const int64_t m = ld->rows, n = ld->cols, k = ta ? la->rows : la->cols;
-  std::vector<float> at(static_cast<size_t>(m * k)), bt(static_cast<size_t>(n * k));
-  for (int32_t bi = 0; bi < ld->batch; ++bi) {
-    const auto off = [&](const cublasLtMatrixLayoutOpaque_sim* l) { return l->batch > 1 ? bi * l->stride : 0; };
-    const int64_t oa = off(la), ob = off(lb), oc = off(lc), od = off(ld);
-    // at[i][l] = op(A)(i, l), bt[j][l] = op(B)(l, j): contiguous in l for the dot products.
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t l = 0; l < k; ++l)
-        at[i * k + l] = load(A, la->type, oa + (ta ? i * la->ld + l : l * la->ld + i));
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t l = 0; l < k; ++l)
-        bt[j * k + l] = load(B, lb->type, ob + (tb ? l * lb->ld + j : j * lb->ld + l));
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t i = 0; i < m; ++i) {
-        const float* x = &at[i * k];
-        const float* y = &bt[j * k];
-        float acc = 0.0f;
-        for (int64_t l = 0; l < k; ++l) acc += x[l] * y[l];
-        float v = al * acc;
-        if (be != 0.0f) v += be * load(C, lc->type, oc + j * lc->ld + i);
-        if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) v += load(d->bias, ld->type, i);
-        store(D, ld->type, od + j * ld->ld + i, v);
+  const auto extent = [](const cublasLtMatrixLayoutOpaque_sim& l) {  // bytes from the pointer
+    const int64_t last = (l.batch > 1 ? (l.batch - 1) * l.stride : 0) + (int64_t(l.cols) - 1) * l.ld + int64_t(l.rows);
+    return static_cast<size_t>(l.rows && l.cols ? last : 0) * type_size(l.type);
+  };
+  std::vector<mpitron::cuda::sim::Access> acc = {{A, extent(a), false}, {B, extent(b), false}, {D, extent(dl), true}};
+  if (be != 0.0f) acc.push_back({C, extent(c), false});
+  if (dd.epilogue == CUBLASLT_EPILOGUE_BIAS) acc.push_back({dd.bias, dl.rows * type_size(dl.type), false});
+  const cudaError_t e = mpitron::cuda::sim::enqueue(stream, "cublasLtMatmul", std::move(acc), [=] {
+    const bool ta = dd.ta != CUBLAS_OP_N, tb = dd.tb != CUBLAS_OP_N;
+    const int64_t m = dl.rows, n = dl.cols, k = ta ? a.rows : a.cols;
+    std::vector<float> at(static_cast<size_t>(m * k)), bt(static_cast<size_t>(n * k));
+    for (int32_t bi = 0; bi < dl.batch; ++bi) {
+      const auto off = [&](const cublasLtMatrixLayoutOpaque_sim& l) { return l.batch > 1 ? bi * l.stride : 0; };
+      const int64_t oa = off(a), ob = off(b), oc = off(c), od = off(dl);
+      // at[i][l] = op(A)(i, l), bt[j][l] = op(B)(l, j): contiguous in l for the dot products.
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t l = 0; l < k; ++l) at[i * k + l] = load(A, a.type, oa + (ta ? i * a.ld + l : l * a.ld + i));
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t l = 0; l < k; ++l) bt[j * k + l] = load(B, b.type, ob + (tb ? l * b.ld + j : j * b.ld + l));
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t i = 0; i < m; ++i) {
+          const float* x = &at[i * k];
+          const float* y = &bt[j * k];
+          float sum = 0.0f;
+          for (int64_t l = 0; l < k; ++l) sum += x[l] * y[l];
+          float v = al * sum;
+          if (be != 0.0f) v += be * load(C, c.type, oc + j * c.ld + i);
+          if (dd.epilogue == CUBLASLT_EPILOGUE_BIAS) v += load(dd.bias, dl.type, i);
+          store(D, dl.type, od + j * dl.ld + i, v);
+        }
       }
     }
-  }
-  return CUBLAS_STATUS_SUCCESS;
+  });
+  return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }

@@ -13,14 +13,22 @@
 // fibers run in a seeded random order (MPITRON_CUDA_SIM_SEED), so a missing barrier
 // lets a reader run before its writer.
 //
+// A launch is checked (configuration at once, as CUDA does; then the race check
+// of its pointer arguments) and queued on its stream; the stream's worker runs
+// the grid later. One grid runs at a time (`__shared__` is per kernel, not per
+// block), so kernels of different streams interleave but never overlap; other
+// stream work (copies, collectives) does run beside them.
+//
 // Every launch is counted per kernel name; at exit the counts are appended to
-// $MPITRON_CUDA_SIM_COUNTS (one line "<kernel> <launches>") when that is set.
+// $MPITRON_CUDA_SIM_COUNTS (one line "<kernel> <launches>") when that is set,
+// with the NCCL stand-in's calls ("nccl:<call> <n>").
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -100,8 +108,7 @@ struct BlockRun {
   void* sched_sp = nullptr;
   const void* sched_stack = nullptr;  // the scheduler's stack (for AddressSanitizer's fiber switches)
   size_t sched_stack_size = 0;
-  void (*body)(void*) = nullptr;
-  void* arg = nullptr;
+  const std::function<void()>* body = nullptr;
   std::string error;
 };
 
@@ -168,7 +175,7 @@ void fiber_entry() {
 #ifdef MPT_SIM_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &g_run->sched_stack, &g_run->sched_stack_size);
 #endif
-  g_run->body(g_run->arg);
+  (*g_run->body)();
   g_fiber->state = Fiber::Done;
   to_scheduler(*g_fiber);  // never resumed
   std::abort();
@@ -317,13 +324,15 @@ void check_aligned(const void* p, size_t bytes, const char* what) {
   std::abort();
 }
 
-void run_grid(const char* kernel, dim3 grid, dim3 block, size_t shmem, cudaStream_t st, void (*body)(void*),
-              void* arg) {
+void run_grid(const char* kernel, dim3 grid, dim3 block, size_t shmem, cudaStream_t st, std::vector<Access> acc,
+              std::function<void()> body) {
   std::string name(kernel);
   name = name.substr(0, name.find('<'));
   while (!name.empty() && name.back() == ' ') name.pop_back();
-  std::lock_guard<std::mutex> lock(g_launch_mu);
-  counts()[name]++;
+  {
+    std::lock_guard<std::mutex> lock(g_launch_mu);
+    counts()[name]++;
+  }
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
       grid.y > 65535 || grid.z > 65535 || shmem > 48 * 1024) {
@@ -332,31 +341,41 @@ void run_grid(const char* kernel, dim3 grid, dim3 block, size_t shmem, cudaStrea
                          tid_str(block));
     return;
   }
-  const uint64_t nblocks = uint64_t(grid.x) * grid.y * grid.z;
-  std::mt19937_64 rng(seed() * 0x9E3779B97F4A7C15ull + (++g_launches));
-  std::vector<uint64_t> order(nblocks);
-  for (uint64_t i = 0; i < nblocks; ++i) order[i] = i;
-  std::shuffle(order.begin(), order.end(), rng);
-  BlockRun r;
-  r.kernel = name.c_str();
-  r.body = body;
-  r.arg = arg;
-  g_run = &r;
-  for (uint64_t b : order) {
-    r.block = dim3(static_cast<unsigned>(b % grid.x), static_cast<unsigned>((b / grid.x) % grid.y),
-                   static_cast<unsigned>(b / (uint64_t(grid.x) * grid.y)));
-    run_block(r, grid, block, rng);
-    if (!r.error.empty()) {
+  const char* kname = intern(name);
+  auto work = [kname, grid, block, body = std::move(body)] {
+    std::lock_guard<std::mutex> lock(g_launch_mu);
+    const uint64_t nblocks = uint64_t(grid.x) * grid.y * grid.z;
+    std::mt19937_64 rng(seed() * 0x9E3779B97F4A7C15ull + (++g_launches));
+    std::vector<uint64_t> order(nblocks);
+    for (uint64_t i = 0; i < nblocks; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    BlockRun r;
+    r.kernel = kname;
+    r.body = &body;
+    g_run = &r;
+    for (uint64_t b : order) {
+      r.block = dim3(static_cast<unsigned>(b % grid.x), static_cast<unsigned>((b / grid.x) % grid.y),
+                     static_cast<unsigned>(b / (uint64_t(grid.x) * grid.y)));
+      run_block(r, grid, block, rng);
+      if (!r.error.empty()) {
 #ifdef MPT_SIM_ASAN
-      // Abandoned fibers leave their frames' redzones poisoned on the pooled stacks.
-      for (char* st : stack_pool()) __asan_unpoison_memory_region(st, kStackBytes);
+        // Abandoned fibers leave their frames' redzones poisoned on the pooled stacks.
+        for (char* s : stack_pool()) __asan_unpoison_memory_region(s, kStackBytes);
 #endif
-      std::fprintf(stderr, "cuda-sim: %s\n", r.error.c_str());
-      set_launch_error(cudaErrorLaunchFailure, r.error);
-      break;
+        std::fprintf(stderr, "cuda-sim: %s\n", r.error.c_str());
+        set_async_error(cudaErrorLaunchFailure, r.error);
+        break;
+      }
     }
-  }
-  g_run = nullptr;
+    g_run = nullptr;
+  };
+  const QueueResult q = queue(stream_of(st), intern("kernel " + name), std::move(acc), std::move(work));
+  if (q.err != cudaSuccess) set_launch_error(q.err, q.what);
+}
+
+void count_call(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_launch_mu);
+  counts()[name]++;
 }
 
 void write_counts() {

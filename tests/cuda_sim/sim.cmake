@@ -9,4 +9,5 @@ if(MPITRON_CUDA_SIM_ASAN)
   add_compile_options(-fsanitize=address -fno-omit-frame-pointer)
   add_link_options(-fsanitize=address)
 endif()
+add_link_options(-rdynamic)  # function names in the race check's allocation sites without AddressSanitizer
 add_subdirectory(${CMAKE_SOURCE_DIR}/tests/cuda_sim ${CMAKE_BINARY_DIR}/cuda_sim)

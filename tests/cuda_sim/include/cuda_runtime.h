@@ -5,17 +5,22 @@
 // keywords vanish, `__shared__` becomes block-local static storage, threadIdx /
 // blockIdx / blockDim / gridDim read the running simulated thread, and
 // __syncthreads / __shfl_xor_sync are barriers of tests/cuda_sim/scheduler.cpp.
-// Device memory is host memory (AddressSanitizer sees every access); streams and
-// events are synchronous. See docs/cuda.md, "The simulated device".
+// Device memory is host memory (AddressSanitizer sees every access). Streams are
+// asynchronous: each is a queue run by its own worker thread (tests/cuda_sim/streams.cpp),
+// and every operation's device memory accesses are checked against the other
+// streams' (tests/cuda_sim/race.cpp). See docs/cuda.md, "The simulated device".
 #pragma once
 #include <math.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #ifndef MPITRON_CUDA_SIM
 #error "tests/cuda_sim/include is for the simulated-device build (-DMPITRON_CUDA_SIM=ON) only"
@@ -57,6 +62,7 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
+  cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
   cudaErrorMisalignedAddress = 716,
   cudaErrorLaunchFailure = 719,
@@ -99,6 +105,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
 cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned* flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
 cudaError_t cudaEventCreate(cudaEvent_t* e);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
@@ -122,9 +129,43 @@ uint64_t shfl_xor(unsigned mask, uint64_t v, int lane_mask, int width);
 // Fails the launch (naming the kernel) unless p is a multiple of `bytes`.
 void check_aligned(const void* p, size_t bytes, const char* what);
 
-// Runs body(arg) as every thread of every block of the grid (scheduler.cpp).
-void run_grid(const char* kernel, dim3 grid, dim3 block, size_t shmem, cudaStream_t st, void (*body)(void*),
-              void* arg);
+// ---- stream operations (tests/cuda_sim/streams.cpp, race.cpp) -------------------------------
+// A byte range of device memory an operation reads or writes. A kernel's pointer
+// arguments are points (bytes = 1, the extent a kernel touches is not known);
+// copies, memsets, GEMMs and collectives give their exact ranges.
+struct Access {
+  const void* p;
+  size_t bytes;
+  bool write;
+};
+// Queues `work` on stream s (null: the legacy default stream of the current
+// device) with CUDA's ordering (legacy-stream semantics, event waits). First the
+// race check: an access to memory another stream used, with nothing ordering
+// this stream after that use, is reported naming `call`, the allocation and both
+// streams, and the work is not queued (cudaErrorIllegalState, also the pending
+// error). `call` must outlive the work (a literal, or a name kept by the caller).
+cudaError_t enqueue(cudaStream_t s, const char* call, std::vector<Access> acc, std::function<void()> work);
+
+// Runs body() as every thread of every block of the grid (scheduler.cpp), queued
+// on stream st after checking `acc`.
+void run_grid(const char* kernel, dim3 grid, dim3 block, size_t shmem, cudaStream_t st, std::vector<Access> acc,
+              std::function<void()> body);
+
+// The device memory a kernel argument may touch: a pointer is a point access
+// (read when it points to const); an aggregate (a functor, a struct of pointers) is
+// scanned for pointer-sized words, each a possible write (its constness is unknown).
+template <typename T> void kernel_accesses(const T& v, std::vector<Access>& acc) {
+  if constexpr (std::is_pointer_v<T>) {
+    if (v) acc.push_back({static_cast<const void*>(v), 1, !std::is_const_v<std::remove_pointer_t<T>>});
+  } else if constexpr (std::is_class_v<T> && std::is_trivially_copyable_v<T> && sizeof(T) >= sizeof(void*)) {
+    const char* b = reinterpret_cast<const char*>(&v);
+    for (size_t o = 0; o + sizeof(void*) <= sizeof(T); o += alignof(void*)) {
+      const void* w;
+      std::memcpy(&w, b + o, sizeof w);
+      if (w) acc.push_back({w, 0, true});  // bytes 0: only if it points into a device allocation
+    }
+  }
+}
 
 template <typename K> struct Launch {
   const char* name;
@@ -132,11 +173,13 @@ template <typename K> struct Launch {
   size_t shmem;
   cudaStream_t stream;
   K kernel;
-  // Arguments are copied once at launch (as CUDA does); each thread gets its own copy.
+  // Arguments are copied once at launch (as CUDA does) and live until the kernel
+  // ran on its stream; each thread gets its own copy.
   template <typename... A> void operator()(A&&... a) const {
-    const auto args = std::make_tuple(std::decay_t<A>(std::forward<A>(a))...);
-    auto body = [&] { std::apply(kernel, args); };
-    run_grid(name, grid, block, shmem, stream, [](void* p) { (*static_cast<decltype(body)*>(p))(); }, &body);
+    auto args = std::make_shared<std::tuple<std::decay_t<A>...>>(std::decay_t<A>(std::forward<A>(a))...);
+    std::vector<Access> acc;
+    std::apply([&](const auto&... x) { (kernel_accesses(x, acc), ...); }, *args);
+    run_grid(name, grid, block, shmem, stream, std::move(acc), [args, k = kernel] { std::apply(k, *args); });
   }
 };
 template <typename K>
