@@ -20,7 +20,7 @@
 // communicator is broken.
 #include "parallel/communicator.h"
 
-#if defined(MPITRON_WITH_CUDA) && !defined(MPITRON_CUDA_SIM)  // the simulated device has no NCCL
+#if defined(MPITRON_WITH_CUDA)  // (the simulated device's NCCL is a stand-in over MPI: tests/cuda_sim/nccl.cpp)
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -315,7 +315,9 @@ class NcclCommunicator final : public Communicator {
   ncclRedOp_t red(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
 
   void nccl_ok(ncclResult_t r, const char* fn, const char* hint = "") {
-    if (r != ncclSuccess) fail(fn, str(fn, ": ", ncclGetErrorString(r)), hint);
+    if (r == ncclSuccess) return;
+    const char* detail = ncclGetLastError(nccl_);
+    fail(fn, str(fn, ": ", ncclGetErrorString(r), detail && *detail ? str(" (", detail, ")") : std::string()), hint);
   }
   void cuda_ok(cudaError_t e, const char* fn) {
     if (e != cudaSuccess) fail(fn, str(fn, ": ", cudaGetErrorString(e)));

@@ -253,14 +253,6 @@ WorkPtr Communicator::all_gather_async(const Tensor& in, const Tensor& out) {
 }
 
 std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Device device, const CommOptions& opts) {
-#ifdef MPITRON_CUDA_SIM
-  // The simulated device has no NCCL; its memory is host memory, which MPI carries.
-  if (device.is_cuda()) {
-    CommOptions o = opts;
-    o.force_mpi_for_device = true;
-    return make_mpi_communicator(comm, o);
-  }
-#endif
   if (device.is_cuda() && !opts.force_mpi_for_device) return make_nccl_communicator(comm, opts);
   return make_mpi_communicator(comm, opts);
 }

@@ -52,7 +52,9 @@ std::vector<std::string> flags(bool binary_head = true) {
       "--log-interval", "5", "--eval-interval", "5", "--eval-iters", "1", "--seed", "7", "--device", test_device(),
       "--ddp-bucket-size", "5000", "--make-vocab-size-divisible-by", "64"};
   if (!binary_head) f.push_back("--bert-no-binary-head");
+#if !defined(MPITRON_CUDA_SIM)  // (the simulated device: one per rank, NCCL's stand-in)
   if (test_device() == "cuda") f.push_back("--force-mpi-for-device");
+#endif
   return f;
 }
 
