@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
@@ -112,8 +113,10 @@ struct Meta {
 // Per-(micro-batch, chunk) state of this rank, indexed mb * v + chunk.
 struct Slot {
   Tensor in_act;    // RA's buffer (or the local previous chunk's output) until F consumes it
+  std::shared_ptr<Work> act_arrives;   // the batch receiving in_act, until F waited for it
   Tensor out_act;   // F's output until SA sends it
   Tensor in_grad;   // RG's buffer (or the local next chunk's input gradient) until B consumes it
+  std::shared_ptr<Work> grad_arrives;  // the batch receiving in_grad, until B waited for it
   Tensor out_grad;  // B's input gradient until SG sends it
   bool has_meta = false;
   Meta out_meta;    // what F's output looked like (for RG's buffer)
@@ -243,8 +246,23 @@ class Executor {
   }
 
   // ---- F / B / W ----
+  // A received buffer is used only once its batch completed (the batch was posted earlier, so
+  // the compute in between overlapped it).
+  void arrived(std::shared_ptr<Work>& w) {
+    if (!w) return;
+    w->wait();
+    w.reset();
+  }
+  // Completed batches go (their sent buffers with them); test() also drives MPI's progress.
+  void reap() {
+    in_flight_p2p_.erase(std::remove_if(in_flight_p2p_.begin(), in_flight_p2p_.end(),
+                                        [](const std::shared_ptr<Work>& w) { return w->test(); }),
+                         in_flight_p2p_.end());
+  }
+
   void compute(size_t i) {
     check_range(i);
+    reap();
     const Action& a = s_.ranks[static_cast<size_t>(rank_)][i];
     const int st = s_.stage(rank_, a.chunk);
     const int last = s_.stages() - 1;
@@ -274,6 +292,7 @@ class Executor {
           fail(i, str("its input activation has not been received: no ",
                       text(Op::RecvAct, a.mb, a.chunk, prev_rank), " before it"));
         }
+        arrived(sl.act_arrives);
         input = take(sl.in_act);
       }
       const double t0 = profile_ ? clock() : 0;
@@ -310,6 +329,7 @@ class Executor {
         fail(i, str("its output gradient has not been received: no ",
                     text(Op::RecvGrad, a.mb, a.chunk, next_rank), " before it"));
       }
+      arrived(sl.grad_arrives);
       grad = take(sl.in_grad);
     }
     const double t0 = profile_ ? clock() : 0;
@@ -424,10 +444,14 @@ class Executor {
     }
     ++stats_.batches;
     const double t0 = profile_ ? clock() : 0;
-    comm_->batch_p2p_async(ops)->wait();
-    if (profile_) profile_->p2p_ms.push_back(clock() - t0);
+    std::shared_ptr<Work> work = comm_->batch_p2p_async(ops);
+    if (profile_) {  // measured per batch for schedule_sim: posted and completed here
+      work->wait();
+      profile_->p2p_ms.push_back(clock() - t0);
+    }
     ops.clear();
-    // Completed: sent buffers go now, received ones wait for their F/B.
+    // Posted, not waited: sends complete in the background (the Work holds their
+    // buffers), a received buffer is waited for by the F/B that uses it.
     for (size_t i = first; i < end; ++i) {
       const Action& a = acts[i];
       Slot& sl = slot(a.mb, a.chunk);
@@ -440,15 +464,25 @@ class Executor {
           take(sl.out_grad);
           sl.sent_grad = true;
           break;
-        case Op::RecvAct: sl.recv_act = true; break;
-        case Op::RecvGrad: sl.recv_grad = true; break;
+        case Op::RecvAct:
+          sl.recv_act = true;
+          sl.act_arrives = work;
+          break;
+        case Op::RecvGrad:
+          sl.recv_grad = true;
+          sl.grad_arrives = work;
+          break;
         default: break;
       }
     }
+    in_flight_p2p_.push_back(std::move(work));
+    reap();
   }
 
   // ---- the end: nothing may be left ----
   void finish() {
+    for (auto& w : in_flight_p2p_) w->wait();  // the last sends
+    in_flight_p2p_.clear();
     std::vector<std::string> left;
     for (int mb = 0; mb < s_.micro_batches; ++mb)
       for (int c = 0; c < s_.virtual_stages; ++c) {
@@ -487,6 +521,7 @@ class Executor {
   PipelineProfile* profile_;
   bool split_ = false;  // the schedule has W actions: B is backward_input, W backward_weight
   std::vector<Slot> slots_;
+  std::vector<std::shared_ptr<Work>> in_flight_p2p_;  // posted batches not known to be complete
   PipelineStats stats_;
   int64_t in_flight_ = 0, live_buffers_ = 0;
 };

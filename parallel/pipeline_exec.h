@@ -22,10 +22,16 @@
 //     or the V placement's turn on the last rank) hand tensors over locally;
 //     Schedule::stage / rank_of_stage / chunk_of_stage say where stages live.
 //   - A send/recv action, or a run of them chained by Action::batched, is posted
-//     at once (every isend/irecv issued in action order), then every op of it
-//     is waited — torch's batch_isend_irecv + wait. A rank never has p2p in
-//     flight outside the batch it is in, so send buffers are dropped only after
-//     their Work completed.
+//     at once (every isend/irecv issued in action order) as one batch — torch's
+//     batch_isend_irecv — and not waited for (Megatron's overlapped p2p): the
+//     compute that follows runs while it is in flight. A received buffer is
+//     waited for by the F/B that uses it; sends complete in the background (the
+//     batch's Work holds their buffers; test() on every action drives MPI's
+//     progress and drops completed batches); everything is waited for at the end.
+//     On NCCL the batch is ordered after the compute queued before it (its
+//     buffers' producers, and the users of the memory a receive buffer reuses) and
+//     the F/B that uses a received buffer after the batch — nothing else waits.
+//     With a profile, each batch is waited for at once (its time is measured).
 //   - Every message uses tag 0 on the pp communicator: MPI matches in posting
 //     order between a pair of ranks, exactly the checker's rule "the n-th send
 //     src posts pairs with the n-th recv dst posts".
