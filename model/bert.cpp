@@ -183,6 +183,7 @@ Var Bert::chunk_forward(Tape& tape, int c, const BertBatch& batch, const Var& in
   ForwardOptions o = opt;
   // Padded samples mask their padding keys (model/layers/attention_layer.cpp).
   if (batch.padded()) o.kv_lengths = batch.lengths.to(core_.device());
+  core_.need_params_outside_blocks(o);
   Var x;
   if (ch.first_stage) {
     x = embed(tape, batch, o);

@@ -94,6 +94,19 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
       block_first_param_.push_back(params_.index(block_param_table(cfg_, l).front().name));
       block_layer_.push_back(l);
     }
+  std::vector<char> in_block(params_.infos().size(), 0);
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    for (size_t k = 0; k < static_cast<size_t>(blocks_[i].count()); ++k) in_block[block_first_param_[i] + k] = 1;
+  for (size_t k = 0; k < in_block.size(); ++k)
+    if (!in_block[k]) {
+      if (!outside_blocks_.empty() && outside_blocks_.back().second == k) outside_blocks_.back().second = k + 1;
+      else outside_blocks_.emplace_back(k, k + 1);
+    }
+}
+
+void GPT::need_params_outside_blocks(const ForwardOptions& opt) const {
+  if (!opt.params_needed) return;
+  for (const auto& [first, end] : outside_blocks_) opt.params_needed(first, end);
 }
 
 const BlockParams& GPT::block_params(int64_t layer) const {
@@ -159,11 +172,10 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const int64_t l = block_layer_[i];
     if (l < ch.first_layer || l >= ch.end_layer) continue;
+    const size_t first = block_first_param_[i], end = first + static_cast<size_t>(blocks_[i].count());
+    if (opt.params_needed) opt.params_needed(first, end);
     std::function<void()> ready;
-    if (opt.grads_ready) {
-      const size_t first = block_first_param_[i], end = first + static_cast<size_t>(blocks_[i].count());
-      ready = [cb = opt.grads_ready, first, end] { cb(first, end); };
-    }
+    if (opt.grads_ready) ready = [cb = opt.grads_ready, first, end] { cb(first, end); };
     const bool recompute = opt.recompute && (opt.recompute_num_layers == 0 || l - ch.first_layer < opt.recompute_num_layers);
     BlockShape s = block_shape(cfg_, batch, seq, mp_.tp, opt.train, l);
     s.kv_lengths = opt.kv_lengths;
@@ -199,6 +211,7 @@ Var GPT::chunk_forward(Tape& tape, int c, const Tensor& tokens, const Tensor& ta
   const ChunkInfo& ch = chunk(c);
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
   MPT_CHECK(!cfg_.bert, "a BERT configuration runs in model/bert.h's Bert, not GPT::chunk_forward", "");
+  need_params_outside_blocks(opt);
   Var x;
   if (ch.first_stage) {
     x = embed(tape, tokens, opt);

@@ -40,6 +40,11 @@ struct ForwardOptions {
   // reducing their bucket while backward continues. Parameters never reported
   // (embeddings, final LN) are final when Tape::backward returns.
   std::function<void(size_t first, size_t end)> grads_ready;
+  // Called before the forward reads parameters [first, end) (ParamSet order):
+  // --overlap-param-gather's all-gathers are waited for here. A block's before it
+  // runs; the parameters outside blocks (embeddings, final norm, heads) at the
+  // start of a chunk's forward (GPT::need_params_outside_blocks).
+  std::function<void(size_t first, size_t end)> params_needed;
   Tensor kv_lengths;  // BERT: (B) i32 on the device, keys j >= len[b] masked (BlockShape::kv_lengths)
 };
 
@@ -101,6 +106,8 @@ class GPT {
   const BlockParams& block_params(int64_t layer) const;
   // The blocks of chunk ch on x (the chunk's input activation); model/bert.cpp uses it.
   Var layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt);
+  // opt.params_needed for every parameter outside the blocks (a chunk's forward calls it first).
+  void need_params_outside_blocks(const ForwardOptions& opt) const;
 
  private:
   Var embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt);
@@ -115,6 +122,7 @@ class GPT {
   std::vector<BlockParams> blocks_;          // indexed by layer − first layer of this rank's chunks
   std::vector<size_t> block_first_param_;    // ParamSet index of each block's first parameter
   std::vector<int64_t> block_layer_;         // the global layer of each block
+  std::vector<std::pair<size_t, size_t>> outside_blocks_;  // ParamSet index ranges of no block
 };
 
 }  // namespace mpitron

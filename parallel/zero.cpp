@@ -69,9 +69,19 @@ ZeroOptimizer::ZeroOptimizer(const Tensor& values, const Tensor& grads, std::vec
   DDPConfig ddp = cfg.ddp;
   ddp.average = false;
   buckets_ = std::make_unique<GradBuckets>(grads, params_, dp, ddp, layout_, shard_grads_, false);
+  for (size_t k = buckets_->num_buckets(); k-- > 0;)  // buckets run from the end of the buffer: reverse
+    gathers_.push_back({buckets_->bucket(k).begin, buckets_->bucket(k).end, nullptr});
+  for (size_t k = 0; k < gathers_.size(); ++k) gather_order_.push_back(k);
 }
 
-ZeroOptimizer::~ZeroOptimizer() = default;
+ZeroOptimizer::~ZeroOptimizer() {
+  if (dp_.broken()) return;
+  try {
+    finish_param_gather();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ZeRO optimizer: %s\n", e.what());
+  }
+}
 
 void ZeroOptimizer::zero_grad() {
   buckets_->wait_all();
@@ -100,11 +110,63 @@ std::vector<int64_t> ZeroOptimizer::counts() const {
 }
 
 void ZeroOptimizer::all_gather_values() {
+  finish_param_gather();
   const int64_t b = shard_begin(), n = shard_end() - shard_begin();
   dp_.all_gather_v(values_.flat_range(b, n), values_, counts());
 }
 
+void ZeroOptimizer::start_param_gather() {
+  // This forward's order first (what it needed, in order), then any bucket it did not need.
+  if (!needed_order_.empty()) {
+    std::vector<char> seen(gathers_.size(), 0);
+    gather_order_.clear();
+    for (size_t k : needed_order_) gather_order_.push_back(k), seen[k] = 1;
+    for (size_t k = 0; k < gathers_.size(); ++k)
+      if (!seen[k]) gather_order_.push_back(k);
+    needed_order_.clear();
+  }
+  const int me = dp_.rank();
+  for (size_t k : gather_order_) {
+    Gather& g = gathers_[k];
+    if (g.end <= g.begin) continue;
+    // Each rank's piece of [begin, end): its shard's intersection, back to back in rank order.
+    std::vector<int64_t> c(static_cast<size_t>(dp_.size()));
+    for (int r = 0; r < dp_.size(); ++r)
+      c[static_cast<size_t>(r)] = std::max<int64_t>(0, std::min(g.end, layout_.end(r)) - std::max(g.begin, layout_.begin(r)));
+    const int64_t mine_at = std::max(g.begin, shard_begin());
+    Tensor out = values_.flat_range(g.begin, g.end - g.begin);
+    Tensor in = values_.flat_range(std::min(mine_at, g.end), c[static_cast<size_t>(me)]);
+    g.work = dp_.all_gather_v_async(in, out, c);
+  }
+}
+
+void ZeroOptimizer::params_needed(size_t first, size_t end) {
+  if (first >= end || end > params_.size()) return;
+  const int64_t lo = params_[first].offset, hi = params_[end - 1].offset + params_[end - 1].numel;
+  for (size_t k = 0; k < gathers_.size(); ++k) {
+    Gather& g = gathers_[k];
+    if (!g.work || g.end <= lo || hi <= g.begin) continue;
+    needed_order_.push_back(k);
+    g.work->wait();
+    g.work.reset();
+  }
+}
+
+std::function<void(size_t, size_t)> ZeroOptimizer::params_hook() {
+  if (!cfg_.overlap_param_gather) return {};
+  return [this](size_t first, size_t end) { params_needed(first, end); };
+}
+
+void ZeroOptimizer::finish_param_gather() {
+  for (Gather& g : gathers_)
+    if (g.work) {
+      g.work->wait();
+      g.work.reset();
+    }
+}
+
 ZeroStepResult ZeroOptimizer::step(float lr, float loss_scale, const std::function<bool(double)>& veto) {
+  finish_param_gather();  // the update writes the values the last gathers read and wrote
   if (!reduced_) {
     buckets_->begin_backward(true);
     buckets_->on_backward_done();
@@ -156,7 +218,8 @@ ZeroStepResult ZeroOptimizer::step(float lr, float loss_scale, const std::functi
     adamw_step(master_.flat_range(off, n), shard_grads_.flat_range(off, n), m_.flat_range(off, n),
                v_.flat_range(off, n), separate_master_ ? values_.flat_range(lo, n) : Tensor(), a);
   }
-  all_gather_values();
+  if (cfg_.overlap_param_gather) start_param_gather();
+  else all_gather_values();
   return r;
 }
 

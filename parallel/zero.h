@@ -15,6 +15,12 @@
 //   3. AdamW (tensor/adamw.h adamw_step) on each weight-decay segment
 //      intersecting the shard, writing the new master and compute-dtype copy;
 //   4. the values are all-gathered in place (all_gather_v: the shards are uneven).
+//      With overlap_param_gather (--overlap-param-gather, Megatron's) step() only
+//      starts them, one all-gather per bucket (the gradient buckets' ranges), and
+//      the next forward waits for each bucket right before it reads it
+//      (params_needed, ForwardOptions::params_needed), so the gathers overlap the
+//      forward. Buckets are gathered in the order the last forward needed them
+//      (ascending offsets before any forward): the same on every dp rank.
 // The math equals AdamWOptimizer on the dp-averaged gradients up to the f32
 // summation order of the reductions (tests/parallel/test_zero.cpp: 1e-6 rel).
 //
@@ -49,6 +55,7 @@ struct ZeroConfig {
   float weight_decay = 0.01f;         // --weight-decay (only parameters with FlatParam::weight_decay)
   float clip_grad = 1.0f;             // --clip-grad: max global L2 norm; 0 disables
   DDPConfig ddp;                      // bucket size, overlap (averaging is always on)
+  bool overlap_param_gather = false;  // --overlap-param-gather: step() leaves the all-gathers in flight
 };
 
 struct ZeroStepResult {
@@ -99,6 +106,16 @@ class ZeroOptimizer {
   // veto: as AdamWOptimizer::step (given the unscaled grad norm; true skips the update).
   ZeroStepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto = {});
 
+  // ---- the parameter all-gather (overlap_param_gather) ----
+  // The forward is about to read parameters [first, end) (ParamSet order): waits for
+  // the all-gathers of the buckets holding them. Without overlap: nothing to wait for.
+  void params_needed(size_t first, size_t end);
+  // For ForwardOptions::params_needed: empty without overlap_param_gather.
+  std::function<void(size_t, size_t)> params_hook();
+  // Waits for every all-gather still in flight: before anything but the training
+  // forward reads the values (evaluation, a checkpoint, the end of the run).
+  void finish_param_gather();
+
   // ---- state (checkpoints: a rank writes/reads its hyperslab [shard_begin, shard_end)) ----
   const ShardLayout& layout() const { return layout_; }
   int64_t shard_begin() const { return layout_.begin(dp_.rank()); }
@@ -121,6 +138,7 @@ class ZeroOptimizer {
     bool decay;
   };
   void all_gather_values();
+  void start_param_gather();
   std::vector<int64_t> counts() const;
 
   Tensor values_, grads_;
@@ -135,6 +153,13 @@ class ZeroOptimizer {
   std::unique_ptr<GradBuckets> buckets_;
   int64_t step_ = 0;
   bool reduced_ = false;  // a reduction ran since zero_grad() (else step() reduces the buffer itself)
+  struct Gather {
+    int64_t begin = 0, end = 0;  // elements of the flat value buffer (a gradient bucket's range)
+    WorkPtr work;                // in flight until the forward needs it
+  };
+  std::vector<Gather> gathers_;          // ascending offsets
+  std::vector<size_t> gather_order_;     // gathers_ indices in the order the last forward needed them
+  std::vector<size_t> needed_order_;     // this forward's order so far
 };
 
 }  // namespace mpitron

@@ -132,6 +132,8 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("ddp-bucket-size", po::value(&a.ddp_bucket_size)->default_value(40000000), "gradient bucket size (elements)")
       ("overlap-grad-reduce", po::bool_switch(), "reduce gradient buckets during backward (the default; Megatron's spelling)")
       ("no-overlap-grad-reduce", po::bool_switch(), "reduce gradients after backward instead of during it")
+      ("overlap-param-gather", po::bool_switch(&a.overlap_param_gather),
+       "distributed optimizer: all-gather the updated parameters bucket by bucket during the next forward")
       ("force-mpi-for-device", po::bool_switch(&a.force_mpi_for_device), "MPI (host-staged) instead of NCCL for GPU tensors")
       ("tensor-model-parallel-size", po::value(&a.tensor_model_parallel_size)->default_value(1), "TP size")
       ("pipeline-model-parallel-size", po::value(&a.pipeline_model_parallel_size)->default_value(1), "PP size")
@@ -410,6 +412,9 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   const bool overlap_off = vm.count("no-overlap-grad-reduce") && vm["no-overlap-grad-reduce"].as<bool>();
   need(!(overlap_on && overlap_off), "--overlap-grad-reduce and --no-overlap-grad-reduce were both given", "pick one");
   if (overlap_off) a.overlap_grad_reduce = false;
+  need(!a.overlap_param_gather || a.zero_stage > 0,
+       "--overlap-param-gather overlaps the distributed optimizer's parameter all-gather, but there is none",
+       "add --use-distributed-optimizer (or --zero-stage 1|2), or drop --overlap-param-gather");
   need(a.ddp_bucket_size >= 0, str("--ddp-bucket-size must be >= 0, got ", a.ddp_bucket_size));
 
   GPTConfig& m = a.model;

@@ -102,6 +102,7 @@ struct TrainArgs {
   int64_t zero_stage = 0;                  // --zero-stage 1|2 (--use-distributed-optimizer = 1)
   int64_t ddp_bucket_size = 40000000;      // --ddp-bucket-size: elements per gradient bucket
   bool overlap_grad_reduce = true;         // --no-overlap-grad-reduce turns it off
+  bool overlap_param_gather = false;       // --overlap-param-gather: ZeRO's all-gather overlaps the next forward
   bool force_mpi_for_device = false;       // --force-mpi-for-device: MPI (host-staged) for GPU tensors
 
   std::string flags_json;                  // every flag as given, for checkpoints

@@ -29,8 +29,6 @@ const std::vector<NoOpFlag>& megatron_noop_flags() {
       {"no-gradient-accumulation-fusion", "", "weight gradients are always accumulated straight into the fp32 buffer"},
       {"no-async-tensor-model-parallel-allreduce", "",
        "tensor-parallel collectives are issued in program order on the compute stream"},
-      {"overlap-param-gather", "",
-       "the distributed optimizer gathers parameters right after its step; numbers are the same either way"},
       {"use-mcore-models", "", "mpitron has one model implementation, laid out as Megatron-Core's"},
       {"transformer-impl", "local|transformer_engine",
        "mpitron has one transformer implementation, its own kernels (no Transformer Engine)"},

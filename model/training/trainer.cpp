@@ -283,6 +283,7 @@ struct Trainer::Impl {
   // The mean loss over `iters` global batches of `split`: the trained loss, then its
   // parts (BERT: lm, sop).
   std::vector<double> evaluate(int split, int64_t iters, int64_t* consumed) {
+    if (zero) zero->finish_param_gather();  // (--overlap-param-gather) the values, whole
     Tape tape;
     NoGradGuard guard(tape);
     double sum = 0;
@@ -376,6 +377,7 @@ struct Trainer::Impl {
       o.recompute = m.args.recompute_activations;
       o.recompute_num_layers = m.args.recompute_num_layers;
       o.dropout_seed = m.dropout_seed(m.st.iteration, mb * m.par.dp_size + m.par.dp_rank);
+      if (m.zero) o.params_needed = m.zero->params_hook();  // --overlap-param-gather
       // The chunk's last backward makes its blocks' gradients final: the data-parallel
       // buckets start reducing them while the schedule goes on.
       if (last_backward.at(chunk) == mb) {
@@ -530,6 +532,7 @@ struct Trainer::Impl {
 
   // final: the save at exit, waited for also with --async-save.
   SaveInfo save(bool final = false) {
+    if (zero) zero->finish_param_gather();
     check_state_finite();
     if (async) {
       SaveInfo s;
@@ -602,6 +605,7 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
     zc.clip_grad = a.optim.clip_grad;
     zc.ddp.bucket_size = a.ddp_bucket_size;
     zc.ddp.overlap_grad_reduce = a.overlap_grad_reduce;
+    zc.overlap_param_gather = a.overlap_param_gather;
     MPT_CHECK(par.dp, "--use-distributed-optimizer / --zero-stage need the data-parallel runtime (pretrain_gpt sets it up)", "");
     m.zero = std::make_unique<ZeroOptimizer>(m.model->params().values(), m.model->params().grads(), m.flat_params(),
                                              *par.dp, zc, par.mp);
@@ -760,6 +764,7 @@ TrainSummary Trainer::run() {
       o.dropout_seed = m.dropout_seed(m.st.iteration, k * m.par.dp_size + m.par.dp_rank);
       if (m.zero) {
         m.zero->begin_micro_batch(last);
+        o.params_needed = m.zero->params_hook();  // --overlap-param-gather
         o.grads_ready = [&m](size_t first, size_t end) {
           for (size_t i = first; i < end; ++i) m.zero->mark_ready(i);
         };
@@ -1017,6 +1022,7 @@ TrainSummary Trainer::run() {
     sum.valid_loss = vl;
     sum.valid_ppl = std::exp(std::min(vl, 20.0));
   }
+  if (m.zero) m.zero->finish_param_gather();  // the model's values are whole when run() returns
   sum.iterations = m.st.iteration;
   return sum;
 }

@@ -38,6 +38,8 @@ std::string make_dataset(const fs::path& dir) { return testing::make_shared_data
 
 // MPITRON_TEST_DEVICE=cuda runs the same layouts on the GPU (tools/gpu_check.sh):
 // the ranks share one GPU, so their device tensors go through MPI (host-staged).
+// On the simulated device (make test-cuda-sim) every rank has its own device and
+// the communicators are NCCL's (the stand-in of tests/cuda_sim/nccl.cpp).
 std::string test_device() {
   const char* d = std::getenv("MPITRON_TEST_DEVICE");
   return d && *d ? d : "cpu";
@@ -50,7 +52,9 @@ std::vector<std::string> flags(const std::string& data) {
           "--attention-dropout", "0.1", "--data-path", data,
           "--split", "90,10,0", "--log-interval", "5", "--eval-interval", "5", "--eval-iters", "1", "--seed", "7",
           "--device", test_device(), "--ddp-bucket-size", "3000"};
+#if !defined(MPITRON_CUDA_SIM)
   if (test_device() == "cuda") f.push_back("--force-mpi-for-device");
+#endif
   return f;
 }
 
@@ -75,6 +79,13 @@ Result run(std::vector<std::string> f, MPI_Comm comm) {
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() != 0) data = make_gpt_data(a, 50257);
   ParallelRuntime rt(comm, a);
+#if defined(MPITRON_CUDA_SIM)
+  if (test_device() == "cuda") {  // through parallel/comm_nccl.cpp
+    const ParallelContext ctx = rt.context();
+    for (Communicator* c : {ctx.dp, ctx.tp, ctx.pp, ctx.mp, ctx.embedding})
+      if (c) CHECK_MESSAGE(std::string(c->backend()) == "nccl", c->describe());
+  }
+#endif
   Trainer t(a, data, rt.context());
   const TrainSummary s = t.run();
   if (rt.grid().tp_size() > 1) testing::check_tp_replicas_identical(t.model().params(), rt.grid().tp_comm());
@@ -163,15 +174,22 @@ TEST_CASE("every parallel layout of the world gives the single-process losses an
            "--num-layers-per-virtual-pipeline-stage", "1", "--recompute-activations"}},
       {4, {"--pipeline-model-parallel-size", "4", "--pipeline-schedule", "zb-h1"}},
       {4, {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1", "--use-distributed-optimizer"}},
+      // DP with ZeRO-2, the reduce-scatter during backward and the parameter all-gather during the next forward.
+      {2, {"--use-distributed-optimizer", "--zero-stage", "2", "--overlap-param-gather"}},
+      {4, {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer", "--zero-stage", "2",
+           "--overlap-param-gather"}},  // PP2 1F1B x DP2, ZeRO-2
       {8, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}},  // TP2 x PP2 x DP2
       {8, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2",
            "--use-distributed-optimizer"}},
   };
   // MPITRON_TEST_LAYOUTS=i,j,… runs only those layouts of this world size (0-based,
   // in the order above) and not the schedule-file checks: the simulated device's
-  // quick set (tests/cuda_sim/run.sh).
+  // quick set (tests/cuda_sim/run.sh). MPITRON_TEST_LAYOUTS_NP<world> overrides it
+  // for one world size.
   std::vector<int> only;
-  if (const char* e = std::getenv("MPITRON_TEST_LAYOUTS"); e && *e) {
+  const char* e = std::getenv(("MPITRON_TEST_LAYOUTS_NP" + std::to_string(world)).c_str());
+  if (!e || !*e) e = std::getenv("MPITRON_TEST_LAYOUTS");
+  if (e && *e) {
     std::stringstream ss(e);
     for (std::string tok; std::getline(ss, tok, ',');) only.push_back(std::stoi(tok));
   }
@@ -396,6 +414,9 @@ TEST_CASE("impossible layouts are rejected naming the flags") {
   CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--overlap-grad-reduce", "--no-overlap-grad-reduce"}), 1),
                        doctest::Contains("both given"), Error);
   CHECK_NOTHROW(parse(with(flags(data), {"--overlap-grad-reduce"}), 1));
+  CHECK_THROWS_WITH_AS(parse(with(flags(data), {"--overlap-param-gather"}), 2),
+                       doctest::Contains("--overlap-param-gather overlaps the distributed optimizer"), Error);
+  CHECK_NOTHROW(parse(with(flags(data), {"--overlap-param-gather", "--use-distributed-optimizer"}), 2));
   // Llama: TP must divide the kv groups; groups must divide the heads; rope flags need rope.
   CHECK_THROWS_WITH_AS(parse(with(llama_flags(data), {"--tensor-model-parallel-size", "4"}), 4),
                        doctest::Contains("--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"),

@@ -69,6 +69,7 @@ struct Case {
   bool hooks;           // drive begin_micro_batch/mark_ready/on_backward_done (else only step)
   int64_t bucket_size;
   Device device = Device::cpu();
+  bool overlap_gather = false;  // --overlap-param-gather: step() leaves the all-gathers in flight
 };
 
 void run_case(const Case& cs) {
@@ -94,8 +95,12 @@ void run_case(const Case& cs) {
   mine.values().copy_from(Tensor::from_vector(init_values(N), {N}, cs.dtype).to(cs.device));
   CommOptions co;
   co.name = "dp";
-  // Device tensors: NCCL with one GPU per rank, else MPI staged through host.
+  // Device tensors: NCCL with one GPU per rank (each rank has its own simulated one), else MPI staged through host.
+#if defined(MPITRON_CUDA_SIM)
+  co.force_mpi_for_device = false;
+#else
   co.force_mpi_for_device = cuda_device_count() < n;
+#endif
   auto dp = make_communicator(MPI_COMM_WORLD, cs.device, co);
   ZeroConfig zc;
   zc.stage = cs.stage;
@@ -105,6 +110,7 @@ void run_case(const Case& cs) {
   zc.weight_decay = oc.weight_decay;
   zc.clip_grad = oc.clip_grad;
   zc.ddp.bucket_size = cs.bucket_size;
+  zc.overlap_param_gather = cs.overlap_gather;
   ZeroOptimizer zopt(mine.values(), mine.grads(), flat(mine), *dp, zc);
   CHECK(zopt.shard_begin() == ShardLayout(N, n).begin(r));
 
@@ -135,7 +141,18 @@ void run_case(const Case& cs) {
     }
     const ZeroStepResult got = zopt.step(lrs[s], loss_scale);
     INFO("stage ", cs.stage, " dtype ", dtype_name(cs.dtype), " hooks ", cs.hooks, " bucket ", cs.bucket_size,
-         " step ", s, " rank ", r, " np ", n);
+         " overlap ", cs.overlap_gather, " step ", s, " rank ", r, " np ", n);
+    if (cs.overlap_gather) {
+      // A "forward" that reads the parameters last-first, each right after its own
+      // buckets arrived (the next step gathers in that order).
+      for (size_t p = mine.infos().size(); p-- > 0;) {
+        zopt.params_needed(p, p + 1);
+        const ParamInfo& pi = mine.infos()[p];
+        CHECK(max_rel_err(mine.values().flat_range(pi.offset, pi.numel()).to_floats(),
+                          ref.values().flat_range(pi.offset, pi.numel()).to_floats()) <=
+              (cs.dtype == DType::F32 ? 1e-6 : 1.0 / 128));
+      }
+    }
     CHECK_FALSE(got.skipped);
     CHECK(std::fabs(got.grad_norm - want.grad_norm) <= 1e-6 * want.grad_norm);
     // Every rank holds the full, updated replica.
@@ -164,10 +181,13 @@ TEST_CASE("zero: ZeRO-1 and ZeRO-2 AdamW == single-process AdamW on the averaged
   run_case({2, DType::F32, false, 16});
   run_case({1, DType::BF16, true, 16});  // separate f32 master
   run_case({2, DType::BF16, true, 16});
+  run_case({2, DType::F32, true, 10, Device::cpu(), true});  // the parameter all-gather overlapped
+  run_case({1, DType::BF16, true, 16, Device::cpu(), true});
 }
 
 TEST_CASE("zero cuda: ZeRO-1/2 on device tensors == single-process AdamW on the host") {
   const int r = wrank(), n = wsize();
+  (void)n;
   if (!cuda_available()) {
     if (r == 0) std::printf("SKIPPED cuda: %s\n", cuda_unavailable_reason().c_str());
     return;
@@ -175,11 +195,17 @@ TEST_CASE("zero cuda: ZeRO-1/2 on device tensors == single-process AdamW on the 
   cuda_set_device(r % cuda_device_count());
   const Device dev = Device::cuda(cuda_current_device());
   if (r == 0)
+#if defined(MPITRON_CUDA_SIM)
+    std::printf("zero cuda: nccl backend (the simulated device's stand-in)\n");
+#else
     std::printf("zero cuda: %s backend\n", cuda_device_count() >= n ? "nccl" : "mpi staged through host");
+#endif
   for (int stage : {1, 2}) {
     run_case({stage, DType::F32, true, 10, dev});
     run_case({stage, DType::BF16, true, 16, dev});
   }
+  run_case({2, DType::F32, true, 10, dev, true});
+
 }
 
 TEST_CASE("zero: a non-finite gradient on one rank skips the step on every rank") {
