@@ -4,6 +4,12 @@
 //   mpirun -np N bench_comm [--min-bytes 1K] [--max-bytes 64M] [--iters 20] [--warmup 5]
 //                           [--dtype f32|bf16] [--backend mpi|nccl|both] [--device cpu|cuda|auto]
 //                           [--ops all_reduce,reduce_scatter,all_gather,sendrecv] [--no-check] [--json FILE]
+//   mpirun -np 4 bench_comm --dp-step PRESET [--dp-batch B] [--dp-seq T] [--dp-steps N] [--dp-bucket ELEMS]
+//                           [--dtype f32|bf16] [--device cpu|cuda|auto]
+//
+// --dp-step: instead of the collectives, the data-parallel training step of a GPT
+// of that preset (bench/train_step_bench.h: tiny, 124M, …) with and without
+// overlap, at dp 2 and 4 (those that fit the world) — bench/dp_step_bench.h.
 //
 // Sizes double from --min-bytes to --max-bytes (K, M, G suffixes are powers of
 // 1024). --max-bytes defaults to 64M on the CPU and 1G on CUDA. --device auto
@@ -69,6 +75,7 @@
 #include "parallel/communicator.h"
 #include "parallel/grid.h"
 #include "tensor/tensor.h"
+#include "bench/dp_step_bench.h"  // --dp-step
 
 using namespace mpitron;
 
@@ -120,6 +127,8 @@ struct Options {
   std::string backend = "both", device = "auto", json;
   std::vector<Op> ops{std::begin(kAllOps), std::end(kAllOps)};
   bool check = true;
+  std::string dp_step;  // --dp-step PRESET: the data-parallel step with and without overlap instead
+  bench::DpStepOptions dp;
 };
 
 // "4096", "1K", "64M", "1G", "64MiB", "64MB" (K/M/G are powers of 1024).
@@ -428,7 +437,9 @@ class Bench {
 const char* kUsage =
     "usage: mpirun -np N bench_comm [--min-bytes 1K] [--max-bytes 64M|1G] [--iters 20] [--warmup 5]\n"
     "                               [--dtype f32|bf16] [--backend mpi|nccl|both] [--device cpu|cuda|auto]\n"
-    "                               [--ops all_reduce,reduce_scatter,all_gather,sendrecv] [--no-check] [--json FILE]\n";
+    "                               [--ops all_reduce,reduce_scatter,all_gather,sendrecv] [--no-check] [--json FILE]\n"
+    "       mpirun -np 4 bench_comm --dp-step PRESET [--dp-batch B] [--dp-seq T] [--dp-steps N] [--dp-bucket ELEMS]\n"
+    "                               [--dtype f32|bf16] [--device cpu|cuda|auto]\n";
 
 // Parses argv; returns -1 to go on, else the exit code.
 int parse(int argc, char** argv, Options& o, bool print) {
@@ -465,7 +476,12 @@ int parse(int argc, char** argv, Options& o, bool print) {
         MPT_CHECK(found, str("bench_comm: --ops: unknown op '", name, "'"),
                   "use all_reduce, reduce_scatter, all_gather, sendrecv (comma separated)");
       }
-    } else if (a == "--no-check") o.check = false;
+    } else if (a == "--dp-step") o.dp_step = next();
+    else if (a == "--dp-batch") o.dp.batch = std::stoll(next());
+    else if (a == "--dp-seq") o.dp.seq = std::stoll(next());
+    else if (a == "--dp-steps") o.dp.steps = std::stoi(next());
+    else if (a == "--dp-bucket") o.dp.bucket = std::stoll(next());
+    else if (a == "--no-check") o.check = false;
     else if (a == "--json") o.json = next();
     else {
       if (print) std::fprintf(a == "--help" || a == "-h" ? stdout : stderr, "%s", kUsage);
@@ -473,6 +489,11 @@ int parse(int argc, char** argv, Options& o, bool print) {
     }
   }
   MPT_CHECK(o.iters >= 1 && o.warmup >= 0, "bench_comm: --iters must be >= 1 and --warmup >= 0", "");
+  MPT_CHECK(o.dp.batch >= 1 && o.dp.seq >= 1 && o.dp.steps >= 1 && o.dp.bucket >= 0,
+            "bench_comm: --dp-batch, --dp-seq and --dp-steps must be >= 1, --dp-bucket >= 0", "");
+  if (!o.dp_step.empty()) bench::find_preset(o.dp_step);  // an unknown preset is refused on every rank now
+  o.dp.preset = o.dp_step;
+  o.dp.dtype = o.dtype;
   return -1;
 }
 
@@ -501,6 +522,16 @@ int run(int argc, char** argv, int rank, int world) {
     return 0;
   }
   const Device dev = use_cuda ? Device::cuda(std::max(grid.device_index(), 0)) : Device::cpu();
+  if (!opt.dp_step.empty()) {
+    if (world < 2) {
+      if (rank == 0) std::printf("SKIPPED --dp-step: needs 2 or more ranks (mpirun -np 4 for dp 2 and 4)\n");
+      return 0;
+    }
+    const std::vector<bench::DpStepRow> rows = bench::run_dp_step_bench(opt.dp, dev);
+    if (rank == 0) bench::print_dp_step_rows(opt.dp, dev, rows);
+    return 0;
+  }
+
   if (opt.max_bytes == 0) opt.max_bytes = use_cuda ? int64_t(1) << 30 : int64_t(64) << 20;
   MPT_CHECK(opt.min_bytes <= opt.max_bytes,
             str("bench_comm: --min-bytes ", opt.min_bytes, " is larger than --max-bytes ", opt.max_bytes), "");
@@ -543,7 +574,11 @@ int run(int argc, char** argv, int rank, int world) {
 
 int main(int argc, char** argv) {
   int provided = 0;
+#if defined(MPITRON_CUDA_SIM)  // the simulated device's NCCL stand-in calls MPI from its streams' threads
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+#else
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+#endif
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

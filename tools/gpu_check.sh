@@ -18,6 +18,7 @@
 #   bench_mfu   GPT-2 124M/350M/774M/1.5B, bf16, seq 1024, with the GEMM ceiling
 #   profile     ncu times every kernel of two 124M steps: launches, kernel time, gaps (bench/kernel_profile.py)
 #   mp_cuda     the parallel-layout equivalence tests (GPT and BERT) on the GPU, 2 and 4 ranks
+#   dp_overlap  bench_comm --dp-step: the data-parallel step (dp and ZeRO-2) with and without overlap, dp 2 and 4
 #   cublas      the tensor tests again with MPITRON_ATTENTION=cublas (the fallback attention)
 #   bench_ops   per-op throughput on CUDA vs the measured ceilings
 #   bench_more  bench_train tiny/124M/350M/1.3B with recompute (folded into bench_train.json)
@@ -215,6 +216,12 @@ want tests && step mp_cuda 120 50 bash -c "set -o pipefail; cd '$RUN' && { fail=
   echo \"--- \$t np \$np\"; MPITRON_TEST_DEVICE=cuda OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np \$np tests/\$t \
   >/tmp/mp_cuda.log 2>&1 || { fail=1; echo \"FAILED \$t np \$np\"; grep -m 5 -E 'ERROR|error:|hint:' /tmp/mp_cuda.log; }; \
   grep -E '(test cases|assertions):' /tmp/mp_cuda.log | tail -2; done; done; exit \$fail; } 2>&1 | tee -a '$OUT/ctest.log'"
+# The data-parallel step with and without overlap (bucket reduce during backward, ZeRO-2's
+# reduce-scatter and parameter all-gather), dp 2 and 4 in one run (bench/dp_step_bench.h). The 4
+# ranks share the one GPU, so the dp communicator is MPI staged through host memory here; on a node
+# with a GPU per rank it is NCCL.
+want bench && step dp_overlap 90 40 bash -c "OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np 4 \
+  '$RUN/bench/bench_comm' --dp-step 124M --device cuda --dtype bf16 --dp-batch 2 --dp-seq 512 --dp-steps 4"
 want tests && step cublas 60 25 bash -c "MPITRON_ATTENTION=cublas ctest --test-dir '$RUN' -R '^tensor_' --output-on-failure -j 8 --timeout 50 2>&1 | tee -a '$OUT/ctest.log' | tail -5"
 want bench && step bench_ops 45 20 "$RUN/bench/bench_ops" --device cuda --min-time 0.05 --json "$OUT/bench_ops.json"
 want bench && step bench_more 80 30 "$RUN/bench/bench_train" --device cuda --config tiny,124M,350M,1.3B \
