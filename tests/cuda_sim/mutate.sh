@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # tests/cuda_sim/mutate.sh — proof that the simulated suite can fail: applies one
-# deliberate defect at a time to the kernels, rebuilds the simulated build
-# (build-sim, incremental), runs the tests that cover that kernel, and reports
-# whether they caught it. Every kernel file is backed up first and restored
-# afterwards (also on Ctrl-C). Slow (a rebuild per defect): not run in CI.
+# deliberate defect at a time to the kernels (M*) or to the NCCL communicator's
+# stream ordering (S*), rebuilds the simulated build (build-sim, incremental),
+# runs the tests that cover it, and reports whether they caught it. Every file
+# it changes is backed up first and restored afterwards (also on Ctrl-C). Slow
+# (a rebuild per defect): not run in CI.
 #   tests/cuda_sim/mutate.sh            all defects
-#   tests/cuda_sim/mutate.sh M3 M5      some of them
+#   tests/cuda_sim/mutate.sh M3 S1      some of them
 # Prints one line per defect: CAUGHT (tests failed) or MISSED, and the time taken.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -21,21 +22,25 @@ DEFECTS=(
   'M4#tensor/cuda/row_stats.cuh#s/for \(int o = 16; o > 0; o >>= 1\) \{/for (int o = 16; o > 1; o >>= 1) {/#^tensor_test_(softmax|cross_entropy|cross_entropy_vp|attention)$#shuffle loop one step short: warp_max_sum (softmax / cross-entropy row statistics)'
   'M5#tensor/cuda/common.cuh#s/(if \(lane == 0\) shared\[warp\] = v;\n)  __syncthreads\(\);\n(  v = lane < nwarps \? shared\[lane\] : 0\.0f;)/$1$2/#^tensor_test_(norm|adamw)$#removed __syncthreads: block_sum reads the per-warp sums before all are written'
   'M6#tensor/cuda/row_stats.cuh#s/(    sh_s\[warp\] = s;\n  \}\n)  __syncthreads\(\);\n/$1/#^tensor_test_(cross_entropy|cross_entropy_vp)$#removed __syncthreads: block_logsumexp reads the per-warp (max, sum) before all are written'
+  'S1#parallel/comm_nccl.cpp#s/    cuda_ok\(cudaStreamWaitEvent\(stream_, ready_, 0\), "cudaStreamWaitEvent"\);\n//#^(cuda_sim_test_nccl_np2|parallel_test_comm_np2|model_test_trainer_mp_np2)$#no cudaStreamWaitEvent before a collective: the NCCL stream does not wait for the kernels that wrote its input'
+  'S2#parallel/comm_nccl.cpp#s/    cuda_ok\(cudaEventRecord\(st->done_ev, stream_\), "cudaEventRecord"\);\n//#^(cuda_sim_test_nccl_np2|parallel_test_comm_np2|model_test_trainer_mp_np2)$#no completion event recorded after a collective: wait() returns before the collective ran'
+  'S3#parallel/comm_nccl.cpp#s/      c_\.nccl_ok\(ncclGroupEnd\(\), "ncclGroupEnd"\);\n//#^(cuda_sim_test_nccl_np2|parallel_test_comm_np2|model_test_trainer_mp_np2)$#no ncclGroupEnd: a batch of sends and receives (and the uneven collectives) is never launched'
 )
 
 want=("$@")
 backup=$(mktemp -d)
 # Restore changed files with a fresh mtime, so the build recompiles them.
+FILES=(tensor/cuda/*.cu tensor/cuda/*.cuh tensor/cuda/*.cpp tensor/cuda/*.h parallel/comm_nccl.cpp)
 restore() {
   local f
-  for f in "$backup"/*; do cmp -s "$f" "tensor/cuda/${f##*/}" || cp "$f" "tensor/cuda/${f##*/}"; done
+  for f in "${FILES[@]}"; do cmp -s "$backup/$f" "$f" || cp "$backup/$f" "$f"; done
 }
 trap 'restore; rm -rf "$backup"' EXIT
-cp -p tensor/cuda/*.cu tensor/cuda/*.cuh tensor/cuda/*.cpp tensor/cuda/*.h "$backup"/
+for f in "${FILES[@]}"; do mkdir -p "$backup/$(dirname "$f")" && cp -p "$f" "$backup/$f"; done
 
 [ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -G Ninja -DMPITRON_CUDA_SIM=ON >/dev/null
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:detect_stack_use_after_return=0}
-export MPITRON_TEST_DEVICE=cuda
+export MPITRON_TEST_DEVICE=cuda MPITRON_TEST_LAYOUTS=${MPITRON_TEST_LAYOUTS:-1,3,8}  # TP+SP, 1F1B, DP ZeRO-2
 summary=()
 all_targets=""
 for d in "${DEFECTS[@]}"; do
@@ -49,10 +54,10 @@ for d in "${DEFECTS[@]}"; do
     continue
   fi
   echo "=== $id: $what"
-  diff -u "$backup/${file#tensor/cuda/}" "$file" | sed -n '3,$p'
+  diff -u "$backup/$file" "$file" | sed -n '3,$p'
   t0=$(date +%s)
   targets=$(sed -E 's/[\^$()]//g; s/\|/ /g' <<<"$regex")
-  targets=$(for t in $targets; do case $t in tensor_test_*) echo "$t";; *) echo "tensor_test_$t";; esac; done | sort -u)
+  targets=$(for t in $targets; do t=${t%_np[0-9]}; case $t in *_test_*) echo "$t";; *) echo "tensor_test_$t";; esac; done | sort -u)
   all_targets+=" $targets"$'\n'
   if ! cmake --build "$BUILD" -j "$JOBS" --target $targets >/tmp/mutate_build_$id.log 2>&1; then
     summary+=("$id BUILD FAILED (see /tmp/mutate_build_$id.log): $what")
@@ -63,7 +68,7 @@ for d in "${DEFECTS[@]}"; do
   else
     verdict=CAUGHT
   fi
-  how=$(grep -m3 -E "cuda-sim:|AddressSanitizer|ERROR: |CHECK\(|REQUIRE|mismatch|max abs" /tmp/mutate_test_$id.log | cut -c1-200 | tr '\n' ' ')
+  how=$(grep -m3 -E "stream race|cuda-sim|AddressSanitizer|ERROR: |CHECK\(|REQUIRE|mismatch|max abs" /tmp/mutate_test_$id.log | cut -c1-240 | tr '\n' ' ')
   summary+=("$id $verdict in $(( $(date +%s) - t0 )) s: $what — ${how:-see /tmp/mutate_test_$id.log}")
 done
 restore

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# tests/cuda_sim/run.sh — `make test-cuda-sim`: the CUDA backend's kernels on the
-# simulated device (tests/cuda_sim, docs/cuda.md "The simulated device"), under
-# AddressSanitizer, no GPU needed:
+# tests/cuda_sim/run.sh — `make test-cuda-sim`: the CUDA backend's kernels, its
+# streams and the NCCL communicator on the simulated device (tests/cuda_sim,
+# docs/cuda.md "The simulated device"), under AddressSanitizer, no GPU needed:
 #   1. configure $SIM_BUILD (default build-sim) with -DMPITRON_CUDA_SIM=ON,
 #   2. build the tests below,
 #   3. run them with device=cuda (MPITRON_TEST_DEVICE=cuda for the trainer tests),
-#   4. print `kernel <name> launches <n>` per __global__ of tensor/cuda and fail
-#      if one was never launched.
+#      asynchronous streams with the race check and the NCCL stand-in on,
+#   4. print `kernel <name> launches <n>` per __global__ of tensor/cuda and
+#      `nccl <call> calls <n>` per NCCL call, and fail if one never happened.
 # SIM_TESTS (a ctest regex) narrows the run, e.g. SIM_TESTS=tensor_test_softmax.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -14,13 +15,16 @@ cd "$ROOT"
 BUILD=${SIM_BUILD:-build-sim}
 JOBS=${JOBS:-$(nproc)}
 start=$(date +%s)
-# The op conformance suite (device=cuda), the GPT reference against PyTorch,
-# bitwise resume, and the TP/PP/DP equivalence at 2 ranks, GPT and BERT (bidirectional
-# attention with padding masks, the MLM and sentence-order heads).
-# Every tests/tensor/test_*.cpp (new op families join by themselves), then the model tests.
+# The op conformance suite (device=cuda), the simulator's own tests (streams, race
+# check, NCCL stand-in), the communicator's collectives through NCCL, the GPT
+# reference against PyTorch, bitwise resume, and the TP/PP/DP equivalence at 2 and
+# 4 ranks, GPT and BERT (bidirectional attention with padding masks, the MLM and
+# sentence-order heads), their communicators through parallel/comm_nccl.cpp.
+# Every tests/tensor/test_*.cpp and tests/cuda_sim/test_*.cpp (new ones join by themselves), then the rest.
 TESTS=($(for f in tests/tensor/test_*.cpp; do f=${f##*/}; echo "tensor_${f%.cpp}"; done)
-       model_test_gpt_reference model_test_trainer model_test_trainer_mp model_test_bert_train_mp)
-REGEX=${SIM_TESTS:-'^(tensor_test_.*|model_test_gpt_reference|model_test_trainer_mp_np2|model_test_bert_train_mp_np2)$'}
+       $(for f in tests/cuda_sim/test_*.cpp; do f=${f##*/}; echo "cuda_sim_${f%.cpp}"; done)
+       parallel_test_comm parallel_test_zero model_test_gpt_reference model_test_trainer model_test_trainer_mp model_test_bert_train_mp)
+REGEX=${SIM_TESTS:-'^(tensor_test_.*|cuda_sim_test_.*|parallel_test_(comm|zero)_np2|model_test_gpt_reference|model_test_trainer_mp_np[24]|model_test_bert_train_mp_np2)$'}
 
 [ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -G Ninja -DMPITRON_CUDA_SIM=ON ${SIM_CMAKE_FLAGS:-}
 cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}"
@@ -29,12 +33,14 @@ counts="$ROOT/$BUILD/cuda_sim_kernel_counts.txt"
 rm -f "$counts"
 # Leak checks are off: MPI and the process-lifetime caches hold memory at exit by design.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:detect_stack_use_after_return=0}
-# At 2 ranks: TP2 with sequence parallelism, PP2 1F1B and PP2 zb-h1 (split backward)
-# (MPITRON_TEST_LAYOUTS picks them from tests/model/test_trainer_mp.cpp; all eight cost
-# ~4x the time under the simulation).
+# At 2 ranks: TP2 with sequence parallelism, PP2 1F1B, PP2 zb-h1 (split backward) and
+# DP2 with ZeRO-2 and --overlap-param-gather; at 4 ranks PP2 1F1B x DP2 with ZeRO-2
+# (MPITRON_TEST_LAYOUTS[_NP4] pick them from tests/model/test_trainer_mp.cpp; all of
+# them cost ~4x the time under the simulation).
 # BERT at 2 ranks: PP2 zb-h1 (padded bidirectional attention, both heads, the tied
 # decoder over stages, split backward; MPITRON_BERT_TEST_LAYOUTS, tests/model/test_bert_train_mp.cpp).
-export MPITRON_CUDA_SIM_COUNTS="$counts" MPITRON_TEST_DEVICE=cuda MPITRON_TEST_LAYOUTS=${MPITRON_TEST_LAYOUTS:-1,3,6}
+export MPITRON_CUDA_SIM_COUNTS="$counts" MPITRON_TEST_DEVICE=cuda MPITRON_TEST_LAYOUTS=${MPITRON_TEST_LAYOUTS:-1,3,6,8}
+export MPITRON_TEST_LAYOUTS_NP4=${MPITRON_TEST_LAYOUTS_NP4:-11}
 export MPITRON_BERT_TEST_LAYOUTS=${MPITRON_BERT_TEST_LAYOUTS:-3}
 status=0
 (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" -R "$REGEX") || status=1
