@@ -35,6 +35,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -235,8 +236,10 @@ void run(ncclComm* c, const std::vector<Call>& calls) {
     reqs.push_back(r);
     p2p.push_back(k.kind == Kind::Send || k.kind == Kind::Recv);
   }
-  // Wait, giving way to the other threads, until done or the communicator is aborted.
+  // Wait, giving way to the other threads, until done or the communicator is aborted:
+  // spin (yielding) for a millisecond, then back off (ranks are oversubscribed on few cores).
   int done = 0;
+  const auto t0 = std::chrono::steady_clock::now();
   while (rc == MPI_SUCCESS && !reqs.empty()) {
     rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS || done) break;
@@ -247,7 +250,8 @@ void run(ncclComm* c, const std::vector<Call>& calls) {
       for (auto& b : tmp) (void)b.release();
       return;
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1)) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   if (rc != MPI_SUCCESS) {
     c->async_error = ncclSystemError;

@@ -16,7 +16,8 @@
 // a missing cudaStreamWaitEvent is reported on every run.
 //
 // Reuse: when a block is released its records stay with the memory (the
-// segment); a block handed out later over the same bytes inherits them, so its
+// segment), summed up per stream as its last write and last read anywhere in the
+// block; a block handed out later over the same bytes inherits them, so its
 // first use on a stream that is not ordered after the last use of those bytes —
 // say a comm stream still reading a buffer the host freed early — is reported
 // the same way. The caching allocator's per-stream free lists make this hold by
@@ -240,8 +241,28 @@ void cudaSimBlockReleased(void* p, size_t block_bytes, cudaStream_t s) {
     std::lock_guard<std::mutex> lock(sim_mutex());
     auto it = blocks().find(reinterpret_cast<uintptr_t>(p));
     if (it != blocks().end()) {
-      if (Region* seg = find_in(segments(), it->first))
-        for (Rec& x : it->second.recs) seg->recs.push_back(x);
+      // Memory is reused a block at a time, so what matters of a released block is, per
+      // stream, its last write and its last read anywhere in it: kept over the whole
+      // block, they replace that stream's older records inside it (bounded books).
+      const Region& b = it->second;
+      if (Region* seg = find_in(segments(), b.lo)) {
+        std::vector<Rec> sum;
+        for (const Rec& x : b.recs) {
+          auto at = std::find_if(sum.begin(), sum.end(), [&](const Rec& y) { return y.stream == x.stream && y.write == x.write; });
+          if (at == sum.end()) sum.push_back({b.lo, b.hi, x.stream, x.seq, x.write, x.call, true});
+          else if (x.seq > at->seq) at->seq = x.seq, at->call = x.call;
+        }
+        auto& v = seg->recs;
+        v.erase(std::remove_if(v.begin(), v.end(),
+                               [&](const Rec& x) {
+                                 if (x.lo < b.lo || x.hi > b.hi) return false;
+                                 for (const Rec& y : sum)
+                                   if (y.stream == x.stream && (y.write || !x.write)) return true;
+                                 return false;
+                               }),
+                v.end());
+        v.insert(v.end(), sum.begin(), sum.end());
+      }
       blocks().erase(it);
     }
   }

@@ -10,8 +10,10 @@
 //     already queued on the legacy stream; non-blocking streams wait for neither;
 //   * cudaStreamWaitEvent: the operation the event captured.
 // Before running, a worker sleeps a seeded random delay (MPITRON_CUDA_SIM_SEED,
-// MPITRON_CUDA_SIM_DELAY_US, default up to 200 µs for one operation in 4), so the
-// interleaving of streams differs from run to run of different seeds.
+// MPITRON_CUDA_SIM_DELAY_US: up to that many µs, default 100, for one operation in
+// 16; 0: none), so the interleaving of streams differs between seeds. (Sparse on
+// purpose: on a loaded machine every sleep costs a scheduler wake-up, and the race
+// check does not depend on timing anyway.)
 //
 // The same relations advance a vector clock per stream (sim.h), which the race
 // check (race.cpp) reads when the work is queued. The host has a clock too: it
@@ -56,6 +58,8 @@ struct Stream {
   uint64_t done = 0;        // ops finished (in order)
   bool running = false;     // an op is executing now
   std::deque<Op> q;
+  std::condition_variable wake;  // its worker: work was queued, or a prerequisite finished
+  bool blocked = false;          // its worker waits for another stream's operation
   std::mt19937_64 rng;
   std::vector<uint64_t> overlapped;  // per other stream: ops of this one started while that one ran
 };
@@ -63,7 +67,7 @@ struct Stream {
 namespace {
 
 std::mutex& mu() { return sim_mutex(); }
-std::condition_variable& cv() {
+std::condition_variable& cv() {  // host threads waiting for a stream
   static auto* c = new std::condition_variable;
   return *c;
 }
@@ -91,8 +95,14 @@ uint64_t seed() {
   }();
   return s;
 }
+// MPITRON_CUDA_SIM_SYNC=1: every operation runs on the calling thread as it is queued
+// (the race check unchanged) — for bisecting a failure and timing the workers' cost.
+bool sync_mode() {
+  static const bool s = env_int("MPITRON_CUDA_SIM_SYNC", 0) != 0;
+  return s;
+}
 int max_delay_us() {
-  static const int d = env_int("MPITRON_CUDA_SIM_DELAY_US", 200);
+  static const int d = env_int("MPITRON_CUDA_SIM_DELAY_US", 100);
   return d;
 }
 
@@ -105,11 +115,14 @@ bool ready(const Op& op) {
 void worker(Stream* st) {
   std::unique_lock<std::mutex> lock(mu());
   for (;;) {
-    cv().wait(lock, [&] { return !st->q.empty() && ready(st->q.front()); });
+    st->wake.wait(lock, [&] {
+      st->blocked = !st->q.empty() && !ready(st->q.front());
+      return !st->q.empty() && !st->blocked;
+    });
     Op op = std::move(st->q.front());
     st->q.pop_front();
     int delay = 0;
-    if (op.delay && max_delay_us() > 0 && st->rng() % 4 == 0) delay = static_cast<int>(st->rng() % (max_delay_us() + 1));
+    if (op.delay && max_delay_us() > 0 && st->rng() % 16 == 0) delay = static_cast<int>(st->rng() % (max_delay_us() + 1));
     lock.unlock();
     if (delay) std::this_thread::sleep_for(std::chrono::microseconds(delay));
     lock.lock();
@@ -130,7 +143,10 @@ void worker(Stream* st) {
     lock.lock();
     st->running = false;
     st->done = op.seq;
+    // Only who may be waiting for it: host threads, and workers blocked on a prerequisite.
     cv().notify_all();
+    for (Stream* o : streams())
+      if (o->blocked) o->wake.notify_one();
   }
 }
 
@@ -143,7 +159,7 @@ Stream* make_stream(int device, bool legacy, bool blocking, Site site) {
   st->site = std::move(site);
   st->rng.seed(seed() * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(st->id) * 7919);
   streams().push_back(st);
-  std::thread(worker, st).detach();
+  if (!sync_mode()) std::thread(worker, st).detach();
   return st;
 }
 
@@ -210,8 +226,21 @@ QueueResult queue(Stream* st, const char* call, std::vector<Access> acc, std::fu
   race_record(st->id, op.seq, call, acc);
   op.work = std::move(work);
   op.delay = delay;
+  if (sync_mode()) {  // everything queued before has run: run it here
+    lock.unlock();
+    try {
+      op.work();
+    } catch (const std::exception& e) {
+      set_async_error(cudaErrorLaunchFailure, std::string("an operation on ") + stream_name(st->id) + " failed: " + e.what());
+    }
+    op.work = nullptr;
+    lock.lock();
+    st->done = op.seq;
+    cv().notify_all();
+    return {op.seq, cudaSuccess, {}};
+  }
   st->q.push_back(std::move(op));
-  cv().notify_all();
+  st->wake.notify_one();
   return {st->queued, cudaSuccess, {}};
 }
 
