@@ -34,7 +34,8 @@ rm -f "$counts"
 # Leak checks are off: MPI and the process-lifetime caches hold memory at exit by design.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:detect_stack_use_after_return=0}
 # At 2 ranks: TP2 with sequence parallelism, PP2 1F1B, PP2 zb-h1 (split backward) and
-# DP2 with ZeRO-2 and --overlap-param-gather; at 4 ranks PP2 1F1B x DP2 with ZeRO-2
+# DP2 with ZeRO-2 and --overlap-param-gather; at 4 ranks TP2 with sequence parallelism
+# x DP2 with ZeRO-2 and --overlap-param-gather
 # (MPITRON_TEST_LAYOUTS[_NP4] pick them from tests/model/test_trainer_mp.cpp; all of
 # them cost ~4x the time under the simulation).
 # BERT at 2 ranks: PP2 zb-h1 (padded bidirectional attention, both heads, the tied
