@@ -91,7 +91,7 @@ void process_slice(const std::vector<std::string_view>& lines, size_t begin, siz
     try {
       j = parse_json_text(line, "the line");
     } catch (const Error& e) {
-      out.errors.emplace_back(line_no, e.message());
+      out.errors.emplace_back(line_no, str("bad JSON: ", e.message()));
       continue;
     }
     if (!j.is_object()) {

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace mpitron {
 
@@ -45,6 +46,7 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& what, b
 }
 
 nlohmann::json read_json_file(const std::string& path, const std::string& what, bool ignore_comments, int max_depth) {
+  check_regular_file(path, what);  // a FIFO would block the open
   std::ifstream f(path, std::ios::binary);
   MPT_CHECK(f.good(), str("cannot open ", what, " '", path, "'"), "check the path");
   std::ostringstream ss;

@@ -23,7 +23,7 @@ constexpr int kMaxJsonDepth = 128;
 // deeper than max_depth. ignore_comments: accept // and /* */ comments (DeepSpeed configs).
 nlohmann::json parse_json_text(std::string_view text, const std::string& what, bool ignore_comments = false,
                                int max_depth = kMaxJsonDepth);
-// Reads and parses a file (what = "DeepSpeed config" gives "DeepSpeed config 'path'").
+// Reads and parses a regular file (what = "DeepSpeed config" gives "DeepSpeed config 'path'").
 nlohmann::json read_json_file(const std::string& path, const std::string& what, bool ignore_comments = false,
                               int max_depth = kMaxJsonDepth);
 // v.dump() cut to at most max_chars (with "…" when cut): for error messages.

@@ -6,6 +6,7 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -154,8 +155,8 @@ int32_t read_id(const json& v, const std::string& file, const std::string& field
   const uint64_t id = neg ? 0 : v.get<uint64_t>();
   MPT_CHECK(!neg && id < static_cast<uint64_t>(limit),
             str("tokenizer '", file, "': ", field, " = ", json_excerpt(v), " is not an id in [0, ", limit, ")"),
-            str("the file's ", (limit - 1024) / 2, " tokens may have ids up to twice their number (plus 1024); "
-                "a larger id is a damaged file"));
+            "ids run below twice the number of tokens plus 1024 (at least 65536): a larger one is a damaged file, "
+            "not a request for that many embedding rows");
   return static_cast<int32_t>(id);
 }
 
@@ -174,9 +175,6 @@ HFTokenizer::HFTokenizer(const std::string& path) : impl_(std::make_unique<Impl>
 }
 
 void HFTokenizer::load(const std::string& path) {
-  std::ifstream probe(path, std::ios::binary);
-  MPT_CHECK(probe.good(), str("cannot open tokenizer model '", path, "'"), "pass --tokenizer-model path/to/tokenizer.json");
-  probe.close();
   const json j = read_json_file(path, "tokenizer");
   MPT_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
             str("tokenizer '", path, "' has no \"model\" object"), "pass a Hugging Face tokenizer.json");
@@ -197,7 +195,7 @@ void HFTokenizer::load(const std::string& path) {
   const json& vocab = model["vocab"];
   const json no_added = json::array();
   const json& added_json = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"] : no_added;
-  const int64_t id_limit = 2 * static_cast<int64_t>(vocab.size() + added_json.size()) + 1024;
+  const int64_t id_limit = std::max<int64_t>(2 * static_cast<int64_t>(vocab.size() + added_json.size()) + 1024, 65536);
 
   // Added tokens first: their content need not be byte-level characters.
   std::vector<std::pair<std::string, int32_t>> added;
@@ -357,7 +355,7 @@ void HFTokenizer::load(const std::string& path) {
     return id;
   };
   // Read as AutoTokenizer reads it: a file that is there but not a JSON object is an error, not absent.
-  if (std::ifstream(config_path).good()) {
+  if (std::filesystem::exists(config_path)) {
     const json c = read_json_file(config_path, "tokenizer config");
     MPT_CHECK(c.is_object(), str("tokenizer config '", config_path, "' is not a JSON object"), "fix or remove the file");
     if (c.contains("bos_token")) bos_ = named(c["bos_token"], "bos_token");

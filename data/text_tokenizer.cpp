@@ -81,7 +81,7 @@ nlohmann::json tokenizer_identity(const TokenizerSpec& s, const TextTokenizer& t
     files = {s.model};
     if (s.type == "HuggingFaceTokenizer") {
       const std::string cfg = (std::filesystem::path(s.model).parent_path() / "tokenizer_config.json").string();
-      if (std::ifstream(cfg).good()) files.push_back(cfg);
+      if (std::filesystem::exists(cfg)) files.push_back(cfg);
     }
   }
   nlohmann::json j = {{"type", tok.type()}, {"vocab_size", tok.vocab_size()}, {"files", nlohmann::json::array()}};

@@ -74,7 +74,6 @@ bool get_bool(const std::string& file, const json& j, const std::string& key) {
 }  // namespace
 
 DeepSpeedConfig read_deepspeed_config(const std::string& path) {
-  if (!std::ifstream(path).good()) MPT_THROW(str("--deepspeed_config: cannot open ", path), "check the path");
   const json root = read_json_file(path, "--deepspeed_config", /*ignore_comments=*/true);
   if (!root.is_object()) bad(path, "the top level must be a JSON object");
   DeepSpeedConfig c;

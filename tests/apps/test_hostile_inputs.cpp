@@ -95,6 +95,7 @@ int in_child(double seconds, const F& fn) {
   std::fflush(stderr);
   const pid_t pid = fork();
   if (pid == 0) {
+    setpgid(0, 0);  // its own group: a timeout kills what it started too (a converter blocked on a FIFO)
     int rc = 1;
     try {
       rc = fn();
@@ -109,7 +110,7 @@ int in_child(double seconds, const F& fn) {
     if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  kill(pid, SIGKILL);
+  kill(-pid, SIGKILL);
   waitpid(pid, &status, 0);
   return -1;
 }
