@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "core/error.h"
+#include "model/flag_given.h"
 
 namespace mpitron {
 
@@ -39,7 +40,9 @@ inline bool parse_app_flags(int argc, char** argv, const boost::program_options:
                             boost::program_options::variables_map& vm, const char* name) {
   namespace po = boost::program_options;
   try {
-    po::store(po::parse_command_line(argc, argv, d), vm);
+    const po::parsed_options parsed = po::parse_command_line(argc, argv, d);
+    refuse_negative_unsigned(parsed, d, name);
+    po::store(parsed, vm);
     if (vm.count("help")) {
       std::cout << d << "\n";
       return false;

@@ -28,7 +28,9 @@
 #include <sys/stat.h>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
+#include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/inference/hf_bert.h"
 #include "model/inference/hf_llama.h"
@@ -49,6 +51,7 @@ bool is_dir(const std::string& p) {
 }
 
 std::string slurp(const std::string& path) {
+  check_regular_file(path, "file");  // a FIFO would block the converter
   std::ifstream f(path, std::ios::binary);
   MPT_CHECK(f.good(), str("cannot open ", path), "");
   std::ostringstream ss;
@@ -59,7 +62,7 @@ std::string slurp(const std::string& path) {
 int run(int argc, char** argv) {
   std::string direction, input, output, hf_config, hf_config_out, dtype = "F32", prefix = "transformer.";
   int64_t heads = 0, divisible_by = 128, tp = 1;
-  bool lm_head = false;
+  bool lm_head = false, overwrite = false;
   po::options_description d("convert_checkpoint: Hugging Face GPT-2 / Llama / BERT (BertForPreTraining) safetensors "
                             "<-> mpitron checkpoint (the family is read from config.json or the checkpoint)");
   d.add_options()("help,h", "print this help")
@@ -79,7 +82,10 @@ int run(int argc, char** argv) {
       ("dtype", po::value(&dtype), "mpitron-to-hf: F32 (default), F16 or BF16")
       ("hf-prefix", po::value(&prefix), "mpitron-to-hf, GPT-2: name prefix, \"transformer.\" (default) or \"none\"")
       ("lm-head", po::bool_switch(&lm_head), "mpitron-to-hf, GPT-2: also write lm_head.weight (= wte; Llama writes its own lm_head)")
-      ("hf-config-out", po::value(&hf_config_out), "mpitron-to-hf: also write HF's config.json here");
+      ("hf-config-out", po::value(&hf_config_out), "mpitron-to-hf: also write HF's config.json here")
+      ("overwrite", po::bool_switch(&overwrite),
+       "replace existing output: model.safetensors / config.json (mpitron-to-hf), or the checkpoints and "
+       "latest_checkpointed_iteration.txt of a checkpoint directory (hf-to-mpitron)");
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "convert_checkpoint")) return 0;
   MPT_CHECK(tp >= 1 && tp <= (1 << 20), str("--tensor-model-parallel-size must be in [1, 1048576], got ", tp),
@@ -88,7 +94,17 @@ int run(int argc, char** argv) {
             "leave it out to read n_head from config.json");
   MPT_CHECK(divisible_by >= 1 && divisible_by <= (1 << 20),
             str("--make-vocab-size-divisible-by must be in [1, 1048576], got ", divisible_by), "the default is 128");
+  // Nothing this run did not write is replaced without --overwrite.
+  const auto refuse_existing = [&](const std::string& path) {
+    MPT_CHECK(overwrite || path.empty() || !std::filesystem::exists(path),
+              str("--output: '", path, "' already exists"), "choose another --output, or pass --overwrite to replace it");
+  };
   if (direction == "hf-to-mpitron") {
+    MPT_CHECK(overwrite || (io::CheckpointReader::list_iterations(output).empty() &&
+                            io::CheckpointReader::read_tracker(output) < 0),
+              str("--output ", output, " already holds checkpoints (a training run or an earlier import); importing "
+                  "would repoint its latest_checkpointed_iteration.txt"),
+              "choose an empty --output directory, or pass --overwrite");
     std::string st_path = input;
     if (is_dir(input)) {
       st_path = input + "/model.safetensors";
@@ -145,12 +161,10 @@ int run(int argc, char** argv) {
         out = output + "/model.safetensors";
         if (hf_config_out.empty()) hf_config_out = output + "/config.json";
       }
+      refuse_existing(out);
+      refuse_existing(hf_config_out);
       io::write_safetensors(out, hf_bert_from_gpt(*m.model, dtype));
-      if (!hf_config_out.empty()) {
-        std::ofstream f(hf_config_out);
-        f << hf_bert_config_json(cfg, dtype) << "\n";
-        MPT_CHECK(f.good(), str("cannot write ", hf_config_out), "");
-      }
+      if (!hf_config_out.empty()) write_file_checked(hf_config_out, hf_bert_config_json(cfg, dtype) + "\n", "--hf-config-out");
       log_info("wrote ", out, hf_config_out.empty() ? "" : " and " + hf_config_out, " (BertForPreTraining) from ", m.dir);
       return 0;
     }
@@ -167,12 +181,10 @@ int run(int argc, char** argv) {
         out = output + "/model.safetensors";
         if (hf_config_out.empty()) hf_config_out = output + "/config.json";
       }
+      refuse_existing(out);
+      refuse_existing(hf_config_out);
       io::write_safetensors(out, hf_llama_from_gpt(*m.model, dtype));
-      if (!hf_config_out.empty()) {
-        std::ofstream f(hf_config_out);
-        f << hf_llama_config_json(cfg, dtype) << "\n";
-        MPT_CHECK(f.good(), str("cannot write ", hf_config_out), "");
-      }
+      if (!hf_config_out.empty()) write_file_checked(hf_config_out, hf_llama_config_json(cfg, dtype) + "\n", "--hf-config-out");
       log_info("wrote ", out, hf_config_out.empty() ? "" : " and " + hf_config_out, " (LlamaForCausalLM) from ", m.dir);
       return 0;
     }
@@ -185,12 +197,10 @@ int run(int argc, char** argv) {
       out = output + "/model.safetensors";
       if (hf_config_out.empty()) hf_config_out = output + "/config.json";
     }
+    refuse_existing(out);
+    refuse_existing(hf_config_out);
     io::write_safetensors(out, hf_gpt2_from_gpt(*m.model, o));
-    if (!hf_config_out.empty()) {
-      std::ofstream f(hf_config_out);
-      f << hf_gpt2_config_json(m.model->config()) << "\n";
-      MPT_CHECK(f.good(), str("cannot write ", hf_config_out), "");
-    }
+    if (!hf_config_out.empty()) write_file_checked(hf_config_out, hf_gpt2_config_json(m.model->config()) + "\n", "--hf-config-out");
     log_info("wrote ", out, hf_config_out.empty() ? "" : " and " + hf_config_out, " from ", m.dir);
   } else {
     MPT_THROW(str("--direction ", direction, " is not known"), "use hf-to-mpitron or mpitron-to-hf");

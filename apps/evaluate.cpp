@@ -41,10 +41,13 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
+#include "model/flag_given.h"
 #include "model/inference/inference_flags.h"
 #include "model/inference/inference_load.h"
 #include "tensor/ops.h"
@@ -90,6 +93,12 @@ bool parse(int argc, char** argv, Args& a) {
             "pass 1 (or leave them out); checkpoints are stored unsharded, so any checkpoint loads on one process");
   MPT_CHECK(a.task == "WIKITEXT2" || a.task == "WIKITEXT103" || a.task == "LAMBADA",
             str("--task ", a.task, " is not supported"), "use WIKITEXT2, WIKITEXT103 or LAMBADA");
+  // Flags that mean something for one task only; given for another task they would do nothing, silently.
+  // (--overlapping-eval and --micro-batch-size stay accepted for LAMBADA: Megatron's scripts pass them.)
+  static const std::pair<const char*, const char*> kTaskOnly[] = {{"strict-lambada", "LAMBADA"}};
+  for (const auto& [flag, task] : kTaskOnly)
+    MPT_CHECK(!flag_given(vm, flag) || a.task == task, str("--", flag, " applies to --task ", task, ", not ", a.task),
+              str("drop --", flag));
   MPT_CHECK(a.micro_batch_size >= 1, str("--micro-batch-size must be >= 1, got ", a.micro_batch_size), "");
   // 0 never means "not set": leave the flag out for the checkpoint's length.
   MPT_CHECK(!vm.count("seq-length") || a.seq_length >= 1, str("--seq-length must be >= 1, got ", a.seq_length),
@@ -287,8 +296,7 @@ nlohmann::json eval_wikitext(GPT& model, const data::TextTokenizer& tok, const A
 }
 
 nlohmann::json eval_lambada(GPT& model, const data::TextTokenizer& tok, const Args& a, int64_t seq) {
-  std::ifstream f(a.valid_data);
-  MPT_CHECK(f.good(), str("cannot open ", a.valid_data), "check --valid-data");
+  LineReader f(a.valid_data, "--valid-data");
   auto enc = tok.make_encoder();
   auto plain = tok.make_encoder(false);  // the target word: no BOS before it (HF / Llama2Tokenizer)
   const int64_t V = model.config().vocab_size;
@@ -296,19 +304,22 @@ nlohmann::json eval_lambada(GPT& model, const data::TextTokenizer& tok, const Ar
   int64_t correct = 0, n = 0, lineno = 0, truncated = 0;
   Timer timer;
   std::string line;
-  while (std::getline(f, line)) {
-    ++lineno;
+  while (f.next(line)) {
+    lineno = f.line_no();
     if (line.empty()) continue;
     std::string text;
     try {
-      text = nlohmann::json::parse(line).at("text").get<std::string>();
-    } catch (const nlohmann::json::exception& e) {
+      text = parse_json_text(line, "the line").at("text").get<std::string>();
+    } catch (const std::exception& e) {
       MPT_THROW(str(a.valid_data, ":", lineno, ": not a JSON object with a \"text\" string: ", e.what()), "");
     }
     std::vector<int32_t> ctx, target;
+    // Both modes score the passage's last word: a passage without one (empty, whitespace only) is an error.
+    const std::string last = py_last_word(text);
+    MPT_CHECK(!last.empty(), str(a.valid_data, ":", lineno, ": the passage has no word to predict (",
+                                 text.empty() ? "empty" : "whitespace only", ")"),
+              "every LAMBADA line is {\"text\": \"<passage> <last word>\"}");
     if (a.strict_lambada) {
-      const std::string last = py_last_word(text);
-      MPT_CHECK(!last.empty(), str(a.valid_data, ":", lineno, ": empty text"), "");
       ctx = enc->encode(py_strip(text.substr(0, text.rfind(last))));
       target = plain->encode(" " + last);
     } else {
@@ -396,9 +407,7 @@ int main(int argc, char** argv) {
       }
       r["checkpoint"] = m.dir;
       if (!a.results_json.empty()) {
-        std::ofstream o(a.results_json);
-        o << r.dump() << "\n";
-        MPT_CHECK(o.good(), str("cannot write ", a.results_json), "");
+        write_file_checked(a.results_json, r.dump() + "\n", "--results-json");
       }
     }
   } catch (const std::exception& e) {

@@ -12,12 +12,14 @@
 #include <exception>
 
 #include "model/training/finetune.h"
+#include "parallel/job_exit.h"
 
 using namespace mpitron;
 
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  install_job_exit();  // a collective that times out ends every rank (parallel/job_exit.h)
   int rc = 0;
   try {
     FinetuneArgs args;
@@ -27,11 +29,5 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     rc = 1;
   }
-  if (rc != 0) {
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    if (world > 1) MPI_Abort(MPI_COMM_WORLD, rc);  // the other ranks may wait in a collective
-  }
-  MPI_Finalize();
-  return rc;
+  return finish_job(rc);  // a failed rank ends every rank within kJobExitGraceS
 }

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "data/text_tokenizer.h"
 #include "model/inference/generate.h"
@@ -84,7 +85,8 @@ bool parse(int argc, char** argv, Args& a) {
 
 class Generator {
  public:
-  Generator(const Args& a, GPT& model, const data::TextTokenizer& tok, std::ostream& out)
+  // out: the --genfile, or nullptr for stdout.
+  Generator(const Args& a, GPT& model, const data::TextTokenizer& tok, OutputFile* out)
       : a_(a), model_(model), tok_(tok), enc_(tok.make_encoder()), out_(out) {}
 
   // Generates for prompts (strings) and writes one JSON line each.
@@ -112,9 +114,12 @@ class Generator {
       const bool finished = !gen.empty() && gen.back() == tok_.eod();
       const std::vector<int32_t> shown(gen.begin(), gen.end() - (finished ? 1 : 0));
       nlohmann::json j = {{"prompt", prompts[i]}, {"text", tok_.decode(shown)}, {"tokens", gen}, {"finished", finished}};
-      out_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+      if (out_) out_->write(text);
+      else std::cout << text;
     }
-    out_.flush();
+    if (out_) out_->flush();
+    else MPT_CHECK(std::cout.flush().good(), "writing the samples to stdout failed", "is the disk full or the pipe closed?");
   }
 
  private:
@@ -122,7 +127,7 @@ class Generator {
   GPT& model_;
   const data::TextTokenizer& tok_;
   std::unique_ptr<data::TextEncoder> enc_;
-  std::ostream& out_;
+  OutputFile* out_;
   uint64_t batches_ = 0;
   int64_t prompts_seen_ = 0;
 };
@@ -136,12 +141,9 @@ void run(const Args& a) {
             str("the checkpoint's vocab_size ", m.model->config().vocab_size, " differs from the tokenizer's ",
                 tok.vocab_size()), "pass the tokenizer flags the model was trained with (--tokenizer-type, --tokenizer-model or --vocab-file/--merge-file)");
   std::fprintf(stderr, "loaded %s on %s\n", m.dir.c_str(), dev.name().c_str());  // stdout may carry the samples
-  std::ofstream file;
-  if (!a.genfile.empty()) {
-    file.open(a.genfile);
-    MPT_CHECK(file.good(), str("cannot create --genfile ", a.genfile), "");
-  }
-  Generator g(a, *m.model, tok, a.genfile.empty() ? std::cout : file);
+  std::unique_ptr<OutputFile> file;
+  if (!a.genfile.empty()) file = std::make_unique<OutputFile>(a.genfile, "--genfile");
+  Generator g(a, *m.model, tok, file.get());
   const auto batched = [&](const std::vector<std::string>& all) {
     for (size_t i = 0; i < all.size(); i += static_cast<size_t>(a.micro_batch_size))
       g.run(std::vector<std::string>(all.begin() + static_cast<std::ptrdiff_t>(i),
@@ -150,10 +152,9 @@ void run(const Args& a) {
   if (a.num_samples > 0) {
     batched(std::vector<std::string>(static_cast<size_t>(a.num_samples), ""));
   } else if (!a.sample_input_file.empty()) {
-    std::ifstream f(a.sample_input_file);
-    MPT_CHECK(f.good(), str("cannot open --sample-input-file ", a.sample_input_file), "");
+    LineReader f(a.sample_input_file, "--sample-input-file");
     std::vector<std::string> prompts;
-    for (std::string line; std::getline(f, line);) prompts.push_back(line);
+    for (std::string line; f.next(line);) prompts.push_back(line);
     batched(prompts);
   } else if (a.interactive && isatty(STDIN_FILENO)) {
     for (;;) {
@@ -167,6 +168,7 @@ void run(const Args& a) {
     for (std::string line; std::getline(std::cin, line);) prompts.push_back(line);
     batched(prompts);
   }
+  if (file) file->close();  // a full disk shows here at the latest: exit 1, not 0
 }
 
 }  // namespace

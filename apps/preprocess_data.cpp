@@ -29,6 +29,8 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json.h"
 #include "core/timer.h"
 #include "data/indexed_dataset.h"
 #include "data/sentence_splitter.h"
@@ -87,9 +89,9 @@ void process_slice(const std::vector<std::string_view>& lines, size_t begin, siz
     }
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line.begin(), line.end());
-    } catch (const nlohmann::json::parse_error& e) {
-      out.errors.emplace_back(line_no, str("bad JSON: ", e.what()));
+      j = parse_json_text(line, "the line");
+    } catch (const Error& e) {
+      out.errors.emplace_back(line_no, str("bad JSON: ", e.message()));
       continue;
     }
     if (!j.is_object()) {
@@ -213,6 +215,12 @@ int run(const Options& opt) {
         break;
       }
       searched = buf.size();
+      // No newline in all of buf: it is one line, and a line past the bound (a
+      // file without newlines, /dev/zero) is an error, not unbounded memory.
+      MPT_CHECK(static_cast<int64_t>(buf.size()) <= kMaxLineBytes,
+                str("--input '", opt.input, "' line ", line_no, " is longer than ", kMaxLineBytes >> 20,
+                    " MiB (no newline)"),
+                "preprocess_data reads JSON lines (one document per line); split the document or fix the file");
       want = buf.size();  // double
     }
     if (!eof) {

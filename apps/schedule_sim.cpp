@@ -15,6 +15,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "model/flag_given.h"
 #include "parallel/schedule.h"        // Schedule, built-ins, the text format
 #include "parallel/schedule_check.h"  // check_schedule: complete and deadlock-free
 #include "parallel/schedule_sim.h"    // simulate_schedule, timeline text/SVG
@@ -52,7 +53,9 @@ int main(int argc, char** argv) {
       "width", po::value(&width)->default_value(200), "cut timeline rows at this many characters");
   try {
     po::variables_map vm;
-    po::store(po::parse_command_line(argc, argv, desc), vm);
+    const po::parsed_options parsed = po::parse_command_line(argc, argv, desc);
+    refuse_negative_unsigned(parsed, desc, "schedule_sim");
+    po::store(parsed, vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";
       return 0;

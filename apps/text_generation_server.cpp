@@ -42,6 +42,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
@@ -199,9 +200,9 @@ class Api {
   std::string generate_json(const std::string& body) {
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(body);
-    } catch (const nlohmann::json::exception& e) {
-      throw bad(str("the body is not valid JSON: ", e.what()));
+      j = parse_json_text(body, "the body");
+    } catch (const Error& e) {
+      throw bad(e.message());
     }
     if (!j.is_object()) throw bad("the body must be a JSON object");
     static const char* const kFields[] = {"prompts", "tokens_to_generate", "temperature", "top_k",

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/number.h"
 
 namespace mpitron::data {
 
@@ -20,14 +21,8 @@ DataBlend parse_data_path(const std::vector<std::string>& args) {
             "e.g. --data-path 0.3 /data/a_text_document 0.7 /data/b_text_document");
   double sum = 0;
   for (size_t i = 0; i < args.size(); i += 2) {
-    double w;
-    size_t used = 0;
-    try {
-      w = std::stod(args[i], &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    MPT_CHECK(used == args[i].size() && std::isfinite(w) && w >= 0,
+    double w = 0;
+    MPT_CHECK(parse_decimal(args[i], &w) && w >= 0,
               str("--data-path entry ", i + 1, " '", args[i], "' is not a non-negative weight"),
               "entries alternate weight and prefix: 0.3 a 0.7 b");
     b.weights.push_back(w);

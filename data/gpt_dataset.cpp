@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/number.h"
 #include "core/log.h"
 #include "core/timer.h"
 
@@ -91,13 +92,7 @@ std::vector<double> parse_split_weights(const std::string& split) {
     int in_field = 0;
     while (fields >> field) {
       double v = 0;
-      size_t used = 0;
-      try {
-        v = std::stod(field, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      MPT_CHECK(used == field.size(), str("--split '", split, "': '", field, "' is not a number"), hint);
+      MPT_CHECK(parse_decimal(field, &v), str("--split '", split, "': '", field, "' is not a decimal number"), hint);
       MPT_CHECK(std::isfinite(v) && v >= 0, str("--split '", split, "': weight ", field, " must be finite and >= 0"),
                 hint);
       w.push_back(v);

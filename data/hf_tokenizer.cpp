@@ -6,6 +6,7 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "data/bpe_heap.h"
 #include "data/tokenizer.h"
 
@@ -123,6 +125,16 @@ pcre2_code* compile(const std::string& pattern, const std::string& file) {
                   off, ": ", reinterpret_cast<char*>(msg)),
               "this Oniguruma pattern is not supported");
   }
+  // A pattern that can match the empty string splits differently in every
+  // regex engine (tokenizers' Oniguruma find_iter has its own rules for empty
+  // matches): refuse it rather than tokenise otherwise than tokenizers.
+  uint32_t min_len = 1;
+  pcre2_pattern_info(re, PCRE2_INFO_MINLENGTH, &min_len);
+  if (min_len == 0) {
+    pcre2_code_free(re);
+    MPT_THROW(str("tokenizer '", file, "': pre_tokenizer Split regex '", pattern, "' can match the empty string"),
+              "a pre-tokeniser pattern must consume at least one character per match (e.g. use + instead of *)");
+  }
   pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);  // falls back to the interpreter when JIT is absent
   return re;
 }
@@ -132,6 +144,22 @@ pcre2_code* compile(const std::string& pattern, const std::string& file) {
             "HuggingFaceTokenizer reads byte-level BPE tokenizer.json files (Llama 3, GPT-NeoX style)");
 }
 
+// A token id as tokenizers reads it (a JSON integer that fits u32; 3.5 and 3.0
+// are refused as tokenizers refuses them), below `limit`: ids size the
+// embedding table, so an id far past the number of tokens (10^9, 2^31) is a
+// damaged file, not a request for a billion unused rows.
+int32_t read_id(const json& v, const std::string& file, const std::string& field, int64_t limit) {
+  MPT_CHECK(v.is_number_integer(), str("tokenizer '", file, "': ", field, " = ", json_excerpt(v), " is not an integer id"),
+            "token ids are non-negative integers");
+  const bool neg = v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0;
+  const uint64_t id = neg ? 0 : v.get<uint64_t>();
+  MPT_CHECK(!neg && id < static_cast<uint64_t>(limit),
+            str("tokenizer '", file, "': ", field, " = ", json_excerpt(v), " is not an id in [0, ", limit, ")"),
+            "ids run below twice the number of tokens plus 1024 (at least 65536): a larger one is a damaged file, "
+            "not a request for that many embedding rows");
+  return static_cast<int32_t>(id);
+}
+
 bool is_null_or(const json& j, const char* key, const json& ok) {
   return !j.contains(key) || j[key].is_null() || j[key] == ok;
 }
@@ -139,14 +167,15 @@ bool is_null_or(const json& j, const char* key, const json& ok) {
 }  // namespace
 
 HFTokenizer::HFTokenizer(const std::string& path) : impl_(std::make_unique<Impl>()), file_(path) {
-  std::ifstream f(path, std::ios::binary);
-  MPT_CHECK(f.good(), str("cannot open tokenizer model '", path, "'"), "pass --tokenizer-model path/to/tokenizer.json");
-  json j;
   try {
-    j = json::parse(f);
-  } catch (const json::exception& e) {
-    MPT_THROW(str("tokenizer '", path, "' is not valid JSON: ", e.what()), "pass a Hugging Face tokenizer.json");
+    load(path);
+  } catch (const json::exception& e) {  // a value of the wrong JSON type somewhere
+    MPT_THROW(str("tokenizer '", path, "': ", e.what()), "pass a Hugging Face tokenizer.json");
   }
+}
+
+void HFTokenizer::load(const std::string& path) {
+  const json j = read_json_file(path, "tokenizer");
   MPT_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
             str("tokenizer '", path, "' has no \"model\" object"), "pass a Hugging Face tokenizer.json");
   Impl& m = *impl_;
@@ -157,36 +186,63 @@ HFTokenizer::HFTokenizer(const std::string& path) : impl_(std::make_unique<Impl>
   std::string mtype = model.value("type", std::string("BPE"));
   if (mtype != "BPE") unsupported(path, "model.type", "\"" + mtype + "\" (only BPE)");
   if (!is_null_or(model, "dropout", json(0.0)) && !(model["dropout"].is_number() && model["dropout"] == 0))
-    unsupported(path, "model.dropout", model["dropout"].dump());
+    unsupported(path, "model.dropout", json_excerpt(model["dropout"]));
   if (model.value("byte_fallback", false)) unsupported(path, "model.byte_fallback", "true");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
-    if (!is_null_or(model, k, json(""))) unsupported(path, str("model.", k), model[k].dump());
+    if (!is_null_or(model, k, json(""))) unsupported(path, str("model.", k), json_excerpt(model[k]));
   m.ignore_merges = model.value("ignore_merges", false);
   MPT_CHECK(model.contains("vocab") && model["vocab"].is_object(), str("tokenizer '", path, "': model.vocab is not an object"), "");
+  const json& vocab = model["vocab"];
+  const json no_added = json::array();
+  const json& added_json = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"] : no_added;
+  const int64_t id_limit = std::max<int64_t>(2 * static_cast<int64_t>(vocab.size() + added_json.size()) + 1024, 65536);
 
   // Added tokens first: their content need not be byte-level characters.
   std::vector<std::pair<std::string, int32_t>> added;
-  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-    for (const json& a : j["added_tokens"]) {
-      std::string content = a.at("content").get<std::string>();
-      for (const char* k : {"lstrip", "rstrip", "single_word"})
-        if (a.value(k, false)) unsupported(path, str("added_tokens[\"", content, "\"].", k), "true");
-      MPT_CHECK(!content.empty(), str("tokenizer '", path, "': an added token is empty"), "");
-      added.emplace_back(content, a.at("id").get<int32_t>());
-    }
+  for (const json& a : added_json) {
+    std::string content = a.at("content").get<std::string>();
+    for (const char* k : {"lstrip", "rstrip", "single_word"})
+      if (a.value(k, false)) unsupported(path, str("added_tokens[\"", content, "\"].", k), "true");
+    MPT_CHECK(!content.empty(), str("tokenizer '", path, "': an added token is empty"), "");
+    added.emplace_back(content, read_id(a.at("id"), path, str("added_tokens[\"", content, "\"].id"), id_limit));
   }
+  // One token per id and one id per token. tokenizers reads a file that breaks
+  // this otherwise than it says (an added token that is also in model.vocab
+  // gets the vocab's id; two tokens on one id decode to either), so such a
+  // file is refused, naming both.
+  std::unordered_map<int32_t, std::string> owner;  // id -> token (vocab key or added content)
+  const auto claim = [&](int32_t id, const std::string& token, const std::string& where) {
+    auto [it, fresh] = owner.emplace(id, token);
+    MPT_CHECK(fresh || it->second == token,
+              str("tokenizer '", path, "': ", where, " gives id ", id, " to '", token, "', which '", it->second,
+                  "' already has"),
+              "every id names one token: fix the file (it is not one `tokenizers` reads as written)");
+  };
   int64_t max_id = -1;
-  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
-  for (auto& a : added) max_id = std::max<int64_t>(max_id, a.second);
-  id_to_bytes_.assign(max_id + 1, std::string());
-  std::string raw;
-  for (auto& a : added) {
-    id_to_bytes_[a.second] = a.first;
-    m.added_to_id[a.first] = a.second;
+  for (auto& [content, id] : added) {
+    auto dup = m.added_to_id.find(content);
+    MPT_CHECK(dup == m.added_to_id.end() || dup->second == id,
+              str("tokenizer '", path, "': added token '", content, "' is listed with ids ", dup == m.added_to_id.end() ? 0 : dup->second,
+                  " and ", id), "list each added token once");
+    claim(id, content, "added_tokens");
+    m.added_to_id[content] = id;
+    max_id = std::max<int64_t>(max_id, id);
   }
-  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    int32_t id = it.value().get<int32_t>();
-    MPT_CHECK(id >= 0, str("tokenizer '", path, "': token '", it.key(), "' has negative id ", id), "");
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    const int32_t id = read_id(it.value(), path, str("model.vocab[\"", it.key(), "\"]"), id_limit);
+    auto ad = m.added_to_id.find(it.key());
+    MPT_CHECK(ad == m.added_to_id.end() || ad->second == id,
+              str("tokenizer '", path, "': added token '", it.key(), "' has id ", ad == m.added_to_id.end() ? 0 : ad->second,
+                  " but model.vocab gives it id ", id),
+              "`tokenizers` would use the vocab's id for it: give both the same id");
+    claim(id, it.key(), "model.vocab");
+    max_id = std::max<int64_t>(max_id, id);
+  }
+  id_to_bytes_.assign(static_cast<size_t>(max_id + 1), std::string());
+  std::string raw;
+  for (auto& a : added) id_to_bytes_[a.second] = a.first;
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    const int32_t id = it.value().get<int32_t>();
     if (!byte_level_to_bytes(it.key(), u2b, raw)) {
       if (m.added_to_id.count(it.key())) continue;
       unsupported(path, str("model.vocab token '", it.key(), "'"),
@@ -219,7 +275,9 @@ HFTokenizer::HFTokenizer(const std::string& path) : impl_(std::make_unique<Impl>
     auto ia = m.bytes_to_id.find(a), ib = m.bytes_to_id.find(b), im = m.bytes_to_id.find(a + b);
     MPT_CHECK(ok && ia != m.bytes_to_id.end() && ib != m.bytes_to_id.end() && im != m.bytes_to_id.end(),
               str("tokenizer '", path, "': merge ", rank, " '", l, " ", r, "' uses or makes a token missing from model.vocab"), "");
-    m.merges.emplace(Impl::key(ia->second, ib->second), std::make_pair(rank, im->second));
+    // A pair listed twice takes its LAST rank, as tokenizers' merge map (a
+    // HashMap collected in list order) does.
+    m.merges.insert_or_assign(Impl::key(ia->second, ib->second), std::make_pair(rank, im->second));
     ++rank;
   }
   for (auto& [content, id] : added) m.added_by_byte[static_cast<unsigned char>(content[0])].push_back({content, id});
@@ -228,7 +286,7 @@ HFTokenizer::HFTokenizer(const std::string& path) : impl_(std::make_unique<Impl>
 
   // ---- normalizer ----
   if (j.contains("normalizer") && !j["normalizer"].is_null())
-    unsupported(path, "normalizer", j["normalizer"].value("type", j["normalizer"].dump()) +
+    unsupported(path, "normalizer", j["normalizer"].value("type", json_excerpt(j["normalizer"])) +
                                         " (only null: no Unicode normalisation is built)");
 
   // ---- pre_tokenizer ----
@@ -245,7 +303,7 @@ HFTokenizer::HFTokenizer(const std::string& path) : impl_(std::make_unique<Impl>
       std::string beh = p.value("behavior", "");
       if (beh != "Isolated") unsupported(path, "pre_tokenizer Split behavior", "\"" + beh + "\" (only Isolated)");
       const json& pat = p.at("pattern");
-      if (!pat.contains("Regex")) unsupported(path, "pre_tokenizer Split pattern", pat.dump() + " (only Regex)");
+      if (!pat.contains("Regex")) unsupported(path, "pre_tokenizer Split pattern", json_excerpt(pat) + " (only Regex)");
       m.steps.push_back(Impl::Step{compile(pat["Regex"].get<std::string>(), path), false});
     } else {
       unsupported(path, "pre_tokenizer", "\"" + t + "\" (only ByteLevel, Split and Sequence)");
@@ -272,7 +330,11 @@ HFTokenizer::HFTokenizer(const std::string& path) : impl_(std::make_unique<Impl>
           seen_a = true;
         } else {
           std::string name = item.at("SpecialToken").at("id").get<std::string>();
-          for (const json& id : p.at("special_tokens").at(name).at("ids")) (seen_a ? m.suffix : m.prefix).push_back(id.get<int32_t>());
+          for (const json& id : p.at("special_tokens").at(name).at("ids")) {
+            const int32_t v = read_id(id, path, str("post_processor special_tokens[\"", name, "\"].ids"),
+                                      static_cast<int64_t>(id_to_bytes_.size()));
+            (seen_a ? m.suffix : m.prefix).push_back(v);
+          }
         }
       }
     } else if (t != "ByteLevel") {
@@ -282,19 +344,22 @@ HFTokenizer::HFTokenizer(const std::string& path) : impl_(std::make_unique<Impl>
   if (j.contains("post_processor")) post(j["post_processor"]);
 
   // ---- bos / eos: tokenizer_config.json beside the file, as AutoTokenizer reads them ----
-  auto named = [&](const json& v) -> int32_t {
-    std::string s = v.is_object() ? v.value("content", "") : v.is_string() ? v.get<std::string>() : "";
+  const std::string config_path = dir_of(path) + "/tokenizer_config.json";
+  auto named = [&](const json& v, const char* key) -> int32_t {
+    MPT_CHECK(v.is_null() || v.is_string() || (v.is_object() && v.contains("content") && v["content"].is_string()),
+              str("'", config_path, "': ", key, " = ", json_excerpt(v), " is neither a token nor {\"content\": token}"),
+              "fix the file (AutoTokenizer reads it too)");
+    std::string s = v.is_object() ? v["content"].get<std::string>() : v.is_string() ? v.get<std::string>() : "";
     int32_t id = token_to_id(s);
-    MPT_CHECK(s.empty() || id >= 0, str("tokenizer_config.json beside '", path, "' names token '", s, "', not in the vocab"), "");
+    MPT_CHECK(s.empty() || id >= 0, str("'", config_path, "' names ", key, " '", s, "', not in the vocab of '", path, "'"), "");
     return id;
   };
-  std::ifstream cf(dir_of(path) + "/tokenizer_config.json");
-  if (cf.good()) {
-    json c = json::parse(cf, nullptr, false);
-    if (c.is_object()) {
-      if (c.contains("bos_token")) bos_ = named(c["bos_token"]);
-      if (c.contains("eos_token")) eos_ = named(c["eos_token"]);
-    }
+  // Read as AutoTokenizer reads it: a file that is there but not a JSON object is an error, not absent.
+  if (std::filesystem::exists(config_path)) {
+    const json c = read_json_file(config_path, "tokenizer config");
+    MPT_CHECK(c.is_object(), str("tokenizer config '", config_path, "' is not a JSON object"), "fix or remove the file");
+    if (c.contains("bos_token")) bos_ = named(c["bos_token"], "bos_token");
+    if (c.contains("eos_token")) eos_ = named(c["eos_token"], "eos_token");
   }
   if (bos_ < 0 && !m.prefix.empty()) bos_ = m.prefix.front();
   for (const char* name : {"<|end_of_text|>", "<|endoftext|>", "</s>", "<|im_end|>", "<eos>"})

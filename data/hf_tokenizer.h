@@ -48,6 +48,7 @@ class HFTokenizer : public TextTokenizer {
 
  private:
   friend class HFEncoder;
+  void load(const std::string& path);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::vector<std::string> id_to_bytes_;  // [vocab] raw bytes (added tokens: their content)

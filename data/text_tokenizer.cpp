@@ -1,7 +1,12 @@
 // data/text_tokenizer.cpp — the factory and the GPT-2 adapter.
 #include "data/text_tokenizer.h"
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
+#include "core/sha256.h"
 #include "data/hf_tokenizer.h"
 #include "data/sp_tokenizer.h"
 #include "data/tokenizer.h"
@@ -63,6 +68,47 @@ std::unique_ptr<TextTokenizer> make_tokenizer(const TokenizerSpec& s) {
   return std::make_unique<SPTokenizer>(s.model, s.type == "Llama2Tokenizer"      ? SPTokenizer::Mode::kLlama2
                                                 : s.type == "GPTSentencePieceTokenizer" ? SPTokenizer::Mode::kGPT
                                                                                         : SPTokenizer::Mode::kSentencePiece);
+}
+
+nlohmann::json tokenizer_identity(const TokenizerSpec& s, const TextTokenizer& tok) {
+  std::vector<std::string> files;
+  if (s.type == "GPT2BPETokenizer") {
+    files = {s.vocab_file.empty() ? Tokenizer::default_vocab_file() : s.vocab_file,
+             s.merge_file.empty() ? Tokenizer::default_merges_file() : s.merge_file};
+  } else if (!s.vocab_file.empty()) {
+    files = {s.vocab_file};
+  } else {
+    files = {s.model};
+    if (s.type == "HuggingFaceTokenizer") {
+      const std::string cfg = (std::filesystem::path(s.model).parent_path() / "tokenizer_config.json").string();
+      if (std::filesystem::exists(cfg)) files.push_back(cfg);
+    }
+  }
+  nlohmann::json j = {{"type", tok.type()}, {"vocab_size", tok.vocab_size()}, {"files", nlohmann::json::array()}};
+  for (const std::string& f : files)
+    j["files"].push_back({{"name", std::filesystem::path(f).filename().string()}, {"sha256", sha256_file(f)}});
+  return j;
+}
+
+std::string tokenizer_difference(const nlohmann::json& saved, const nlohmann::json& now) {
+  std::string d;
+  const auto add = [&](const std::string& s) { d += (d.empty() ? "" : ", ") + s; };
+  if (saved.value("type", "") != now.value("type", ""))
+    add(str("type ", saved.value("type", "?"), " -> ", now.value("type", "?")));
+  if (saved.value("vocab_size", int64_t{-1}) != now.value("vocab_size", int64_t{-1}))
+    add(str("vocab_size ", saved.value("vocab_size", int64_t{-1}), " -> ", now.value("vocab_size", int64_t{-1})));
+  std::vector<std::string> a, b;
+  for (const auto& f : saved.value("files", nlohmann::json::array())) a.push_back(f.value("sha256", ""));
+  for (const auto& f : now.value("files", nlohmann::json::array())) b.push_back(f.value("sha256", ""));
+  if (a != b) add("the tokenizer files' contents (sha256)");
+  return d;
+}
+
+std::string describe_tokenizer_identity(const nlohmann::json& id) {
+  std::string s = str(id.value("type", "?"), ", ", id.value("vocab_size", int64_t{-1}), " tokens");
+  for (const auto& f : id.value("files", nlohmann::json::array()))
+    s += str(", ", f.value("name", "?"), " sha256 ", f.value("sha256", "").substr(0, 12), "...");
+  return s;
 }
 
 }  // namespace mpitron::data

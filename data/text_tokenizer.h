@@ -19,6 +19,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -70,6 +71,20 @@ struct TokenizerSpec {
 
 // Throws naming the flag when the type is unknown or a needed file is not given.
 std::unique_ptr<TextTokenizer> make_tokenizer(const TokenizerSpec& spec);
+
+// What a checkpoint records of the tokenizer it was trained with, and what training
+// and the inference tools compare before using one (docs/checkpoint-format.md):
+//   {"type": "GPT2BPETokenizer", "vocab_size": 50257,
+//    "files": [{"name": "gpt2-vocab.json", "sha256": "…"}, {"name": "gpt2-merges.txt", "sha256": "…"}]}
+// files: the vocab/merges (GPT-2; the bundled ones when none is given), vocab.txt (BERT),
+// tokenizer.json and the tokenizer_config.json beside it when there is one (its eos/bos
+// change the ids), tokenizer.model (SentencePiece); sha256 as `sha256sum` prints it.
+nlohmann::json tokenizer_identity(const TokenizerSpec& spec, const TextTokenizer& tok);
+// "" when both identities name the same tokenizer (type, vocab size, the files' hashes;
+// file names may differ), else what differs, for an error message.
+std::string tokenizer_difference(const nlohmann::json& saved, const nlohmann::json& now);
+// "GPT2BPETokenizer, 50257 tokens, gpt2-vocab.json sha256 3fa2a1…, …" for messages.
+std::string describe_tokenizer_identity(const nlohmann::json& id);
 
 // Types make_tokenizer accepts, for help texts and errors.
 constexpr const char* kTokenizerTypes =

@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "data/bpe_heap.h"
 
 #ifndef MPITRON_ASSETS_DIR
@@ -139,13 +140,7 @@ Tokenizer::Tokenizer(const std::string& vocab_file, const std::string& merges_fi
   const std::vector<int> u2b = unicode_to_byte_table();
 
   // Vocab: JSON object {token: id}, ids dense 0..n-1.
-  nlohmann::json vocab;
-  try {
-    vocab = nlohmann::json::parse(read_file(vocab_file, "vocab file"));
-  } catch (const nlohmann::json::exception& e) {
-    MPT_THROW(str("vocab file '", vocab_file, "' is not valid JSON: ", e.what()),
-              "pass a GPT-2 gpt2-vocab.json (encoder.json)");
-  }
+  const nlohmann::json vocab = parse_json_text(read_file(vocab_file, "vocab file"), str("vocab file '", vocab_file, "'"));
   MPT_CHECK(vocab.is_object() && !vocab.empty(),
             str("vocab file '", vocab_file, "' is not a JSON object of token → id"), "");
   id_to_bytes_.assign(vocab.size(), std::string());

@@ -117,6 +117,10 @@ class CheckpointWriter {
   void set_attr_double(const std::string& key, double value);
   void set_attr_json(const std::string& key, const nlohmann::json& value);
   Hdf5File& file() { return file_; }
+  // The run (lineage) writing this checkpoint, recorded in its manifest, and
+  // the runs whose checkpoints keep_last may delete: `run` and `also_owned`.
+  // Without it the run is "" (checkpoints written before runs were recorded).
+  void set_run(const std::string& run, const std::vector<std::string>& also_owned = {});
 
   // Collective. Refuses (on every rank, committing nothing) when any rank
   // wrote a NaN or Inf into a floating dataset. Writes checksums, closes the
@@ -124,7 +128,9 @@ class CheckpointWriter {
   // metadata, checked before any reader parses the file), commits (see top),
   // and then, when
   // keep_last > 0, removes all but the newest keep_last committed checkpoints
-  // and stale *.tmp directories of older iterations. Returns the final directory.
+  // OF THE OWNED RUNS (set_run; another run's checkpoints in the same
+  // directory are never deleted) and stale *.tmp directories of older
+  // iterations. Returns the final directory.
   std::string commit(int keep_last = 0);
 
   bool active() const { return file_.is_open(); }
@@ -145,6 +151,8 @@ class CheckpointWriter {
   void check_finite(const std::string& name, ElemType type, const void* data, uint64_t elems);
 
   std::string save_dir_, tmp_dir_;
+  std::string run_;
+  std::vector<std::string> owned_runs_{""};
   std::string nonfinite_;  // first dataset this rank wrote with a NaN or Inf
   bool failed_ = false;    // a step failed (on some rank): the file is garbage
   int64_t iteration_ = -1;
@@ -238,6 +246,10 @@ class CheckpointReader {
   static int64_t read_tracker(const std::string& load_dir);
   // Committed iterations (iter_N directories, *.tmp ignored), ascending.
   static std::vector<int64_t> list_iterations(const std::string& load_dir);
+  // The run (lineage) that wrote committed iteration `iteration` ("" when not recorded).
+  static std::string run_of(const std::string& load_dir, int64_t iteration);
+  // Committed iterations written by a run not in `owned`, ascending.
+  static std::vector<int64_t> foreign_iterations(const std::string& load_dir, const std::vector<std::string>& owned);
 
   bool found() const { return file_.is_open(); }
   int64_t iteration() const { return iteration_; }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "io/checkpoint.h"
@@ -67,7 +68,8 @@ std::string hex32(uint32_t v) {
 
 }  // namespace
 
-void write_checkpoint_manifest(const std::string& h5_path, std::vector<std::pair<uint64_t, uint64_t>> data) {
+void write_checkpoint_manifest(const std::string& h5_path, std::vector<std::pair<uint64_t, uint64_t>> data,
+                               const std::string& run) {
   File f;
   f.fd = ::open(h5_path.c_str(), O_RDONLY | O_CLOEXEC);
   MPT_CHECK(f.fd >= 0, str("open '", h5_path, "' to checksum it: ", std::strerror(errno)), "");
@@ -99,13 +101,14 @@ void write_checkpoint_manifest(const std::string& h5_path, std::vector<std::pair
     at = off + len;
   }
   meta_upto(size);
-  const nlohmann::json j = {{"format", kManifestFormat},
-                            {"version", 1},
-                            {"file", fs::path(h5_path).filename().string()},
-                            {"bytes", size},
-                            {"checksum", "crc32c"},
-                            {"data", jd},
-                            {"meta", jm}};
+  nlohmann::json j = {{"format", kManifestFormat},
+                      {"version", 1},
+                      {"file", fs::path(h5_path).filename().string()},
+                      {"bytes", size},
+                      {"checksum", "crc32c"},
+                      {"data", jd},
+                      {"meta", jm}};
+  if (!run.empty()) j["run"] = run;
   const std::string line = j.dump();
   const std::string text = line + "\ncrc32c " + hex32(crc32c(line.data(), line.size())) + "\n";
   const std::string path = manifest_path(h5_path);
@@ -116,6 +119,14 @@ void write_checkpoint_manifest(const std::string& h5_path, std::vector<std::pair
   const bool ok = n == static_cast<ssize_t>(text.size()) && ::fsync(out.fd) == 0;
   MPT_CHECK(ok, str("write '", path, "': ", n < 0 || n == static_cast<ssize_t>(text.size()) ? std::strerror(errno) : "short write"),
             "the disk may be full");
+}
+
+std::string checkpoint_run(const std::string& iter_dir) {
+  std::ifstream f(fs::path(iter_dir) / kManifestFileName, std::ios::binary);
+  std::string line;
+  if (!f.good() || !std::getline(f, line) || line.size() > kMaxManifestBytes) return "";
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("run") && j["run"].is_string() ? j["run"].get<std::string>() : "";
 }
 
 bool verify_checkpoint_manifest(const std::string& h5_path) {

@@ -29,7 +29,12 @@ constexpr const char* kManifestFileName = "manifest.json";
 // Writes <dir of h5_path>/manifest.json for the closed file h5_path, whose
 // dataset values lie in `data_ranges` (file offset, length; any order, may be
 // empty), and fsyncs it. Throws an Error naming the file on I/O failure.
-void write_checkpoint_manifest(const std::string& h5_path, std::vector<std::pair<uint64_t, uint64_t>> data_ranges);
+// `run`, when not empty, is recorded as "run": the training run (lineage) that wrote it.
+void write_checkpoint_manifest(const std::string& h5_path, std::vector<std::pair<uint64_t, uint64_t>> data_ranges,
+                               const std::string& run = "");
+
+// The "run" of the manifest in iter_dir ("" when it has none, or no readable manifest).
+std::string checkpoint_run(const std::string& iter_dir);
 
 // Checks h5_path against the manifest beside it before anything parses it:
 // the size (a short file is "truncated"), and the CRC of every metadata

@@ -56,6 +56,18 @@ std::vector<int64_t> CheckpointReader::list_iterations(const std::string& load_d
   return out;
 }
 
+std::string CheckpointReader::run_of(const std::string& load_dir, int64_t iteration) {
+  return checkpoint_run((fs::path(load_dir) / iteration_dir_name(iteration)).string());
+}
+
+std::vector<int64_t> CheckpointReader::foreign_iterations(const std::string& load_dir,
+                                                          const std::vector<std::string>& owned) {
+  std::vector<int64_t> out;
+  for (const int64_t it : list_iterations(load_dir))
+    if (std::find(owned.begin(), owned.end(), run_of(load_dir, it)) == owned.end()) out.push_back(it);
+  return out;
+}
+
 CheckpointReader CheckpointReader::open_iteration(const std::string& load_dir, int64_t iteration, MPI_Comm comm,
                                                   bool verify) {
   Group g(comm);

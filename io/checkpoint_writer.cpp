@@ -127,6 +127,12 @@ CheckpointWriter::~CheckpointWriter() {
   }
 }
 
+void CheckpointWriter::set_run(const std::string& run, const std::vector<std::string>& also_owned) {
+  run_ = run;
+  owned_runs_ = also_owned;
+  owned_runs_.push_back(run);
+}
+
 std::string CheckpointWriter::final_dir() const {
   return (fs::path(save_dir_) / iteration_dir_name(iteration_)).string();
 }
@@ -349,7 +355,7 @@ std::string CheckpointWriter::commit(int keep_last) {
   // the parent; tracker. Each step agreed: an error on rank 0 is every rank's.
   agreed("manifest", "manifest and fsync", [&] {
     if (g.rank != 0) return;
-    write_checkpoint_manifest(h5path, data_ranges);
+    write_checkpoint_manifest(h5path, data_ranges, run_);
     fsync_path(h5path, false);
     fsync_path(tmp_dir_, true);
   });
@@ -374,7 +380,16 @@ std::string CheckpointWriter::commit(int keep_last) {
   });
   if (keep_last > 0 && g.rank == 0) {  // best effort: a failure here loses nothing
     std::error_code ec;
-    std::vector<int64_t> iters = CheckpointReader::list_iterations(save_dir_);
+    // Only this run's lineage counts and is pruned: another run's checkpoints in
+    // the same directory are not ours to delete.
+    std::vector<int64_t> iters, foreign;
+    for (const int64_t it : CheckpointReader::list_iterations(save_dir_)) {
+      const std::string r = CheckpointReader::run_of(save_dir_, it);
+      (std::find(owned_runs_.begin(), owned_runs_.end(), r) != owned_runs_.end() ? iters : foreign).push_back(it);
+    }
+    if (!foreign.empty())
+      log_info("keep_last: ", foreign.size(), " checkpoint(s) of another run in ", save_dir_, " (newest ",
+               iteration_dir_name(foreign.back()), ") are kept");
     for (size_t k = 0; k + static_cast<size_t>(keep_last) < iters.size(); ++k) {
       if (iters[k] == iteration_) continue;
       fs::remove_all(fs::path(save_dir_) / iteration_dir_name(iters[k]), ec);

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json.h"
 #include "tensor/dtype.h"
 
 namespace mpitron::io {
@@ -81,6 +83,8 @@ void Safetensors::add_f32(const std::string& name, const Tensor& t, const std::s
 }
 
 Safetensors read_safetensors(const std::string& path) {
+  // A FIFO would block the open (and a device never ends): only regular files are read.
+  check_regular_file(path, "safetensors file");
   std::ifstream f(path, std::ios::binary);
   MPT_CHECK(f.good(), str("cannot open safetensors file ", path), "check the path");
   f.seekg(0, std::ios::end);
@@ -95,12 +99,7 @@ Safetensors read_safetensors(const std::string& path) {
             str(path, ": header length ", hlen, " exceeds the file (", size, " bytes)"), "is it a safetensors file?");
   std::string header(static_cast<size_t>(hlen), '\0');
   f.read(header.data(), static_cast<std::streamsize>(hlen));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(header);
-  } catch (const nlohmann::json::exception& e) {
-    MPT_THROW(str(path, ": the safetensors header is not valid JSON: ", e.what()), "");
-  }
+  const nlohmann::json j = parse_json_text(header, str(path, ": the safetensors header"));
   MPT_CHECK(j.is_object(), str(path, ": the safetensors header is not a JSON object"), "");
   const uint64_t data_size = size - 8 - hlen;
   Safetensors st;
@@ -176,16 +175,14 @@ void write_safetensors(const std::string& path, const Safetensors& st) {
   if (!st.metadata.empty()) j["__metadata__"] = st.metadata;
   std::string header = j.dump();
   header.append((8 - header.size() % 8) % 8, ' ');
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  MPT_CHECK(f.good(), str("cannot create ", path), "check that the directory exists and is writable");
+  OutputFile f(path, "safetensors file");
   uint8_t len_bytes[8];
   uint64_t hlen = header.size();
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>(hlen >> (8 * i));
-  f.write(reinterpret_cast<const char*>(len_bytes), 8);
-  f.write(header.data(), static_cast<std::streamsize>(header.size()));
-  for (const SafeTensor& t : st.tensors) f.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-  f.close();
-  MPT_CHECK(!f.fail(), str("error writing ", path), "is the disk full?");
+  f.write(std::string_view(reinterpret_cast<const char*>(len_bytes), 8));
+  f.write(header);
+  for (const SafeTensor& t : st.tensors) f.write(std::string_view(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size()));
+  f.close();  // write, flush, fsync and close checked: a full disk is an error naming the file
 }
 
 }  // namespace mpitron::io

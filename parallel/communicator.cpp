@@ -15,6 +15,7 @@
 #include "parallel/communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -104,9 +105,17 @@ int64_t Communicator::begin_collective(const char* op) {
   return ++seq_;
 }
 
+namespace {
+std::atomic<CommFailureHook> g_failure_hook{nullptr};
+}  // namespace
+
+void set_comm_failure_hook(CommFailureHook hook) { g_failure_hook.store(hook); }
+
 void Communicator::fail(const std::string& op, const std::string& what, const std::string& hint) {
   broken_ = true;
-  throw Error(str(op, " on ", describe(), " (", backend(), "): ", what), hint, __FILE__, __LINE__);
+  const std::string msg = str(op, " on ", describe(), " (", backend(), "): ", what);
+  if (const CommFailureHook hook = g_failure_hook.load()) hook(msg);
+  throw Error(msg, hint, __FILE__, __LINE__);
 }
 
 void Communicator::send_side(int to, int type) {

@@ -194,6 +194,13 @@ class Communicator {
 };
 
 
+// Process-wide: called with the error text when a communicator fails (a
+// timeout, a failed MPI/NCCL call), just before its Error is thrown. Apps that
+// run as one MPI job install parallel/job_exit.h's, which bounds how long the
+// process may live after it; tests that recover from a timeout install none.
+using CommFailureHook = void (*)(const std::string& what);
+void set_comm_failure_hook(CommFailureHook hook);
+
 // A communicator over `comm` (which the caller keeps alive and frees after the
 // communicator is destroyed). MPI: for host tensors (and device tensors staged
 // through host with opts.force_mpi_for_device).

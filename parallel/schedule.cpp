@@ -2,6 +2,7 @@
 // insertion, and the line format (parser with line:column errors, writer).
 #include "parallel/schedule.h"
 
+#include <algorithm>
 #include <cctype>
 #include <fstream>
 #include <sstream>
@@ -29,7 +30,22 @@ void check_sizes(const char* what, int pp, int m, int v) {
   MPT_CHECK(pp >= 1, str(what, ": pipeline-parallel size must be >= 1, got ", pp), "pass --pp 1 or more");
   MPT_CHECK(m >= 1, str(what, ": micro-batch count must be >= 1, got ", m), "pass --micro-batches 1 or more");
   MPT_CHECK(v >= 1, str(what, ": virtual stages per rank must be >= 1, got ", v), "pass --virtual-stages 1 or more");
+  check_schedule_size(what, pp, m, v);
 }
+
+}  // namespace
+
+void check_schedule_size(const std::string& what, int64_t pp, int64_t m, int64_t v) {
+  MPT_CHECK(pp <= kMaxPipelineRanks, str(what, ": pipeline-parallel size ", pp, " exceeds ", kMaxPipelineRanks), "");
+  MPT_CHECK(v <= kMaxVirtualStages, str(what, ": ", v, " virtual stages per rank exceed ", kMaxVirtualStages), "");
+  MPT_CHECK(m <= kMaxScheduleForwards / std::max<int64_t>(1, pp * v),
+            str(what, ": ", m, " micro-batches x pp ", pp, " x virtual stages ", v, " exceed ", kMaxScheduleForwards,
+                " forwards per step"),
+            "a schedule that large is not a training step: check the number (a pipeline step runs thousands of "
+            "micro-batches at most)");
+}
+
+namespace {
 
 Schedule empty_schedule(const std::string& name, int pp, int m, int v) {
   Schedule s;
@@ -477,6 +493,7 @@ class Parser {
     s.pp = -1;
     s.micro_batches = -1;
     int line_no = 0, last_line = 0;
+    int size_line = 0, size_col = 1;  // the last pp / virtual-stages / micro-batches line
     std::string p2p_mode;  // "", "auto", "explicit", "timed"
     int p2p_line = 0, first_p2p_line = 0, first_p2p_col = 0;
     std::string placement_mode;         // "", "round-robin", "v", "explicit"
@@ -506,12 +523,16 @@ class Parser {
       } else if (key == "pp") {
         s.pp = whole_number(value("the pipeline-parallel size"), line_no, "the pipeline-parallel size");
         if (s.pp < 1) fail(line_no, toks[first].column, "pp must be >= 1");
+        if (s.pp > kMaxPipelineRanks) fail(line_no, toks[first].column, str("pp ", s.pp, " exceeds ", kMaxPipelineRanks));
+        size_line = line_no, size_col = toks[first].column;
       } else if (key == "virtual-stages") {
         s.virtual_stages = whole_number(value("chunks per rank"), line_no, "the virtual stages per rank");
         if (s.virtual_stages < 1) fail(line_no, toks[first].column, "virtual-stages must be >= 1");
+        size_line = line_no, size_col = toks[first].column;
       } else if (key == "micro-batches") {
         s.micro_batches = whole_number(value("the micro-batch count"), line_no, "the micro-batch count");
         if (s.micro_batches < 1) fail(line_no, toks[first].column, "micro-batches must be >= 1");
+        size_line = line_no, size_col = toks[first].column;
       } else if (key == "max-in-flight") {
         s.max_in_flight = whole_number(value("a count"), line_no, "the most forwards in flight per rank");
         if (s.max_in_flight < 1) fail(line_no, toks[first].column, "max-in-flight must be >= 1");
@@ -555,6 +576,7 @@ class Parser {
         }
         if (!colon) fail(line_no, rt.column + static_cast<int>(rt.text.size()), "expected ':' after the rank number");
         int r = whole_number(rt, line_no, "a rank number");
+        if (r >= kMaxPipelineRanks) fail(line_no, rt.column, str("rank ", r, " exceeds the largest pp, ", kMaxPipelineRanks));
         if (r >= static_cast<int>(ranks.size())) {
           ranks.resize(static_cast<size_t>(r) + 1);
           rank_lines.resize(static_cast<size_t>(r) + 1, 0);
@@ -598,6 +620,11 @@ class Parser {
     }
     if (s.pp < 0) fail(last_line + 1, 1, "missing 'pp <size>' line");
     if (s.micro_batches < 0) fail(last_line + 1, 1, "missing 'micro-batches <count>' line");
+    try {
+      check_schedule_size("the schedule", s.pp, s.micro_batches, s.virtual_stages);
+    } catch (const Error& e) {  // at the last of the lines that set the sizes
+      fail(size_line, size_col, e.message());
+    }
     if (static_cast<int>(ranks.size()) > s.pp) {
       for (size_t r = s.pp; r < ranks.size(); ++r)
         if (rank_lines[r]) fail(rank_lines[r], 1, str("rank ", r, " is outside pp ", s.pp));

@@ -39,6 +39,16 @@ inline bool is_compute(Op op) { return op == Op::Forward || op == Op::Backward |
 inline bool is_send(Op op) { return op == Op::SendAct || op == Op::SendGrad; }
 inline bool is_recv(Op op) { return op == Op::RecvAct || op == Op::RecvGrad; }
 
+// Bounds on a schedule's size, built-in or read from a file: far above any
+// training step (Megatron steps run at most thousands of micro-batches) and
+// small enough that building, checking and simulating one takes seconds and
+// megabytes, not a killed process.
+constexpr int64_t kMaxPipelineRanks = 4096;          // pp
+constexpr int64_t kMaxVirtualStages = 256;           // model chunks per rank
+constexpr int64_t kMaxScheduleForwards = 1 << 20;    // pp · virtual stages · micro-batches
+// Throws naming `what` (a flag or file:line) and the bound when one is exceeded.
+void check_schedule_size(const std::string& what, int64_t pp, int64_t micro_batches, int64_t virtual_stages);
+
 struct Action {
   Op op = Op::Forward;
   int mb = 0;            // micro-batch, [0, micro_batches)

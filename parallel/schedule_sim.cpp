@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/number.h"
 #include "parallel/schedule_check.h"
 #include "parallel/schedule_replay.h"
 
@@ -115,9 +116,8 @@ Costs parse_costs(const std::string& text, const std::string& source) {
     auto number = [&](size_t k) {
       if (k >= toks.size()) fail(static_cast<int>(line.size()) + 1, "expected a number");
       const std::string& t = toks[k].first;
-      char* end = nullptr;
-      const double v = std::strtod(t.c_str(), &end);
-      if (t.empty() || *end != '\0' || !std::isfinite(v) || v < 0)
+      double v = 0;
+      if (!parse_decimal(t, &v) || v < 0)
         fail(toks[k].second, str("expected a time >= 0 in milliseconds, got '", t, "'"));
       return v;
     };

@@ -29,6 +29,7 @@ Action make(Op op, int mb, int chunk, int peer = -1) {
 void check_sizes(const char* what, int pp, int m) {
   MPT_CHECK(pp >= 1, str(what, ": pipeline-parallel size must be >= 1, got ", pp), "pass --pp 1 or more");
   MPT_CHECK(m >= 1, str(what, ": micro-batch count must be >= 1, got ", m), "pass --micro-batches 1 or more");
+  check_schedule_size(what, pp, m, 2);  // zbv holds two chunks per rank; zb-h1 one (bounded the same)
 }
 
 // Key of one compute: (op, micro-batch, global stage).

@@ -23,6 +23,9 @@ void SamplingParams::validate() const {
             "use 0 (or greedy) for argmax decoding, 1 for the model's distribution");
   MPT_CHECK(top_k >= 0, str("top_k must be >= 0, got ", top_k), "0 disables top-k");
   MPT_CHECK(top_p >= 0.0f && top_p <= 1.0f, str("top_p must be in [0, 1], got ", top_p), "0 disables top-p");
+  // Megatron refuses the pair too ("cannot set both greedy and top-p samplings"): which one wins is not obvious.
+  MPT_CHECK(!(top_k > 0 && top_p > 0.0f), str("top_k ", top_k, " and top_p ", top_p, " are both set"),
+            "sample with top_k or with top_p, not both (0 turns either off)");
 }
 
 // ---------------------------------------------------------------------------

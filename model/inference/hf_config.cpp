@@ -1,13 +1,11 @@
 #include "model/inference/hf_config.h"
 
+#include "core/json.h"
+
 namespace mpitron {
 
 HfConfig::HfConfig(const std::string& text, std::string cls) : cls_(std::move(cls)) {
-  try {
-    j_ = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    MPT_THROW(str("HF config.json is not valid JSON: ", e.what()), "");
-  }
+  j_ = parse_json_text(text, "HF config.json");
   MPT_CHECK(j_.is_object(), "HF config.json is not a JSON object", "");
 }
 

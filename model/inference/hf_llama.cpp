@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "data/tokenizer.h"
 
 namespace mpitron {
@@ -29,11 +30,7 @@ std::string slurp_file(const std::string& path) {
 }
 
 json parse_json(const std::string& text, const std::string& what) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    MPT_THROW(str(what, " is not valid JSON: ", e.what()), "");
-  }
+  return parse_json_text(text, what);
 }
 
 // One mpitron tensor and the HF tensors whose rows make it up (one, or q|k|v, or gate|up).

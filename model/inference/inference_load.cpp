@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "data/tokenizer.h"
 #include "io/checkpoint.h"
 #include "model/training/checkpointing.h"
@@ -137,12 +138,7 @@ GPTConfig hf_gpt2_config(const io::Safetensors& st, const std::string& hf_config
   c.attention_dropout = 0.0f;
   int64_t heads = num_attention_heads;
   if (!hf_config_json.empty()) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(hf_config_json);
-    } catch (const nlohmann::json::exception& e) {
-      MPT_THROW(str("HF config.json is not valid JSON: ", e.what()), "");
-    }
+    const nlohmann::json j = parse_json_text(hf_config_json, "HF config.json");
     const auto check = [&](const char* key, int64_t want) {
       if (j.contains(key) && !j[key].is_null())
         MPT_CHECK(j[key].get<int64_t>() == want, str("HF config ", key, " = ", j[key].dump(), " but the weights say ", want), "");

@@ -120,6 +120,10 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("no-load-rng", po::bool_switch(&a.no_load_rng), "do not load RNG state")
       ("finetune", po::bool_switch(&a.finetune), "load weights only; reset iteration and optimizer")
       ("keep-last", po::value(&a.keep_last)->default_value(0), "keep only the newest N checkpoints (0: all)")
+      ("overwrite-save", po::bool_switch(&a.overwrite_save),
+       "save into a --save directory that holds another run's checkpoints (--keep-last still deletes only this run's)")
+      ("allow-tokenizer-change", po::bool_switch(&a.allow_tokenizer_change),
+       "--load a checkpoint trained with another tokenizer (refused otherwise)")
       ("async-save", po::bool_switch(&a.async_save),
        "write checkpoints from a host copy in a background thread while training continues")
       ("exit-signal-handler", po::bool_switch(&a.exit_signal_handler),
@@ -293,6 +297,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     po::parsed_options parsed = po::command_line_parser(argc, argv).options(parse_desc).run();
     strip_digit_underscores(parsed.options);
     keep_last_occurrence(parsed.options, parse_desc);
+    refuse_negative_unsigned(parsed, parse_desc, a.model.bert ? "pretrain_bert" : "pretrain_gpt");
     po::store(parsed, vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";

@@ -62,6 +62,8 @@ struct TrainArgs {
   std::string tokenizer_model;             // --tokenizer-model (HF tokenizer.json / SentencePiece .model)
   int64_t make_vocab_size_divisible_by = 128;
   uint64_t seed = 1234;                    // --seed
+  std::string tokenizer_identity;          // JSON (data::tokenizer_identity), set by pretrain_main; "" = unknown
+  bool allow_tokenizer_change = false;     // --allow-tokenizer-change: --load a checkpoint of another tokenizer
   // pretrain_bert only (the caller sets model.bert before parsing; docs/model-families.md "BERT")
   double mask_prob = 0.15;                 // --mask-prob: fraction of tokens masked for the MLM loss
   double short_seq_prob = 0.1;             // --short-seq-prob: chance a sample targets a shorter length
@@ -80,6 +82,7 @@ struct TrainArgs {
   int64_t save_interval = 0;               // --save-interval
   bool no_load_optim = false, no_load_rng = false, finetune = false;
   int64_t keep_last = 0;                   // --keep-last N: keep only the newest N checkpoints (0: all)
+  bool overwrite_save = false;             // --overwrite-save: --save may hold another run's checkpoints
   bool async_save = false;                 // --async-save: write checkpoints in a background thread (model/training/async_save.h)
   bool exit_signal_handler = false;        // --exit-signal-handler: SIGTERM/SIGUSR1 → save and exit 0
   double exit_duration_in_mins = 0;        // --exit-duration-in-mins: save and exit after this long

@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "io/checkpoint.h"
+#include "parallel/job_exit.h"
 
 namespace mpitron {
 
@@ -22,9 +23,8 @@ Tensor host_copy(const Tensor& t) {
 }
 int max_over(MPI_Comm c, int v) {
   if (c == MPI_COMM_NULL) return v;
-  int out = 0;
-  MPI_Allreduce(&v, &out, 1, MPI_INT, MPI_MAX, c);
-  return out;
+  allreduce_bounded(&v, 1, MPI_INT, MPI_MAX, c, "async save state");
+  return v;
 }
 }  // namespace
 
@@ -93,7 +93,7 @@ void AsyncSaver::poll() {
   // Finished everywhere, or failed somewhere: settle it now (every rank joins
   // its thread; a failed save failed on every rank, agreed inside the writer).
   int v[2] = {done_ && !error_.empty() ? 1 : 0, done_ ? 0 : 1};  // failed here, still running here
-  if (main_ != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MAX, main_);
+  if (main_ != MPI_COMM_NULL) allreduce_bounded(v, 2, MPI_INT, MPI_MAX, main_, "async save state");
   if (v[0] || !v[1]) finish();
 }
 

@@ -9,10 +9,34 @@
 
 #include "core/log.h"
 #include "core/timer.h"
+#include "data/text_tokenizer.h"
 #include "io/checkpoint.h"
+#include "parallel/job_exit.h"
 
 namespace mpitron {
 
+
+void check_checkpoint_tokenizer(const std::string& where, const std::string& saved_identity, int64_t saved_vocab,
+                                const std::string& identity, int64_t vocab, bool allow) {
+  std::string diff, saved_desc;
+  if (!saved_identity.empty()) {
+    const nlohmann::json saved = nlohmann::json::parse(saved_identity), now = nlohmann::json::parse(identity);
+    diff = data::tokenizer_difference(saved, now);
+    saved_desc = data::describe_tokenizer_identity(saved);
+  } else if (saved_vocab != vocab) {  // a checkpoint from before identities were recorded
+    diff = str("vocab_size ", saved_vocab, " -> ", vocab);
+    saved_desc = str(saved_vocab, " tokens");
+  }
+  if (diff.empty()) return;
+  const std::string what =
+      str(where, " was trained with another tokenizer (", diff, "): the checkpoint's is ", saved_desc, "; this run's is ",
+          data::describe_tokenizer_identity(nlohmann::json::parse(identity)));
+  MPT_CHECK(allow, what,
+            "pass the tokenizer flags the checkpoint was trained with (--tokenizer-type, --tokenizer-model or "
+            "--vocab-file/--merge-file), or --allow-tokenizer-change to go on with this one (each embedding row then "
+            "stands for another token)");
+  log_warn(what, "; going on as --allow-tokenizer-change asks");
+}
 
 SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const AdamWOptimizer& opt,
                          const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
@@ -40,6 +64,7 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
                          const std::string& lr_schedule_json, int keep_last, MPI_Comm comm, bool writer) {
   Timer timer;
   io::CheckpointWriter w;
+  if (!st.run_id.empty()) w.set_run(st.run_id, st.owned_runs);
   w.begin(save_dir, st.iteration, comm);
   const ParamSet& ps = model.params();
   const int64_t begin = opt.begin, end = opt.begin + opt.master.numel();
@@ -72,14 +97,16 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
     w.add_pieces("optim/exp_avg/" + name, gshape, io::ElemType::F32, mine, any ? m.data_ptr() : nullptr);
     w.add_pieces("optim/exp_avg_sq/" + name, gshape, io::ElemType::F32, mine, any ? v.data_ptr() : nullptr);
   }
-  if (comm != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, comm);
+  if (comm != MPI_COMM_NULL) allreduce_bounded(&bytes, 1, MPI_DOUBLE, MPI_SUM, comm, "checkpoint bytes");
   w.set_attr_int("consumed_train_samples", st.consumed_train_samples);
   w.set_attr_int("consumed_valid_samples", st.consumed_valid_samples);
   w.set_attr_int("optimizer_steps", opt.steps);
   w.set_attr_int("skipped_iterations", st.skipped_iterations);
   w.set_attr_int("skipped_samples", st.skipped_samples);
   w.set_attr_string("flags", flags_json);
-  w.set_attr_string("tokenizer", "GPT2BPETokenizer");
+  const nlohmann::json tok = st.tokenizer.empty() ? nlohmann::json() : nlohmann::json::parse(st.tokenizer);
+  w.set_attr_string("tokenizer", tok.is_object() ? tok.value("type", "") : "");
+  if (tok.is_object()) w.set_attr_json("tokenizer_identity", tok);
   w.set_attr_int("vocab_size", model.config().vocab_size);
   w.set_attr_int("padded_vocab_size", model.config().padded_vocab_size);
   w.set_attr_json("model_config", config_to_json(model.config()));
@@ -146,6 +173,9 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
                   saved_cfg.binary_head ? "off" : "on", ")");
     MPT_CHECK(arch.empty(), str("checkpoint ", ck.path(), " has another architecture than this run: ", arch),
               "use the architecture flags the checkpoint was trained with (docs/model-families.md)");
+    if (!o.tokenizer.empty())
+      check_checkpoint_tokenizer(ck.path(), ck.has_attr("tokenizer_identity") ? ck.attr_string("tokenizer_identity") : "",
+                                 saved_cfg.vocab_size, o.tokenizer, c.vocab_size, o.allow_tokenizer_change);
     for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "padded_vocab_size"}) {
       MPT_CHECK(saved.at(k) == want.at(k),
                 str("checkpoint ", ck.path(), " has ", k, " = ", saved.at(k).dump(), " but this run has ", want.at(k).dump()),
@@ -197,7 +227,7 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
     }
     if (o.load_rng) st.seed = r.attr_json("rng").at("seed").get<uint64_t>();
   }
-  if (comm != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, comm);
+  if (comm != MPI_COMM_NULL) allreduce_bounded(&bytes, 1, MPI_DOUBLE, MPI_SUM, comm, "checkpoint bytes");
   if (info) {
     info->dir = r.dir();
     info->seconds = timer.seconds();

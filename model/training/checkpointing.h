@@ -5,7 +5,8 @@
 //   optim/exp_avg/<param>      f32 Adam first moment
 //   optim/exp_avg_sq/<param>   f32 Adam second moment
 // Root attributes: iteration, consumed_train_samples, consumed_valid_samples,
-// optimizer_steps, skipped_iterations, flags (JSON), tokenizer, vocab_size,
+// optimizer_steps, skipped_iterations, flags (JSON), tokenizer (the type),
+// tokenizer_identity (JSON, data::tokenizer_identity), vocab_size,
 // padded_vocab_size, model_config (JSON), lr_schedule (JSON), loss_scaler (JSON),
 // rng (JSON: the seed; every random stream is a pure function of it and of
 // the iteration, so this is the whole RNG state of every rank).
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/gpt.h"
 #include "model/training/optimizer.h"
@@ -27,6 +29,13 @@ struct TrainState {
   int64_t skipped_iterations = 0;
   int64_t skipped_samples = 0;  // samples of the skipped steps: the LR schedule does not count them (Megatron)
   uint64_t seed = 1234;
+  // The tokenizer the run trains with (JSON, data::tokenizer_identity; "" = unknown).
+  std::string tokenizer;
+  // The run's lineage: an id made at a fresh start and kept by every resume.
+  // Saved in each checkpoint's manifest; --keep-last deletes only checkpoints
+  // of owned_runs (this id, and the lineage it resumed from).
+  std::string run_id;
+  std::vector<std::string> owned_runs;
 };
 
 // The optimizer state this rank holds: elements [begin, begin + numel) of its
@@ -63,7 +72,19 @@ struct LoadOptions {
   bool load_optim = true;   // false: --no-load-optim / --finetune
   bool load_rng = true;     // false: --no-load-rng
   bool finetune = false;    // weights only; iteration and samples start at 0
+  // The tokenizer of this run (data::tokenizer_identity JSON; "" = do not check).
+  // A checkpoint trained with another one is refused (the embedding rows would
+  // mean other tokens) unless allow_tokenizer_change; a checkpoint without an
+  // identity is checked by its vocab_size only.
+  std::string tokenizer;
+  bool allow_tokenizer_change = false;
 };
+
+// The error (or, with allow, the warning) for a checkpoint whose tokenizer is
+// not this run's. `saved_identity` "" means a checkpoint without one: only
+// the vocabulary sizes are compared. Throws naming `where` and both tokenizers.
+void check_checkpoint_tokenizer(const std::string& where, const std::string& saved_identity, int64_t saved_vocab,
+                                const std::string& identity, int64_t vocab, bool allow);
 
 // Loads the newest intact checkpoint of load_dir into model/opt/scaler/st,
 // under any layout: every rank reads the hyperslabs of its own parameters

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "model/training/arguments.h"
 
 namespace mpitron {
@@ -51,36 +52,29 @@ const std::map<std::string, const char*>& zero_tuning() {
 int64_t get_int(const std::string& file, const json& j, const std::string& key, int64_t lo, int64_t hi) {
   // DeepSpeed accepts "auto" only through the HF integration; here it must be a number.
   if (!j.is_number_integer() && !(j.is_number_float() && std::floor(j.get<double>()) == j.get<double>()))
-    bad(file, str(key, " must be an integer, got ", j.dump()));
+    bad(file, str(key, " must be an integer, got ", json_excerpt(j)));
   const double v = j.get<double>();
   if (v < static_cast<double>(lo) || v > static_cast<double>(hi))
-    bad(file, str(key, " must be in [", lo, ", ", hi, "], got ", j.dump()));
+    bad(file, str(key, " must be in [", lo, ", ", hi, "], got ", json_excerpt(j)));
   return static_cast<int64_t>(v);
 }
 
 double get_num(const std::string& file, const json& j, const std::string& key, double lo, double hi) {
-  if (!j.is_number()) bad(file, str(key, " must be a number, got ", j.dump()));
+  if (!j.is_number()) bad(file, str(key, " must be a number, got ", json_excerpt(j)));
   const double v = j.get<double>();
-  if (!std::isfinite(v) || v < lo || v > hi) bad(file, str(key, " must be in [", lo, ", ", hi, "], got ", j.dump()));
+  if (!std::isfinite(v) || v < lo || v > hi) bad(file, str(key, " must be in [", lo, ", ", hi, "], got ", json_excerpt(j)));
   return v;
 }
 
 bool get_bool(const std::string& file, const json& j, const std::string& key) {
-  if (!j.is_boolean()) bad(file, str(key, " must be true or false, got ", j.dump()));
+  if (!j.is_boolean()) bad(file, str(key, " must be true or false, got ", json_excerpt(j)));
   return j.get<bool>();
 }
 
 }  // namespace
 
 DeepSpeedConfig read_deepspeed_config(const std::string& path) {
-  std::ifstream f(path);
-  if (!f.good()) MPT_THROW(str("--deepspeed_config: cannot open ", path), "check the path");
-  json root;
-  try {
-    root = json::parse(f, nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::exception& e) {
-    MPT_THROW(str("--deepspeed_config ", path, " is not valid JSON: ", e.what()), "fix the file");
-  }
+  const json root = read_json_file(path, "--deepspeed_config", /*ignore_comments=*/true);
   if (!root.is_object()) bad(path, "the top level must be a JSON object");
   DeepSpeedConfig c;
   c.file = path;

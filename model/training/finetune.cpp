@@ -11,16 +11,20 @@
 #include <random>
 #include <sstream>
 
+#include "core/files.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "data/tokenizer.h"
 #include "io/checkpoint.h"
 #include "model/arch_flags.h"
+#include "model/flag_given.h"
 #include "model/checkpoint_args.h"
 #include "model/config_json.h"
 #include "model/training/checkpointing.h"
 #include "model/training/lr_schedule.h"
 #include "model/training/parallel_runtime.h"
 #include "parallel/communicator.h"
+#include "parallel/job_exit.h"
 
 namespace mpitron {
 
@@ -80,8 +84,7 @@ const std::vector<std::string> kMnliLabels{"contradiction", "entailment", "neutr
 }  // namespace
 
 std::vector<ClassificationExample> read_mnli_tsv(const std::string& path, const std::string& test_label) {
-  std::ifstream f(path);
-  MPT_CHECK(f.good(), str("cannot open ", path), "check --train-data / --valid-data");
+  LineReader f(path, "MNLI file");
   auto label_of = [&](const std::string& l, const std::string& where) {
     const auto it = std::find(kMnliLabels.begin(), kMnliLabels.end(), l);
     MPT_CHECK(it != kMnliLabels.end(), str(where, ": MNLI label '", l, "' is not contradiction, entailment or neutral"),
@@ -92,14 +95,20 @@ std::vector<ClassificationExample> read_mnli_tsv(const std::string& path, const 
   std::string line;
   int64_t lineno = 0;
   bool is_test = false;
-  while (std::getline(f, line)) {
-    ++lineno;
-    const std::vector<std::string> row = split_tabs(strip(line));
+  while (f.next(line)) {
+    lineno = f.line_no();
     const std::string where = str(path, ":", lineno);
+    // Text the tokenizer would read as U+FFFD: refused, as preprocess_data refuses it.
+    const int64_t bad = data::find_invalid_utf8(line);
+    MPT_CHECK(bad < 0, str(where, ": invalid UTF-8 at byte ", bad), "convert the file to UTF-8");
+    const std::vector<std::string> row = split_tabs(strip(line));
     if (lineno == 1) {  // the header; 10 columns: a test file, no gold_label
       MPT_CHECK(row.size() >= 10, str(where, ": an MNLI header has at least 10 tab-separated columns, found ", row.size()),
                 "the GLUE MNLI layout: index ... sentence1 (column 8) sentence2 (column 9) ... gold_label (last)");
       is_test = row.size() == 10;
+      MPT_CHECK(!is_test || !test_label.empty(),
+                str(where, ": a 10-column MNLI file is a GLUE test file: it has no gold_label column"),
+                "--train-data and --valid-data need labelled files (train.tsv, dev_matched.tsv, dev_mismatched.tsv)");
       continue;
     }
     MPT_CHECK(row.size() >= 10, str(where, ": ", row.size(), " columns, MNLI rows have at least 10"), "");
@@ -192,7 +201,8 @@ BertBatch classification_batch(const std::vector<const ClassificationSample*>& s
 
 // ---------------------------------------------------------------- --pretrained-checkpoint
 
-PretrainedLoad load_pretrained_encoder(const std::string& dir, GPT& model, MPI_Comm comm) {
+PretrainedLoad load_pretrained_encoder(const std::string& dir, GPT& model, MPI_Comm comm, const std::string& tokenizer,
+                                       bool allow_tokenizer_change) {
   const GPTConfig& c = model.config();
   const ParamSet& ps = model.params();
   std::vector<float> values;
@@ -218,6 +228,10 @@ PretrainedLoad load_pretrained_encoder(const std::string& dir, GPT& model, MPI_C
               "fine-tune a checkpoint saved by pretrain_bert");
     MPT_CHECK(diff.empty(), str("--pretrained-checkpoint ", ck.path(), " has another model shape than the flags: ", diff),
               "pass the model flags the checkpoint was pretrained with");
+    if (!tokenizer.empty())
+      check_checkpoint_tokenizer(str("--pretrained-checkpoint ", ck.path()),
+                                 ck.has_attr("tokenizer_identity") ? ck.attr_string("tokenizer_identity") : "",
+                                 saved.vocab_size, tokenizer, c.vocab_size, allow_tokenizer_change);
     values.assign(static_cast<size_t>(ps.numel()), 0.0f);
     res = PretrainedLoad{};
     res.path = ck.path();
@@ -283,6 +297,8 @@ bool parse_finetune_args(int argc, char** argv, FinetuneArgs& a) {
       ("tokenizer-type", po::value(&a.tokenizer_type)->default_value("BertWordPieceLowerCase"),
        "BertWordPieceLowerCase or BertWordPieceCase")
       ("vocab-file", po::value(&a.vocab_file)->required(), "the WordPiece vocab.txt")
+      ("allow-tokenizer-change", po::bool_switch(&a.allow_tokenizer_change),
+       "use a --pretrained-checkpoint trained with another tokenizer (refused otherwise)")
       ("make-vocab-size-divisible-by", po::value(&a.make_vocab_size_divisible_by)->default_value(128),
        "pad the vocabulary to a multiple of this x tensor-model-parallel-size")
       ("save", po::value(&a.save), "checkpoint directory: a checkpoint after every epoch")
@@ -299,7 +315,9 @@ bool parse_finetune_args(int argc, char** argv, FinetuneArgs& a) {
   add_model_shape_flags(d, m);
   po::variables_map vm;
   try {
-    po::store(po::parse_command_line(argc, argv, d), vm);
+    const po::parsed_options parsed = po::parse_command_line(argc, argv, d);
+    refuse_negative_unsigned(parsed, d, "finetune");
+    po::store(parsed, vm);
     if (vm.count("help")) {
       std::ostringstream help;
       help << d;
@@ -379,6 +397,7 @@ FinetuneResult run_finetune(const FinetuneArgs& args, MPI_Comm world) {
   spec.type = args.tokenizer_type;
   spec.vocab_file = args.vocab_file;
   const std::unique_ptr<data::TextTokenizer> tok = data::make_tokenizer(spec);
+  const std::string tokenizer_identity = data::tokenizer_identity(spec, *tok).dump();
   GPTConfig cfg = args.model;
   cfg.vocab_size = tok->vocab_size();
   const int64_t mult = args.make_vocab_size_divisible_by * par.tp_size;
@@ -406,7 +425,8 @@ FinetuneResult run_finetune(const FinetuneArgs& args, MPI_Comm world) {
   model.init_weights(args.seed);
   if (!args.pretrained_checkpoint.empty()) {
     const PretrainedLoad l = load_pretrained_encoder(args.pretrained_checkpoint, model.core(),
-                                                     rt.grid().world_size() > 1 ? world : MPI_COMM_NULL);
+                                                     rt.grid().world_size() > 1 ? world : MPI_COMM_NULL,
+                                                     tokenizer_identity, args.allow_tokenizer_change);
     std::string fresh;
     for (const std::string& n : l.fresh) fresh += " " + n;
     log_info("loaded the encoder from ", l.path, " (", l.loaded.size(), " tensors); initialised fresh:", fresh);
@@ -453,7 +473,7 @@ FinetuneResult run_finetune(const FinetuneArgs& args, MPI_Comm world) {
           counts[0] += std::max_element(row, row + static_cast<std::ptrdiff_t>(K)) - row == part[b]->label;
         }
       }
-      if (par.dp_comm != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT64_T, MPI_SUM, par.dp_comm);
+      if (par.dp_comm != MPI_COMM_NULL) allreduce_bounded(counts, 2, MPI_INT64_T, MPI_SUM, par.dp_comm, "accuracy counts over dp");
       all_correct += counts[0], all_total += counts[1];
       if (printer)
         std::printf(" > |epoch: %lld| metrics for %s: correct / total = %lld / %lld = %.4f %%, elapsed time (sec): %.3f\n",
@@ -472,6 +492,7 @@ FinetuneResult run_finetune(const FinetuneArgs& args, MPI_Comm world) {
     st.iteration = step;
     st.consumed_train_samples = step * gbs;
     st.seed = args.seed;
+    st.tokenizer = tokenizer_identity;
     nlohmann::json lr_json = {{"lr", lc.lr}, {"min_lr", lc.min_lr}, {"style", lc.style},
                               {"warmup_steps", lc.warmup_steps}, {"decay_steps", lc.decay_steps}};
     const SaveInfo info = save_checkpoint(args.save, model.core(),
@@ -506,7 +527,7 @@ FinetuneResult run_finetune(const FinetuneArgs& args, MPI_Comm world) {
         tape.backward(loss, 1.0f / static_cast<float>(micros));  // the step's loss is the mean over micro-batches
       }
       if (par.dp) par.dp->all_reduce(ps.grads());
-      if (par.dp_comm != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, par.dp_comm);
+      if (par.dp_comm != MPI_COMM_NULL) allreduce_bounded(&loss_sum, 1, MPI_DOUBLE, MPI_SUM, par.dp_comm, "loss over dp");
       const double loss = loss_sum / static_cast<double>(micros);
       const float lr = sched.lr_at(step);
       const StepResult sr = opt.step(lr, 1.0f);

@@ -64,8 +64,7 @@ std::string clean_text(const std::string& text);
 // Lines are stripped of surrounding whitespace and split on tabs (Python's
 // line.strip().split('\t')). Throws naming file:line for a short row, an empty sentence, a
 // negative or non-integer id, or a label that is not one of the three (e.g. "-").
-std::vector<ClassificationExample> read_mnli_tsv(const std::string& path,
-                                                 const std::string& test_label = "contradiction");
+std::vector<ClassificationExample> read_mnli_tsv(const std::string& path, const std::string& test_label = "");
 
 // One fixed-length model input.
 struct ClassificationSample {
@@ -100,7 +99,10 @@ struct PretrainedLoad {
   std::vector<std::string> loaded;   // parameter names taken from it
   std::vector<std::string> fresh;    // this model's parameters it did not have
 };
-PretrainedLoad load_pretrained_encoder(const std::string& dir, GPT& model, MPI_Comm comm = MPI_COMM_NULL);
+// `tokenizer`: this run's data::tokenizer_identity JSON ("" = not checked); a checkpoint
+// trained with another tokenizer is refused unless allow_tokenizer_change (checkpointing.h).
+PretrainedLoad load_pretrained_encoder(const std::string& dir, GPT& model, MPI_Comm comm = MPI_COMM_NULL,
+                                       const std::string& tokenizer = "", bool allow_tokenizer_change = false);
 
 // The flags (Megatron's names; apps/finetune.cpp).
 struct FinetuneArgs {
@@ -118,6 +120,7 @@ struct FinetuneArgs {
   float lr_warmup_fraction = 0.0f;         // --lr-warmup-fraction
   std::string tokenizer_type = "BertWordPieceLowerCase";  // --tokenizer-type
   std::string vocab_file;                  // --vocab-file
+  bool allow_tokenizer_change = false;     // --allow-tokenizer-change: the pretrained checkpoint's may differ
   int64_t make_vocab_size_divisible_by = 128;
   std::string save;                        // --save DIR: after every epoch (and --save-interval steps)
   int64_t save_interval = 0;               // --save-interval

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/error.h"
@@ -17,6 +18,8 @@
 #include "model/training/gpt_data.h"
 #include "model/training/parallel_runtime.h"
 #include "model/training/trainer.h"
+#include "parallel/communicator.h"
+#include "parallel/job_exit.h"
 
 namespace mpitron {
 
@@ -34,6 +37,7 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   set_process_rank(world > 1 ? rank : -1);
+  install_job_exit();  // a collective that times out ends every rank (parallel/job_exit.h)
   int rc = 0;
   try {
     TrainArgs args;
@@ -45,8 +49,11 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
       if (world > 1)
         log_info(runtime.describe(), args.sequence_parallel ? ", sequence parallel" : "",
                  args.zero_stage ? str(", ZeRO stage ", args.zero_stage) : "");
-      const auto tok_ptr = data::make_tokenizer({args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file});
+      const data::TokenizerSpec spec{args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file};
+      const auto tok_ptr = data::make_tokenizer(spec);
       const data::TextTokenizer& tok = *tok_ptr;
+      // Recorded in every checkpoint and compared on --load (model/training/checkpointing.h).
+      args.tokenizer_identity = data::tokenizer_identity(spec, tok).dump();
       args.model.vocab_size = tok.vocab_size();
       args.model.padded_vocab_size = data::padded_vocab_size(tok.vocab_size(), static_cast<int>(args.tensor_model_parallel_size),
                                                              static_cast<int>(args.make_vocab_size_divisible_by));
@@ -66,15 +73,20 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
         return args.model.bert ? make_bert_data(args, tok) : make_gpt_data(args, tok.vocab_size());
       };
       std::shared_ptr<SampleSource> data;
+      const auto barrier = [] {
+        JobDeadline d("the wait for rank 0 to build the dataset indices", "rank 0 or another rank is stuck",
+                      comm_timeout_from_env());
+        MPI_Barrier(MPI_COMM_WORLD);
+      };
       if (rank == 0) {
         try {
           data = make_data();
         } catch (...) {
-          MPI_Barrier(MPI_COMM_WORLD);
+          barrier();
           throw;
         }
       }
-      MPI_Barrier(MPI_COMM_WORLD);
+      barrier();
       if (rank != 0) data = make_data();
       Trainer trainer(args, data, par);
       const TrainSummary s = trainer.run();
@@ -97,8 +109,7 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
     std::fprintf(stderr, "%s\n", e.what());
     rc = 1;
   }
-  MPI_Finalize();
-  return rc;
+  return finish_job(rc);
 }
 
 }  // namespace mpitron

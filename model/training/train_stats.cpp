@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "parallel/job_exit.h"
 #include "tensor/norm.h"
 
 namespace mpitron {
@@ -25,7 +26,7 @@ int64_t count_zero_grads(const ParamSet& ps, int64_t begin, int64_t end, Communi
     const std::vector<float> g = ps.grads().flat_range(lo, hi - lo).to(Device::cpu()).to_floats();
     zeros += static_cast<int64_t>(std::count(g.begin(), g.end(), 0.0f));
   }
-  if (dp_comm != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &zeros, 1, MPI_INT64_T, MPI_SUM, dp_comm);
+  if (dp_comm != MPI_COMM_NULL) allreduce_bounded(&zeros, 1, MPI_INT64_T, MPI_SUM, dp_comm, "zero gradients over dp");
   if (mp) {
     Tensor host = Tensor::empty({1}, DType::I64);
     *static_cast<int64_t*>(host.data_ptr()) = zeros;

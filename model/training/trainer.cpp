@@ -1,12 +1,16 @@
 #include "model/training/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cblas.h>
 #include <csignal>
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "core/device_memory.h"
@@ -24,12 +28,31 @@
 #include "model/training/optimizer.h"
 #include "model/training/lr_schedule.h"
 #include "model/training/step_guard.h"
+#include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_exec.h"
 #include "parallel/schedule_check.h"
 #include "parallel/zero.h"
 
 namespace mpitron {
+
+namespace {
+// A fresh run's lineage id: 16 random hex digits from rank 0, the same on every rank.
+std::string new_run_id(MPI_Comm world) {
+  uint64_t v = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
+               static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  if (world != MPI_COMM_NULL) MPI_Bcast(&v, 1, MPI_UINT64_T, 0, world);
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+bool same_path(const std::string& a, const std::string& b) {
+  std::error_code ec1, ec2;
+  const auto x = std::filesystem::weakly_canonical(a, ec1), y = std::filesystem::weakly_canonical(b, ec2);
+  return !ec1 && !ec2 && x == y;
+}
+}  // namespace
+
 
 std::vector<int64_t> samples_per_split(const TrainArgs& a) {
   const int64_t iters = a.uses_samples() ? (a.train_samples + a.global_batch_size - 1) / a.global_batch_size
@@ -95,11 +118,29 @@ struct Trainer::Impl {
   std::map<int64_t, parallel::Schedule> schedules;  // pipeline schedule per micro-batch count
   std::unique_ptr<StepGuard> guard;  // non-finite and spike checks of each step
 
+  // Host-scalar collectives (losses, stop decisions) run on MPI-backend
+  // Communicators of the same groups, so they have the communicator timeout:
+  // a frozen rank is named and the job ends (parallel/job_exit.h) instead of a
+  // blocking MPI_Allreduce spinning for ever. Built in the constructor, in the
+  // same order on every rank (collective).
+  std::map<MPI_Comm, std::unique_ptr<Communicator>> host_comms;
+  void make_host_comm(MPI_Comm c, const char* name) {
+    if (c == MPI_COMM_NULL || host_comms.count(c)) return;
+    CommOptions o;
+    o.name = name;
+    host_comms[c] = make_mpi_communicator(c, o);
+  }
+  Communicator& host(MPI_Comm c) const { return *host_comms.at(c); }
+
   // Bitwise OR of v over every rank: one verdict for all.
   int world_or(int v) const {
     if (world_comm() == MPI_COMM_NULL) return v;
+    std::vector<int32_t> bits(31);
+    for (int b = 0; b < 31; ++b) bits[static_cast<size_t>(b)] = (v >> b) & 1;
+    Tensor t = Tensor::from_ints(std::vector<int64_t>(bits.begin(), bits.end()), {31}, DType::I32);
+    host(world_comm()).all_reduce(t, ReduceOp::Max);
     int out = 0;
-    MPI_Allreduce(&v, &out, 1, MPI_INT, MPI_BOR, world_comm());
+    for (int b = 0; b < 31; ++b) out |= (t.data<int32_t>()[b] != 0 ? 1 : 0) << b;
     return out;
   }
 
@@ -189,11 +230,21 @@ struct Trainer::Impl {
 
   // Sum of v over the dp group (identity on one process).
   // Sum of a host scalar over `comm` (identity for MPI_COMM_NULL: one process).
-  static double sum_over(MPI_Comm comm, double v) {
+  double sum_over(MPI_Comm comm, double v) const {
     if (comm == MPI_COMM_NULL) return v;
-    double out = 0;
-    MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, comm);
-    return out;
+    // Doubles as their bits (the communicators reduce no f64): gathered, then summed in rank order.
+    Communicator& c = host(comm);
+    int64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    Tensor in = Tensor::from_ints({bits}, {1}, DType::I64), out = Tensor::empty({c.size()}, DType::I64);
+    c.all_gather(in, out);
+    double sum = 0;
+    for (int64_t r = 0; r < c.size(); ++r) {
+      double x = 0;
+      std::memcpy(&x, out.data<int64_t>() + r, sizeof x);
+      sum += x;
+    }
+    return sum;
   }
   double dp_sum(double v) const { return sum_over(par.dp_comm, v); }
   // Micro-batch k of the global batch starting at `consumed`: this rank's slice
@@ -568,6 +619,12 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   }
   const TrainArgs& a = m.args;
   m.st.seed = a.seed;
+  m.st.tokenizer = a.tokenizer_identity;
+  m.st.run_id = new_run_id(m.world_comm());
+  m.st.owned_runs = {m.st.run_id};
+  m.make_host_comm(m.world_comm(), "world (host scalars)");
+  m.make_host_comm(par.dp_comm, "dp (host scalars)");
+  m.make_host_comm(par.pp_comm, "pp (host scalars)");
   MPT_CHECK(par.tp_size == a.tensor_model_parallel_size && par.pp_size == a.pipeline_model_parallel_size,
             str("the trainer runs on tp ", par.tp_size, " x pp ", par.pp_size, " but the flags say tp ",
                 a.tensor_model_parallel_size, " x pp ", a.pipeline_model_parallel_size),
@@ -701,11 +758,20 @@ TrainSummary Trainer::run() {
     lo.load_optim = !a.no_load_optim;
     lo.load_rng = !a.no_load_rng;
     lo.finetune = a.finetune;
+    lo.tokenizer = a.tokenizer_identity;
+    lo.allow_tokenizer_change = a.allow_tokenizer_change;
     SaveInfo li;
     OptimState loaded;
     const auto [sb, se] = m.state_range();
     const bool found = load_checkpoint(a.load, *m.model, loaded, sb, se, m.scaler, m.st, lo, &li, m.world_comm());
     if (found) m.install_state(loaded, lo.load_optim && !lo.finetune);
+    if (found && !a.finetune) {  // a resume continues the lineage it loaded (the one keep_last may prune)
+      const std::string loaded_run = io::CheckpointReader::run_of(a.load, m.st.iteration);
+      if (!loaded_run.empty()) m.st.run_id = loaded_run;
+      m.st.owned_runs = {m.st.run_id};
+      // Checkpoints from before runs were recorded belong to the run that resumes them in place.
+      if (loaded_run.empty() && same_path(a.load, a.save)) m.st.owned_runs.push_back("");
+    }
     if (found)
       log_info("loaded checkpoint ", li.dir, " at iteration ", m.st.iteration, " (", sci(li.bytes / 1e9, 3), " GB in ",
                sci(li.seconds, 3), " s, ", sci(li.bytes / 1e9 / std::max(li.seconds, 1e-9), 3), " GB/s)");
@@ -718,6 +784,23 @@ TrainSummary Trainer::run() {
       log_warn("--load ", a.load, ": the checkpoint is at iteration ", m.st.iteration, ", already at or past the end of ",
                "this run (", m.total_iters, a.uses_samples() ? " iterations from --train-samples" : " = --train-iters",
                "): nothing to train; raise --train-iters / --train-samples to go on");
+  }
+
+  // Nothing this run did not write is replaced: a --save directory holding
+  // another run's checkpoints (not the lineage it resumed) is refused.
+  if (!a.save.empty()) {
+    const std::vector<int64_t> foreign = io::CheckpointReader::foreign_iterations(a.save, m.st.owned_runs);
+    if (!foreign.empty()) {
+      std::string list;
+      for (size_t k = 0; k < foreign.size() && k < 4; ++k) list += str(k ? ", " : "", io::iteration_dir_name(foreign[k]));
+      if (foreign.size() > 4) list += str(", ... (", foreign.size(), " in all)");
+      MPT_CHECK(a.overwrite_save,
+                str("--save ", a.save, " holds checkpoints of another run (", list,
+                    "): saving here would repoint its latest_checkpointed_iteration.txt and could replace them"),
+                "save to another directory, resume that run with --load " + a.save +
+                    ", or pass --overwrite-save (--keep-last still deletes only this run's checkpoints)");
+      log_warn("--overwrite-save: --save ", a.save, " holds checkpoints of another run (", list, ")");
+    }
   }
 
   if (a.exit_signal_handler) {

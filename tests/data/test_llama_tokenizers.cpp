@@ -165,7 +165,8 @@ TEST_CASE("HuggingFaceTokenizer: an unusable tokenizer.json is named with its un
   bad([](auto& k) { k["post_processor"] = {{"type", "BertProcessing"}}; }, "BertProcessing");
   bad([](auto& k) { k["added_tokens"][0]["lstrip"] = true; }, "lstrip");
   bad([](auto& k) { k["model"]["merges"][0] = "zz"; }, "merge 0");
-  bad([](auto& k) { k["model"]["vocab"] = {{"a", 0}}; }, "byte");
+  bad([](auto& k) { k["model"]["vocab"] = {{"a", 3}}; }, "byte");  // (id 0 is <|begin_of_text|>'s: two tokens on one id)
+  bad([](auto& k) { k["model"]["vocab"] = {{"a", 0}}; }, "which '<|begin_of_text|>' already has");
   std::string path = (dir.path / "tokenizer.json").string();
   write_all(path, "{not json");
   CHECK(error_of([&] { HFTokenizer t(path); }).find(path) != std::string::npos);

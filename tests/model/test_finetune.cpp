@@ -146,9 +146,12 @@ TEST_CASE("finetune: MNLI TSV (Megatron's columns and label order, test files, e
   CHECK(v[1].label == 0);
   CHECK(v[2].label == 1);
   CHECK(find_classification_task("MNLI").labels == std::vector<std::string>{"contradiction", "entailment", "neutral"});
-  // A test file: a 10-column header, no gold_label: every label is contradiction (Megatron's test_label).
+  // A test file: a 10-column header, no gold_label: refused as training or validation data
+  // (it would train on one label for every row); with an explicit test_label (Megatron's
+  // "contradiction" for predictions) every label is that one.
   write(dir / "test.tsv", "index\tp\tq\tg\tx\ty\tX\tY\tsentence1\tsentence2\n3\tp\tq\tg\tx\ty\tX\tY\tone\ttwo\n");
-  const std::vector<ClassificationExample> t = read_mnli_tsv((dir / "test.tsv").string());
+  CHECK_THROWS_WITH(read_mnli_tsv((dir / "test.tsv").string()), doctest::Contains("test.tsv:1: a 10-column MNLI file"));
+  const std::vector<ClassificationExample> t = read_mnli_tsv((dir / "test.tsv").string(), "contradiction");
   REQUIRE(t.size() == 1);
   CHECK(t[0].label == 0);
   CHECK(t[0].text_b == "two");

@@ -1,0 +1,64 @@
+#include "core/json.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/files.h"
+
+namespace mpitron {
+
+namespace {
+// The nesting of `text` without parsing it: brackets outside strings. Returns
+// the 1-based line where `max_depth` is first exceeded, or 0.
+int64_t line_past_depth(std::string_view text, int max_depth) {
+  int depth = 0;
+  int64_t line = 1;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (c == '\n') ++line;
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return line;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return 0;
+}
+}  // namespace
+
+nlohmann::json parse_json_text(std::string_view text, const std::string& what, bool ignore_comments, int max_depth) {
+  if (const int64_t line = line_past_depth(text, max_depth))
+    MPT_THROW(str(what, " nests deeper than ", max_depth, " levels (line ", line, ")"),
+              "no configuration or tokenizer file nests that deep: the file is damaged or not what it is named");
+  try {
+    return nlohmann::json::parse(text.begin(), text.end(), nullptr, true, ignore_comments);
+  } catch (const nlohmann::json::exception& e) {
+    MPT_THROW(str(what, " is not valid JSON: ", e.what()), "");
+  }
+}
+
+nlohmann::json read_json_file(const std::string& path, const std::string& what, bool ignore_comments, int max_depth) {
+  check_regular_file(path, what);  // a FIFO would block the open
+  std::ifstream f(path, std::ios::binary);
+  MPT_CHECK(f.good(), str("cannot open ", what, " '", path, "'"), "check the path");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  MPT_CHECK(!f.bad(), str("cannot read ", what, " '", path, "'"), "");
+  return parse_json_text(ss.str(), str(what, " '", path, "'"), ignore_comments, max_depth);
+}
+
+std::string json_excerpt(const nlohmann::json& v, size_t max_chars) {
+  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > max_chars) s = s.substr(0, max_chars) + "...";
+  return s;
+}
+
+}  // namespace mpitron
