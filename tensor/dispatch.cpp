@@ -363,6 +363,91 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   MPT_BACKEND(qkv, attention_backward, dout, qkv, out, lse, dqkv, scale, drop, mask, s);
 }
 
+// ---- attention blocks (attention_block.h) -----------------------------------------------
+namespace {
+// A (B, T, H, HD) operand view: float, 4-D, the given sizes (-1: any), the heads of a row packed.
+void check_rows(const char* op, const Tensor& t, const char* name, int64_t b, int64_t tl, int64_t h, int64_t hd) {
+  need_float(op, t, name);
+  need(t.ndim() == 4, str(op, ": ", name, " must be (B, T, heads, HD), got ", t.describe()));
+  const Shape want{b, tl < 0 ? t.dim(1) : tl, h < 0 ? t.dim(2) : h, hd};
+  need(t.shape() == want, str(op, ": ", name, " is ", t.describe(), ", expected ", shape_str(want)));
+  const Shape& st = t.strides();
+  need((t.dim(3) <= 1 || st[3] == 1) && (t.dim(2) <= 1 || st[2] == t.dim(3)) && st[0] >= 0 && st[1] >= 0,
+       str(op, ": ", name, " ", t.describe(), " must have each row's heads packed (strides (·, ·, HD, 1)), has strides ",
+           shape_str(st)));
+}
+// lse (B, NH, T) f32 with unit stride along T.
+void check_stats(const char* op, const Tensor& t, const char* name, int64_t b, int64_t nh, int64_t tl) {
+  need_shape(op, t, name, {b, nh, tl});
+  need_f32(op, t, name);
+  need(tl <= 1 || t.strides()[2] == 1, str(op, ": ", name, " must have unit stride along T, has strides ",
+                                            shape_str(t.strides())));
+}
+void check_block(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                 const Tensor& lse, const AttentionBlock& blk) {
+  check_rows(op, q, "q", q.ndim() == 4 ? q.dim(0) : -1, -1, -1, q.ndim() == 4 ? q.dim(3) : -1);
+  const int64_t B = q.dim(0), Tq = q.dim(1), NH = q.dim(2), HD = q.dim(3);
+  check_rows(op, k, "k", B, -1, -1, HD);
+  const int64_t Tk = k.dim(1), G = k.dim(2);
+  check_rows(op, v, "v", B, Tk, G, HD);
+  check_rows(op, out, "out", B, Tq, NH, HD);
+  need(NH > 0 && G > 0 && NH % G == 0,
+       str(op, ": ", NH, " query heads must be a multiple of the ", G, " key/value heads (--num-query-groups)"));
+  need(Tk >= 1, str(op, ": the key block is empty"));
+  need(q.dtype() == k.dtype() && q.dtype() == v.dtype() && q.dtype() == out.dtype(),
+       str(op, ": q, k, v and out must share a dtype"));
+  check_stats(op, lse, "lse", B, NH, Tq);
+  need(blk.q_start >= 0 && blk.k_start >= 0 && blk.seq >= 0,
+       str(op, ": block positions must be >= 0 (q_start ", blk.q_start, ", k_start ", blk.k_start, ", seq ", blk.seq, ")"));
+  const int64_t seq = blk.seq > 0 ? blk.seq : Tq;
+  need(blk.q_start + Tq <= seq && blk.k_start + Tk <= seq,
+       str(op, ": the block (queries ", blk.q_start, "..", blk.q_start + Tq, ", keys ", blk.k_start, "..",
+           blk.k_start + Tk, ") runs past the sequence of ", seq, " tokens"));
+}
+}  // namespace
+
+void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                             const Tensor& lse, float scale, const AttentionBlock& blk, const AttentionDropout& drop,
+                             Stream s) {
+  const char* op = "attention_block_forward";
+  check_block(op, q, k, v, out, lse, blk);
+  check_attention_dropout(op, drop);
+  check_same_device(op, {&q, &k, &v, &out, &lse});
+  MPT_BACKEND(q, attention_block_forward, q, k, v, out, lse, scale, blk, drop, s);
+}
+
+void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv, float scale, const AttentionBlock& blk, const AttentionDropout& drop,
+                              Stream s) {
+  const char* op = "attention_block_backward";
+  check_block(op, q, k, v, out, lse, blk);
+  check_attention_dropout(op, drop);
+  const int64_t B = q.dim(0), HD = q.dim(3);
+  check_rows(op, dout, "dout", B, q.dim(1), q.dim(2), HD);
+  check_rows(op, dq, "dq", B, q.dim(1), q.dim(2), HD);
+  check_rows(op, dk, "dk", B, k.dim(1), k.dim(2), HD);
+  check_rows(op, dv, "dv", B, k.dim(1), k.dim(2), HD);
+  for (const Tensor* t : {&dout, &dq, &dk, &dv})
+    need(t->dtype() == q.dtype(), str(op, ": dout, dq, dk and dv must have q's dtype, got ", t->describe()));
+  check_same_device(op, {&dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv});
+  MPT_BACKEND(q, attention_block_backward, dout, q, k, v, out, lse, dq, dk, dv, scale, blk, drop, s);
+}
+
+void attention_merge(const Tensor& acc, const Tensor& acc_lse, const Tensor& part, const Tensor& part_lse, Stream s) {
+  const char* op = "attention_merge";
+  need_f32(op, acc, "acc");
+  need(acc.ndim() == 4, str(op, ": acc must be (B, T, NH, HD), got ", acc.describe()));
+  const int64_t B = acc.dim(0), T = acc.dim(1), NH = acc.dim(2), HD = acc.dim(3);
+  check_rows(op, part, "part", B, T, NH, HD);
+  need_shape(op, acc_lse, "acc_lse", {B, NH, T});
+  need_f32(op, acc_lse, "acc_lse");
+  check_stats(op, part_lse, "part_lse", B, NH, T);
+  check_contiguous(op, {{&acc, "acc"}, {&acc_lse, "acc_lse"}});
+  check_same_device(op, {&acc, &acc_lse, &part, &part_lse});
+  MPT_BACKEND(acc, attention_merge, acc, acc_lse, part, part_lse, s);
+}
+
 std::string cuda_attention_backend() {
 #ifdef MPITRON_WITH_CUDA
   return cuda::attention_backend_name();

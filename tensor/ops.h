@@ -2,6 +2,7 @@
 #pragma once
 #include "tensor/adamw.h"
 #include "tensor/attention.h"
+#include "tensor/attention_block.h"
 #include "tensor/cross_entropy.h"
 #include "tensor/dropout.h"
 #include "tensor/elementwise.h"

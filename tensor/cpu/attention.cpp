@@ -1,19 +1,27 @@
 // tensor/cpu/attention.cpp — scaled-dot-product attention, causal or bidirectional
-// with a key padding mask (the reference path).
+// with a key padding mask, whole (attention.h) or as one block of a longer
+// sequence (attention_block.h): the reference path, one implementation for both.
 //
-// qkv (B, T, NH + 2G, HD) (the 5-D MHA form is the same bytes with G = NH),
-// out (B, T, NH, HD), lse (B, NH, T). Per (batch, head h) with kv group
-// g = h / (NH/G) the scores S = Q_h·K_gᵀ (T, T) and the products P·V_g, dO·V_gᵀ,
-// dS·K_g, dSᵀ·Q_h, Pᵀ·dO are BLAS sgemm calls on strided views of the packed qkv
-// (leading dimension W = (NH + 2G)·HD); softmax, masking and the elementwise
-// backward run OpenMP-parallel over rows. Backward recomputes P from lse (as
-// flash attention does) instead of storing it; dK_g and dV_g sum over the heads
-// of group g (consecutive, so the first one writes and the others add).
-// Attention dropout (attention.h) scales P by M/(1 − p) before P·V in forward;
-// backward regenerates M from the Philox stream, masks dO·Vᵀ and P (for dV).
-// Masking (attention.h's AttentionMask): row i of batch b sees keys j < hi(b, i) =
-// min(len_b, causal ? i + 1 : T); P and dS are 0 beyond, so the full-width GEMMs
-// give dK = dV = 0 for padded keys.
+// An operand (B, T, H, HD) is read through (pointer, batch stride, row stride) with
+// the heads of a row packed (head h at +h·HD): the packed qkv (B, T, NH + 2G, HD) is
+// three such operands (Q at column 0, K at NH·HD, V at (NH + G)·HD, row stride
+// W = (NH + 2G)·HD), a block's q/k/v views are one each. bf16/f16 operands are
+// widened to f32 copies first; f32 ones are read in place.
+// Per (batch, head h) with kv group g = h / (NH/G), query rows go in tiles of
+// kTileRows: S = Q_tile·K_gᵀ (tile, n) where n = the keys the tile's last row sees
+// (causal: a prefix that grows with the row, so a tile skips the keys no row of
+// it sees), the masked softmax runs OpenMP-parallel over the tile's rows, and
+// O_tile = P·V_g. So the scratch is tile × Tk, not Tq × Tk (a long sequence on the
+// CPU), and every product is a BLAS sgemm on strided views (no permute copies).
+// Backward recomputes P from lse (as flash attention does) tile by tile:
+// dP = dO·V_gᵀ, D_i = Σ_d dO_id·O_id, dS = P ∘ (dP ∘ M/(1 − p) − D)·scale,
+// dQ_tile = dS·K_g, dK_g += dSᵀ·Q_tile, dV_g += (P ∘ M/(1 − p))ᵀ·dO_tile — dK and dV
+// start at 0 and sum over the tiles and over the heads of group g.
+// Masking: row i of batch b sees keys j < hi(b, i) = min(len_b, causal ? i + d + 1 : Tk)
+// (d = q_start − k_start, 0 for a whole call); P and dS are 0 beyond, so padded keys
+// get dK = dV = 0, and a row that sees nothing gets out 0, lse −∞.
+// Attention dropout (attention.h): P is scaled by M/(1 − p) before P·V, M regenerated
+// from the Philox stream at the GLOBAL position (q_start + i, k_start + j, seq).
 #include <cblas.h>
 
 #include <algorithm>
@@ -27,6 +35,8 @@ namespace mpitron::cpu {
 
 namespace {
 
+constexpr int64_t kTileRows = 256;
+
 // C (m, n, ldc) = alpha · op(A) · op(B) + beta · C, row-major.
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -35,143 +45,290 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
               c, static_cast<int>(ldc));
 }
 
-// The visible keys of one sample: row i sees j < hi(i).
-struct RowMask {
-  int64_t len;  // keys j >= len are padding
-  bool causal;
-  int64_t hi(int64_t i) const { return causal ? std::min(i + 1, len) : len; }
+// Element (b, t, head, e) of a (B, T, H, HD) operand at p[b·sb + t·st + head·HD + e].
+template <typename F>
+struct Rows {
+  F* p = nullptr;
+  int64_t sb = 0, st = 0;
+  F* at(int64_t b, int64_t t, int64_t head, int64_t hd) const { return p + b * sb + t * st + head * hd; }
+  Rows<F> shift(int64_t elems) const { return {p + elems, sb, st}; }
 };
-RowMask row_mask(const AttentionMask& m, int64_t b, int64_t T) {
-  const int64_t len = m.kv_lengths.defined() ? m.kv_lengths.data<int32_t>()[b] : T;
-  return {std::clamp<int64_t>(len, 0, T), m.causal};
-}
+using In = Rows<const float>;
+using Out = Rows<float>;
 
-// P (T, T) = masked softmax of S (in place) given each row's lse; zero where masked.
-void probs_from_lse(float* s, const float* lse, int64_t T, const RowMask& rm) {
-#pragma omp parallel for schedule(static) if (T >= 64)
-  for (int64_t i = 0; i < T; ++i) {
-    float* row = s + i * T;
-    const float l = lse[i];
-    const int64_t hi = rm.hi(i);
-#pragma omp simd
-    for (int64_t j = 0; j < hi; ++j) row[j] = fast_exp(row[j] - l);
-    for (int64_t j = hi; j < T; ++j) row[j] = 0.0f;
+// A (B, T, H, HD) tensor (a view with packed heads) read as f32: its own memory when
+// it is f32, else a widened contiguous copy.
+class ReadF32 {
+ public:
+  explicit ReadF32(const Tensor& t) {
+    if (t.dtype() == DType::F32) {
+      r_ = {t.data<float>(), t.strides()[0], t.strides()[1]};
+      return;
+    }
+    keep_ = t.contiguous().to(DType::F32);
+    r_ = {keep_.data<float>(), keep_.strides()[0], keep_.strides()[1]};
   }
+  In get() const { return r_; }
+
+ private:
+  Tensor keep_;
+  In r_;
+};
+
+// A (B, T, H, HD) output written as f32: in place when it is f32, else into a
+// contiguous scratch that commit() rounds into it.
+class WriteF32 {
+ public:
+  explicit WriteF32(const Tensor& t) : dst_(t) {
+    if (t.dtype() == DType::F32) {
+      w_ = {t.data<float>(), t.strides()[0], t.strides()[1]};
+      return;
+    }
+    tmp_ = Tensor::empty(t.shape(), DType::F32, Device::cpu());
+    w_ = {tmp_.data<float>(), tmp_.strides()[0], tmp_.strides()[1]};
+  }
+  Out get() const { return w_; }
+  void commit() {
+    if (tmp_.defined()) dst_.copy_from(tmp_.to(dst_.dtype()));
+  }
+
+ private:
+  Tensor dst_, tmp_;
+  Out w_;
+};
+
+// One attention problem: queries (B, Tq, NH) against keys (B, Tk, G), head dim HD.
+struct Geo {
+  int64_t B, Tq, Tk, NH, G, HD;
+  int64_t group(int64_t h) const { return h / (NH / G); }
+};
+
+// Which keys row i of sample b sees: j < hi(b, i), a prefix that never shrinks as i grows.
+struct Visible {
+  int64_t diag = 0;  // q_start − k_start: causal row i sees keys j <= i + diag
+  bool causal = true;
+  const int32_t* len = nullptr;  // per-sample key lengths (padding), null: all Tk
+  int64_t tk = 0;
+  int64_t hi(int64_t b, int64_t i) const {
+    int64_t h = len ? std::clamp<int64_t>(len[b], 0, tk) : tk;
+    if (causal) h = std::min(h, std::max<int64_t>(0, i + diag + 1));
+    return h;
+  }
+};
+
+// The dropout keep mask at global positions: M/(1 − p) of (b, head h, row i, key j).
+struct Drop {
+  AttentionDropout dr;
+  int64_t q0 = 0, k0 = 0, seq = 0;
+  bool on() const { return dr.p > 0; }
+  float keep(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return attention_keep(dr.seed, dr.offset, b, dr.first_head + h, q0 + i, k0 + j, seq, dr.p) ? 1.0f / (1.0f - dr.p)
+                                                                                                : 0.0f;
+  }
+};
+
+// The statistics (B, NH, T) f32 with element (b, h, i) at p[b·sb + h·sh + i].
+template <typename F>
+struct Stats {
+  F* p;
+  int64_t sb, sh;
+  F* at(int64_t b, int64_t h) const { return p + b * sb + h * sh; }
+};
+
+void forward_core(const Geo& g, In q, In k, In v, Out o, Stats<float> lse, float scale, const Visible& vis,
+                  const Drop& drop) {
+  const int64_t HD = g.HD, Tk = g.Tk;
+  std::vector<float> s(static_cast<size_t>(std::min(kTileRows, g.Tq) * Tk));
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t h = 0; h < g.NH; ++h) {
+      const int64_t grp = g.group(h);
+      float* lrow = lse.at(b, h);
+      for (int64_t i0 = 0; i0 < g.Tq; i0 += kTileRows) {
+        const int64_t m = std::min(kTileRows, g.Tq - i0);
+        const int64_t n = vis.hi(b, i0 + m - 1);  // the keys the tile's last row sees: the most of any row
+        float* o0 = o.at(b, i0, h, HD);
+        if (n == 0) {  // no row of the tile sees a key: out 0, lse −∞ (attention.h)
+          for (int64_t r = 0; r < m; ++r) {
+            std::fill(o0 + r * o.st, o0 + r * o.st + HD, 0.0f);
+            lrow[i0 + r] = -INFINITY;
+          }
+          continue;
+        }
+        sgemm(false, true, m, n, HD, scale, q.at(b, i0, h, HD), q.st, k.at(b, 0, grp, HD), k.st, 0.0f, s.data(),
+              n);  // S = Q·Kᵀ·scale
+#pragma omp parallel for schedule(static) if (m * n >= 4096)
+        for (int64_t r = 0; r < m; ++r) {
+          const int64_t i = i0 + r, hi = vis.hi(b, i);
+          float* row = s.data() + r * n;
+          for (int64_t j = hi; j < n; ++j) row[j] = 0.0f;
+          if (hi == 0) {
+            lrow[i] = -INFINITY;
+            continue;
+          }
+          float mx = -INFINITY;
+          for (int64_t j = 0; j < hi; ++j) mx = std::max(mx, row[j]);
+          float sum = 0;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < hi; ++j) sum += (row[j] = fast_exp(row[j] - mx));
+          const float inv = 1.0f / sum;
+#pragma omp simd
+          for (int64_t j = 0; j < hi; ++j) row[j] *= inv;
+          lrow[i] = mx + std::log(sum);
+          if (drop.on())  // P ∘ M/(1 − p): lse stays the undropped softmax's
+            for (int64_t j = 0; j < hi; ++j) row[j] *= drop.keep(b, h, i, j);
+        }
+        sgemm(false, false, m, HD, n, 1.0f, s.data(), n, v.at(b, 0, grp, HD), v.st, 0.0f, o0, o.st);  // O = P·V
+      }
+    }
 }
 
-// Dimensions of an attention call (qkv 5-D MHA or 4-D GQA; out (B, T, NH, HD)).
-struct Dims {
-  int64_t B, T, NH, G, HD, W;  // W: elements per token of qkv
-  int64_t q(int64_t h) const { return h * HD; }                        // column of Q head h
-  int64_t k(int64_t h) const { return (NH + h / (NH / G)) * HD; }      // of its K group
-  int64_t v(int64_t h) const { return (NH + G + h / (NH / G)) * HD; }  // of its V group
-};
-Dims dims_of(const Tensor& qkv, const Tensor& out) {
+void backward_core(const Geo& g, In dO, In q, In k, In v, In o, Stats<const float> lse, Out dq, Out dk, Out dv,
+                   float scale, const Visible& vis, const Drop& drop) {
+  const int64_t HD = g.HD, Tk = g.Tk;
+  // dK, dV sum over tiles and over each group's heads: start from 0.
+  for (Out d : {dk, dv})
+    for (int64_t b = 0; b < g.B; ++b)
+#pragma omp parallel for schedule(static) if (Tk >= 64)
+      for (int64_t t = 0; t < Tk; ++t) std::fill(d.at(b, t, 0, HD), d.at(b, t, 0, HD) + g.G * HD, 0.0f);
+  const size_t sq = static_cast<size_t>(std::min(kTileRows, g.Tq) * Tk);
+  std::vector<float> p(sq), dp(sq);
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t h = 0; h < g.NH; ++h) {
+      const int64_t grp = g.group(h);
+      const float* lrow = lse.at(b, h);
+      for (int64_t i0 = 0; i0 < g.Tq; i0 += kTileRows) {
+        const int64_t m = std::min(kTileRows, g.Tq - i0);
+        const int64_t n = vis.hi(b, i0 + m - 1);
+        float* dq0 = dq.at(b, i0, h, HD);
+        if (n == 0) {
+          for (int64_t r = 0; r < m; ++r) std::fill(dq0 + r * dq.st, dq0 + r * dq.st + HD, 0.0f);
+          continue;
+        }
+        const float* q0 = q.at(b, i0, h, HD);
+        const float* do0 = dO.at(b, i0, h, HD);
+        sgemm(false, true, m, n, HD, scale, q0, q.st, k.at(b, 0, grp, HD), k.st, 0.0f, p.data(), n);  // S
+        sgemm(false, true, m, n, HD, 1.0f, do0, dO.st, v.at(b, 0, grp, HD), v.st, 0.0f, dp.data(), n);  // dO·Vᵀ
+#pragma omp parallel for schedule(static) if (m * n >= 4096)
+        for (int64_t r = 0; r < m; ++r) {
+          const int64_t i = i0 + r, hi = vis.hi(b, i);
+          const float* dor = dO.at(b, i, h, HD);
+          const float* orow = o.at(b, i, h, HD);
+          float d = 0;
+          for (int64_t e = 0; e < HD; ++e) d += dor[e] * orow[e];
+          float* prow = p.data() + r * n;
+          float* dprow = dp.data() + r * n;
+          const float l = lrow[i];
+#pragma omp simd
+          for (int64_t j = 0; j < hi; ++j) prow[j] = fast_exp(prow[j] - l);  // P from the (merged) lse
+          for (int64_t j = hi; j < n; ++j) prow[j] = dprow[j] = 0.0f;
+          if (drop.on()) {  // dS = P ∘ (dP ∘ M/(1 − p) − D); P ← P ∘ M/(1 − p) for dV
+            for (int64_t j = 0; j < hi; ++j) {
+              const float mk = drop.keep(b, h, i, j);
+              dprow[j] = prow[j] * (dprow[j] * mk - d) * scale;
+              prow[j] *= mk;
+            }
+            continue;
+          }
+#pragma omp simd
+          for (int64_t j = 0; j < hi; ++j) dprow[j] = prow[j] * (dprow[j] - d) * scale;  // dS
+        }
+        sgemm(false, false, m, HD, n, 1.0f, dp.data(), n, k.at(b, 0, grp, HD), k.st, 0.0f, dq0, dq.st);  // dQ = dS·K
+        sgemm(true, false, n, HD, m, 1.0f, dp.data(), n, q0, q.st, 1.0f, dk.at(b, 0, grp, HD), dk.st);  // dK += dSᵀ·Q
+        sgemm(true, false, n, HD, m, 1.0f, p.data(), n, do0, dO.st, 1.0f, dv.at(b, 0, grp, HD), dv.st);  // dV += Pᵀ·dO
+      }
+    }
+}
+
+// The whole-call geometry of a packed qkv (5-D MHA or 4-D GQA) and out (B, T, NH, HD).
+Geo packed_geo(const Tensor& qkv, const Tensor& out) {
   const int64_t nh = out.dim(2), hd = out.dim(3);
   const int64_t heads = qkv.ndim() == 5 ? 3 * qkv.dim(3) : qkv.dim(2);
-  return {out.dim(0), out.dim(1), nh, (heads - nh) / 2, hd, heads * hd};
+  return {out.dim(0), out.dim(1), out.dim(1), nh, (heads - nh) / 2, hd};
 }
-
-// Row i of M/(1 − p) for (batch b, global head h), j < hi, into m.
-void keep_row(const AttentionDropout& dr, int64_t b, int64_t h, int64_t i, int64_t hi, int64_t T, float* m) {
-  const float inv = 1.0f / (1.0f - dr.p);
-  for (int64_t j = 0; j < hi; ++j) m[j] = attention_keep(dr.seed, dr.offset, b, h, i, j, T, dr.p) ? inv : 0.0f;
+Visible whole_visible(const AttentionMask& m, const Geo& g) {
+  return {0, m.causal, m.kv_lengths.defined() ? m.kv_lengths.data<int32_t>() : nullptr, g.Tk};
+}
+Drop whole_drop(const AttentionDropout& dr, const Geo& g) { return {dr, 0, 0, g.Tq}; }
+Drop block_drop(const AttentionDropout& dr, const AttentionBlock& blk, int64_t tq) {
+  return {dr, blk.q_start, blk.k_start, blk.seq > 0 ? blk.seq : tq};
 }
 
 }  // namespace
 
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
                        const AttentionDropout& dr, const AttentionMask& am, Stream) {
-  const Dims d = dims_of(qkv, out);
-  const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD, C = NH * HD, W = d.W;
+  const Geo g = packed_geo(qkv, out);
+  const int64_t T = g.Tq, W = (g.NH + 2 * g.G) * g.HD, C = g.NH * g.HD;
   F32In fin(qkv);
   F32Out fout(out, false);
-  const float* x = fin.get();
-  float* o = fout.get();
-  float* l = lse.data<float>();
-  std::vector<float> s(static_cast<size_t>(T * T)), mask(dr.p > 0 ? static_cast<size_t>(T * T) : 0);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h) {
-      const float* xb = x + b * T * W;
-      float* lrow = l + (b * NH + h) * T;
-      const RowMask rm = row_mask(am, b, T);
-      sgemm(false, true, T, T, HD, scale, xb + d.q(h), W, xb + d.k(h), W, 0.0f, s.data(), T);  // S = Q·Kᵀ·scale
-#pragma omp parallel for schedule(static) if (T >= 64)
-      for (int64_t i = 0; i < T; ++i) {
-        float* row = s.data() + i * T;
-        const int64_t hi = rm.hi(i);
-        for (int64_t j = hi; j < T; ++j) row[j] = 0.0f;
-        if (hi == 0) {  // no visible key: out 0, lse −∞ (attention.h)
-          lrow[i] = -INFINITY;
-          continue;
-        }
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < hi; ++j) mx = std::max(mx, row[j]);
-        float sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < hi; ++j) sum += (row[j] = fast_exp(row[j] - mx));
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (int64_t j = 0; j < hi; ++j) row[j] *= inv;
-        lrow[i] = mx + std::log(sum);
-        if (dr.p > 0) {  // P ∘ M/(1 − p): lse stays the undropped softmax's
-          float* m = mask.data() + i * T;
-          keep_row(dr, b, dr.first_head + h, i, hi, T, m);
-          for (int64_t j = 0; j < hi; ++j) row[j] *= m[j];
-        }
-      }
-      sgemm(false, false, T, HD, T, 1.0f, s.data(), T, xb + d.v(h), W, 0.0f, o + b * T * C + h * HD, C);  // O = P·V
-    }
+  const In x{fin.get(), T * W, W};
+  forward_core(g, x, x.shift(g.NH * g.HD), x.shift((g.NH + g.G) * g.HD), Out{fout.get(), T * C, C},
+               {lse.data<float>(), g.NH * T, T}, scale, whole_visible(am, g), whole_drop(dr, g));
   fout.commit();
 }
 
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                         const Tensor& dqkv, float scale, const AttentionDropout& dr, const AttentionMask& am, Stream) {
-  const Dims d = dims_of(qkv, out);
-  const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD, C = NH * HD, W = d.W, rep = d.NH / d.G;
+  const Geo g = packed_geo(qkv, out);
+  const int64_t T = g.Tq, W = (g.NH + 2 * g.G) * g.HD, C = g.NH * g.HD;
   F32In fin(qkv), fo(out), fd(dout);
   F32Out fdq(dqkv, false);
-  const float *x = fin.get(), *o = fo.get(), *dO = fd.get();
-  const float* l = lse.data<float>();
-  float* dx = fdq.get();
-  std::vector<float> p(static_cast<size_t>(T * T)), dp(static_cast<size_t>(T * T)),
-      mask(dr.p > 0 ? static_cast<size_t>(T * T) : 0);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h) {
-      const float* xb = x + b * T * W;
-      const float* doh = dO + b * T * C + h * HD;
-      const float* oh = o + b * T * C + h * HD;
-      float* db = dx + b * T * W;
-      const float kv_beta = h % rep == 0 ? 0.0f : 1.0f;  // the group's first head writes dK/dV, the rest add
-      const RowMask rm = row_mask(am, b, T);
-      sgemm(false, true, T, T, HD, scale, xb + d.q(h), W, xb + d.k(h), W, 0.0f, p.data(), T);  // S
-      probs_from_lse(p.data(), l + (b * NH + h) * T, T, rm);                                   // P
-      sgemm(false, true, T, T, HD, 1.0f, doh, C, xb + d.v(h), W, 0.0f, dp.data(), T);          // dP = dO·Vᵀ
-#pragma omp parallel for schedule(static) if (T >= 64)
-      for (int64_t i = 0; i < T; ++i) {
-        float d = 0;
-        for (int64_t e = 0; e < HD; ++e) d += doh[i * C + e] * oh[i * C + e];
-        float* dprow = dp.data() + i * T;
-        float* prow = p.data() + i * T;
-        if (dr.p > 0) {  // dP = (dO·Vᵀ) ∘ M/(1 − p); P ← P ∘ M/(1 − p) for dV after dS is formed
-          const int64_t hi = rm.hi(i);
-          float* m = mask.data() + i * T;
-          keep_row(dr, b, dr.first_head + h, i, hi, T, m);
-          for (int64_t j = 0; j < hi; ++j) {
-            dprow[j] = prow[j] * (dprow[j] * m[j] - d) * scale;
-            prow[j] *= m[j];
-          }
-          for (int64_t j = hi; j < T; ++j) dprow[j] = 0.0f;
-          continue;
-        }
-#pragma omp simd
-        for (int64_t j = 0; j < T; ++j) dprow[j] = prow[j] * (dprow[j] - d) * scale;  // dS (0 where P is 0)
-      }
-      sgemm(false, false, T, HD, T, 1.0f, dp.data(), T, xb + d.k(h), W, 0.0f, db + d.q(h), W);     // dQ = dS·K
-      sgemm(true, false, T, HD, T, 1.0f, dp.data(), T, xb + d.q(h), W, kv_beta, db + d.k(h), W);  // dK (+)= dSᵀ·Q
-      sgemm(true, false, T, HD, T, 1.0f, p.data(), T, doh, C, kv_beta, db + d.v(h), W);  // dV (+)= (P∘M/(1−p))ᵀ·dO
-    }
+  const In x{fin.get(), T * W, W};
+  const Out dx{fdq.get(), T * W, W};
+  backward_core(g, In{fd.get(), T * C, C}, x, x.shift(g.NH * g.HD), x.shift((g.NH + g.G) * g.HD),
+                In{fo.get(), T * C, C}, {lse.data<float>(), g.NH * T, T}, dx, dx.shift(g.NH * g.HD),
+                dx.shift((g.NH + g.G) * g.HD), scale, whole_visible(am, g), whole_drop(dr, g));
   fdq.commit();
+}
+
+void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                             const Tensor& lse, float scale, const AttentionBlock& blk, const AttentionDropout& dr,
+                             Stream) {
+  const Geo g{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  ReadF32 fq(q), fk(k), fv(v);
+  WriteF32 fo(out);
+  forward_core(g, fq.get(), fk.get(), fv.get(), fo.get(), {lse.data<float>(), lse.strides()[0], lse.strides()[1]},
+               scale, Visible{blk.q_start - blk.k_start, blk.causal, nullptr, g.Tk}, block_drop(dr, blk, g.Tq));
+  fo.commit();
+}
+
+void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv, float scale, const AttentionBlock& blk, const AttentionDropout& dr,
+                              Stream) {
+  const Geo g{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  ReadF32 fdo(dout), fq(q), fk(k), fv(v), fo(out);
+  WriteF32 fdq(dq), fdk(dk), fdv(dv);
+  backward_core(g, fdo.get(), fq.get(), fk.get(), fv.get(), fo.get(),
+                {lse.data<float>(), lse.strides()[0], lse.strides()[1]}, fdq.get(), fdk.get(), fdv.get(), scale,
+                Visible{blk.q_start - blk.k_start, blk.causal, nullptr, g.Tk}, block_drop(dr, blk, g.Tq));
+  fdq.commit();
+  fdk.commit();
+  fdv.commit();
+}
+
+void attention_merge(const Tensor& acc, const Tensor& acc_lse, const Tensor& part, const Tensor& part_lse, Stream) {
+  const int64_t B = acc.dim(0), T = acc.dim(1), NH = acc.dim(2), HD = acc.dim(3);
+  ReadF32 fp(part);
+  const In pr = fp.get();
+  const Stats<const float> pl{part_lse.data<float>(), part_lse.strides()[0], part_lse.strides()[1]};
+  float* a = acc.data<float>();
+  float* al = acc_lse.data<float>();
+#pragma omp parallel for collapse(2) schedule(static) if (B * NH * T >= 4096)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        const float lp = pl.at(b, h)[i];
+        if (lp == -INFINITY) continue;  // the block gave this row nothing
+        float& la = al[(b * NH + h) * T + i];
+        const float hi = std::max(la, lp);
+        const float L = hi + std::log1p(std::exp(-std::fabs(la - lp)));  // la = −∞: exp(−∞) = 0, L = lp
+        const float wa = std::exp(la - L), wp = std::exp(lp - L);
+        float* ar = a + ((b * T + i) * NH + h) * HD;
+        const float* p = pr.at(b, i, h, HD);
+        for (int64_t e = 0; e < HD; ++e) ar[e] = ar[e] * wa + p[e] * wp;
+        la = L;
+      }
 }
 
 }  // namespace mpitron::cpu

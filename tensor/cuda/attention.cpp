@@ -1,7 +1,8 @@
 // tensor/cuda/attention.cpp — self-attention on CUDA (causal, or bidirectional
-// with a key padding mask: attention.h's AttentionMask): cuDNN fused flash
-// attention (graph API through the header-only cudnn-frontend), with the
-// cuBLAS + softmax path of attention_fallback.cu behind it.
+// with a key padding mask: attention.h's AttentionMask; or one block of a longer
+// sequence: attention_block.h): cuDNN fused flash attention (graph API through the
+// header-only cudnn-frontend), with the cuBLAS + softmax path of
+// attention_fallback.cu behind it. Both take one AttnProblem (internal.h).
 //
 //   qkv (B, T, NH + 2G, HD) (or the 5-D MHA form, G = NH), out (B, T, NH, HD),
 //   lse (B, NH, T) f32, C = NH·HD, W = (NH + 2G)·HD
@@ -30,9 +31,13 @@
 //   (drop.p > 0): cuDNN's SDPA dropout draws its own Philox mask, which cannot
 //   equal attention_keep's (attention.h), so CPU, CUDA, TP ranks and recompute
 //   would disagree (docs/cuda.md). Such calls count as `.fallback`.
-// Built graphs are cached by (device, B, T, NH, G, HD, dtype, scale, fwd/bwd, causal,
-// padded); the
-// cuDNN workspace comes from the caching allocator. Compiled by the host
+// Blocks (attention_block.h): cuDNN takes a block whose mask is one of its forms —
+// the diagonal block (q_start = k_start, Tq = Tk: top-left causal), a block every
+// query sees whole (k_start + Tk − 1 <= q_start, or not causal: no mask), or
+// bottom-right causal (q_start + Tq = k_start + Tk, Tq <= Tk) — with its operands'
+// own strides; any other block runs the fallback.
+// Built graphs are cached by the problem's sizes, strides, dtype, scale, direction and
+// mask form; the cuDNN workspace comes from the caching allocator. Compiled by the host
 // compiler (the frontend is plain C++), so kernels live in the .cu files.
 #include <atomic>
 #include <cstdlib>
@@ -147,38 +152,43 @@ struct GraphEntry {
   std::string why;  // when !ok: what cuDNN said
 };
 
-using GraphKey = std::tuple<int, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, bool, bool>;
+// The mask forms cuDNN's SDPA takes.
+enum class MaskForm { None, TopLeft, BottomRight };
 
-// Builds (or finds) the fwd/bwd SDPA graph for this shape. Never throws for an
-// unsupported configuration: returns an entry with ok = false instead.
-// causal: the causal mask; padded: the padding mask (seq_len_q/seq_len_kv inputs kSeqQ/kSeqKV).
-std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward, int64_t B, int64_t T, int64_t NH,
-                                       int64_t G, int64_t HD, DType dt, float scale, bool causal, bool padded) {
+// Builds (or finds) the fwd/bwd SDPA graph for this problem's sizes and strides.
+// Never throws for an unsupported configuration: returns an entry with ok = false instead.
+// padded: the padding mask (seq_len_q/seq_len_kv inputs kSeqQ/kSeqKV).
+std::shared_ptr<GraphEntry> sdpa_graph(cudnnHandle_t h, bool forward, const AttnProblem& d, float scale,
+                                       MaskForm mask, bool padded) {
   static std::mutex mu;
-  static auto* cache = new std::map<GraphKey, std::shared_ptr<GraphEntry>>();
+  static auto* cache = new std::map<std::vector<int64_t>, std::shared_ptr<GraphEntry>>();
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &scale, 4);
-  const GraphKey key{device, forward, B, T, NH, G, HD, static_cast<int>(dt), scale_bits, causal, padded};
+  const int64_t B = d.B, Tq = d.Tq, Tk = d.Tk, NH = d.NH, G = d.G, HD = d.HD;
+  std::vector<int64_t> key{d.device, forward, B, Tq, Tk, NH, G, HD, static_cast<int64_t>(d.dt), scale_bits,
+                           static_cast<int64_t>(mask), padded, d.q.sb, d.q.st, d.k.sb, d.k.st, d.v.sb, d.v.st,
+                           d.out.sb, d.out.st, d.lse_sb, d.lse_sh};
+  if (!forward)
+    for (const AttnRows* r : {&d.dout, &d.dq, &d.dk, &d.dv}) key.insert(key.end(), {r->sb, r->st});
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
 
   auto e = std::make_shared<GraphEntry>();
-  const int64_t C = NH * HD, W = (NH + 2 * G) * HD;
-  const std::vector<int64_t> dims{B, NH, T, HD}, kv_dims{B, G, T, HD};
-  const std::vector<int64_t> qkv_strides{T * W, HD, W, 1}, o_strides{T * C, HD, C, 1};
-  const std::vector<int64_t> stat_dims{B, NH, T, 1}, stat_strides{NH * T, T, 1, 1};
+  const std::vector<int64_t> q_dims{B, NH, Tq, HD}, kv_dims{B, G, Tk, HD};
+  auto strides = [&](const AttnRows& r) { return std::vector<int64_t>{r.sb, HD, r.st, 1}; };
+  const std::vector<int64_t> stat_dims{B, NH, Tq, 1}, stat_strides{d.lse_sb, d.lse_sh, 1, 1};
   try {
     auto g = std::make_shared<fe::graph::Graph>();
-    g->set_io_data_type(dt == DType::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+    g->set_io_data_type(d.dt == DType::BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto tensor = [&](const char* name, int64_t uid, const std::vector<int64_t>& d, const std::vector<int64_t>& st) {
-      return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(d).set_stride(st));
+    auto tensor = [&](const char* name, int64_t uid, const std::vector<int64_t>& dm, const std::vector<int64_t>& st) {
+      return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dm).set_stride(st));
     };
-    auto Q = tensor("Q", kQ, dims, qkv_strides);
-    auto K = tensor("K", kK, kv_dims, qkv_strides);
-    auto V = tensor("V", kV, kv_dims, qkv_strides);
+    auto Q = tensor("Q", kQ, q_dims, strides(d.q));
+    auto K = tensor("K", kK, kv_dims, strides(d.k));
+    auto V = tensor("V", kV, kv_dims, strides(d.v));
     // Padding mask: per-sample lengths (B, 1, 1, 1) i32.
     auto seq_len = [&](const char* name, int64_t uid) {
       return g->tensor(fe::graph::Tensor_attributes()
@@ -188,35 +198,34 @@ std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward
                            .set_stride({1, 1, 1, 1})
                            .set_data_type(fe::DataType_t::INT32));
     };
-    if (forward) {
-      auto opts = fe::graph::SDPA_attributes()
-                      .set_name("sdpa")
-                      .set_generate_stats(true)
-                      .set_causal_mask(causal)
-                      .set_attn_scale(scale);
+    auto with_mask = [&](auto& opts) {
+      if (mask == MaskForm::TopLeft) opts.set_causal_mask(true);
+      if (mask == MaskForm::BottomRight) opts.set_causal_mask_bottom_right(true);
       if (padded)
         opts.set_padding_mask(true).set_seq_len_q(seq_len("seq_len_q", kSeqQ)).set_seq_len_kv(seq_len("seq_len_kv", kSeqKV));
+    };
+    if (forward) {
+      auto opts = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(scale);
+      with_mask(opts);
       auto [O, Stats] = g->sdpa(Q, K, V, opts);
-      O->set_output(true).set_dim(dims).set_stride(o_strides).set_uid(kO);
+      O->set_output(true).set_dim(q_dims).set_stride(strides(d.out)).set_uid(kO);
       Stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim(stat_dims).set_stride(stat_strides).set_uid(
           kStats);
     } else {
-      auto O = tensor("O", kO, dims, o_strides);
-      auto dO = tensor("dO", kDO, dims, o_strides);
+      auto O = tensor("O", kO, q_dims, strides(d.out));
+      auto dO = tensor("dO", kDO, q_dims, strides(d.dout));
       auto Stats = g->tensor(fe::graph::Tensor_attributes()
                                  .set_name("Stats")
                                  .set_uid(kStats)
                                  .set_dim(stat_dims)
                                  .set_stride(stat_strides)
                                  .set_data_type(fe::DataType_t::FLOAT));
-      auto opts =
-          fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_causal_mask(causal).set_attn_scale(scale);
-      if (padded)
-        opts.set_padding_mask(true).set_seq_len_q(seq_len("seq_len_q", kSeqQ)).set_seq_len_kv(seq_len("seq_len_kv", kSeqKV));
+      auto opts = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(scale);
+      with_mask(opts);
       auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opts);
-      dQ->set_output(true).set_dim(dims).set_stride(qkv_strides).set_uid(kDQ);
-      dK->set_output(true).set_dim(kv_dims).set_stride(qkv_strides).set_uid(kDK);
-      dV->set_output(true).set_dim(kv_dims).set_stride(qkv_strides).set_uid(kDV);
+      dQ->set_output(true).set_dim(q_dims).set_stride(strides(d.dq)).set_uid(kDQ);
+      dK->set_output(true).set_dim(kv_dims).set_stride(strides(d.dk)).set_uid(kDK);
+      dV->set_output(true).set_dim(kv_dims).set_stride(strides(d.dv)).set_uid(kDV);
     }
     fe::error_t st = g->validate();
     if (st.is_good()) st = g->build_operation_graph(h);
@@ -234,17 +243,24 @@ std::shared_ptr<GraphEntry> sdpa_graph(int device, cudnnHandle_t h, bool forward
     e->ok = false;
     e->why = ex.what();
   }
+  static const char* mask_names[] = {" no mask", " causal", " causal bottom-right"};
   if (!e->ok)
-    log_warn(str("attention: cuDNN ", forward ? "forward" : "backward", " unavailable for B=", B, " T=", T,
-                 " NH=", NH, " G=", G, " HD=", HD, " ", dtype_name(dt), causal ? " causal" : " bidirectional",
-                 padded ? " padded" : "", " (", e->why, "); using the cuBLAS path"));
-  cache->emplace(key, e);
+    log_warn(str("attention: cuDNN ", forward ? "forward" : "backward", " unavailable for B=", B, " Tq=", Tq,
+                 " Tk=", Tk, " NH=", NH, " G=", G, " HD=", HD, " ", dtype_name(d.dt),
+                 mask_names[static_cast<int>(mask)], padded ? " padded" : "", " (", e->why, "); using the cuBLAS path"));
+  cache->emplace(std::move(key), e);
   return e;
 }
 
-bool cudnn_eligible(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dqkv) {
-  if (g_force_fallback.load() || qkv.dtype() == DType::F32) return false;
-  return attention_cudnn_aligned(qkv, out, lse, dout, dqkv);
+// Every pointer cuDNN reads or writes is 16-byte aligned.
+bool problem_aligned(const AttnProblem& d, bool forward) {
+  for (const AttnRows* r : {&d.q, &d.k, &d.v, &d.out})
+    if (!aligned16(r->p)) return false;
+  if (!aligned16(d.lse)) return false;
+  if (!forward)
+    for (const AttnRows* r : {&d.dout, &d.dq, &d.dk, &d.dv})
+      if (!aligned16(r->p)) return false;
+  return true;
 }
 
 void execute(const GraphEntry& e, cudnnHandle_t h, int device, std::unordered_map<int64_t, void*>& pack, Stream s) {
@@ -255,85 +271,131 @@ void execute(const GraphEntry& e, cudnnHandle_t h, int device, std::unordered_ma
     MPT_THROW(str("cuDNN attention failed to execute: ", st.get_message()),
               "cuda_attention_force_fallback(true) uses the cuBLAS path");
 }
+
+// Runs the problem on cuDNN when it can (true), else returns false and the caller
+// runs the fallback. padded: the whole call's padding mask (kv_len).
+bool try_cudnn(const AttnProblem& d, bool forward, float scale, MaskForm mask, Stream s) {
+  if (g_force_fallback.load() || d.dt == DType::F32 || d.B * d.Tq * d.NH == 0) return false;
+  // T = 1: cuDNN 9's SDPA backward refuses s_q = s_kv = 1 (seen on an H200), so the
+  // fallback runs without asking (the lse of either path serves the other).
+  if (!forward && d.Tq == 1 && d.Tk == 1) return false;
+  if (!problem_aligned(d, forward)) return false;
+  DeviceGuard g(d.device);
+  const cudnnHandle_t h = cudnn_handle(d.device);
+  const bool padded = d.kv_len != nullptr;
+  const auto e = sdpa_graph(h, forward, d, scale, mask, padded);
+  if (!e->ok) return false;
+  std::unordered_map<int64_t, void*> pack{{kQ, d.q.p}, {kK, d.k.p}, {kV, d.v.p}, {kO, d.out.p}, {kStats, d.lse}};
+  if (!forward) {
+    pack[kDO] = d.dout.p;
+    pack[kDQ] = d.dq.p;
+    pack[kDK] = d.dk.p;
+    pack[kDV] = d.dv.p;
+  }
+  if (padded) {
+    pack[kSeqQ] = full_seq_lens(d.device, d.B, d.Tq).data_ptr();
+    pack[kSeqKV] = const_cast<int32_t*>(d.kv_len);
+  }
+  execute(*e, h, d.device, pack, s);
+  return true;
+}
 }  // namespace
 #endif  // MPITRON_WITH_CUDNN
 
 // out = softmax(Q·Kᵀ·scale, mask)·V, lse = its row statistics (attention.h)
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
                        const AttentionDropout& drop, const AttentionMask& mask, Stream s) {
+  const AttnProblem d = attention_problem(qkv, out, lse, mask);
 #ifdef MPITRON_WITH_CUDNN
-  const AttnShape d = attn_shape(qkv, out);
-  const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD;
-  const size_t es = dtype_size(qkv.dtype());
-  char* q = static_cast<char*>(qkv.data_ptr());
-  if (B * T * NH > 0 && drop.p == 0.0f && cudnn_eligible(qkv, out, lse, Tensor(), Tensor())) {
-    DeviceGuard g(qkv);
-    const int dev = qkv.device().index;
-    const cudnnHandle_t h = cudnn_handle(dev);
-    const bool padded = mask.kv_lengths.defined();
-    const auto e = sdpa_graph(dev, h, true, B, T, NH, d.G, HD, qkv.dtype(), scale, mask.causal, padded);
-    if (e->ok) {
-      std::unordered_map<int64_t, void*> pack{{kQ, q},
-                                              {kK, q + d.k_off * es},
-                                              {kV, q + d.v_off * es},
-                                              {kO, out.data_ptr()},
-                                              {kStats, lse.data_ptr()}};
-      if (padded) {
-        pack[kSeqQ] = full_seq_lens(dev, B, T).data_ptr();
-        pack[kSeqKV] = mask.kv_lengths.data_ptr();
-      }
-      execute(*e, h, dev, pack, s);
-      path_count_add("attention_forward", "cudnn");
-      return;
-    }
+  if (drop.p == 0.0f && try_cudnn(d, true, scale, mask.causal ? MaskForm::TopLeft : MaskForm::None, s)) {
+    path_count_add("attention_forward", "cudnn");
+    return;
   }
 #endif
   path_count_add("attention_forward", "fallback");
-  attention_forward_fallback(qkv, out, lse, scale, drop, mask, s);
+  attention_fallback_forward(d, scale, drop, s);
 }
 
 // dqkv (qkv's shape) = gradients of Q, K, V (overwritten; dK/dV summed over each group's heads)
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                         const Tensor& dqkv, float scale, const AttentionDropout& drop, const AttentionMask& mask,
                         Stream s) {
+  const AttnProblem d = attention_problem(qkv, out, lse, mask, dout, dqkv);
 #ifdef MPITRON_WITH_CUDNN
-  const AttnShape d = attn_shape(qkv, out);
-  const int64_t B = d.B, T = d.T, NH = d.NH, HD = d.HD;
-  const size_t es = dtype_size(qkv.dtype());
-  char* q = static_cast<char*>(qkv.data_ptr());
-  char* dq = static_cast<char*>(dqkv.data_ptr());
-  // T = 1: cuDNN 9's SDPA backward refuses s_q = s_kv = 1 (seen on an H200), so the fallback
-  // runs without asking (the lse of either path serves the other).
-  if (B * T * NH > 0 && T > 1 && drop.p == 0.0f && cudnn_eligible(qkv, out, lse, dout, dqkv)) {
+  if (drop.p == 0.0f && d.kv_len) {
+    // Padded keys' dK/dV rows: 0, whether or not cuDNN writes them (the fallback writes every row).
     DeviceGuard g(qkv);
-    const int dev = qkv.device().index;
-    const cudnnHandle_t h = cudnn_handle(dev);
-    const bool padded = mask.kv_lengths.defined();
-    const auto e = sdpa_graph(dev, h, false, B, T, NH, d.G, HD, qkv.dtype(), scale, mask.causal, padded);
-    if (e->ok) {
-      std::unordered_map<int64_t, void*> pack{{kQ, q},
-                                              {kK, q + d.k_off * es},
-                                              {kV, q + d.v_off * es},
-                                              {kO, out.data_ptr()},
-                                              {kDO, dout.data_ptr()},
-                                              {kStats, lse.data_ptr()},
-                                              {kDQ, dq},
-                                              {kDK, dq + d.k_off * es},
-                                              {kDV, dq + d.v_off * es}};
-      if (padded) {
-        pack[kSeqQ] = full_seq_lens(dev, B, T).data_ptr();
-        pack[kSeqKV] = mask.kv_lengths.data_ptr();
-        // Padded keys' dK/dV rows: 0, whether or not cuDNN writes them.
-        MPT_CUDA_CHECK(cudaMemsetAsync(dq, 0, dqkv.nbytes(), stream_of(s)));
-      }
-      execute(*e, h, dev, pack, s);
-      path_count_add("attention_backward", "cudnn");
-      return;
-    }
+    MPT_CUDA_CHECK(cudaMemsetAsync(dqkv.data_ptr(), 0, dqkv.nbytes(), stream_of(s)));
+  }
+  if (drop.p == 0.0f && try_cudnn(d, false, scale, mask.causal ? MaskForm::TopLeft : MaskForm::None, s)) {
+    path_count_add("attention_backward", "cudnn");
+    return;
   }
 #endif
   path_count_add("attention_backward", "fallback");
-  attention_backward_fallback(dout, qkv, out, lse, dqkv, scale, drop, mask, s);
+  attention_fallback_backward(d, scale, drop, s);
+}
+
+// ---- the block form (attention_block.h) ---------------------------------------------------
+namespace {
+AttnRows rows_of(const Tensor& t) {
+  return {t.defined() ? t.data_ptr() : nullptr, t.defined() ? t.strides()[0] : 0, t.defined() ? t.strides()[1] : 0};
+}
+AttnProblem block_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const AttentionBlock& blk) {
+  AttnProblem d;
+  d.device = q.device().index;
+  d.B = q.dim(0), d.Tq = q.dim(1), d.Tk = k.dim(1), d.NH = q.dim(2), d.G = k.dim(2), d.HD = q.dim(3);
+  d.dt = q.dtype();
+  d.q = rows_of(q), d.k = rows_of(k), d.v = rows_of(v), d.out = rows_of(out);
+  d.lse = static_cast<float*>(lse.data_ptr()), d.lse_sb = lse.strides()[0], d.lse_sh = lse.strides()[1];
+  d.q_start = blk.q_start, d.k_start = blk.k_start, d.seq = blk.seq > 0 ? blk.seq : d.Tq;
+  d.causal = blk.causal;
+  return d;
+}
+#ifdef MPITRON_WITH_CUDNN
+// The cuDNN mask form that is exactly this block's mask; false when there is none.
+bool block_mask_form(const AttnProblem& d, MaskForm* form) {
+  const int64_t q_last = d.q_start + d.Tq - 1, k_last = d.k_start + d.Tk - 1;
+  if (!d.causal || k_last <= d.q_start) *form = MaskForm::None;  // every query sees every key
+  else if (d.q_start == d.k_start && d.Tq == d.Tk) *form = MaskForm::TopLeft;
+  else if (q_last == k_last && d.Tq <= d.Tk) *form = MaskForm::BottomRight;
+  else return false;
+  return true;
+}
+#endif
+}  // namespace
+
+void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                             const Tensor& lse, float scale, const AttentionBlock& blk, const AttentionDropout& drop,
+                             Stream s) {
+  const AttnProblem d = block_problem(q, k, v, out, lse, blk);
+#ifdef MPITRON_WITH_CUDNN
+  MaskForm form;
+  if (drop.p == 0.0f && block_mask_form(d, &form) && try_cudnn(d, true, scale, form, s)) {
+    path_count_add("attention_block_forward", "cudnn");
+    return;
+  }
+#endif
+  path_count_add("attention_block_forward", "fallback");
+  attention_fallback_forward(d, scale, drop, s);
+}
+
+void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv, float scale, const AttentionBlock& blk, const AttentionDropout& drop,
+                              Stream s) {
+  AttnProblem d = block_problem(q, k, v, out, lse, blk);
+  d.dout = rows_of(dout), d.dq = rows_of(dq), d.dk = rows_of(dk), d.dv = rows_of(dv);
+#ifdef MPITRON_WITH_CUDNN
+  MaskForm form;
+  if (drop.p == 0.0f && block_mask_form(d, &form) && try_cudnn(d, false, scale, form, s)) {
+    path_count_add("attention_block_backward", "cudnn");
+    return;
+  }
+#endif
+  path_count_add("attention_block_backward", "fallback");
+  attention_fallback_backward(d, scale, drop, s);
 }
 
 }  // namespace mpitron::cuda

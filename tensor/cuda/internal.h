@@ -33,12 +33,36 @@ void strided_matmul(int device, Stream s, DType in_dt, DType out_dt, MatOperand 
 bool attention_cudnn_aligned(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                              const Tensor& dqkv);
 
-// The cuBLAS + softmax attention (attention_fallback.cu); same contract as
-// attention_forward / attention_backward in attention.h.
-void attention_forward_fallback(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,
-                                const AttentionDropout& drop, const AttentionMask& mask, Stream s);
-void attention_backward_fallback(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                 const Tensor& dqkv, float scale, const AttentionDropout& drop,
-                                 const AttentionMask& mask, Stream s);
+// One attention problem on raw device pointers, the form both the cuDNN graphs and
+// the fallback take (attention.h's packed call and attention_block.h's block call
+// both become one). An operand (B, T, H, HD) has element (b, t, head, e) at
+// p + b·sb + t·st + head·HD + e (elements): the heads of a row packed, free row and
+// batch strides.
+struct AttnRows {
+  void* p = nullptr;
+  int64_t sb = 0, st = 0;
+};
+struct AttnProblem {
+  int device = 0;  // the CUDA device of every pointer
+  int64_t B = 0, Tq = 0, Tk = 0, NH = 0, G = 0, HD = 0;
+  DType dt = DType::F32;
+  AttnRows q, k, v, out;      // (B, Tq, NH, HD), (B, Tk, G, HD) ×2, (B, Tq, NH, HD)
+  AttnRows dout, dq, dk, dv;  // backward only (same shapes)
+  float* lse = nullptr;       // (B, NH, Tq) f32: element (b, h, i) at lse + b·lse_sb + h·lse_sh + i
+  int64_t lse_sb = 0, lse_sh = 0;
+  int64_t q_start = 0, k_start = 0;  // global positions of query and key row 0
+  int64_t seq = 0;                   // the whole sequence length the dropout mask keys on
+  bool causal = true;                // key p visible from query q iff p <= q
+  const int32_t* kv_len = nullptr;   // (B) i32 on the device: keys j >= len_b masked; null: none
+};
+// The packed whole call of attention.h: qkv (B, T, NH + 2G, HD) or 5-D, out, lse, mask;
+// dout/dqkv may be undefined (forward).
+AttnProblem attention_problem(const Tensor& qkv, const Tensor& out, const Tensor& lse, const AttentionMask& mask,
+                              const Tensor& dout = Tensor(), const Tensor& dqkv = Tensor());
+
+// The cuBLAS + softmax attention (attention_fallback.cu): out and lse (forward), dq,
+// dk, dv (backward, overwritten) of the problem, as attention.h / attention_block.h.
+void attention_fallback_forward(const AttnProblem& p, float scale, const AttentionDropout& drop, Stream s);
+void attention_fallback_backward(const AttnProblem& p, float scale, const AttentionDropout& drop, Stream s);
 
 }  // namespace mpitron::cuda

@@ -1,0 +1,85 @@
+// tensor/attention_block.h — the block form of attention (attention.h), the kernel
+// context parallelism is built from: the queries of one block of rows against the
+// keys and values of another, each block knowing where it sits in the whole
+// sequence, returning its output AND its log-sum-exp so partial results over
+// different key blocks merge exactly (attention_merge); and the backward of one
+// block given the merged output and log-sum-exp (flash attention's recurrence).
+//
+//   q      (B, Tq, NH, HD)  queries at global positions q_start … q_start + Tq − 1
+//   k, v   (B, Tk, G, HD)   keys and values at k_start … k_start + Tk − 1; query head h
+//                           reads kv group h / (NH/G) (GQA; G = NH is MHA)
+//   out    (B, Tq, NH, HD)  = softmax(q·kᵀ·scale, mask) · v over THIS block's keys
+//   lse    (B, NH, Tq) f32  = log Σ_j exp(score_ij) over this block's visible keys
+//   mask   causal: the key at global position p is visible from the query at q iff
+//          p <= q; otherwise every key is visible. A row that sees no key of the
+//          block gets out 0 and lse −∞ (attention_merge then ignores it).
+//
+// Views: q, k, v, out, dout, dq, dk, dv may be strided views of bigger tensors
+// (e.g. the Q, K, V heads of a packed qkv, or one chunk of the rows) as long as
+// each row's heads are packed: stride(3) == 1 and stride(2) == HD; the row and batch
+// strides are free. lse: stride(2) == 1. So no permute or gather copies are needed.
+// dtypes: q, k, v, out, dout, dq, dk, dv share f32, bf16 or f16; math in f32.
+//
+// Attention dropout (AttentionDropout, attention.h): element (b, head, i, j) keeps
+// attention_keep(seed, offset, b, first_head + h, q_start + i, k_start + j, seq, p),
+// the mask of one attention call over the whole sequence of `seq` tokens, so a
+// computation split into blocks (over ranks, in any order) drops exactly what the
+// single call drops.
+//
+// Backward of one block whose rows are part of a longer softmax: with O and L the
+// MERGED output and log-sum-exp of those rows (over every key block),
+//   P   = exp(scale·q·kᵀ − L) on this block's visible keys (0 elsewhere), D_i = dO_i·O_i
+//   dS  = P ∘ (dO·vᵀ ∘ M/(1 − p) − D)           (M: the dropout keep mask)
+//   dq  = scale·dS·k,  dk = scale·dSᵀ·q,  dv = (P ∘ M/(1 − p))ᵀ·dO
+// dq, dk, dv are this block's share, overwritten; dk and dv of a kv group sum over
+// the group's NH/G query heads. The shares of all blocks add up to the gradient of
+// the whole attention.
+//
+// CPU: one implementation with attention_forward/backward (tensor/cpu/attention.cpp).
+// CUDA: cuDNN fused attention where its mask forms cover the block (16-bit, no
+// dropout, aligned: the diagonal block (top-left causal, Tq = Tk, q_start = k_start),
+// a block every query sees whole (no mask), or bottom-right causal (q_start + Tq =
+// k_start + Tk)); otherwise the cuBLAS + softmax fallback, as attention.h.
+#pragma once
+#include <cstdint>
+
+#include "tensor/attention.h"
+#include "tensor/tensor.h"
+
+namespace mpitron {
+
+// Where a block's rows sit in the whole sequence.
+struct AttentionBlock {
+  int64_t q_start = 0;  // global position of query row 0
+  int64_t k_start = 0;  // global position of key row 0
+  int64_t seq = 0;      // the whole sequence's length T (the dropout mask's keying); 0: Tq
+  bool causal = true;   // key p visible from query q iff p <= q
+};
+
+// Which keys of the block query row i sees: j < visible_keys(i) (keys are a prefix).
+inline int64_t attention_block_visible(const AttentionBlock& b, int64_t i, int64_t tk) {
+  if (!b.causal) return tk;
+  const int64_t hi = b.q_start + i - b.k_start + 1;
+  return hi < 0 ? 0 : hi > tk ? tk : hi;
+}
+
+void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                             const Tensor& lse, float scale, const AttentionBlock& blk,
+                             const AttentionDropout& drop = {}, Stream s = Stream());
+// out, lse: the merged (whole-row) values; dq (q's shape), dk, dv (k's shape) overwritten.
+void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv, float scale, const AttentionBlock& blk,
+                              const AttentionDropout& drop = {}, Stream s = Stream());
+
+// Merges a block's partial result into a running one (the log-sum-exp rescaling of
+// flash attention and ring attention):
+//   acc     (B, T, NH, HD) f32, acc_lse (B, NH, T) f32  — start at 0 and −∞
+//   part    (B, T, NH, HD) any float dtype, part_lse (B, NH, T) f32
+//   L = log(e^acc_lse + e^part_lse);  acc ← acc·e^(acc_lse − L) + part·e^(part_lse − L);  acc_lse ← L
+// A row with part_lse = −∞ is left unchanged; acc and acc_lse must be contiguous,
+// part and part_lse may be views as above.
+void attention_merge(const Tensor& acc, const Tensor& acc_lse, const Tensor& part, const Tensor& part_lse,
+                     Stream s = Stream());
+
+}  // namespace mpitron
