@@ -132,3 +132,55 @@ TEST_CASE("grid: middle pipeline stages are in no embedding group (pp = world)")
   g2.reset();
   CHECK(g.pp_size() == n);
 }
+
+TEST_CASE("grid: context parallelism, tp fastest, then cp, then dp, then pp; dp x cp groups") {
+  const int n = wsize();
+  struct L {
+    int tp, cp, pp;
+  };
+  for (const L l : {L{1, 2, 1}, L{2, 2, 1}, L{1, 2, 2}, L{1, 4, 1}}) {
+    if (n % (l.tp * l.cp * l.pp) != 0) continue;
+    GridConfig cfg;
+    cfg.tp = l.tp;
+    cfg.cp = l.cp;
+    cfg.pp = l.pp;
+    Grid g(MPI_COMM_WORLD, cfg);
+    const int w = g.world_rank(), dp = n / (l.tp * l.cp * l.pp);
+    INFO("tp ", l.tp, " cp ", l.cp, " pp ", l.pp, ": ", g.describe());
+    CHECK(g.cp_size() == l.cp);
+    CHECK(g.dp_size() == dp);
+    CHECK(g.tp_rank() == w % l.tp);
+    CHECK(g.cp_rank() == (w / l.tp) % l.cp);
+    CHECK(g.dp_rank() == (w / (l.tp * l.cp)) % dp);
+    CHECK(g.pp_rank() == w / (l.tp * l.cp * dp));
+    for (int q = 0; q < n; ++q) CHECK(g.rank_of(g.coord_of(q)) == q);
+    CHECK(members(g.tp_comm()) == g.tp_group_ranks());
+    CHECK(members(g.cp_comm()) == g.cp_group_ranks());
+    CHECK(members(g.dp_comm()) == g.dp_group_ranks());
+    CHECK(members(g.pp_comm()) == g.pp_group_ranks());
+    CHECK(members(g.dp_cp_comm()) == g.dp_cp_group_ranks());
+    CHECK(rank_in(g.cp_comm()) == g.cp_rank());
+    CHECK(rank_in(g.dp_cp_comm()) == g.cp_rank() + l.cp * g.dp_rank());
+    // The model-parallel group is one replica's tp x pp ranks: same dp and cp.
+    const std::vector<int> mp = members(g.mp_comm());
+    CHECK(static_cast<int>(mp.size()) == l.tp * l.pp);
+    for (int q : mp) CHECK((g.coord_of(q).dp == g.dp_rank() && g.coord_of(q).cp == g.cp_rank()));
+    if (g.in_embedding_group()) CHECK(members(g.embedding_comm()) == g.embedding_group_ranks());
+    CHECK(g.describe().find(str("cp ", l.cp)) != std::string::npos);
+    if (n == 4 && l.tp == 2) {  // world 4 = tp 2 x cp 2: cp groups {0,2} {1,3}
+      const std::vector<int> cpg[] = {{0, 2}, {1, 3}, {0, 2}, {1, 3}};
+      CHECK(g.cp_group_ranks() == cpg[w]);
+      CHECK(g.dp_group_ranks() == std::vector<int>{w});
+    }
+    if (n == 4 && l.tp == 1 && l.cp == 2 && l.pp == 1) {  // cp 2 x dp 2: cp {0,1} {2,3}, dp {0,2} {1,3}
+      const std::vector<int> cpg[] = {{0, 1}, {0, 1}, {2, 3}, {2, 3}};
+      const std::vector<int> dpg[] = {{0, 2}, {1, 3}, {0, 2}, {1, 3}};
+      CHECK(g.cp_group_ranks() == cpg[w]);
+      CHECK(g.dp_group_ranks() == dpg[w]);
+      CHECK(g.dp_cp_group_ranks() == std::vector<int>{0, 1, 2, 3});
+    }
+  }
+  GridConfig bad;
+  bad.cp = n + 1;
+  CHECK_THROWS_WITH_AS(Grid(MPI_COMM_WORLD, bad), doctest::Contains("context-parallel-size"), Error);
+}
