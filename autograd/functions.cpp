@@ -327,6 +327,37 @@ Var dropout(Tape& tape, const Var& x, float p, uint64_t seed, uint64_t offset) {
   return out;
 }
 
+namespace {
+struct DropoutRowsNode final : Node {
+  Var x, y;
+  float p = 0;
+  uint64_t seed = 0;
+  std::vector<DropoutRows> segments;
+  const char* name() const override { return "dropout_rows"; }
+  void backward() override {
+    if (!y.grad().defined() || !x.requires_grad()) return;
+    Tensor dx = empty_like(x.value());
+    for (const DropoutRows& r : segments)
+      dropout_backward(y.grad().slice(0, r.row, r.row + r.rows), dx.slice(0, r.row, r.row + r.rows), p, seed, r.offset);
+    axpby(1.0f, dx, 1.0f, x.grad_or_zeros());
+  }
+};
+}  // namespace
+
+Var dropout(Tape& tape, const Var& x, float p, uint64_t seed, const std::vector<DropoutRows>& segments) {
+  if (p == 0.0f) return x;
+  Tensor y = empty_like(x.value());
+  for (const DropoutRows& r : segments)
+    dropout_forward(x.value().slice(0, r.row, r.row + r.rows), y.slice(0, r.row, r.row + r.rows), p, seed, r.offset);
+  Var out(y, x.requires_grad());
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<DropoutRowsNode>();
+    n->x = x, n->y = out, n->p = p, n->seed = seed, n->segments = segments;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
 // ---- cross-entropy ---------------------------------------------------------------------
 // Fused classifier: when the tape records, forward computes the losses AND the
 // logits gradient of the mean loss in one pass (no second read of the logits

@@ -3,6 +3,7 @@
 // Shapes follow the tensor/ headers; activations are (N, C) with N = B·T.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "autograd/tape.h"
 #include "tensor/attention.h"
@@ -37,6 +38,14 @@ Var attention(Tape& tape, const Var& qkv, int64_t batch, int64_t seq, int64_t he
               const AttentionMask& mask);
 // Philox dropout; (seed, offset) names the mask.
 Var dropout(Tape& tape, const Var& x, float p, uint64_t seed, uint64_t offset);
+// Dropout of x (N, C) segment by segment: rows [row, row + rows) take the mask
+// (seed, offset) of their segment (context parallelism: each run of rows at its
+// single-process offset); the segments cover every row once.
+struct DropoutRows {
+  int64_t row, rows;
+  uint64_t offset;
+};
+Var dropout(Tape& tape, const Var& x, float p, uint64_t seed, const std::vector<DropoutRows>& segments);
 // Mean over valid positions (targets >= 0) of softmax cross-entropy: a (1) f32 Var.
 // When the tape records, the logits' buffer is overwritten IN PLACE by the
 // gradient of the mean loss (fused classifier): do not read the logits after.

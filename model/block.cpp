@@ -5,11 +5,13 @@
 namespace mpitron {
 
 BlockShape block_shape(const GPTConfig& c, int64_t batch, int64_t seq, const TensorParallel& tp, bool train,
-                       int64_t layer) {
+                       int64_t layer, const ContextParallel& cp) {
   BlockShape s{batch, seq, c.hidden_size, c.num_attention_heads, c.ffn(), train ? c.hidden_dropout : 0.0f,
                c.layernorm_epsilon, tp, train ? c.attention_dropout : 0.0f};
-  // Attention dropout: layer l's Philox blocks [l·⌈T²/4⌉, (l+1)·⌈T²/4⌉) of each (batch, head).
-  s.attention_offset = static_cast<uint64_t>(layer) * static_cast<uint64_t>((seq * seq + 3) / 4);
+  s.cp = cp;
+  // Attention dropout: layer l's Philox blocks [l·⌈T²/4⌉, (l+1)·⌈T²/4⌉) of each (batch, head) (T: the whole sequence).
+  const int64_t T = s.global_seq();
+  s.attention_offset = static_cast<uint64_t>(layer) * static_cast<uint64_t>((T * T + 3) / 4);
   s.groups = c.query_groups();
   s.norm = c.normalization;
   s.swiglu = c.swiglu;
@@ -53,13 +55,41 @@ int64_t BlockParams::count() const {
   return n;
 }
 
+std::vector<RowRun> activation_row_runs(int64_t batch, int64_t seq, const TensorParallel& tp,
+                                        const ContextParallel& cp) {
+  const int64_t n = batch * seq, first = tp.first_row(n), rows = tp.local_rows(n);
+  if (!cp.active()) return {{0, first, rows}};
+  const int64_t T = seq * cp.size;
+  std::vector<RowRun> v;
+  for (int64_t b = 0; b < batch; ++b)
+    for (const ContextParallel::Run& r : cp.runs(T)) {
+      // local rows [b·seq + r.local, + r.len) are global rows [b·T + r.global, + r.len); keep this TP rank's part
+      const int64_t lo = std::max(b * seq + r.local, first), hi = std::min(b * seq + r.local + r.len, first + rows);
+      if (lo < hi) v.push_back({lo - first, b * T + r.global + (lo - b * seq - r.local), hi - lo});
+    }
+  return v;
+}
+std::vector<RowRun> activation_row_runs(const BlockShape& s) { return activation_row_runs(s.batch, s.seq, s.tp, s.cp); }
+
 namespace {
 Tensor like(const Tensor& x, const Shape& shape) { return Tensor::empty(shape, x.dtype(), x.device()); }
 
-// Philox offsets count blocks of 4 numbers (core/philox.h): this rank's first
-// element (first_row·C, a multiple of 4) starts block first_row·C/4 of the mask.
-uint64_t row0(const BlockShape& s) { return static_cast<uint64_t>(s.tp.first_row(s.tokens()) * s.hidden / 4); }
-uint64_t mlp_offset(const BlockShape& s) { return static_cast<uint64_t>(s.tokens() * s.hidden); }
+// The (N, C) masks of a block are named by the single-process element index: Philox
+// offsets count blocks of 4 numbers (core/philox.h), so global row g starts block
+// g·C/4 (C % 4 == 0 whenever the rows are split). mlp_offset: the MLP mask follows
+// the attention one's B·T·C elements.
+uint64_t mlp_offset(const BlockShape& s) { return static_cast<uint64_t>(s.global_tokens() * s.hidden); }
+// In place on this rank's rows (Nl, C), run by run.
+void drop_rows(const BlockShape& s, const Tensor& t, uint64_t seed, uint64_t base) {
+  for (const RowRun& r : activation_row_runs(s))
+    dropout_forward(t.slice(0, r.local, r.local + r.len), t.slice(0, r.local, r.local + r.len), s.dropout, seed,
+                    base + static_cast<uint64_t>(r.global * s.hidden / 4));
+}
+void drop_rows_backward(const BlockShape& s, const Tensor& dy, const Tensor& dx, uint64_t seed, uint64_t base) {
+  for (const RowRun& r : activation_row_runs(s))
+    dropout_backward(dy.slice(0, r.local, r.local + r.len), dx.slice(0, r.local, r.local + r.len), s.dropout, seed,
+                     base + static_cast<uint64_t>(r.global * s.hidden / 4));
+}
 }  // namespace
 
 namespace {
@@ -68,13 +98,13 @@ void post_ln_forward(const BlockShape& s, const BlockParams& p, const Tensor& x,
                      uint64_t seed, uint64_t offset, const AttentionCore* core) {
   const int64_t Nl = s.local_rows(), C = s.hidden;
   Tensor att = attention_layer_forward(s, p.attn, x, a.attn, seed, core);  // (Nl, C)
-  if (s.dropout > 0) dropout_forward(att, att, s.dropout, seed, offset + row0(s));
+  if (s.dropout > 0) drop_rows(s, att, seed, offset);
   a.r1 = like(x, {Nl, C});
   add_forward(x, att, a.r1);
   a.x2 = like(x, {Nl, C});
   norm_forward(s.norm, s.eps, p.norm1, a.r1, a.x2, a.n1);
   Tensor mlp = mlp_layer_forward(s, p.mlp, a.x2, a.mlp);  // (Nl, C)
-  if (s.dropout > 0) dropout_forward(mlp, mlp, s.dropout, seed, offset + mlp_offset(s) + row0(s));
+  if (s.dropout > 0) drop_rows(s, mlp, seed, offset + mlp_offset(s));
   a.r2 = like(x, {Nl, C});
   add_forward(a.x2, mlp, a.r2);
   norm_forward(s.norm, s.eps, p.norm2, a.r2, y, a.n2);
@@ -88,13 +118,13 @@ void block_forward(const BlockShape& s, const BlockParams& p, const Tensor& x, c
   Tensor h1 = like(x, {Nl, C});
   norm_forward(s.norm, s.eps, p.norm1, x, h1, a.n1);
   Tensor att = attention_layer_forward(s, p.attn, h1, a.attn, seed, core);  // (Nl, C)
-  if (s.dropout > 0) dropout_forward(att, att, s.dropout, seed, offset + row0(s));
+  if (s.dropout > 0) drop_rows(s, att, seed, offset);
   a.x2 = like(x, {Nl, C});
   add_forward(x, att, a.x2);
   Tensor h2 = like(x, {Nl, C});
   norm_forward(s.norm, s.eps, p.norm2, a.x2, h2, a.n2);
   Tensor mlp = mlp_layer_forward(s, p.mlp, h2, a.mlp);  // (Nl, C)
-  if (s.dropout > 0) dropout_forward(mlp, mlp, s.dropout, seed, offset + mlp_offset(s) + row0(s));
+  if (s.dropout > 0) drop_rows(s, mlp, seed, offset + mlp_offset(s));
   add_forward(a.x2, mlp, y);
 }
 
@@ -109,7 +139,7 @@ void block_backward_input(const BlockShape& s, const BlockParams& p, const Tenso
     Tensor dr2 = Tensor::zeros({Nl, C}, dy.dtype(), dy.device());
     norm_backward_input(s.norm, p.norm2, a.r2, a.n2, dy, dr2);
     Tensor dmlp = like(dy, {Nl, C});
-    if (s.dropout > 0) dropout_backward(dr2, dmlp, s.dropout, seed, offset + mlp_offset(s) + row0(s));
+    if (s.dropout > 0) drop_rows_backward(s, dr2, dmlp, seed, offset + mlp_offset(s));
     else dmlp.copy_from(dr2);
     const Tensor dh2 = mlp_layer_backward(s, p.mlp, a.mlp, dmlp, defer);
     Tensor dx2 = like(dy, {Nl, C});  // dr2 + mlpᵀ(dmlp)
@@ -117,7 +147,7 @@ void block_backward_input(const BlockShape& s, const BlockParams& p, const Tenso
     Tensor dr1 = Tensor::zeros({Nl, C}, dy.dtype(), dy.device());
     norm_backward_input(s.norm, p.norm1, a.r1, a.n1, dx2, dr1);
     Tensor datt = like(dy, {Nl, C});
-    if (s.dropout > 0) dropout_backward(dr1, datt, s.dropout, seed, offset + row0(s));
+    if (s.dropout > 0) drop_rows_backward(s, dr1, datt, seed, offset);
     else datt.copy_from(dr1);
     const Tensor dh1 = attention_layer_backward(s, p.attn, a.attn, datt, seed, defer);
     add_forward(dr1, dh1, dx);
@@ -125,7 +155,7 @@ void block_backward_input(const BlockShape& s, const BlockParams& p, const Tenso
   } else {
     // MLP: y = x2 + drop(mlp(h2))
     Tensor dmlp = like(dy, {Nl, C});
-    if (s.dropout > 0) dropout_backward(dy, dmlp, s.dropout, seed, offset + mlp_offset(s) + row0(s));
+    if (s.dropout > 0) drop_rows_backward(s, dy, dmlp, seed, offset + mlp_offset(s));
     else dmlp.copy_from(dy);
     const Tensor dh2 = mlp_layer_backward(s, p.mlp, a.mlp, dmlp, defer);
     Tensor dx2 = like(dy, {Nl, C});  // dy + norm2ᵀ(dh2)
@@ -133,7 +163,7 @@ void block_backward_input(const BlockShape& s, const BlockParams& p, const Tenso
     norm_backward_input(s.norm, p.norm2, a.x2, a.n2, dh2, dx2);
     // Attention: x2 = x + drop(attention(h1))
     Tensor datt = like(dy, {Nl, C});
-    if (s.dropout > 0) dropout_backward(dx2, datt, s.dropout, seed, offset + row0(s));
+    if (s.dropout > 0) drop_rows_backward(s, dx2, datt, seed, offset);
     else datt.copy_from(dx2);
     const Tensor dh1 = attention_layer_backward(s, p.attn, a.attn, datt, seed, defer);
     dx.copy_from(dx2);  // dx2 + norm1ᵀ(dh1)

@@ -37,6 +37,14 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
   MPT_CHECK(!tp.sequence_parallel || cfg_.hidden_size % 4 == 0,
             str("--sequence-parallel needs --hidden-size divisible by 4 (dropout masks start at a Philox block), got ",
                 cfg_.hidden_size), "");
+  if (mp_.cp.active()) {  // context parallelism (parallel/context_parallel.h)
+    MPT_CHECK(cfg_.causal, "--context-parallel-size > 1 needs causal attention: BERT's padding mask is not supported",
+              "train BERT without --context-parallel-size");
+    MPT_CHECK(cfg_.hidden_size % 4 == 0,
+              str("--context-parallel-size needs --hidden-size divisible by 4 (dropout masks start at a Philox block), "
+                  "got ", cfg_.hidden_size), "");
+    check_context_parallel(mp_.cp, cfg_.seq_length, cfg_.num_attention_heads / tp.size, cfg_.query_groups() / tp.size);
+  }
   const int64_t per_stage = cfg_.num_layers / stages;
   MPT_CHECK(mp_.chunk_stages.empty() || static_cast<int>(mp_.chunk_stages.size()) == mp_.virtual_stages,
             str("ModelParallel::chunk_stages holds ", mp_.chunk_stages.size(), " stages for ", mp_.virtual_stages,
@@ -116,7 +124,7 @@ const BlockParams& GPT::block_params(int64_t layer) const {
 }
 
 Shape GPT::activation_shape(int64_t batch) const {
-  return {mp_.tp.local_rows(batch * cfg_.seq_length), cfg_.hidden_size};
+  return {mp_.tp.local_rows(batch * mp_.cp.local_seq(cfg_.seq_length)), cfg_.hidden_size};
 }
 
 void GPT::init_weights(uint64_t seed) {
@@ -143,7 +151,8 @@ void GPT::init_weights(uint64_t seed) {
 
 Var GPT::embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt) {
   const TensorParallel& tp = mp_.tp;
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), N = B * T;
+  const ContextParallel& cp = mp_.cp;
+  const int64_t B = tokens.dim(0), Tl = tokens.dim(1), N = B * Tl, T = Tl * cp.size;  // tokens: this rank's T/cp
   MPT_CHECK(!cfg_.learned_positions() || T <= cfg_.max_position_embeddings,
             str("sequence of ", T, " tokens exceeds --max-position-embeddings ", cfg_.max_position_embeddings), "");
   MPT_CHECK(!tp.sequence_parallel || N % tp.size == 0,
@@ -155,20 +164,25 @@ Var GPT::embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt) {
   Var x = ag::embedding(tape, ids, params_.var("wte"), vocab_start);
   x = tp.sequence_parallel ? ag::tp_scatter(tape, x, tp) : ag::tp_reduce(tape, x, tp);
   const int64_t rows = tp.local_rows(N), row0 = tp.first_row(N);
-  if (cfg_.learned_positions()) {
+  if (cfg_.learned_positions()) {  // each row's position in the whole sequence
     std::vector<int64_t> pos(static_cast<size_t>(rows));
-    for (int64_t i = 0; i < rows; ++i) pos[static_cast<size_t>(i)] = (row0 + i) % T;
+    for (int64_t i = 0; i < rows; ++i) pos[static_cast<size_t>(i)] = cp.global_position((row0 + i) % Tl, T);
     Tensor pos_ids = Tensor::from_ints(pos, {rows}, DType::I32).to(device_);
     x = ag::add(tape, x, ag::embedding(tape, pos_ids, ag::sequence_parallel_param(tape, params_.var("wpe"), tp)));
   }
   const float p = opt.train ? cfg_.hidden_dropout : 0.0f;
   // Dropout offsets: the embedding mask first (global element index), then two masks of N·C per block.
-  // (the offset counts Philox blocks of 4 elements; hidden_size % 4 == 0 under sequence parallelism).
-  return ag::dropout(tape, x, p, opt.dropout_seed, static_cast<uint64_t>(row0 * cfg_.hidden_size / 4));
+  // (the offset counts Philox blocks of 4 elements; hidden_size % 4 == 0 under sequence or context parallelism).
+  if (!cp.active()) return ag::dropout(tape, x, p, opt.dropout_seed, static_cast<uint64_t>(row0 * cfg_.hidden_size / 4));
+  std::vector<ag::DropoutRows> segments;  // this rank's rows at their single-process rows
+  for (const RowRun& r : activation_row_runs(B, Tl, tp, cp))
+    segments.push_back({r.local, r.len, static_cast<uint64_t>(r.global * cfg_.hidden_size / 4)});
+  return ag::dropout(tape, x, p, opt.dropout_seed, segments);
 }
 
 Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt) {
-  const uint64_t nc = static_cast<uint64_t>(batch * seq * cfg_.hidden_size);
+  // The masks' offsets count the single-process N·C elements (seq is T/cp with context parallelism).
+  const uint64_t nc = static_cast<uint64_t>(batch * seq * mp_.cp.size * cfg_.hidden_size);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const int64_t l = block_layer_[i];
     if (l < ch.first_layer || l >= ch.end_layer) continue;
@@ -177,7 +191,7 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
     std::function<void()> ready;
     if (opt.grads_ready) ready = [cb = opt.grads_ready, first, end] { cb(first, end); };
     const bool recompute = opt.recompute && (opt.recompute_num_layers == 0 || l - ch.first_layer < opt.recompute_num_layers);
-    BlockShape s = block_shape(cfg_, batch, seq, mp_.tp, opt.train, l);
+    BlockShape s = block_shape(cfg_, batch, seq, mp_.tp, opt.train, l, mp_.cp);
     s.kv_lengths = opt.kv_lengths;
     x = block(tape, s, blocks_[i], x, opt.dropout_seed, nc * (1 + 2 * static_cast<uint64_t>(l)), recompute,
               std::move(ready));
@@ -233,7 +247,7 @@ Var GPT::forward(Tape& tape, const Tensor& tokens, const Tensor& targets, const 
 }
 
 Tensor GPT::logits(const Tensor& tokens) {
-  MPT_CHECK(mp_.tp.size == 1 && mp_.pp_size == 1, "GPT::logits needs the whole model on one rank",
+  MPT_CHECK(mp_.tp.size == 1 && mp_.pp_size == 1 && mp_.cp.size == 1, "GPT::logits needs the whole model on one rank",
             "load the checkpoint into a single process (it loads under any layout)");
   Tape tape;
   tape.set_recording(false);

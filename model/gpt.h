@@ -50,6 +50,12 @@ struct ForwardOptions {
 
 struct ModelParallel {
   TensorParallel tp;
+  // Context parallelism: this rank holds T/cp tokens of every sequence (chunks r and
+  // 2·cp − 1 − r, parallel/context_parallel.h); forward takes those (B, T/cp) tokens
+  // and targets, attention runs across the cp group, positions and dropout masks
+  // follow the global positions, and the loss is the mean over the local tokens
+  // (its mean over the cp group is the whole sequence's).
+  ContextParallel cp;
   int pp_size = 1, pp_rank = 0;
   int virtual_stages = 1;  // model chunks per pipeline rank
   // The global stage of each local chunk (the pipeline schedule's placement, e.g.
@@ -76,7 +82,8 @@ class GPT {
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
   const ChunkInfo& chunk(int c) const { return chunks_[static_cast<size_t>(c)]; }
   // The activation one chunk passes to the next for a micro-batch of `batch`
-  // samples: (B·T, C), or (B·T/t, C) with sequence parallelism; compute dtype.
+  // samples: (B·T, C), or (B·T/t, C) with sequence parallelism, T/cp for T with
+  // context parallelism; compute dtype.
   Shape activation_shape(int64_t batch) const;
   // The single-rank parameter list (name, global shape) in ParamSet order: the
   // names and shapes a checkpoint holds whatever the parallel layout.

@@ -23,7 +23,7 @@ std::string MemoryEstimate::to_string() const {
 }
 
 void check_fits_memory(const GPTConfig& c, int64_t micro_batch, int tp, int pp, int dp, int zero_stage,
-                       int64_t capacity, const std::string& device_name) {
+                       int64_t capacity, const std::string& device_name, int cp) {
   // The largest rank holds at least the average share.
   const double params = static_cast<double>(c.num_parameters()) / (static_cast<double>(tp) * pp);
   const double e = static_cast<double>(dtype_size(c.compute_dtype));
@@ -32,7 +32,7 @@ void check_fits_memory(const GPTConfig& c, int64_t micro_batch, int tp, int pp, 
   TensorParallel tpl;
   tpl.size = tp;
   const double block =
-      static_cast<double>(block_memory(block_shape(c, micro_batch, c.seq_length, tpl, true, 0)).saved_act) * e;
+      static_cast<double>(block_memory(block_shape(c, micro_batch, c.seq_length / cp, tpl, true, 0)).saved_act) * e;
   const double need = state + block;
   const double cap = static_cast<double>(capacity);
   MPT_CHECK(need <= cap,
@@ -50,10 +50,29 @@ void check_estimate_fits(const MemoryEstimate& e, int64_t capacity, const std::s
             "lower the model or micro-batch size, use --recompute-activations, or use more ranks");
 }
 
+int64_t cp_attention_bytes(const GPTConfig& c, int64_t micro_batch, const RankShard& r) {
+  if (r.cp <= 1) return 0;
+  const int64_t e = static_cast<int64_t>(dtype_size(c.compute_dtype)), HD = c.hidden_size / c.num_attention_heads;
+  const int64_t N = micro_batch * (c.seq_length / r.cp), Nt = N * r.cp;  // this rank's tokens, the sequence's
+  const int64_t q = c.num_attention_heads / r.tp * HD, kv = c.query_groups() / r.tp * HD;  // per token
+  switch (r.cp_comm) {
+    case CpCommType::P2P:  // K/V at hand and arriving, dK/dV share + accumulator sent + received (f32),
+                           // dQ (f32), one block's dq/dk/dv
+      return 2 * 2 * N * kv * e + 3 * 2 * N * kv * 4 + N * q * 4 + (N / 2) * (q + 2 * kv) * e;
+    case CpCommType::AllGather:  // every rank's K/V and them in order, f32 dK/dV by chunk and by owner,
+                                 // one query chunk's dk/dv over its keys
+      return 2 * 2 * Nt * kv * e + 2 * 2 * Nt * kv * 4 + 2 * Nt * kv * e;
+    case CpCommType::AllToAll:  // send/receive buffers and the head-sharded qkv, out, dout, dqkv
+      return 2 * N * (q + 2 * kv) * e + 2 * N * (q + 2 * kv) * e + 2 * N * q * e;
+  }
+  return 0;
+}
+
 MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, int zero_stage, bool recompute,
                                const RankShard& r) {
   const int64_t P = r.params, C = c.hidden_size, t = r.tp;
-  const int64_t N = micro_batch * c.seq_length, Nl = r.sequence_parallel ? N / t : N, V = c.padded_vocab_size;
+  // N: this rank's tokens of the micro-batch (T/cp per sample with context parallelism).
+  const int64_t N = micro_batch * (c.seq_length / r.cp), Nl = r.sequence_parallel ? N / t : N, V = c.padded_vocab_size;
   const int64_t e = static_cast<int64_t>(dtype_size(c.compute_dtype));
   const int64_t shard = zero_stage > 0 ? (P + dp - 1) / dp : P;
   MemoryEstimate m;
@@ -64,7 +83,10 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   TensorParallel tpl;
   tpl.size = static_cast<int>(t);
   tpl.sequence_parallel = r.sequence_parallel;
-  const BlockMemory bm = block_memory(block_shape(c, micro_batch, c.seq_length, tpl, true, 0));
+  ContextParallel cpl;
+  cpl.size = r.cp;
+  cpl.type = r.cp_comm;
+  const BlockMemory bm = block_memory(block_shape(c, micro_batch, c.seq_length / r.cp, tpl, true, 0, cpl));
   const int64_t per_block = bm.saved_act * e + 4 * bm.saved_f32;
   const int64_t L = r.layers_per_chunk;
   int64_t first_ends = 0, last_ends = 0;
@@ -97,7 +119,7 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
     }
   }
   // Backward of one block at a time: its gradient temporaries (model/block.h).
-  const int64_t block_bwd = bm.backward_act * e;
+  const int64_t block_bwd = bm.backward_act * e + cp_attention_bytes(c, micro_batch, r);
   m.activations = peak + (recompute ? per_block : 0) + (L > 0 ? block_bwd : 0);
   if (r.mpi_zero_staging && zero_stage > 0) m.comm_staging = 4 * shard;
   return m;

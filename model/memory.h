@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "parallel/context_parallel.h"
 
 namespace mpitron {
 
@@ -62,18 +63,30 @@ struct RankShard {
   bool mpi_zero_staging = false;  // ZeRO with the MPI backend (see MemoryEstimate::comm_staging)
   int64_t recompute_layers = 0;   // with recompute: blocks of each chunk recomputed (0: all;
                                   //   --recompute-method block --recompute-num-layers N)
+  // Context parallelism: every activation above holds T/cp tokens per sample (N =
+  // micro-batch × T/cp), and one attention call's transient buffers (the comm type's:
+  // the ring's K/V pair and f32 dK/dV accumulators; all_gather's whole-sequence K/V
+  // and their f32 gradients; a2a's head-sharded copies) add to the backward peak.
+  int cp = 1;
+  CpCommType cp_comm = CpCommType::P2P;
 };
 // Before anything is allocated: a lower bound of one rank's bytes (its share of
 // the weights, f32 gradients, master weights and Adam moments, plus one block's
 // saved activations), computed in double so absurd sizes (--num-layers
 // 99999999999) cannot overflow, against `capacity` bytes of `device_name`.
 // Throws, with the numbers, when it cannot fit.
+// cp: the context-parallel size (the activations hold T/cp tokens per sample); dp is the
+// number of ranks ZeRO shards over (dp × cp with context parallelism).
 void check_fits_memory(const GPTConfig& c, int64_t micro_batch, int tp, int pp, int dp, int zero_stage,
-                       int64_t capacity, const std::string& device_name);
+                       int64_t capacity, const std::string& device_name, int cp = 1);
 // The full estimate (estimate_memory) against the capacity: the same refusal.
 void check_estimate_fits(const MemoryEstimate& e, int64_t capacity, const std::string& device_name);
 
+// dp: the ranks ZeRO shards over (dp × cp with context parallelism).
 MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, int zero_stage, bool recompute,
                                const RankShard& r);
+// One context-parallel attention call's transient bytes at its peak (its backward),
+// for B samples of T tokens split over r.cp ranks (0 without context parallelism).
+int64_t cp_attention_bytes(const GPTConfig& c, int64_t micro_batch, const RankShard& r);
 
 }  // namespace mpitron

@@ -25,6 +25,16 @@ void apply_rope(const BlockShape& s, const Tensor& qkv, const AttentionCore* cor
     if (inverse) rope_backward(t, t, rot, args);
     else rope_forward(t, t, rot, args);
   };
+  if (!pos && s.cp.active()) {  // context parallelism: each sample's chunks at their global positions
+    const int64_t row = H * s.head_dim();
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (const ContextParallel::Run& r : s.cp.runs(s.global_seq())) {
+        RopeArgs args = s.rope_args;
+        args.position_offset = r.global;
+        run(qkv.flat_range((b * s.seq + r.local) * row, r.len * row).view({1, r.len, H, s.head_dim()}), args);
+      }
+    return;
+  }
   if (!pos) {
     run(qkv.view({s.batch, s.seq, H, s.head_dim()}), s.rope_args);
     return;
@@ -58,8 +68,12 @@ Tensor attention_layer_forward(const BlockShape& s, const AttentionParams& p, co
   } else {
     a.lse = Tensor::empty({s.batch, NHl, s.seq}, DType::F32, in.device());
     const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-    attention_forward(a.qkv.view({s.batch, s.seq, H, HD}), a.att.view({s.batch, s.seq, NHl, HD}), a.lse, scale,
-                      attention_dropout(s, seed), attention_mask(s));
+    if (s.cp.active())  // this rank's queries over the whole sequence's keys, across the cp group
+      cp_attention_forward(s.cp, a.qkv.view({s.batch, s.seq, H, HD}), a.att.view({s.batch, s.seq, NHl, HD}), a.lse,
+                           scale, attention_dropout(s, seed));
+    else
+      attention_forward(a.qkv.view({s.batch, s.seq, H, HD}), a.att.view({s.batch, s.seq, NHl, HD}), a.lse, scale,
+                        attention_dropout(s, seed), attention_mask(s));
   }
   Tensor out = Tensor::empty({N, C}, in.dtype(), in.device());
   linear_forward(a.att, p.proj_w, s.tp.rank == 0 ? p.proj_b : Var(), out);  // row-parallel bias: added once
@@ -76,9 +90,14 @@ Tensor attention_layer_backward(const BlockShape& s, const AttentionParams& p, c
   linear_backward_weight(dout_f, a.att, p.proj_w, p.proj_b, defer);
   Tensor dqkv = Tensor::empty(a.qkv.shape(), dout.dtype(), dout.device());
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  attention_backward(datt.view({s.batch, s.seq, NHl, HD}), a.qkv.view({s.batch, s.seq, H, HD}),
-                     a.att.view({s.batch, s.seq, NHl, HD}), a.lse, dqkv.view({s.batch, s.seq, H, HD}), scale,
-                     attention_dropout(s, seed), attention_mask(s));
+  if (s.cp.active())
+    cp_attention_backward(s.cp, datt.view({s.batch, s.seq, NHl, HD}), a.qkv.view({s.batch, s.seq, H, HD}),
+                          a.att.view({s.batch, s.seq, NHl, HD}), a.lse, dqkv.view({s.batch, s.seq, H, HD}), scale,
+                          attention_dropout(s, seed));
+  else
+    attention_backward(datt.view({s.batch, s.seq, NHl, HD}), a.qkv.view({s.batch, s.seq, H, HD}),
+                       a.att.view({s.batch, s.seq, NHl, HD}), a.lse, dqkv.view({s.batch, s.seq, H, HD}), scale,
+                       attention_dropout(s, seed), attention_mask(s));
   apply_rope(s, dqkv, nullptr, true);  // rope is a rotation: its transpose is the inverse
   Tensor din_f = Tensor::empty({N, C}, dout.dtype(), dout.device());
   linear_backward_input(dqkv, p.qkv_w, din_f);

@@ -5,7 +5,10 @@
 //   qkv  (N, QL)   = in_f · Wqkvᵀ + bqkv     QL = (NHl + 2·Gl)·HD: this rank's NHl query
 //                                            heads, then Gl key and Gl value heads
 //   qkv  ← rope(qkv) on the NHl + Gl query and key heads (rope only; in place)
-//   att  (N, Cl)   = attention(qkv)          causal, grouped (head h uses group h/(NH/G))
+//   att  (N, Cl)   = attention(qkv)          causal, grouped (head h uses group h/(NH/G)); with
+//                                            context parallelism (s.cp) over the whole sequence's
+//                                            keys across the cp group (parallel/context_parallel.h),
+//                                            rope at the rows' global positions
 //   lse  (B, NHl, T) f32
 //   out  (Nl, C)   = reduce(att · Wprojᵀ + bproj)   all-reduce, or reduce-scatter rows (SP);
 //                                                   bproj added by TP rank 0 only

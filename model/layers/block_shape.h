@@ -1,16 +1,19 @@
 // model/layers/block_shape.h — the sizes and choices every sublayer of a block reads.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "model/config.h"
 #include "model/tensor_parallel.h"
+#include "parallel/context_parallel.h"
 #include "tensor/rope.h"
 #include "tensor/tensor.h"
 
 namespace mpitron {
 
 struct BlockShape {
-  int64_t batch, seq, hidden, heads, ffn;  // global sizes (heads, ffn before the TP split)
+  int64_t batch, seq, hidden, heads, ffn;  // global sizes (heads, ffn before the TP split); seq: this
+                                           // rank's tokens of each sequence (T/cp with context parallelism)
   float dropout;                           // hidden dropout (after each sublayer)
   float eps;                               // norm epsilon
   TensorParallel tp{};
@@ -25,8 +28,12 @@ struct BlockShape {
   Tensor kv_lengths;     // (B) i32 on the device: keys j >= len[b] masked (BERT padding); undefined: none
   bool post_ln = false;  // post-LN block order (model/block.h)
   bool gelu_exact = false;  // the MLP's GELU is the erf form (GPTConfig::gelu_exact)
+  ContextParallel cp{};     // context parallelism: this rank holds seq = T/cp of each sequence's tokens
+                            // (parallel/context_parallel.h); attention runs across the cp group
 
   int64_t tokens() const { return batch * seq; }                   // N
+  int64_t global_seq() const { return seq * cp.size; }             // T: the whole sequence
+  int64_t global_tokens() const { return batch * global_seq(); }   // B·T of the single-process run
   int64_t local_rows() const { return tp.local_rows(tokens()); }   // rows of x and y
   int64_t head_dim() const { return hidden / heads; }
   int64_t kv_groups() const { return groups > 0 ? groups : heads; }
@@ -50,9 +57,20 @@ inline Tensor reduce_rows(const BlockShape& s, const Tensor& full) {
   return full;
 }
 
-// The shape of layer l of `cfg` for a micro-batch (batch, seq) under `tp`; train
-// false: no dropout.
+// This rank's activation rows (x, y: (Nl, C)) as runs of consecutive rows of the
+// single-process (B·T, C) activation: local row, global row, count. One run
+// without context parallelism (rows first_row … of the TP split); with it, each
+// sample's two chunks (cut further by sequence parallelism). Dropout masks and
+// positions follow the global rows, so every layout draws the one-process masks.
+struct RowRun {
+  int64_t local, global, len;
+};
+std::vector<RowRun> activation_row_runs(const BlockShape& s);
+std::vector<RowRun> activation_row_runs(int64_t batch, int64_t seq, const TensorParallel& tp, const ContextParallel& cp);
+
+// The shape of layer l of `cfg` for a micro-batch (batch, seq) under `tp` (and `cp`:
+// seq is then this rank's T/cp tokens); train false: no dropout.
 BlockShape block_shape(const GPTConfig& cfg, int64_t batch, int64_t seq, const TensorParallel& tp, bool train,
-                       int64_t layer);
+                       int64_t layer, const ContextParallel& cp = {});
 
 }  // namespace mpitron

@@ -15,6 +15,7 @@
 #include "model/inference/inference_load.h"
 #include "model/training/megatron_compat.h"
 #include "data/gpt_dataset.h"
+#include "parallel/context_parallel.h"
 #include "parallel/schedule.h"
 
 namespace po = boost::program_options;
@@ -141,6 +142,12 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("force-mpi-for-device", po::bool_switch(&a.force_mpi_for_device), "MPI (host-staged) instead of NCCL for GPU tensors")
       ("tensor-model-parallel-size", po::value(&a.tensor_model_parallel_size)->default_value(1), "TP size")
       ("pipeline-model-parallel-size", po::value(&a.pipeline_model_parallel_size)->default_value(1), "PP size")
+      ("context-parallel-size", po::value(&a.context_parallel_size)->default_value(1),
+       "CP size: each sequence is cut into 2 x CP chunks, rank r of the cp group holding chunks r and 2CP-1-r; "
+       "attention runs across the group")
+      ("cp-comm-type", po::value(&a.cp_comm_type)->default_value("p2p"),
+       "attention across the cp group: p2p (ring, K/V on non-blocking send/recv), all_gather (K/V gathered first) "
+       "or a2a (DeepSpeed Ulysses all-to-all; heads and query groups per TP rank divisible by CP)")
       ("sequence-parallel", po::bool_switch(&a.sequence_parallel), "split layernorm/dropout regions along the sequence over TP ranks")
       ("num-layers-per-virtual-pipeline-stage", po::value(&a.num_layers_per_virtual_pipeline_stage),
        "layers per virtual stage: interleaved 1F1B with num-layers / (PP x this) model chunks per rank")
@@ -176,6 +183,40 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
 
 void need(bool ok, const std::string& what, const std::string& hint = "") {
   if (!ok) MPT_THROW(what, hint);
+}
+
+// --context-parallel-size / --cp-comm-type: what context parallelism needs and what it
+// does not (yet) combine with, refused naming the flags (parallel/context_parallel.h).
+void check_context_parallel_flags(const po::variables_map& vm, TrainArgs& a) {
+  const int64_t cp = a.context_parallel_size, tp = a.tensor_model_parallel_size;
+  const GPTConfig& m = a.model;
+  if (a.cp_comm_type == "allgather") a.cp_comm_type = "all_gather";  // Megatron's spelling
+  need(a.cp_comm_type != "a2a+p2p",
+       "--cp-comm-type a2a+p2p (Megatron's hierarchical CP) is not supported", "use p2p, all_gather or a2a");
+  const CpCommType type = parse_cp_comm_type(a.cp_comm_type);
+  if (cp == 1) {
+    if (flag_given(vm, "cp-comm-type"))
+      a.startup_notes.push_back(str("--cp-comm-type ", a.cp_comm_type, ": no effect without --context-parallel-size > 1"));
+    return;
+  }
+  need(!m.bert, "--context-parallel-size > 1 is not supported for BERT: its padding mask and bidirectional attention "
+                "do not split into causal chunks",
+       "drop --context-parallel-size");
+  need(m.seq_length % (2 * cp) == 0,
+       str("--seq-length ", m.seq_length, " is not divisible by 2 x --context-parallel-size = ", 2 * cp,
+           " (each sequence is cut into 2 x CP equal chunks)"),
+       str("choose --seq-length a multiple of ", 2 * cp));
+  need(m.hidden_size % 4 == 0,
+       str("--context-parallel-size needs --hidden-size divisible by 4 (each rank's dropout masks start at a Philox "
+           "block), got ", m.hidden_size));
+  if (type == CpCommType::AllToAll && tp > 0) {
+    const int64_t heads = m.num_attention_heads / tp, groups = m.query_groups() / tp;
+    need(heads % cp == 0 && groups % cp == 0,
+         str("--cp-comm-type a2a splits each tensor-parallel rank's ", heads, " attention heads and ", groups,
+             " query groups (--num-attention-heads, --num-query-groups / --tensor-model-parallel-size) over "
+             "--context-parallel-size ", cp, ": not divisible"),
+         "use --cp-comm-type p2p or all_gather, or a context-parallel size that divides them");
+  }
 }
 
 // pretrain_bert: what a BERT cannot be (its choices are set in parse_train_args).
@@ -391,6 +432,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
          {"keep-last", a.keep_last, 0, huge, "0 keeps every checkpoint"},
          {"tensor-model-parallel-size", a.tensor_model_parallel_size, 1, 1 << 20, ""},
          {"pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1, 1 << 20, ""},
+         {"context-parallel-size", a.context_parallel_size, 1, 1 << 20, ""},
          {"num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage, 1, big, ""},
          {"zero-stage", a.zero_stage, 0, 2, ""},
          {"ddp-bucket-size", a.ddp_bucket_size, 0, huge, "0 means one bucket"},
@@ -468,13 +510,17 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(tp >= 1 && pp >= 1, str("--tensor-model-parallel-size (", tp, ") and --pipeline-model-parallel-size (", pp,
                                ") must be >= 1"));
   checked_mul(a.micro_batch_size, a.model.seq_length, "--micro-batch-size x --seq-length");
+  const int64_t cp = a.context_parallel_size;
   if (a.world_size > 0) {
-    need(a.world_size % (tp * pp) == 0,
+    need(a.world_size % (tp * cp * pp) == 0,
          str("world size ", a.world_size, " is not divisible by --tensor-model-parallel-size ", tp,
-             " x --pipeline-model-parallel-size ", pp, " = ", tp * pp),
-         "launch a multiple of tp x pp ranks (data-parallel size = world / (tp x pp))");
-    a.data_parallel_size = a.world_size / (tp * pp);
+             cp > 1 ? str(" x --context-parallel-size ", cp) : std::string(), " x --pipeline-model-parallel-size ", pp,
+             " = ", tp * cp * pp),
+         cp > 1 ? "launch a multiple of tp x cp x pp ranks (data-parallel size = world / (tp x cp x pp))"
+                : "launch a multiple of tp x pp ranks (data-parallel size = world / (tp x pp))");
+    a.data_parallel_size = a.world_size / (tp * cp * pp);
   }
+  check_context_parallel_flags(vm, a);
   need(m.num_attention_heads % tp == 0,
        str("--num-attention-heads ", m.num_attention_heads, " is not divisible by --tensor-model-parallel-size ", tp));
   need(m.query_groups() % tp == 0,
@@ -485,9 +531,9 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     a.sequence_parallel = false;
     a.startup_notes.push_back("--sequence-parallel: turned off, it needs --tensor-model-parallel-size > 1");
   }
-  need(!a.sequence_parallel || (a.micro_batch_size * m.seq_length) % tp == 0,
-       str("--sequence-parallel splits --micro-batch-size x --seq-length = ", a.micro_batch_size * m.seq_length,
-           " tokens over ", tp, " ranks: not divisible"));
+  need(!a.sequence_parallel || (a.micro_batch_size * m.seq_length / cp) % tp == 0,
+       str("--sequence-parallel splits --micro-batch-size x --seq-length", cp > 1 ? " / --context-parallel-size" : "",
+           " = ", a.micro_batch_size * m.seq_length / cp, " tokens over ", tp, " ranks: not divisible"));
   if (a.num_layers_per_virtual_pipeline_stage > 0) {
     need(pp > 1, "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
     need(m.num_layers % (pp * a.num_layers_per_virtual_pipeline_stage) == 0,
@@ -530,7 +576,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   else if (!vm.count("global-batch-size") && !(ds && ds->global_batch))
     a.global_batch_size = checked_mul(a.micro_batch_size, a.data_parallel_size, "--micro-batch-size x data-parallel size");
   if (ds) check_deepspeed_batch(*ds, a);
-  if (a.zero_stage > 0 && a.data_parallel_size == 1)
+  if (a.zero_stage > 0 && a.data_parallel_size * cp == 1)
     a.startup_notes.push_back(str("--zero-stage ", a.zero_stage, " / --use-distributed-optimizer with one data-parallel "
                                   "rank: nothing to shard, the optimizer keeps its whole state (same numbers)"));
   if (a.train_iters > 0) checked_mul(a.train_iters, a.global_batch_size, "--train-iters x --global-batch-size");

@@ -88,9 +88,12 @@ struct TrainArgs {
   double exit_duration_in_mins = 0;        // --exit-duration-in-mins: save and exit after this long
   // placement
   std::string device = "auto";             // --device: auto | cpu | cuda
-  // parallel layout: world = tp · dp · pp (rank order tp fastest, then dp, then pp)
+  // parallel layout: world = tp · cp · dp · pp (rank order tp fastest, then cp, then dp, then pp)
   int64_t tensor_model_parallel_size = 1;   // --tensor-model-parallel-size
   int64_t pipeline_model_parallel_size = 1; // --pipeline-model-parallel-size
+  int64_t context_parallel_size = 1;        // --context-parallel-size: each sequence split over cp ranks
+                                            //   (chunks r and 2·cp − 1 − r; parallel/context_parallel.h)
+  std::string cp_comm_type = "p2p";         // --cp-comm-type p2p | all_gather | a2a: attention across the cp group
   bool sequence_parallel = false;           // --sequence-parallel (needs tp > 1)
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // --num-layers-per-virtual-pipeline-stage (0: none)
   std::string pipeline_schedule;            // --pipeline-schedule gpipe|1f1b|interleaved|zb-h1|zbv|FILE ("" = 1f1b/interleaved)
@@ -113,7 +116,7 @@ struct TrainArgs {
   std::vector<std::string> startup_notes;  // one line each, logged at start-up: flags accepted for
                                            //   compatibility and what mpitron does instead
   int64_t world_size = 0;                  // set by the caller before parsing (MPI world size);
-                                           //   parsing sets data_parallel_size = world / (tp · pp)
+                                           //   parsing sets data_parallel_size = world / (tp · cp · pp)
   int64_t data_parallel_size = 1;          // dp; set directly when world_size is 0
   bool uses_samples() const { return train_samples > 0; }
 };

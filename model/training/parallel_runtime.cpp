@@ -6,6 +6,7 @@ ParallelRuntime::ParallelRuntime(MPI_Comm world, const TrainArgs& args) {
   GridConfig gc;
   gc.tp = static_cast<int>(args.tensor_model_parallel_size);
   gc.pp = static_cast<int>(args.pipeline_model_parallel_size);
+  gc.cp = static_cast<int>(args.context_parallel_size);
   grid_ = std::make_unique<Grid>(world, gc);
   const bool gpu = args.device == "cuda" || (args.device == "auto" && cuda_available());
   device_ = gpu ? Device::cuda(std::max(0, grid_->device_index())) : Device::cpu();
@@ -21,6 +22,10 @@ ParallelRuntime::ParallelRuntime(MPI_Comm world, const TrainArgs& args) {
   if (grid_->pp_size() > 1) pp_ = make(grid_->pp_comm(), "pp");
   if (grid_->tp_size() * grid_->pp_size() > 1) mp_ = make(grid_->mp_comm(), "mp");
   if (grid_->pp_size() > 1 && grid_->in_embedding_group()) emb_ = make(grid_->embedding_comm(), "embedding");
+  if (grid_->cp_size() > 1) {
+    cp_ = make(grid_->cp_comm(), "cp");
+    dp_cp_ = make(grid_->dp_cp_comm(), "dp_cp");
+  }
 }
 
 ParallelContext ParallelRuntime::context() const {
@@ -40,6 +45,14 @@ ParallelContext ParallelRuntime::context() const {
   if (g.pp_size() > 1) c.pp_comm = g.pp_comm();
   c.mp = mp_.get();
   c.embedding = emb_.get();
+  c.cp_rank = g.cp_rank();
+  c.cp_size = g.cp_size();
+  if (g.cp_size() > 1) {
+    c.cp = cp_.get();
+    c.cp_comm = g.cp_comm();
+    c.dp_cp = dp_cp_.get();
+    c.dp_cp_comm = g.dp_cp_comm();
+  }
   return c;
 }
 

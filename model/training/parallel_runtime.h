@@ -1,7 +1,7 @@
 // model/training/parallel_runtime.h — the communicators of one training run, from a Grid.
 //
 // Built once per process after the flags are parsed: the Grid (tp fastest, then
-// dp, then pp) and one Communicator per group the trainer uses, on the device's
+// cp, then dp, then pp) and one Communicator per group the trainer uses, on the device's
 // backend (NCCL for GPU tensors unless --force-mpi-for-device). The
 // ParallelContext it hands to the Trainer points into it, so it must outlive
 // the Trainer.
@@ -30,7 +30,7 @@ class ParallelRuntime {
  private:
   std::unique_ptr<Grid> grid_;
   Device device_;
-  std::unique_ptr<Communicator> dp_, tp_, pp_, mp_, emb_;
+  std::unique_ptr<Communicator> dp_, tp_, pp_, mp_, emb_, cp_, dp_cp_;
 };
 
 }  // namespace mpitron

@@ -44,14 +44,19 @@ MicroBatch TrainModel::micro_batch(const SampleSource& data, int split, int64_t 
   }
   MPT_CHECK(!data.masked_lm(), "a GPT trains on token runs, but the data source gives BERT samples",
             "this is a bug in the caller of Trainer");
-  const int64_t T = core().config().seq_length;
-  mb.tokens = Tensor::empty({mbs, T}, DType::I32);
-  mb.targets = Tensor::empty({mbs, T}, DType::I32);
+  // Context parallelism: this rank gets only its chunks of each sample (T/cp tokens
+  // and their targets, chunks r and 2·cp − 1 − r; parallel/context_parallel.h).
+  const ContextParallel& cp = core().parallel().cp;
+  const int64_t T = core().config().seq_length, Tl = cp.local_seq(T);
+  mb.tokens = Tensor::empty({mbs, Tl}, DType::I32);
+  mb.targets = Tensor::empty({mbs, Tl}, DType::I32);
   std::vector<int32_t> buf(static_cast<size_t>(T + 1));
   for (int64_t b = 0; b < mbs; ++b) {
     data.sample(split, (first + b) % n, buf.data());
-    std::copy(buf.begin(), buf.end() - 1, mb.tokens.data<int32_t>() + b * T);
-    std::copy(buf.begin() + 1, buf.end(), mb.targets.data<int32_t>() + b * T);
+    for (const ContextParallel::Run& r : cp.runs(T)) {
+      std::copy_n(buf.begin() + r.global, r.len, mb.tokens.data<int32_t>() + b * Tl + r.local);
+      std::copy_n(buf.begin() + r.global + 1, r.len, mb.targets.data<int32_t>() + b * Tl + r.local);
+    }
   }
   return mb;
 }

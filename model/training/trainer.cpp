@@ -247,6 +247,16 @@ struct Trainer::Impl {
     return sum;
   }
   double dp_sum(double v) const { return sum_over(par.dp_comm, v); }
+  // Context parallelism: each cp rank's loss is the mean over its part of every
+  // sequence (equal token counts), so their mean is the whole sequence's.
+  double cp_mean(double v) const { return sum_over(par.cp_comm, v) / static_cast<double>(par.cp_size); }
+  // Gradients are reduced (and ZeRO shards) over dp × cp: the cp ranks hold the same
+  // parameters, each with the gradient of its part of the sequences.
+  Communicator* grad_comm() const { return par.cp_size > 1 ? par.dp_cp : par.dp; }
+  MPI_Comm grad_mpi_comm() const { return par.cp_size > 1 ? par.dp_cp_comm : par.dp_comm; }
+  int grad_ranks() const { return par.dp_size * par.cp_size; }
+  // Replicated state (no ZeRO) is written by one rank of every dp × cp group.
+  bool writes_replicas() const { return par.dp_rank == 0 && par.cp_rank == 0; }
   // Micro-batch k of the global batch starting at `consumed`: this rank's slice
   // (Megatron's sampler: each chunk of mbs·dp samples is split by dp rank).
   int64_t micro_first(int64_t consumed, int64_t k) const {
@@ -306,7 +316,7 @@ struct Trainer::Impl {
     std::vector<double> v = task->parts().v;
     v.resize(task->loss_names().size(), 0.0);
     task->parts().v.clear();
-    for (double& x : v) x = dp_sum(pp_sum(x)) / std::max(count, 1.0);
+    for (double& x : v) x = dp_sum(cp_mean(pp_sum(x))) / std::max(count, 1.0);
     return v;
   }
 
@@ -356,7 +366,7 @@ struct Trainer::Impl {
       *consumed += gbs;
     }
     const double n = dp_sum(static_cast<double>(count));
-    std::vector<double> out{n > 0 ? dp_sum(pp_sum(sum)) / n : 0.0};
+    std::vector<double> out{n > 0 ? dp_sum(cp_mean(pp_sum(sum))) / n : 0.0};
     for (double p : take_parts(n)) out.push_back(p);
     return out;
   }
@@ -588,13 +598,13 @@ struct Trainer::Impl {
     if (async) {
       SaveInfo s;
       s.dir = async->start(args.save, *model, local_state(), scaler, st, args.flags_json, lr_json(),
-                           static_cast<int>(args.keep_last), zero || par.dp_rank == 0);
+                           static_cast<int>(args.keep_last), zero || writes_replicas());
       if (final) async->wait();
       return s;
     }
     // Every rank writes its own hyperslabs; data-parallel replicas (no ZeRO) write nothing twice.
     const SaveInfo s = save_checkpoint(args.save, *model, local_state(), scaler, st, args.flags_json, lr_json(),
-                                       static_cast<int>(args.keep_last), world_comm(), zero || par.dp_rank == 0);
+                                       static_cast<int>(args.keep_last), world_comm(), zero || writes_replicas());
     log_info("saved checkpoint at iteration ", st.iteration, " to ", s.dir, " (", sci(s.bytes / 1e9, 3), " GB in ",
              sci(s.seconds, 3), " s, ", sci(s.bytes / 1e9 / std::max(s.seconds, 1e-9), 3), " GB/s)");
     return s;
@@ -625,6 +635,7 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   m.make_host_comm(m.world_comm(), "world (host scalars)");
   m.make_host_comm(par.dp_comm, "dp (host scalars)");
   m.make_host_comm(par.pp_comm, "pp (host scalars)");
+  m.make_host_comm(par.cp_comm, "cp (host scalars)");  // the loss's mean over the cp ranks
   MPT_CHECK(par.tp_size == a.tensor_model_parallel_size && par.pp_size == a.pipeline_model_parallel_size,
             str("the trainer runs on tp ", par.tp_size, " x pp ", par.pp_size, " but the flags say tp ",
                 a.tensor_model_parallel_size, " x pp ", a.pipeline_model_parallel_size),
@@ -632,7 +643,13 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   MPT_CHECK(par.tp_size == 1 || par.tp, "tensor parallelism needs a tp communicator", "");
   MPT_CHECK(par.pp_size == 1 || (par.pp && par.pp_comm != MPI_COMM_NULL), "pipeline parallelism needs a pp communicator",
             "");
+  MPT_CHECK(par.cp_size == a.context_parallel_size,
+            str("the trainer runs on cp ", par.cp_size, " but the flags say --context-parallel-size ",
+                a.context_parallel_size), "this is a bug in the caller of Trainer");
+  MPT_CHECK(par.cp_size == 1 || (par.cp && par.dp_cp && par.cp_comm != MPI_COMM_NULL),
+            "context parallelism needs the cp and dp x cp communicators", "");
   ModelParallel mp;
+  mp.cp = ContextParallel{par.cp, par.cp_size, par.cp_rank, parse_cp_comm_type(a.cp_comm_type)};
   mp.tp.comm = par.tp;
   mp.tp.size = par.tp_size;
   mp.tp.rank = par.tp_rank;
@@ -645,14 +662,14 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
     for (int c = 0; c < mp.virtual_stages; ++c) mp.chunk_stages.push_back(s.stage(par.pp_rank, c));
   }
   // Refuse what cannot fit before allocating any of it.
-  check_fits_memory(a.model, a.micro_batch_size, par.tp_size, par.pp_size, par.dp_size, static_cast<int>(a.zero_stage),
-                    device_memory_bytes(m.device), m.device.name());
+  check_fits_memory(a.model, a.micro_batch_size, par.tp_size, par.pp_size, m.grad_ranks(), static_cast<int>(a.zero_stage),
+                    device_memory_bytes(m.device), m.device.name(), par.cp_size);
   m.task = std::make_unique<TrainModel>(a.model, m.device, mp);
   m.model = &m.task->core();
   m.model->init_weights(a.seed);
   // One data-parallel rank has nothing to shard: the distributed optimizer is then
   // the plain one (Megatron accepts --use-distributed-optimizer at dp = 1 too).
-  if (a.zero_stage > 0 && par.dp_size > 1) {
+  if (a.zero_stage > 0 && m.grad_ranks() > 1) {
     ZeroConfig zc;
     zc.stage = static_cast<int>(a.zero_stage);
     zc.beta1 = a.optim.beta1;
@@ -663,16 +680,16 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
     zc.ddp.bucket_size = a.ddp_bucket_size;
     zc.ddp.overlap_grad_reduce = a.overlap_grad_reduce;
     zc.overlap_param_gather = a.overlap_param_gather;
-    MPT_CHECK(par.dp, "--use-distributed-optimizer / --zero-stage need the data-parallel runtime (pretrain_gpt sets it up)", "");
+    MPT_CHECK(m.grad_comm(), "--use-distributed-optimizer / --zero-stage need the data-parallel runtime (pretrain_gpt sets it up)", "");
     m.zero = std::make_unique<ZeroOptimizer>(m.model->params().values(), m.model->params().grads(), m.flat_params(),
-                                             *par.dp, zc, par.mp);
+                                             *m.grad_comm(), zc, par.mp);
   } else {
     m.opt = std::make_unique<AdamWOptimizer>(m.model->params(), a.optim, par.mp);
-    if (par.dp_size > 1) {
+    if (m.grad_ranks() > 1) {
       DDPConfig dc;
       dc.bucket_size = a.ddp_bucket_size;
       dc.overlap_grad_reduce = a.overlap_grad_reduce;
-      m.buckets = std::make_unique<GradBuckets>(m.model->params().grads(), m.flat_params(), *par.dp, dc);
+      m.buckets = std::make_unique<GradBuckets>(m.model->params().grads(), m.flat_params(), *m.grad_comm(), dc);
     }
   }
   if (a.fp16) m.scaler = LossScaler(a.scaler);
@@ -726,16 +743,22 @@ TrainSummary Trainer::run() {
                                              : std::string(", recompute"))
                : std::string());
   for (const std::string& note : a.startup_notes) log_info(note);
+  if (m.par.cp_size > 1)  // never silently off (Megatron-Bridge #2667): the layout and the comm type
+    log_info("context parallelism: each ", c.seq_length, "-token sequence over ", m.par.cp_size, " ranks, ",
+             m.model->parallel().cp.local_seq(c.seq_length), " tokens each; ", m.model->parallel().cp.describe(c.seq_length),
+             "; gradients reduced over dp x cp = ", m.grad_ranks(), " ranks");
   log_info("FLOPs per token ", sci(c.flops_per_token(), 3), " (6·matmul params + 6·L·T·C; docs/flops.md); MFU vs ",
            m.peak_what);
 
   RankShard shard;
   shard.params = m.model->params().numel();
   shard.tp = m.par.tp_size;
+  shard.cp = m.par.cp_size;
+  shard.cp_comm = m.model->parallel().cp.type;
   shard.sequence_parallel = a.sequence_parallel;
   shard.layers_per_chunk = m.model->chunk(0).end_layer - m.model->chunk(0).first_layer;
   shard.num_chunks = m.model->num_chunks();
-  shard.mpi_zero_staging = m.zero && m.par.dp && std::string(m.par.dp->backend()) == "mpi";
+  shard.mpi_zero_staging = m.zero && m.grad_comm() && std::string(m.grad_comm()->backend()) == "mpi";
   shard.recompute_layers = a.recompute_num_layers;
   shard.first_stage = m.model->chunk(0).first_stage;
   shard.last_stage = m.model->chunk(m.model->num_chunks() - 1).last_stage;
@@ -747,7 +770,7 @@ TrainSummary Trainer::run() {
         shard.compute_order.push_back(
             {act.chunk, act.op == parallel::Op::Forward ? 'F' : act.op == parallel::Op::Backward ? 'B' : 'W'});
   }
-  MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.par.dp_size, static_cast<int>(a.zero_stage),
+  MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.grad_ranks(), static_cast<int>(a.zero_stage),
                                        a.recompute_activations, shard);
   if (m.device.is_cuda()) est.device_workspace = int64_t{32} << 20;  // cuBLASLt's, tensor/cuda/common.cu
   log_info("memory per rank (estimate): ", est.to_string());
@@ -873,7 +896,7 @@ TrainSummary Trainer::run() {
     double loss = NAN;
     bool judged = false;
     auto veto = [&](double grad_norm) {
-      loss = m.dp_sum(loss_sum) / static_cast<double>(m.par.dp_size) / static_cast<double>(n_micro);
+      loss = m.dp_sum(m.cp_mean(loss_sum)) / static_cast<double>(m.par.dp_size) / static_cast<double>(n_micro);
       verdict.bits = m.world_or(m.guard->judge(loss, grad_norm).bits);
       judged = true;
       if (verdict.nonfinite()) return a.check_for_nan || a.fp16;
@@ -1016,7 +1039,7 @@ TrainSummary Trainer::run() {
       }
       if (a.log_num_zeros_in_grad) {
         const auto [zb, ze] = m.state_range();
-        zeros = count_zero_grads(m.model->params(), zb, ze, m.par.mp, m.zero ? m.par.dp_comm : MPI_COMM_NULL);
+        zeros = count_zero_grads(m.model->params(), zb, ze, m.par.mp, m.zero ? m.grad_mpi_comm() : MPI_COMM_NULL);
         extra += str(" number of zeros in grad: ", zeros, " |");
       }
       log_info(line, extra);

@@ -72,6 +72,14 @@ struct ParallelContext {
   MPI_Comm pp_comm = MPI_COMM_NULL;  // the same group for host scalars (the last stage's loss)
   Communicator* mp = nullptr;        // tp × pp (same dp rank): the grad norm's sum
   Communicator* embedding = nullptr; // first + last pipeline stage: the tied word embedding's grads
+  // Context parallelism (--context-parallel-size): each sequence split over the cp group.
+  int cp_rank = 0, cp_size = 1;
+  Communicator* cp = nullptr;          // attention across the group (device tensors)
+  MPI_Comm cp_comm = MPI_COMM_NULL;    // the same group for host scalars (the loss's mean over its ranks)
+  // dp × cp: where gradients are reduced and ZeRO shards when cp > 1 (the cp ranks
+  // hold the same parameters); null: dp / dp_comm.
+  Communicator* dp_cp = nullptr;
+  MPI_Comm dp_cp_comm = MPI_COMM_NULL;
 };
 
 class Trainer {
