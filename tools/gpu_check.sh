@@ -19,6 +19,9 @@
 #   profile     ncu times every kernel of two 124M steps: launches, kernel time, gaps (bench/kernel_profile.py)
 #   mp_cuda     the parallel-layout equivalence tests (GPT and BERT) on the GPU, 2 and 4 ranks
 #   dp_overlap  bench_comm --dp-step: the data-parallel step (dp and ZeRO-2) with and without overlap, dp 2 and 4
+#   cp          context parallelism on the GPU: the CP trainer equivalence (2 and 4 ranks, quick set),
+#               then bench_cp (bf16, T = 16384, CP 1/2/4 x p2p/all_gather/a2a: per-rank activation
+#               memory and step time; the table goes into summary.txt)
 #   cublas      the tensor tests again with MPITRON_ATTENTION=cublas (the fallback attention)
 #   bench_ops   per-op throughput on CUDA vs the measured ceilings
 #   bench_more  bench_train tiny/124M/350M/1.3B with recompute (folded into bench_train.json)
@@ -176,7 +179,7 @@ want() { [ "$PARTS" = all ] || [ "$PARTS" = "$1" ]; }
 # Every test with a CUDA path: the tensor ops (cuDNN attention, vector kernels), core, the bf16 GPT
 # reference against PyTorch, the trainer on the device (MPITRON_TEST_DEVICE=cuda), comm/grid/ZeRO
 # with device buffers.
-CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_trainer$|parallel_test_(comm|grid|zero))'
+CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_trainer$|parallel_test_(comm|grid|zero|context_parallel))'
 # CUDA_RERUN (a ctest -R regex) reruns only those tests, e.g. what failed in the first call.
 want tests && step ctest_cuda 120 60 bash -c "MPITRON_TEST_DEVICE=cuda ctest --test-dir '$RUN' -R '${CUDA_RERUN:-$CUDA_TESTS}' --output-on-failure -j 12 --timeout 90 2>&1 | tee -a '$OUT/ctest.log'"
 want bench && step bench_train 110 45 "$RUN/bench/bench_train" --device cuda --config "${BENCH_TRAIN_CONFIGS:-124M,llama-124M,1.3B,llama-1B}" \
@@ -222,6 +225,16 @@ want tests && step mp_cuda 120 50 bash -c "set -o pipefail; cd '$RUN' && { fail=
 # with a GPU per rank it is NCCL.
 want bench && step dp_overlap 90 40 bash -c "OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np 4 \
   '$RUN/bench/bench_comm' --dp-step 124M --device cuda --dtype bf16 --dp-batch 2 --dp-seq 512 --dp-steps 4"
+# Context parallelism on the device (the block attention kernels run in ctest_cuda: tensor_test_attention_block,
+# and the cp attention over the group in parallel_test_context_parallel): the trainer at the one-process losses,
+# then the long-sequence bench (4 ranks share the GPU through MPI; each rank's activation peak is its own).
+CP_TABLE=${TMPDIR:-/tmp}/mpitron_bench_cp.txt
+rm -f "$CP_TABLE"
+want tests && step cp 100 45 bash -c "set -o pipefail; cd '$RUN' && { fail=0; for np in 2 4; do   echo \"--- model_test_trainer_cp np \$np\"; MPITRON_TEST_DEVICE=cuda MPITRON_TEST_LAYOUTS=0 OMP_NUM_THREADS=2 mpirun --allow-run-as-root \
+  --oversubscribe -np \$np tests/model_test_trainer_cp >/tmp/cp_cuda.log 2>&1 || { fail=1; echo \"FAILED model_test_trainer_cp np \$np\"; \
+  grep -m 5 -E 'ERROR|error:|hint:' /tmp/cp_cuda.log; }; grep -E '(test cases|assertions):' /tmp/cp_cuda.log | tail -2; done; \
+  OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np 4 bench/bench_cp --device cuda --bf16 --seq ${CP_SEQ:-16384} \
+  --steps 3 2>&1 | grep -v '^ iteration\|^ validation\|^---' | tail -12 | tee '$CP_TABLE' || fail=1; exit \$fail; } 2>&1 | tee -a '$OUT/ctest.log'"
 want tests && step cublas 60 25 bash -c "MPITRON_ATTENTION=cublas ctest --test-dir '$RUN' -R '^tensor_' --output-on-failure -j 8 --timeout 50 2>&1 | tee -a '$OUT/ctest.log' | tail -5"
 want bench && step bench_ops 45 20 "$RUN/bench/bench_ops" --device cuda --min-time 0.05 --json "$OUT/bench_ops.json"
 want bench && step bench_more 80 30 "$RUN/bench/bench_train" --device cuda --config tiny,124M,350M,1.3B \
@@ -345,6 +358,7 @@ if j:
             print(f"  {r['op']:26s} {r['shape']:22s} {r['dtype']:5s} {v:>14s} {100 * r['fraction_of_ceiling']:5.1f}%")
 EOF
   if [ -s "$PROFILE_TXT" ]; then echo; echo "=== where the $PROFILE_CONFIG step's time goes (profile step)"; cat "$PROFILE_TXT"; fi
+  if [ -s "$CP_TABLE" ]; then echo; echo "=== context parallelism (cp step: bench_cp, per-rank activation memory and step time)"; cat "$CP_TABLE"; fi
   echo
   echo "=== steps (total $(($(date +%s) - START)) s of the ${DEADLINE} s budget)"
   cat "$SUMMARY"
