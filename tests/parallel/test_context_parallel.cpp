@@ -92,6 +92,10 @@ void run_all(MPI_Comm comm, Device dev) {
   MPI_Comm_rank(comm, &rank);
   CommOptions o;
   o.name = "cp";
+#if !defined(MPITRON_CUDA_SIM)
+  // On a GPU the ranks share one device (tools/gpu_check.sh), which NCCL refuses: MPI, host-staged.
+  o.force_mpi_for_device = true;
+#endif
   auto c = make_communicator(comm, dev, o);
   uint64_t seed = 100 * static_cast<uint64_t>(size);
   for (CpCommType type : {CpCommType::P2P, CpCommType::AllGather, CpCommType::AllToAll}) {
