@@ -33,7 +33,9 @@ namespace {
 using testing::world_rank;
 using testing::world_size;
 
-// MPITRON_TEST_DEVICE=cuda runs on the GPU (the simulated one under make test-cuda-sim).
+// MPITRON_TEST_DEVICE=cuda runs on the GPU (tools/gpu_check.sh: the ranks share it, so
+// their device tensors go through MPI) or on the simulated one under make test-cuda-sim
+// (every rank its own device, the communicators NCCL's stand-in: tests/cuda_sim/nccl.cpp).
 std::string test_device() {
   const char* d = std::getenv("MPITRON_TEST_DEVICE");
   return d && *d ? d : "cpu";
@@ -46,7 +48,9 @@ std::vector<std::string> gpt_flags(const std::string& data) {
                                 "cosine", "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--data-path", data,
                                 "--split", "90,10,0", "--log-interval", "5", "--eval-interval", "5", "--eval-iters", "1",
                                 "--seed", "11", "--device", test_device(), "--ddp-bucket-size", "3000"};
-  if (test_device() == "cuda") f.push_back("--force-mpi-for-device");
+#if !defined(MPITRON_CUDA_SIM)
+  if (test_device() == "cuda") f.push_back("--force-mpi-for-device");  // the ranks share one GPU
+#endif
   return f;
 }
 std::vector<std::string> with(std::vector<std::string> f, const std::vector<std::string>& extra) {
@@ -88,6 +92,13 @@ Result run(const std::vector<std::string>& f, MPI_Comm comm) {
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() != 0) data = make_gpt_data(a, 50257);
   ParallelRuntime rt(comm, a);
+#if defined(MPITRON_CUDA_SIM)
+  if (test_device() == "cuda") {  // every device communicator through parallel/comm_nccl.cpp (the stand-in)
+    const ParallelContext ctx = rt.context();
+    for (Communicator* c : {ctx.dp, ctx.tp, ctx.pp, ctx.mp, ctx.embedding, ctx.cp, ctx.dp_cp})
+      if (c) CHECK_MESSAGE(std::string(c->backend()) == "nccl", c->describe());
+  }
+#endif
   Trainer t(a, data, rt.context());
   const TrainSummary s = t.run();
   if (rt.grid().tp_size() > 1) testing::check_tp_replicas_identical(t.model().params(), rt.grid().tp_comm());
