@@ -55,7 +55,7 @@ void RequestState::finish(GenResult r) {
 
 std::string EngineStats::line() const {
   return str("engine: ", steps, " steps, ", rows, " rows (", prefill_tokens, " prompt, ", decode_tokens, " decode), ",
-             generated, " tokens generated, ", requests_done, " requests done, at most ", max_running,
+             generated, " tokens generated, ", requests_done, " requests done (", cancelled, " cancelled), at most ", max_running,
              " running; KV blocks: peak ", peak_blocks, " of ", kv_blocks, " (", peak_blocks * kv_block_bytes,
              " of ", kv_blocks * kv_block_bytes, " bytes per rank); pauses ", pauses, ", resumes ", resumes,
              ", evictions ", evictions, " (", recomputed_tokens, " tokens recomputed)");
@@ -165,6 +165,7 @@ void DynamicEngine::drop_cancelled() {
   const auto gone = [&](std::unique_ptr<Seq>& s) {
     if (!s->state->cancelled()) return false;
     finish(*s, "cancelled");
+    ++stats_.cancelled;
     return true;
   };
   running_.erase(std::remove_if(running_.begin(), running_.end(), gone), running_.end());

@@ -111,7 +111,7 @@ class RequestState {
 
 struct EngineStats {
   int64_t steps = 0, rows = 0, prefill_tokens = 0, decode_tokens = 0, generated = 0;
-  int64_t requests_done = 0, max_running = 0;
+  int64_t requests_done = 0, cancelled = 0, max_running = 0;
   int64_t pauses = 0, resumes = 0, evictions = 0, recomputed_tokens = 0;
   int64_t kv_blocks = 0, kv_block_bytes = 0, peak_blocks = 0;
   std::string line() const;  // one log line
