@@ -62,6 +62,21 @@ struct Server {
     pid = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
+  // Waits for a server that exits by itself (--max-requests; under mpirun the way to see rank
+  // 0 end the workers: mpirun exits 1 on SIGTERM whatever its ranks do). Returns the exit
+  // status; -1 when killed by a signal or still running after timeout_s (then killed).
+  int wait_exit(double timeout_s = 120) {
+    if (pid < 0) return -1;
+    int status = 0;
+    for (int i = 0; i < static_cast<int>(timeout_s * 10); ++i) {
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return -1;  // the destructor kills it
+  }
   ~Server() {
     if (pid > 0) {
       kill(pid, SIGKILL);
