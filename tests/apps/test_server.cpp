@@ -8,6 +8,7 @@
 // The model is the PyTorch reference GPT-2 (tests/apps/ref/).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -242,6 +243,23 @@ TEST_CASE("dynamic batching: 32 concurrent clients get their one-at-a-time answe
     });
   for (auto& t : clients) t.join();
   for (size_t i = 0; i < reqs.size(); ++i) CHECK_MESSAGE(together[i] == alone[i], "request ", i, ": ", reqs[i].second);
+
+  // A burst: 128 clients connect at the same moment; every one is answered (with the
+  // library's listen backlog of 5, some connections were reset by the kernel).
+  {
+    std::vector<int> status(128, 0);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> burst;
+    for (size_t i = 0; i < status.size(); ++i)
+      burst.emplace_back([&, i] {
+        ++ready;
+        while (ready < static_cast<int>(status.size())) std::this_thread::yield();
+        status[i] = http(port, "PUT", "/api", R"({"prompts": ["burst"], "tokens_to_generate": 1})").status;
+      });
+    for (auto& t : burst) t.join();
+    CHECK_MESSAGE(std::count(status.begin(), status.end(), 200) == 128, "answered ",
+                  std::count(status.begin(), status.end(), 200), " of 128");
+  }
 
   // Keep-alive: several requests on one connection.
   {
