@@ -293,7 +293,7 @@ std::vector<float> ModelRunner::run_step(const StepPlan& plan) {
   }
   if (nl == 0) return {};
   // The head on the rows asked for, one tile at a time: this rank's vocabulary slice (nl, Vl).
-  const int64_t nlpad = round_up(nl, kRowTile), Vl = c.padded_vocab_size / opts_.tp;
+  const int64_t nlpad = round_up(nl, kHeadRowTile), Vl = c.padded_vocab_size / opts_.tp;
   Tensor h = Tensor::zeros({nlpad, C}, c.compute_dtype, device());
   for (int64_t i = 0; i < nl; ++i) {
     const int64_t r = plan.logits_rows[static_cast<size_t>(i)];
@@ -301,8 +301,9 @@ std::vector<float> ModelRunner::run_step(const StepPlan& plan) {
   }
   h = final_norm(h);
   Tensor logits = Tensor::empty({nlpad, Vl}, c.compute_dtype, device());
-  for (int64_t t0 = 0; t0 < nlpad; t0 += kRowTile)
-    gemm(h.slice(0, t0, t0 + kRowTile), model_->output_weight().value(), logits.slice(0, t0, t0 + kRowTile), kLinear);
+  for (int64_t t0 = 0; t0 < nlpad; t0 += kHeadRowTile)
+    gemm(h.slice(0, t0, t0 + kHeadRowTile), model_->output_weight().value(), logits.slice(0, t0, t0 + kHeadRowTile),
+         kLinear);
   const std::vector<float> mine = logits.slice(0, 0, nl).to_floats();
   std::vector<float> all(grid_->tp_rank() == 0 ? mine.size() * static_cast<size_t>(opts_.tp) : 0);
   if (opts_.tp > 1)

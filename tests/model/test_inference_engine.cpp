@@ -131,7 +131,7 @@ TEST_CASE("batch invariance: alone, together, chunked prefill, a tiny token budg
     write_checkpoint(dir / "ckpt", cfg, 9);
     ModelRunner runner(MPI_COMM_WORLD, (dir / "ckpt").string(), RunnerOptions{});
     const int64_t bs = 4;
-    runner.init_kv_cache(blocks(12, 64, bs), bs);
+    runner.init_kv_cache(blocks(36, 64, bs), bs);
     const auto prompts = some_prompts(12);
     for (bool greedy : {true, false}) {
       const std::vector<GenRequest> rs = requests(prompts, greedy, 14);
@@ -148,6 +148,20 @@ TEST_CASE("batch invariance: alone, together, chunked prefill, a tiny token budg
         same_results(alone, e.run(rs), "together");
         CHECK(e.stats().max_running == 12);
         CHECK(e.stats().pauses == 0);
+      }
+      // Each request three times: 36 at once, more rows than one output-layer tile
+      // (kHeadRowTile), each copy at another place of another tile.
+      {
+        static_assert(kHeadRowTile < 36, "36 rows must span several output-layer tiles");
+        std::vector<GenRequest> triple;
+        std::vector<GenResult> want;
+        for (int k = 0; k < 3; ++k) {
+          triple.insert(triple.end(), rs.begin(), rs.end());
+          want.insert(want.end(), alone.begin(), alone.end());
+        }
+        DynamicEngine e(runner, EngineConfig{64, 512, false});
+        same_results(want, e.run(triple), "36 together");
+        CHECK(e.stats().max_running == 36);
       }
       // Chunked prefill with a budget of 5 tokens per step: prompts cut into chunks.
       {
