@@ -76,7 +76,8 @@ bool parse(int argc, char** argv, Args& a) {
       ("tokenizer-type", po::value(&a.tokenizer_type)->default_value("GPT2BPETokenizer"), data::kTokenizerTypes)
       ("tokenizer-model", po::value(&a.tokenizer_model), "tokenizer.json (HuggingFaceTokenizer) or tokenizer.model")
       ("micro-batch-size", po::value<int64_t>(),
-       "accepted from Megatron's server script (the engine's batch is --inference-dynamic-batching-max-requests)");
+       "accepted from Megatron's server script; no effect (the engine's batch is set by the dynamic batching "
+       "flags)");
   add_inference_flags(d, a.inf, /*with_seq_length=*/true);
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "text_generation_server", /*megatron=*/true)) return false;
