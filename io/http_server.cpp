@@ -141,7 +141,11 @@ int HttpServer::start(const std::string& host, int port) {
   s.set_read_timeout(sec, usec);
   split(l.write_timeout_s, sec, usec);
   s.set_write_timeout(sec, usec);
-  s.set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(std::ceil(l.keep_alive_s))));
+  // The library waits keep_alive_timeout for EVERY request of a connection, the first
+  // included: a client that connects and is slower than that to send its request (a loaded
+  // machine: bench clients waited > 5 s) had its connection closed (reset at its write).
+  // A new connection gets the read timeout to start, as an idle kept-alive one does.
+  s.set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(std::ceil(std::max(l.keep_alive_s, l.read_timeout_s)))));
   s.set_keep_alive_max_count(l.keep_alive_max);
   s.set_payload_max_length(l.max_body);
   Impl* impl = impl_.get();

@@ -7,7 +7,7 @@
 //     client (a header trickling in byte by byte) or a vanished one occupies one
 //     thread, never the others or the engine;
 //   * keep-alive: up to keep_alive_max requests per connection, idle ones closed
-//     after keep_alive_s;
+//     after max(keep_alive_s, read_timeout_s) (a new connection has as long to start);
 //   * limits: a body above max_body is refused with 413 before it is read; a
 //     read or write that makes no progress for read_timeout_s / write_timeout_s
 //     closes the connection; header lines are bounded by the library (8 KiB);
@@ -33,7 +33,8 @@ struct HttpLimits {
   size_t max_body = 16u << 20;   // bytes; larger bodies get 413
   double read_timeout_s = 10;    // a read that waits longer closes the connection
   double write_timeout_s = 10;   // a write that waits longer closes the connection
-  double keep_alive_s = 5;       // an idle kept-alive connection is closed after this
+  double keep_alive_s = 5;       // an idle connection (kept alive, or new) is closed after
+                                 // max(this, read_timeout_s): the library has one wait for both
   size_t keep_alive_max = 100;   // requests per connection
   int threads = 128;             // connection threads (concurrent connections served)
 };

@@ -234,6 +234,17 @@ TEST_CASE("dynamic batching: 32 concurrent clients get their one-at-a-time answe
     REQUIRE_MESSAGE(r.status == 200, r.body);
     alone[i] = stable(r.body);
   }
+  // A client that connects and sends its request 6 s later (within --http-timeout, 10 s) is
+  // answered; the library's keep-alive wait (5 s) used to close it first. It runs beside
+  // the 32 clients.
+  int late_status = 0;
+  std::thread late([&] {
+    http_test::Connection c(port);
+    std::this_thread::sleep_for(std::chrono::seconds(6));
+    const std::string body = R"({"prompts": ["late"], "tokens_to_generate": 1})";
+    if (c.send_raw("PUT /api HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body))
+      late_status = c.read_some().find("HTTP/1.1 200") == 0 ? 200 : -1;
+  });
   std::vector<std::string> together(reqs.size());
   std::vector<std::thread> clients;
   for (size_t i = 0; i < reqs.size(); ++i)
@@ -243,6 +254,8 @@ TEST_CASE("dynamic batching: 32 concurrent clients get their one-at-a-time answe
     });
   for (auto& t : clients) t.join();
   for (size_t i = 0; i < reqs.size(); ++i) CHECK_MESSAGE(together[i] == alone[i], "request ", i, ": ", reqs[i].second);
+  late.join();
+  CHECK_MESSAGE(late_status == 200, "a request sent 6 s after its connection was not answered");
 
   // A burst: 128 clients connect at the same moment; every one is answered (with the
   // library's listen backlog of 5, some connections were reset by the kernel).
