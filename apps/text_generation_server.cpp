@@ -2,9 +2,9 @@
 // API, on a checkpoint, for many users at once.
 //   text_generation_server --load ckpt [--host 127.0.0.1] [--port 5000] --inference-dynamic-batching
 //   mpirun -np 4 text_generation_server --load ckpt --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 ...
-//   curl -X PUT http://127.0.0.1:5000/api -H 'Content-Type: application/json' \
+//   curl -X PUT http://127.0.0.1:5000/api -H 'Content-Type: application/json'
 //        -d '{"prompts": ["Hello"], "tokens_to_generate": 32, "top_p": 0.9}'
-//   curl http://127.0.0.1:5000/v1/completions -H 'Content-Type: application/json' \
+//   curl http://127.0.0.1:5000/v1/completions -H 'Content-Type: application/json'
 //        -d '{"prompt": "Hello", "max_tokens": 32, "stream": true}'
 // The requests and answers: model/inference/text_api.h. The HTTP layer: io/http_server.h
 // (cpp-httplib: concurrent connections, keep-alive, size and time limits).
