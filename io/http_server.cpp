@@ -1,10 +1,7 @@
 #include "io/http_server.h"
 
-// Connections the kernel queues until the accept thread takes them. The library's default
-// (5) makes a burst of clients fail with "connection reset by peer" (seen: 32 clients starting
-// together on the loaded 2-core machine, 128 on an idle one); the kernel caps it at somaxconn.
-#define CPPHTTPLIB_LISTEN_BACKLOG 4096
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cctype>
@@ -179,9 +176,21 @@ int HttpServer::start(const std::string& host, int port) {
     std::snprintf(buf, sizeof buf, "%.3f s", dt);
     impl->log(str(req.method, " ", req.path, " ", res.status, " ", buf));
   });
+  // The listening socket, to raise its backlog after the library's listen(): Debian's
+  // compiled libcpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG is fixed
+  // in the .so), and a burst of clients overflowed it: the kernel reset their connections
+  // (seen: 32 clients starting together on the loaded 2-core machine, 128 on an idle one).
+  // listen() again on a listening socket sets the new backlog (capped by somaxconn).
+  int listen_fd = -1;
+  s.set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = static_cast<int>(sock);  // the last socket tried is the one bound
+  });
   const std::string h = host == "localhost" ? "127.0.0.1" : host;
   const int bound = port == 0 ? s.bind_to_any_port(h) : (s.bind_to_port(h, port) ? port : -1);
   MPT_CHECK(bound > 0, str("cannot listen on ", host, ":", port), "pick another --port (0: any free port) or --host");
+  MPT_CHECK(listen_fd >= 0 && ::listen(listen_fd, 4096) == 0, str("cannot set the listen backlog on ", host, ":", bound),
+            "");
   thread_ = std::thread([this] {
     impl_->svr.listen_after_bind();
     stopped_ = true;
