@@ -26,7 +26,8 @@
 // put their BOS first); the WikiText rules undo WikiText's own tokenisation and are applied
 // whatever the tokenizer (as Megatron does); a strict-LAMBADA target is encoded without BOS.
 // Losses and argmaxes use the first vocab_size logits (padded vocabulary rows excluded).
-// Runs on one process; a checkpoint saved under any parallel layout loads here.
+// Runs on one process or under mpirun with --tensor-model-parallel-size x --pipeline-model-parallel-size
+// ranks; a checkpoint saved under any parallel layout loads under any. Progress every --log-interval.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "apps/app_main.h"
 #include <mpi.h>
@@ -50,6 +51,7 @@
 #include "model/flag_given.h"
 #include "model/inference/inference_flags.h"
 #include "model/inference/inference_load.h"
+#include "model/inference/model_runner.h"
 #include "tensor/ops.h"
 
 using namespace mpitron;
@@ -59,13 +61,12 @@ namespace {
 
 struct Args {
   std::string task, valid_data, load, vocab_file, merge_file, results_json, tokenizer_type = "GPT2BPETokenizer", tokenizer_model;
-  int64_t seq_length = 0, overlapping_eval = 32, micro_batch_size = 1;
+  int64_t seq_length = 0, overlapping_eval = 32, micro_batch_size = 1, log_interval = 100;
   bool strict_lambada = false;
   InferenceFlags inf;  // the pretraining GPT_ARGS a Megatron evaluation script passes too
 };
 
 bool parse(int argc, char** argv, Args& a) {
-  int64_t tp = 1, pp = 1;
   po::options_description d("evaluate: WikiText perplexity and LAMBADA accuracy of a checkpoint");
   d.add_options()("help,h", "print this help")
       ("task", po::value(&a.task)->required(), "WIKITEXT2, WIKITEXT103 or LAMBADA")
@@ -80,17 +81,22 @@ bool parse(int argc, char** argv, Args& a) {
       ("tokenizer-type", po::value(&a.tokenizer_type)->default_value("GPT2BPETokenizer"), data::kTokenizerTypes)
       ("tokenizer-model", po::value(&a.tokenizer_model), "tokenizer.json (HuggingFaceTokenizer) or tokenizer.model")
       ("results-json", po::value(&a.results_json), "also write the results as JSON to this file")
-      ("tensor-model-parallel-size", po::value(&tp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)")
-      ("pipeline-model-parallel-size", po::value(&pp), "must be 1: inference runs on one process (a checkpoint of any layout loads here)");
+      ("log-interval", po::value(&a.log_interval),
+       "a progress line every N windows (WikiText) or examples (LAMBADA): done of total, running loss, tokens/s "
+       "(default 100)");
   add_inference_flags(d, a.inf, /*with_seq_length=*/false);  // --seq-length is the window here
   po::variables_map vm;
-  if (!parse_app_flags(argc, argv, d, vm, "evaluate")) return false;
+  if (!parse_app_flags(argc, argv, d, vm, "evaluate", /*megatron=*/true)) return false;
   check_inference_flags(vm, a.inf);
   if (checkpoint_exists(a.load)) check_against_checkpoint(vm, a.inf, read_checkpoint_config(a.load), a.load);
+  const DynamicBatchingFlags none;
+  const DynamicBatchingFlags& b = a.inf.batching;
+  if (b.enabled || b.chunked_prefill || b.buffer_size_gb != none.buffer_size_gb || b.block_size != none.block_size ||
+      b.max_requests != none.max_requests || b.max_tokens != none.max_tokens)
+    a.inf.notes.push_back("--inference-dynamic-batching*, --enable-chunked-prefill: evaluate scores whole windows "
+                          "(no KV cache, no engine)");
   for (const std::string& n : a.inf.notes) log_info(n);
-  MPT_CHECK(tp == 1 && pp == 1,
-            str("--tensor-model-parallel-size ", tp, " / --pipeline-model-parallel-size ", pp, ": evaluate runs on one process"),
-            "pass 1 (or leave them out); checkpoints are stored unsharded, so any checkpoint loads on one process");
+  MPT_CHECK(a.log_interval >= 1, str("--log-interval must be >= 1, got ", a.log_interval), "");
   MPT_CHECK(a.task == "WIKITEXT2" || a.task == "WIKITEXT103" || a.task == "LAMBADA",
             str("--task ", a.task, " is not supported"), "use WIKITEXT2, WIKITEXT103 or LAMBADA");
   // Flags that mean something for one task only; given for another task they would do nothing, silently.
@@ -216,19 +222,33 @@ std::string py_last_word(const std::string& s) {
   return cur.empty() ? last : cur;
 }
 
-// Per-token losses (n) of targets given inputs, over the first vocab_size logits.
-// tokens: (B, T) windows; returns B·T losses, row-major.
-std::vector<float> token_losses(GPT& model, const std::vector<int64_t>& in, const std::vector<int64_t>& tgt, int64_t B,
-                                int64_t T) {
-  const int64_t V = model.config().vocab_size;
-  Tensor logits = model.logits(Tensor::from_ints(in, {B, T}));
-  if (logits.dim(1) != V) logits = logits.slice(1, 0, V).contiguous();
-  Tensor losses = Tensor::empty({B * T}, DType::F32, logits.device());
-  softmax_cross_entropy(logits, Tensor::from_ints(tgt, {B * T}).to(logits.device()), losses, Tensor(), 1.0f);
-  return losses.to_floats();
-}
+// A progress line every --log-interval units: done of total, running loss, tokens/s.
+class Progress {
+ public:
+  Progress(const char* what, int64_t total, int64_t interval) : what_(what), total_(total), interval_(interval) {}
+  void add(int64_t units, double loss, int64_t scored, int64_t tokens) {
+    const int64_t before = done_ / interval_;
+    done_ += units, loss_ += loss, scored_ += scored, tokens_ += tokens;
+    if (done_ / interval_ == before && done_ < total_) return;
+    const double s = timer_.seconds();
+    char line[256];
+    std::snprintf(line, sizeof line, "%s %lld/%lld | running avg loss %.4f | %.0f tokens/s | %.1f s", what_,
+                  static_cast<long long>(done_), static_cast<long long>(total_),
+                  scored_ > 0 ? loss_ / static_cast<double>(scored_) : 0.0, static_cast<double>(tokens_) / std::max(s, 1e-9),
+                  s);
+    log_info(line);
+  }
 
-nlohmann::json eval_wikitext(GPT& model, const data::TextTokenizer& tok, const Args& a, int64_t seq, int64_t overlap) {
+ private:
+  const char* what_;
+  int64_t total_, interval_, done_ = 0, scored_ = 0, tokens_ = 0;
+  double loss_ = 0;
+  Timer timer_;
+};
+
+// Every rank runs it (the windows are scored collectively); the numbers are the driver's.
+nlohmann::json eval_wikitext(ModelRunner& runner, const data::TextTokenizer& tok, const Args& a, int64_t seq,
+                             int64_t overlap) {
   const std::string raw = read_file(a.valid_data);
   // Megatron: len(entire_data.strip().split(" ")) on the raw text.
   const std::string stripped = py_strip(raw);
@@ -244,6 +264,7 @@ nlohmann::json eval_wikitext(GPT& model, const data::TextTokenizer& tok, const A
   double total = 0;
   int64_t scored = 0;
   Timer timer;
+  Progress progress("windows", nwin, a.log_interval);
   for (int64_t w0 = 0; w0 < nwin;) {
     // Batch consecutive windows of the same length.
     const auto win_len = [&](int64_t w) { return std::min(seq, targets - w * overlap); };  // targets in window w
@@ -254,7 +275,7 @@ nlohmann::json eval_wikitext(GPT& model, const data::TextTokenizer& tok, const A
       ++w0;
       continue;
     }
-    std::vector<int64_t> in, tgt;
+    std::vector<int32_t> in, tgt;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t s = (w0 + b) * overlap;
       for (int64_t t = 0; t < T; ++t) {
@@ -262,14 +283,20 @@ nlohmann::json eval_wikitext(GPT& model, const data::TextTokenizer& tok, const A
         tgt.push_back(ids[static_cast<size_t>(s + t + 1)]);
       }
     }
-    const std::vector<float> losses = token_losses(model, in, tgt, B, T);
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t w = w0 + b;
-      // Megatron: pad_mask[:-overlap] = 0 for every window but the first (when overlapping).
-      const int64_t first = (overlap != seq && w != 0) ? seq - overlap : 0;
-      for (int64_t t = first; t < T; ++t) total += losses[static_cast<size_t>(b * T + t)];
-      scored += std::max<int64_t>(T - first, 0);
-    }
+    const ScoreOutput out = runner.score(in, tgt, B, T);
+    double batch_loss = 0;
+    int64_t batch_scored = 0;
+    if (runner.is_driver())
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t w = w0 + b;
+        // Megatron: pad_mask[:-overlap] = 0 for every window but the first (when overlapping).
+        const int64_t first = (overlap != seq && w != 0) ? seq - overlap : 0;
+        for (int64_t t = first; t < T; ++t) batch_loss += out.loss[static_cast<size_t>(b * T + t)];
+        batch_scored += std::max<int64_t>(T - first, 0);
+      }
+    total += batch_loss;
+    scored += batch_scored;
+    progress.add(B, batch_loss, batch_scored, B * T);
     w0 += B;
   }
   const double avg = total / static_cast<double>(ntok - 1);
@@ -295,17 +322,20 @@ nlohmann::json eval_wikitext(GPT& model, const data::TextTokenizer& tok, const A
   return r;
 }
 
-nlohmann::json eval_lambada(GPT& model, const data::TextTokenizer& tok, const Args& a, int64_t seq) {
+nlohmann::json eval_lambada(ModelRunner& runner, const data::TextTokenizer& tok, const Args& a, int64_t seq) {
   LineReader f(a.valid_data, "--valid-data");
   auto enc = tok.make_encoder();
   auto plain = tok.make_encoder(false);  // the target word: no BOS before it (HF / Llama2Tokenizer)
-  const int64_t V = model.config().vocab_size;
   nlohmann::json examples = nlohmann::json::array();
   int64_t correct = 0, n = 0, lineno = 0, truncated = 0;
   Timer timer;
-  std::string line;
-  while (f.next(line)) {
-    lineno = f.line_no();
+  std::vector<std::string> lines;
+  for (std::string line; f.next(line);) lines.push_back(line);
+  int64_t total_examples = 0;
+  for (const std::string& l : lines) total_examples += !l.empty();
+  Progress progress("examples", total_examples, a.log_interval);
+  for (const std::string& line : lines) {
+    ++lineno;
     if (line.empty()) continue;
     std::string text;
     try {
@@ -339,28 +369,31 @@ nlohmann::json eval_lambada(GPT& model, const data::TextTokenizer& tok, const Ar
       ctx.erase(ctx.begin(), ctx.end() - room);
       ++truncated;
     }
-    std::vector<int64_t> seqv(ctx.begin(), ctx.end());
+    std::vector<int32_t> seqv(ctx.begin(), ctx.end());
     seqv.insert(seqv.end(), target.begin(), target.end() - 1);
     const int64_t T = static_cast<int64_t>(seqv.size());
     MPT_CHECK(T <= seq, str(a.valid_data, ":", lineno, ": ", T + 1, " tokens exceed --seq-length ", seq, " + 1"),
               "raise --seq-length (up to the model's max_position_embeddings)");
-    const std::vector<float> logits = model.logits(Tensor::from_ints(seqv, {1, T})).to_floats();
-    const int64_t Vp = model.config().padded_vocab_size;
+    // Targets: the next token at every position (the context's own continuation, then the word).
+    std::vector<int32_t> tgt(seqv.begin() + 1, seqv.end());
+    tgt.push_back(target.back());
+    const ScoreOutput out = runner.score(seqv, tgt, 1, T);
+    ++n;
+    if (!runner.is_driver()) continue;
     std::vector<int32_t> pred;
+    double loss = 0;
     for (size_t j = 0; j < target.size(); ++j) {
-      const float* row = logits.data() + (static_cast<int64_t>(ctx.size()) - 1 + static_cast<int64_t>(j)) * Vp;
-      int32_t best = 0;
-      for (int64_t v = 1; v < V; ++v)
-        if (row[v] > row[best]) best = static_cast<int32_t>(v);
-      pred.push_back(best);
+      const size_t at = ctx.size() - 1 + j;
+      pred.push_back(out.argmax[at]);
+      loss += out.loss[at];
     }
     const bool ok = pred == target;
     correct += ok;
-    ++n;
     examples.push_back({{"context_len", ctx.size()}, {"target", target}, {"pred", pred}, {"correct", ok}});
+    progress.add(1, loss, static_cast<int64_t>(target.size()), T);
   }
   MPT_CHECK(n > 0, str(a.valid_data, " holds no examples"), "");
-  if (truncated > 0)
+  if (truncated > 0 && runner.is_driver())
     log_warn(truncated, " of ", n, " LAMBADA contexts were longer than --seq-length ", seq,
              " and were cut to their last tokens");
   const double acc = static_cast<double>(correct) / static_cast<double>(n);
@@ -370,50 +403,40 @@ nlohmann::json eval_lambada(GPT& model, const data::TextTokenizer& tok, const Ar
           {"total", n},     {"examples", examples},       {"seconds", timer.seconds()}};
 }
 
+int run(int argc, char** argv) {
+  Args a;
+  if (!parse(argc, argv, a)) return 0;
+  const auto tok_ptr = data::make_tokenizer({a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file});
+  const data::TextTokenizer& tok = *tok_ptr;
+  ModelRunner runner(MPI_COMM_WORLD, a.load, a.inf.runner());
+  const GPTConfig& c = runner.config();
+  MPT_CHECK(c.vocab_size == tok.vocab_size(),
+            str("the checkpoint's vocab_size ", c.vocab_size, " differs from the tokenizer's ", tok.vocab_size()),
+            "pass the tokenizer flags the model was trained with (--tokenizer-type, --tokenizer-model or --vocab-file/--merge-file)");
+  log_info("loaded ", runner.checkpoint_dir(), " (", c.num_layers, " layers, hidden ", c.hidden_size, ") on ",
+           runner.describe());
+  const int64_t seq = a.seq_length > 0 ? a.seq_length : c.seq_length;
+  MPT_CHECK(seq <= c.max_position_embeddings,
+            str("--seq-length ", seq, " exceeds the model's max_position_embeddings ", c.max_position_embeddings), "");
+  nlohmann::json r;
+  if (a.task == "LAMBADA") {
+    r = eval_lambada(runner, tok, a, seq);
+  } else {
+    const int64_t overlap = std::min(a.overlapping_eval, seq);
+    MPT_CHECK(overlap >= 1, str("--overlapping-eval must be >= 1, got ", a.overlapping_eval), "");
+    r = eval_wikitext(runner, tok, a, seq, overlap);
+  }
+  if (!runner.is_driver()) return 0;
+  r["checkpoint"] = runner.checkpoint_dir();
+  r["layout"] = runner.describe();
+  if (!a.results_json.empty()) {
+    write_file_checked(a.results_json, r.dump() + "\n", "--results-json");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  set_process_rank(world > 1 ? rank : -1);
-  int rc = 0;
-  try {
-    MPT_CHECK(world == 1, str("evaluate was started on ", world, " ranks; it runs on one process"),
-              "run it without mpirun (or with -np 1)");
-    Args a;
-    if (parse(argc, argv, a)) {
-      const auto tok_ptr = data::make_tokenizer({a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file});
-      const data::TextTokenizer& tok = *tok_ptr;
-      const Device dev = cuda_available() ? Device::cuda(0) : Device::cpu();
-      InferenceModel m = load_model_for_inference(a.load, dev, a.inf.dtype());
-      const GPTConfig& c = m.model->config();
-      MPT_CHECK(c.vocab_size == tok.vocab_size(),
-                str("the checkpoint's vocab_size ", c.vocab_size, " differs from the tokenizer's ", tok.vocab_size()),
-                "pass the tokenizer flags the model was trained with (--tokenizer-type, --tokenizer-model or --vocab-file/--merge-file)");
-      log_info("loaded ", m.dir, " (", c.num_layers, " layers, hidden ", c.hidden_size, ") on ", dev.name());
-      const int64_t seq = a.seq_length > 0 ? a.seq_length : c.seq_length;
-      MPT_CHECK(seq <= c.max_position_embeddings,
-                str("--seq-length ", seq, " exceeds the model's max_position_embeddings ", c.max_position_embeddings), "");
-      nlohmann::json r;
-      if (a.task == "LAMBADA") {
-        r = eval_lambada(*m.model, tok, a, seq);
-      } else {
-        const int64_t overlap = std::min(a.overlapping_eval, seq);
-        MPT_CHECK(overlap >= 1, str("--overlapping-eval must be >= 1, got ", a.overlapping_eval), "");
-        r = eval_wikitext(*m.model, tok, a, seq, overlap);
-      }
-      r["checkpoint"] = m.dir;
-      if (!a.results_json.empty()) {
-        write_file_checked(a.results_json, r.dump() + "\n", "--results-json");
-      }
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    rc = 1;
-  }
-  MPI_Finalize();
-  return rc;
+  return run_inference_app(argc, argv, [&] { return run(argc, argv); });
 }

@@ -11,6 +11,7 @@ debs=(
   openmpi-bin libopenmpi-dev
   libhdf5-openmpi-dev hdf5-tools
   libboost-program-options-dev
+  libcpp-httplib-dev
   doctest-dev
   libopenblas-openmp-dev
   libpcre2-dev

@@ -27,6 +27,9 @@
 #   bench_more  bench_train tiny/124M/350M/1.3B with recompute (folded into bench_train.json)
 #   torch_more  the PyTorch peer eager on 124M, compiled on llama-124M
 #   ctest_rest  the tests without a CUDA path (CI runs them on every submission too)
+#   bench_serve text_generation_server on the GPU: generated tokens/s, p50/p99 at 1, 8, 32 clients,
+#               dynamic batching vs one request at a time vs transformers' generate (bench/bench_serve.py;
+#               its table goes into summary.txt)
 # Everything goes under $OUT (at most 8 files come back): gpu_check.log (all
 # output), ctest.log, bench_ops.json, bench_train.json, bench_mfu.json,
 # torch_peer.json, llmc.json, summary.txt. The summary table is printed last.
@@ -178,8 +181,9 @@ printf '%-12s %-28s %5s s\n' setup ok $(($(date +%s) - START)) >>"$SUMMARY"
 want() { [ "$PARTS" = all ] || [ "$PARTS" = "$1" ]; }
 # Every test with a CUDA path: the tensor ops (cuDNN attention, vector kernels), core, the bf16 GPT
 # reference against PyTorch, the trainer on the device (MPITRON_TEST_DEVICE=cuda), comm/grid/ZeRO
-# with device buffers.
-CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_trainer$|parallel_test_(comm|grid|zero|context_parallel))'
+# with device buffers, the inference engine and runner (the paged KV cache on the device; TP/PP at 2 and 4 ranks),
+# context parallelism's attention.
+CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_trainer$|model_test_inference_|parallel_test_(comm|grid|zero|context_parallel))'
 # CUDA_RERUN (a ctest -R regex) reruns only those tests, e.g. what failed in the first call.
 want tests && step ctest_cuda 120 60 bash -c "MPITRON_TEST_DEVICE=cuda ctest --test-dir '$RUN' -R '${CUDA_RERUN:-$CUDA_TESTS}' --output-on-failure -j 12 --timeout 90 2>&1 | tee -a '$OUT/ctest.log'"
 want bench && step bench_train 110 45 "$RUN/bench/bench_train" --device cuda --config "${BENCH_TRAIN_CONFIGS:-124M,llama-124M,1.3B,llama-1B}" \
@@ -243,6 +247,14 @@ want bench && step torch_more 90 40 bash -c "python3 bench/peers/torch_gpt.py --
   --seq 1024 --warmup 2 --steps 6 --json '$OUT/torch_eager.json' && python3 bench/peers/torch_gpt.py --preset llama-124M \
   --device cuda --batch 8 --seq 1024 --warmup 3 --steps 6 --compile --json '$OUT/torch_llama.json'"
 want tests && step ctest_rest 120 30 bash -c "ctest --test-dir '$RUN' -E '$CUDA_TESTS' --output-on-failure -j 8 --timeout 110 2>&1 | tee -a '$OUT/ctest.log' | tail -5"
+# Serving (issue #30): the dynamic engine and the one-at-a-time server on the GPU, 1/8/32 clients,
+# transformers' generate beside them when the image has torch + transformers (else a note). The
+# table goes into the summary (8 files at most come back).
+SERVE_TXT=${TMPDIR:-/tmp}/mpitron_bench_serve.txt
+rm -f "$SERVE_TXT"
+want bench && step bench_serve 120 40 bash -c "set -o pipefail; python3 bench/bench_serve.py --build '$RUN' --threads 8 \
+  --hf-device cuda --make-device cuda --clients ${SERVE_CLIENTS:-1,8,32} --requests 1 --new-tokens 32 --layers 12 --hidden 768 --heads 12 --positions 1024 \
+  | tee '$SERVE_TXT'"
 # At most 8 files come back: fold the extra JSON files into bench_train.json and torch_peer.json.
 python3 - "$OUT" <<'EOF' >/dev/null 2>&1 || true
 import json, os, sys
@@ -357,6 +369,7 @@ if j:
             v = f"{r['tflops']:.1f} TFLOP/s" if r["tflops"] > 0 else f"{r['gbps']:.0f} GB/s"
             print(f"  {r['op']:26s} {r['shape']:22s} {r['dtype']:5s} {v:>14s} {100 * r['fraction_of_ceiling']:5.1f}%")
 EOF
+  if [ -s "$SERVE_TXT" ]; then echo; echo "=== serving (bench_serve step: tokens/s, latency, KV peak of pool)"; cat "$SERVE_TXT"; fi
   if [ -s "$PROFILE_TXT" ]; then echo; echo "=== where the $PROFILE_CONFIG step's time goes (profile step)"; cat "$PROFILE_TXT"; fi
   if [ -s "$CP_TABLE" ]; then echo; echo "=== context parallelism (cp step: bench_cp, per-rank activation memory and step time)"; cat "$CP_TABLE"; fi
   echo

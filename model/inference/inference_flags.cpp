@@ -1,8 +1,14 @@
 #include "model/inference/inference_flags.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/error.h"
 #include "model/checkpoint_args.h"
+#include "model/flag_given.h"
+#include "model/inference/kv_block_allocator.h"
 #include "model/training/megatron_compat.h"
+#include "model/training/pretrain_flags.h"
 
 namespace po = boost::program_options;
 
@@ -16,7 +22,7 @@ struct Ignored {
   const char* why;
 };
 
-// Pretraining flags a generation/evaluation script carries that inference has no use for.
+// Pretraining flags a generation/evaluation script carries whose no-op deserves its own reason.
 const Ignored kIgnored[] = {
     {"no-load-optim", false, "inference reads only the weights"},
     {"no-load-rng", false, "inference reads only the weights"},
@@ -28,39 +34,141 @@ const Ignored kIgnored[] = {
     {"log-interval", true, "inference logs per sample or per evaluation"},
 };
 
+// Pretraining flags that are not accepted as no-ops: --config would read flags from a
+// file the tools do not read, so it stays unknown.
+bool never_training_only(const std::string& name) { return name == "config" || name == "help"; }
+
+bool has(const po::options_description& d, const std::string& name) { return d.find_nothrow(name, false) != nullptr; }
+
+std::string joined(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
 }  // namespace
+
+RunnerOptions InferenceFlags::runner() const {
+  RunnerOptions o;
+  o.tp = static_cast<int>(tp);
+  o.pp = static_cast<int>(pp);
+  o.dtype = dtype();
+  o.device = device;
+  return o;
+}
 
 void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool with_seq_length) {
   po::options_description g("Megatron GPT_ARGS (the model shape is checked against the checkpoint)");
   GPTConfig& m = f.shape;
   f.with_seq_length = with_seq_length;
-  g.add_options()
-      ("num-layers", po::value(&m.num_layers), "transformer blocks")
-      ("hidden-size", po::value(&m.hidden_size), "residual stream width")
-      ("num-attention-heads", po::value(&m.num_attention_heads), "attention heads")
-      ("ffn-hidden-size", po::value(&m.ffn_hidden_size), "MLP width")
-      ("max-position-embeddings", po::value(&m.max_position_embeddings), "position table rows")
-      ("layernorm-epsilon", po::value(&m.layernorm_epsilon), "layernorm epsilon")
-      ("fp16", po::bool_switch(&f.fp16), "run the model in fp16 (weights rounded from the f32 checkpoint)")
-      ("bf16", po::bool_switch(&f.bf16), "run the model in bf16");
-  if (with_seq_length) g.add_options()("seq-length", po::value(&m.seq_length), "tokens per sample in training");
-  for (const Ignored& i : kIgnored) {
-    if (i.takes_value) g.add_options()(i.name, po::value<std::string>(), i.why);
-    else g.add_options()(i.name, po::bool_switch(), i.why);
-  }
+  // Adds (name, semantic, help) unless the tool declared the name itself.
+  const auto add = [&](po::options_description& grp, const char* name, const po::value_semantic* v, const char* help) {
+    if (has(desc, name) || has(grp, name)) {
+      delete v;
+      return false;
+    }
+    grp.add_options()(name, v, help);
+    return true;
+  };
+  add(g, "num-layers", po::value(&m.num_layers), "transformer blocks");
+  add(g, "hidden-size", po::value(&m.hidden_size), "residual stream width");
+  add(g, "num-attention-heads", po::value(&m.num_attention_heads), "attention heads");
+  add(g, "ffn-hidden-size", po::value(&m.ffn_hidden_size), "MLP width");
+  add(g, "max-position-embeddings", po::value(&m.max_position_embeddings), "position table rows");
+  add(g, "layernorm-epsilon", po::value(&m.layernorm_epsilon), "layernorm epsilon");
+  add(g, "fp16", po::bool_switch(&f.fp16), "run the model in fp16 (weights rounded from the f32 checkpoint)");
+  add(g, "bf16", po::bool_switch(&f.bf16), "run the model in bf16");
+  if (with_seq_length) add(g, "seq-length", po::value(&m.seq_length), "tokens per sample in training");
+  for (const Ignored& i : kIgnored)
+    if (i.takes_value ? add(g, i.name, po::value<std::string>(), i.why) : add(g, i.name, po::bool_switch(), i.why))
+      f.no_op.push_back(i.name);
   desc.add(g);
-  add_architecture_flags(desc, f.arch);
-  add_noop_flags(desc);
+
+  po::options_description par("Parallel layout and device (run under mpirun -np TP x PP)");
+  add(par, "tensor-model-parallel-size", po::value(&f.tp),
+      "tensor-parallel ranks (default 1); a checkpoint of any layout loads under any layout");
+  add(par, "pipeline-model-parallel-size", po::value(&f.pp), "pipeline stages (default 1)");
+  add(par, "device", po::value(&f.device), "auto (a GPU when there is one) | cpu | cuda");
+  desc.add(par);
+
+  DynamicBatchingFlags& b = f.batching;
+  po::options_description dyn("Dynamic batching (Megatron-Core's dynamic inference engine)");
+  add(dyn, "inference-dynamic-batching", po::bool_switch(&b.enabled),
+      "serve many requests at once over the paged KV cache (without it the server runs one request at a time)");
+  add(dyn, "inference-dynamic-batching-buffer-size-gb", po::value(&b.buffer_size_gb),
+      "KV cache per rank in GiB (default: max-requests sequences of max_position_embeddings, at most 1 GiB)");
+  add(dyn, "inference-dynamic-batching-block-size", po::value(&b.block_size), "positions per KV block (default 256)");
+  add(dyn, "inference-dynamic-batching-max-requests", po::value(&b.max_requests), "requests in flight at once");
+  add(dyn, "inference-dynamic-batching-max-tokens", po::value(&b.max_tokens),
+      "tokens (prompt and decode) per step (default 512)");
+  add(dyn, "enable-chunked-prefill", po::bool_switch(&b.chunked_prefill),
+      "split prompts longer than a step's token budget over several steps");
+  desc.add(dyn);
+
+  if (!has(desc, "normalization")) add_architecture_flags(desc, f.arch);
+  if (!has(desc, "distributed-backend")) add_noop_flags(desc);
+
+  // Every other pretraining flag, with the arity pretraining gives it.
+  po::options_description train("Pretraining flags (accepted from a Megatron script; no effect here)");
+  for (const auto& o : pretrain_flag_descriptions().options()) {
+    const std::string& name = o->long_name();
+    if (name.empty() || never_training_only(name) || has(desc, name) || has(train, name)) continue;
+    const po::value_semantic* sem = o->semantic().get();
+    if (sem->max_tokens() == 0) train.add_options()(name.c_str(), po::bool_switch(), "pretraining switch");
+    else if (sem->max_tokens() > 1)
+      train.add_options()(name.c_str(), po::value<std::vector<std::string>>()->multitoken()->composing(), "pretraining flag");
+    else train.add_options()(name.c_str(), po::value<std::string>(), "pretraining flag");
+    f.training_only.push_back(name);
+  }
+  desc.add(train);
 }
 
 void check_inference_flags(const po::variables_map& vm, InferenceFlags& f) {
   MPT_CHECK(!(f.fp16 && f.bf16), "--fp16 and --bf16 were both given", "pick one");
+  MPT_CHECK(f.tp >= 1 && f.pp >= 1,
+            str("--tensor-model-parallel-size and --pipeline-model-parallel-size must be >= 1, got ", f.tp, " and ", f.pp),
+            "");
+  MPT_CHECK(f.device == "auto" || f.device == "cpu" || f.device == "cuda",
+            str("--device ", f.device, " is not auto, cpu or cuda"), "");
+  const DynamicBatchingFlags& b = f.batching;
+  MPT_CHECK(std::isfinite(b.buffer_size_gb) && b.buffer_size_gb >= 0,
+            str("--inference-dynamic-batching-buffer-size-gb must be > 0, got ", b.buffer_size_gb), "");
+  MPT_CHECK(b.block_size >= 1, str("--inference-dynamic-batching-block-size must be >= 1, got ", b.block_size), "");
+  MPT_CHECK(b.max_requests >= 0,
+            str("--inference-dynamic-batching-max-requests must be >= 1, got ", b.max_requests), "");
+  MPT_CHECK(b.max_tokens >= 1, str("--inference-dynamic-batching-max-tokens must be >= 1, got ", b.max_tokens), "");
   for (const Ignored& i : kIgnored) {
-    if (!vm.count(i.name)) continue;
+    // Only where add_inference_flags declared it (a tool's own flag of that name means something).
+    if (std::find(f.no_op.begin(), f.no_op.end(), i.name) == f.no_op.end() || !vm.count(i.name)) continue;
     if (!i.takes_value && !vm[i.name].as<bool>()) continue;
     f.notes.push_back(str("--", i.name, ": ", i.why));
   }
   check_noop_flags(vm, f.notes);
+  std::vector<std::string> given;
+  for (const std::string& name : f.training_only) {
+    if (!vm.count(name)) continue;
+    const po::option_description& o = pretrain_flag_descriptions().find(name, false);
+    std::vector<std::string> tokens;
+    if (o.semantic()->max_tokens() == 0) {
+      if (!vm[name].as<bool>()) continue;
+    } else if (o.semantic()->max_tokens() > 1) {
+      tokens = vm[name].as<std::vector<std::string>>();
+    } else {
+      tokens = {vm[name].as<std::string>()};
+    }
+    if (!tokens.empty()) {  // the value must be one pretraining would take
+      boost::any v;
+      try {
+        o.semantic()->parse(v, tokens, true);
+      } catch (const std::exception& e) {
+        MPT_THROW(str("--", name, " ", joined(tokens, " "), ": ", e.what()),
+                  "a pretraining flag is checked as pretrain_gpt checks it, even where it has no effect");
+      }
+    }
+    given.push_back("--" + name);
+  }
+  if (!given.empty())
+    f.notes.push_back(str(joined(given, ", "), ": pretraining flags, accepted from the script; no effect here"));
 }
 
 void check_against_checkpoint(const po::variables_map& vm, const InferenceFlags& f, const GPTConfig& checkpoint,
@@ -72,6 +180,24 @@ void check_against_checkpoint(const po::variables_map& vm, const InferenceFlags&
   GPTConfig m = f.shape;
   apply_architecture_flags(vm, f.arch, m);
   reconcile_model_flags(vm, checkpoint, m, /*fill=*/false, load_dir, f.with_seq_length);
+}
+
+int64_t kv_cache_blocks(const DynamicBatchingFlags& b, const ModelRunner& runner, int64_t max_requests) {
+  const int64_t per_block = runner.kv_bytes_per_block(b.block_size);
+  const int64_t one_seq = blocks_for(runner.config().max_position_embeddings, b.block_size);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  if (b.buffer_size_gb > 0) {
+    const int64_t n = static_cast<int64_t>(std::floor(b.buffer_size_gb * gib / static_cast<double>(per_block)));
+    MPT_CHECK(n >= one_seq,
+              str("--inference-dynamic-batching-buffer-size-gb ", b.buffer_size_gb, " holds ", n, " KV blocks of ",
+                  per_block, " bytes; one sequence of max_position_embeddings = ",
+                  runner.config().max_position_embeddings, " needs ", one_seq, " (",
+                  static_cast<double>(one_seq * per_block) / gib, " GiB)"),
+              "raise --inference-dynamic-batching-buffer-size-gb");
+    return n;
+  }
+  const int64_t cap = static_cast<int64_t>(gib / static_cast<double>(per_block));
+  return std::max(one_seq, std::min(std::max<int64_t>(max_requests, 1) * one_seq, cap));
 }
 
 }  // namespace mpitron

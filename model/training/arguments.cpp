@@ -14,6 +14,7 @@
 #include "model/training/deepspeed_config.h"
 #include "model/inference/inference_load.h"
 #include "model/training/megatron_compat.h"
+#include "model/training/pretrain_flags.h"
 #include "data/gpt_dataset.h"
 #include "parallel/context_parallel.h"
 #include "parallel/schedule.h"
@@ -326,6 +327,25 @@ int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
 }
 
 }  // namespace
+
+const po::options_description& pretrain_flag_descriptions() {
+  struct Sink {  // where the descriptions' values would go; never read
+    TrainArgs gpt, bert;
+    std::string config_gpt, config_bert;
+    std::vector<std::string> rampup_gpt, rampup_bert;
+    po::options_description all;
+  };
+  static const Sink* const sink = [] {
+    auto* s = new Sink;  // lives as long as the process: the descriptions point into it
+    s->bert.model.bert = true;
+    s->all.add(describe_flags(s->gpt, s->config_gpt, s->rampup_gpt));
+    const po::options_description bert = describe_flags(s->bert, s->config_bert, s->rampup_bert);
+    for (const auto& o : bert.options())
+      if (!s->all.find_nothrow(o->long_name(), false)) s->all.add(o);
+    return s;
+  }();
+  return sink->all;
+}
 
 bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   std::string config_file;

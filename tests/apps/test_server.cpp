@@ -1,112 +1,69 @@
-// apps/text_generation_server over loopback: good and bad requests with a tiny
-// HTTP client written here, the server keeps serving after errors, and stops
-// cleanly on SIGTERM. The model is the PyTorch reference GPT-2 (tests/apps/ref/).
-#include <arpa/inet.h>
+// apps/text_generation_server over loopback, with an HTTP client written here (http_client.h):
+//  * Megatron's PUT /api and OpenAI's POST /v1/completions (plain, token-id prompts, logprobs,
+//    server-sent events), every bad request a 400 naming the field, the server serving after each;
+//  * dynamic batching: 32 concurrent clients get exactly the answers they get one at a time
+//    (greedy and seeded samples), with a KV pool too small for all of them (pauses in the log);
+//  * a client sending its header one byte a second does not delay the others; keep-alive; 413;
+//    a streaming client that vanishes is cancelled; SIGTERM exits 0.
+// The model is the PyTorch reference GPT-2 (tests/apps/ref/).
 #include <doctest/doctest.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <fcntl.h>
-
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "apps_test_util.h"
+#include "http_client.h"
 #include "io/safetensors.h"
 #include "model/inference/inference_load.h"
-
-extern char** environ;
+#include "server_util.h"
 
 using namespace mpitron;
-using apps_test::TempDir;
+using apps_test::Server;
 using apps_test::slurp;
+using apps_test::TempDir;
+using http_test::http;
+using http_test::http_raw;
+using http_test::Reply;
+using json = nlohmann::json;
 
 namespace {
 
-struct Reply {
-  int status = 0;
-  std::string headers, body;
-};
-
-// One HTTP/1.1 exchange on 127.0.0.1:port; the raw request is sent as given.
-Reply http_raw(int port, const std::string& request) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  size_t off = 0;
-  while (off < request.size()) {
-    const ssize_t n = send(fd, request.data() + off, request.size() - off, MSG_NOSIGNAL);
-    REQUIRE(n > 0);
-    off += static_cast<size_t>(n);
-  }
-  std::string in;
-  char buf[4096];
-  for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) in.append(buf, static_cast<size_t>(n));
-  close(fd);
-  Reply r;
-  const size_t he = in.find("\r\n\r\n");
-  REQUIRE(he != std::string::npos);
-  r.headers = in.substr(0, he);
-  r.body = in.substr(he + 4);
-  REQUIRE(r.headers.rfind("HTTP/1.1 ", 0) == 0);
-  r.status = std::stoi(r.headers.substr(9, 3));
-  return r;
+std::string make_checkpoint(const TempDir& tmp) {
+  const std::string ref = apps_test::kSource + "/tests/apps/ref/";
+  const io::Safetensors st = io::read_safetensors(ref + "gpt2_tiny.safetensors");
+  auto model = gpt_from_hf_gpt2(st, hf_gpt2_config(st, slurp(ref + "gpt2_tiny_config.json"), 0));
+  save_model_checkpoint(tmp / "ckpt", *model, "test");
+  return tmp / "ckpt";
 }
 
-Reply http(int port, const std::string& method, const std::string& path, const std::string& body) {
-  return http_raw(port, method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
-                            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+// The answer without what differs between two identical requests (the id and the time).
+std::string stable(const std::string& body) {
+  json j = json::parse(body);
+  j.erase("id");
+  j.erase("created");
+  return j.dump();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 }  // namespace
 
-TEST_CASE("text_generation_server: PUT /api, 400s with reasons, keeps serving, SIGTERM") {
+TEST_CASE("text_generation_server: PUT /api and POST /v1/completions, 400s naming the field, keeps serving, SIGTERM") {
   TempDir tmp("srv");
-  const std::string ref = apps_test::kSource + "/tests/apps/ref/";
-  {
-    const io::Safetensors st = io::read_safetensors(ref + "gpt2_tiny.safetensors");
-    auto model = gpt_from_hf_gpt2(st, hf_gpt2_config(st, slurp(ref + "gpt2_tiny_config.json"), 0));
-    save_model_checkpoint(tmp / "ckpt", *model, "test");
-  }
-  // Start the server on a free port; it prints "listening on http://127.0.0.1:PORT".
-  const std::string log = tmp / "server.log";
-  std::vector<std::string> args = {"apps/text_generation_server", "--load", tmp / "ckpt", "--port", "0"};
-  std::vector<char*> argv;
-  for (auto& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = -1;
-  REQUIRE(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) == 0);
-  posix_spawn_file_actions_destroy(&fa);
-  int port = 0;
-  for (int i = 0; i < 600 && port == 0; ++i) {  // up to 60 s (a loaded machine)
-    const std::string s = slurp(log);
-    const size_t p = s.find("listening on http://127.0.0.1:");
-    if (p != std::string::npos) port = std::stoi(s.substr(p + 30));
-    else std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    int st = 0;
-    REQUIRE_MESSAGE(waitpid(pid, &st, WNOHANG) == 0, "server exited: ", slurp(log));
-  }
-  REQUIRE_MESSAGE(port > 0, slurp(log));
+  Server srv({"--load", make_checkpoint(tmp)}, tmp / "server.log");  // one request at a time (Megatron's default)
+  const int port = srv.port;
 
-  // A good request: Megatron's shape.
+  // Megatron's shape.
   Reply r = http(port, "PUT", "/api",
                  R"({"prompts": ["Hello, my dog", ""], "tokens_to_generate": 5, "top_k": 1, "logprobs": true})");
   REQUIRE_MESSAGE(r.status == 200, r.body);
   CHECK(r.headers.find("Content-Type: application/json") != std::string::npos);
-  auto j = nlohmann::json::parse(r.body);
+  auto j = json::parse(r.body);
   REQUIRE(j["text"].size() == 2);
   CHECK(j["text"][0].get<std::string>().rfind("Hello, my dog", 0) == 0);
   REQUIRE(j["segments"].size() == 2);
@@ -115,9 +72,59 @@ TEST_CASE("text_generation_server: PUT /api, 400s with reasons, keeps serving, S
   CHECK(j["logprobs"][0].size() == 5);
   // Deterministic: greedy twice, and sampling with the same random_seed twice.
   CHECK(http(port, "PUT", "/api", R"({"prompts": ["Hello, my dog", ""], "tokens_to_generate": 5, "top_k": 1})").body ==
-        nlohmann::json({{"text", j["text"]}, {"segments", j["segments"]}}).dump());
+        json({{"text", j["text"]}, {"segments", j["segments"]}}).dump());
   const std::string sample = R"({"prompts": ["Once"], "tokens_to_generate": 6, "top_p": 0.9, "random_seed": 5})";
   CHECK(http(port, "PUT", "/api", sample).body == http(port, "PUT", "/api", sample).body);
+
+  // OpenAI's completions: the same greedy tokens as /api, usage, logprobs.
+  r = http(port, "POST", "/v1/completions", R"({"prompt": "Hello, my dog", "max_tokens": 5, "temperature": 0,
+                                                 "logprobs": 2, "model": "anything"})");
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  auto c = json::parse(r.body);
+  CHECK(c["object"] == "text_completion");
+  CHECK(c["model"] == "anything");
+  REQUIRE(c["choices"].size() == 1);
+  CHECK("Hello, my dog" + c["choices"][0]["text"].get<std::string>() == j["text"][0].get<std::string>());
+  CHECK(c["choices"][0]["finish_reason"] == "length");
+  CHECK(c["usage"]["prompt_tokens"] == 4);
+  CHECK(c["usage"]["completion_tokens"] == 5);
+  CHECK(c["usage"]["total_tokens"] == 9);
+  const auto& lp = c["choices"][0]["logprobs"];
+  REQUIRE(lp["tokens"].size() == 5);
+  for (size_t i = 0; i < 5; ++i) {
+    CHECK(std::abs(lp["token_logprobs"][i].get<double>() - j["logprobs"][0][i].get<double>()) < 1e-6);
+    CHECK(lp["top_logprobs"][i].size() == 2);
+  }
+  // Token-id prompts and lists of prompts.
+  r = http(port, "POST", "/v1/completions", R"({"prompt": [[15496, 11], "Hello,"], "max_tokens": 3, "temperature": 0})");
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  c = json::parse(r.body);
+  REQUIRE(c["choices"].size() == 2);
+  CHECK(c["choices"][0]["text"] == c["choices"][1]["text"]);  // "Hello," is 15496, 11
+  // Streaming: the deltas add up to the whole text, then [DONE].
+  r = http(port, "POST", "/v1/completions", R"({"prompt": "Hello, my dog", "max_tokens": 5, "temperature": 0, "stream": true})");
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  CHECK(r.headers.find("text/event-stream") != std::string::npos);
+  std::string streamed, finish;
+  size_t events = 0;
+  for (size_t at = 0; (at = r.body.find("data: ", at)) != std::string::npos; at += 6) {
+    const std::string ev = r.body.substr(at + 6, r.body.find("\n\n", at) - at - 6);
+    if (ev == "[DONE]") {
+      CHECK(r.body.find("data: ", at + 6) == std::string::npos);  // the last event
+      continue;
+    }
+    const auto e = json::parse(ev);
+    streamed += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+    ++events;
+  }
+  CHECK(r.body.find("data: [DONE]") != std::string::npos);
+  CHECK("Hello, my dog" + streamed == j["text"][0].get<std::string>());
+  CHECK(finish == "length");
+  CHECK(events == 6);  // 5 tokens + the finishing chunk
+  r = http(port, "GET", "/v1/models", "");
+  CHECK(r.status == 200);
+  CHECK(json::parse(r.body)["data"][0]["id"] == "ckpt");
 
   // Bad requests: 400 with a reason (or 404/405), and the server keeps serving.
   const std::vector<std::pair<std::string, std::string>> bad = {
@@ -151,16 +158,190 @@ TEST_CASE("text_generation_server: PUT /api, 400s with reasons, keeps serving, S
     CHECK_MESSAGE(b.status == 400, body);
     CHECK_MESSAGE(b.body.find(why) != std::string::npos, body, " -> ", b.body);
   }
+  // OpenAI errors: {"error": {"message", "type", "param"}} naming the field.
+  const std::vector<std::pair<std::string, std::string>> bad_v1 = {
+      {"{not json", ""},
+      {R"({"max_tokens": 3})", "prompt"},
+      {R"({"prompt": 5})", "prompt"},
+      {R"({"prompt": []})", "prompt"},
+      {R"({"prompt": [99999999]})", "prompt"},
+      {R"({"prompt": [[1], 2]})", "prompt"},
+      {R"({"prompt": "a", "max_tokens": "3"})", "max_tokens"},
+      {R"({"prompt": "a", "max_tokens": 300})", "max_tokens"},
+      {R"({"prompt": "a", "max_tokens": 9223372036854775807})", "max_tokens"},
+      {R"({"prompt": "a", "max_tokens": 256})", "max_tokens"},  // 1 + 256 > 256 positions
+      {R"({"prompt": "a", "temperature": -1})", "temperature"},
+      {R"({"prompt": "a", "top_p": 0})", "top_p"},
+      {R"({"prompt": "a", "top_k": -2})", "top_k"},
+      {R"({"prompt": "a", "top_k": 1.5})", "top_k"},
+      {R"({"prompt": "a", "seed": -3})", "seed"},
+      {R"({"prompt": "a", "stream": "yes"})", "stream"},
+      {R"({"prompt": "a", "logprobs": 50})", "logprobs"},
+      {R"({"prompt": "a", "logprobs": true})", "logprobs"},
+      {R"({"prompt": "a", "n": 2})", "n"},
+      {R"({"prompt": "a", "echo": true})", "echo"},
+      {R"({"prompt": "a", "stop": "\n"})", "stop"},
+      {R"({"prompt": "a", "model": 7})", "model"},
+      {R"({"prompt": "a", "max_tokenz": 3})", "max_tokenz"}};
+  for (const auto& [body, param] : bad_v1) {
+    const Reply b = http(port, "POST", "/v1/completions", body);
+    CHECK_MESSAGE(b.status == 400, body);
+    const auto e = json::parse(b.body)["error"];
+    CHECK_MESSAGE(e["type"] == "invalid_request_error", body);
+    CHECK_MESSAGE(!e["message"].get<std::string>().empty(), body);
+    CHECK_MESSAGE((param.empty() ? e["param"].is_null() : e["param"] == param), body, " -> ", b.body);
+  }
   CHECK(http(port, "GET", "/api", "").status == 405);
+  CHECK(http(port, "GET", "/v1/completions", "").status == 405);
   CHECK(http(port, "PUT", "/other", "{}").status == 404);
   CHECK(http_raw(port, "garbage\r\n\r\n").status == 400);
   CHECK(http_raw(port, "PUT /api HTTP/1.1\r\nContent-Length: abc\r\n\r\n").status == 400);
   const Reply again = http(port, "PUT", "/api", R"({"prompts": ["Still"], "tokens_to_generate": 2})");
   CHECK(again.status == 200);
+  CHECK(srv.stop() == 0);
+}
 
-  REQUIRE(kill(pid, SIGTERM) == 0);
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  CHECK_MESSAGE(WIFEXITED(status), slurp(log));
-  CHECK(WEXITSTATUS(status) == 0);
+TEST_CASE("dynamic batching: 32 concurrent clients get their one-at-a-time answers, with a KV pool too small for all") {
+  TempDir tmp("srv_dyn");
+  // 24 KV blocks of 16 positions (2 KiB each): room for ~12 of the 32 requests at once.
+  Server srv({"--load", make_checkpoint(tmp), "--inference-dynamic-batching", "--inference-dynamic-batching-block-size",
+              "16", "--inference-dynamic-batching-buffer-size-gb", "0.0000458", "--inference-dynamic-batching-max-tokens",
+              "64", "--enable-chunked-prefill", "--http-max-body-mb", "1"},
+             tmp / "server.log");
+  const int port = srv.port;
+  REQUIRE_MESSAGE(slurp(srv.log).find("KV cache 24 blocks") != std::string::npos, slurp(srv.log));
+  // 32 requests: greedy and seeded samples, through both APIs.
+  std::vector<std::pair<std::string, std::string>> reqs;  // (path, body)
+  for (int i = 0; i < 32; ++i) {
+    const std::string prompt = "Request " + std::to_string(i) + (i % 3 ? " asks the model" : " says hello");
+    if (i % 4 == 0)
+      reqs.push_back({"/api", json({{"prompts", {prompt}}, {"tokens_to_generate", 20 + i % 5}, {"top_k", 1}}).dump()});
+    else if (i % 4 == 1)
+      reqs.push_back({"/api", json({{"prompts", {prompt, "second " + prompt}}, {"tokens_to_generate", 16},
+                                    {"top_p", 0.9}, {"random_seed", i}}).dump()});
+    else if (i % 4 == 2)
+      reqs.push_back({"/v1/completions", json({{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}}).dump()});
+    else
+      reqs.push_back({"/v1/completions", json({{"prompt", prompt}, {"max_tokens", 22}, {"temperature", 0.8},
+                                               {"top_p", 0.95}, {"seed", 100 + i}, {"logprobs", 1}}).dump()});
+  }
+  const auto send = [&](size_t i) {
+    return http(port, reqs[i].first == "/api" ? "PUT" : "POST", reqs[i].first, reqs[i].second);
+  };
+  std::vector<std::string> alone(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Reply r = send(i);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    alone[i] = stable(r.body);
+  }
+  // A client that connects and sends its request 6 s later (within --http-timeout, 10 s) is
+  // answered; the library's keep-alive wait (5 s) used to close it first. It runs beside
+  // the 32 clients.
+  int late_status = 0;
+  std::thread late([&] {
+    http_test::Connection c(port);
+    std::this_thread::sleep_for(std::chrono::seconds(6));
+    const std::string body = R"({"prompts": ["late"], "tokens_to_generate": 1})";
+    if (c.send_raw("PUT /api HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body))
+      late_status = c.read_some().find("HTTP/1.1 200") == 0 ? 200 : -1;
+  });
+  std::vector<std::string> together(reqs.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    clients.emplace_back([&, i] {
+      const Reply r = send(i);
+      together[i] = r.status == 200 ? stable(r.body) : "HTTP " + std::to_string(r.status) + ": " + r.body;
+    });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < reqs.size(); ++i) CHECK_MESSAGE(together[i] == alone[i], "request ", i, ": ", reqs[i].second);
+  late.join();
+  CHECK_MESSAGE(late_status == 200, "a request sent 6 s after its connection was not answered");
+
+  // A burst: 128 clients connect at the same moment; every one is answered (with the
+  // library's listen backlog of 5, some connections were reset by the kernel).
+  {
+    std::vector<int> status(128, 0);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> burst;
+    for (size_t i = 0; i < status.size(); ++i)
+      burst.emplace_back([&, i] {
+        ++ready;
+        while (ready < static_cast<int>(status.size())) std::this_thread::yield();
+        status[i] = http(port, "PUT", "/api", R"({"prompts": ["burst"], "tokens_to_generate": 1})").status;
+      });
+    for (auto& t : burst) t.join();
+    CHECK_MESSAGE(std::count(status.begin(), status.end(), 200) == 128, "answered ",
+                  std::count(status.begin(), status.end(), 200), " of 128");
+  }
+
+  // Keep-alive: several requests on one connection.
+  {
+    http_test::Connection conn(port);
+    for (int k = 0; k < 3; ++k) {
+      const Reply r = conn.request("POST", "/v1/completions", R"({"prompt": "keep", "max_tokens": 2})");
+      CHECK(r.status == 200);
+      CHECK(r.headers.find("Connection: close") == std::string::npos);
+    }
+  }
+  // A body over --http-max-body-mb is refused (413) from its Content-Length, and the server goes on.
+  CHECK(http_raw(port, "PUT /api HTTP/1.1\r\nHost: x\r\nContent-Length: 2097152\r\n\r\n").status == 413);
+
+  // A slow client (its header one byte a second) does not delay the others: the same
+  // requests take about as long while it trickles as they did before it came.
+  double before_max = 0;
+  for (int k = 0; k < 4; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(send(static_cast<size_t>(k)).status == 200);
+    before_max = std::max(before_max, seconds_since(t0));
+  }
+  std::atomic<bool> stop_slow{false};
+  std::atomic<int> slow_sent{0};
+  std::thread slow([&] {
+    http_test::Connection c(port);
+    const std::string head = "PUT /api HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow-Client: trickling one byte a second";
+    for (size_t k = 0; k < head.size() && !stop_slow; ++k) {
+      if (!c.send_raw(head.substr(k, 1))) break;
+      ++slow_sent;
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  for (int k = 0; k < 4; ++k) {
+    const int sent_before = slow_sent;
+    const auto t0 = std::chrono::steady_clock::now();
+    const Reply r = send(static_cast<size_t>(k));
+    const double dt = seconds_since(t0);
+    CHECK(r.status == 200);
+    CHECK(stable(r.body) == alone[static_cast<size_t>(k)]);
+    CHECK_MESSAGE(dt < 3 * before_max + 1.0, "a request took ", dt, " s while a slow client trickled its header (",
+                  before_max, " s before)");
+    CHECK(sent_before >= 1);
+  }
+  const int trickled = slow_sent;
+  stop_slow = true;
+  slow.join();
+  CHECK_MESSAGE(trickled >= 2, "the slow client sent ", trickled, " bytes");
+
+  // A streaming client that goes away after its first event: the server goes on (its request
+  // is cancelled when a write fails; the engine counts it).
+  {
+    const std::string body = R"({"prompt": "Gone", "max_tokens": 240, "stream": true})";
+    http_test::Connection c(port);
+    c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+               std::to_string(body.size()) + "\r\n\r\n" + body);
+    CHECK(c.read_some().find("HTTP/1.1 200") == 0);
+  }
+  CHECK(send(2).status == 200);
+  CHECK(send(3).status == 200);
+
+  CHECK(srv.stop() == 0);
+  const std::string log = slurp(srv.log);
+  const size_t at = log.rfind("engine: ");
+  REQUIRE_MESSAGE(at != std::string::npos, log);
+  const std::string stats = log.substr(at, log.find('\n', at) - at);
+  MESSAGE(stats);
+  const size_t p = stats.find("pauses ");
+  REQUIRE(p != std::string::npos);
+  CHECK_MESSAGE(std::stoll(stats.substr(p + 7)) > 0, "no request was paused: ", stats);
+  CHECK(stats.find("peak 24 of 24") != std::string::npos);
 }

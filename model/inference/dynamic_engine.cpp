@@ -1,0 +1,330 @@
+#include "model/inference/dynamic_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace mpitron {
+
+// ---------------------------------------------------------------------------
+// RequestState
+
+bool RequestState::wait(double timeout_s) {
+  std::unique_lock<std::mutex> lk(mu_);
+  return cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return finished_; });
+}
+
+bool RequestState::finished() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return finished_;
+}
+
+bool RequestState::next_events(std::vector<TokenEvent>& out, double timeout_s) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return finished_ || !events_.empty(); });
+  while (!events_.empty()) {
+    out.push_back(std::move(events_.front()));
+    events_.pop_front();
+  }
+  return !(finished_ && events_.empty() && out.empty());
+}
+
+GenResult RequestState::result() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return result_;
+}
+
+void RequestState::push(const TokenEvent& e) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    events_.push_back(e);
+  }
+  cv_.notify_all();
+}
+
+void RequestState::finish(GenResult r) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    result_ = std::move(r);
+    finished_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::string EngineStats::line() const {
+  return str("engine: ", steps, " steps, ", rows, " rows (", prefill_tokens, " prompt, ", decode_tokens, " decode), ",
+             generated, " tokens generated, ", requests_done, " requests done (", cancelled, " cancelled), at most ", max_running,
+             " running; KV blocks: peak ", peak_blocks, " of ", kv_blocks, " (", peak_blocks * kv_block_bytes,
+             " of ", kv_blocks * kv_block_bytes, " bytes per rank); pauses ", pauses, ", resumes ", resumes,
+             ", evictions ", evictions, " (", recomputed_tokens, " tokens recomputed)");
+}
+
+// ---------------------------------------------------------------------------
+// The engine
+
+struct DynamicEngine::Seq {
+  std::shared_ptr<RequestState> state;
+  GenRequest req;
+  GenResult out;
+  std::vector<int32_t> tokens;  // context + generated: every token known so far
+  int64_t cached = 0;           // positions [0, cached) are in the KV cache
+  int64_t limit = 0;            // tokens.size() may reach this: min(context + max_new_tokens, max positions)
+  std::vector<int32_t> table;   // its KV blocks
+  bool paused = false;
+  bool sampled = false;         // got a new token in the current step
+  int64_t evicted_at = -1;      // tokens cached when it was evicted (they are recomputed)
+};
+
+DynamicEngine::DynamicEngine(ModelRunner& runner, const EngineConfig& cfg)
+    : runner_(runner), cfg_(cfg), blocks_(runner.has_kv_cache() ? runner.kv_cache().num_blocks() : 1),
+      block_size_(runner.has_kv_cache() ? runner.kv_cache().block_size() : 1) {
+  MPT_CHECK(runner.is_driver() && runner.has_kv_cache(), "DynamicEngine runs on the driver rank after init_kv_cache",
+            "");
+  MPT_CHECK(cfg.max_requests >= 1,
+            str("--inference-dynamic-batching-max-requests must be >= 1, got ", cfg.max_requests), "");
+  MPT_CHECK(cfg.max_tokens >= 1, str("--inference-dynamic-batching-max-tokens must be >= 1, got ", cfg.max_tokens), "");
+  const int64_t P = runner.config().max_position_embeddings, need = blocks_for(P, block_size_);
+  MPT_CHECK(blocks_.total() >= need,
+            str("the KV cache holds ", blocks_.total(), " blocks of ", block_size_, " positions; one sequence of "
+                "max_position_embeddings = ", P, " needs ", need),
+            "raise --inference-dynamic-batching-buffer-size-gb (or lower --inference-dynamic-batching-block-size)");
+  stats_.kv_blocks = blocks_.total();
+  stats_.kv_block_bytes = runner.kv_bytes_per_block(block_size_);
+}
+
+DynamicEngine::~DynamicEngine() = default;
+
+std::shared_ptr<RequestState> DynamicEngine::submit(GenRequest r) {
+  const GPTConfig& c = runner_.config();
+  const int64_t P = c.max_position_embeddings, V = c.vocab_size;
+  MPT_CHECK(r.eod >= 0 && r.eod < V, str("end-of-document id ", r.eod, " outside the vocabulary [0, ", V, ")"), "");
+  MPT_CHECK(r.max_new_tokens >= 0, str("max_new_tokens must be >= 0, got ", r.max_new_tokens), "");
+  MPT_CHECK(r.top_logprobs >= 0 && r.top_logprobs <= V, str("top_logprobs must be in [0, ", V, "], got ", r.top_logprobs),
+            "");
+  r.sampling.validate();
+  auto s = std::make_unique<Seq>();
+  s->state = std::make_shared<RequestState>();
+  s->tokens = r.prompt.empty() ? std::vector<int32_t>{r.eod} : r.prompt;
+  const int64_t T = static_cast<int64_t>(s->tokens.size());
+  for (int32_t t : s->tokens)
+    MPT_CHECK(t >= 0 && t < V, str("the prompt holds token id ", t, " outside the vocabulary [0, ", V, ")"), "");
+  MPT_CHECK(T < P || r.max_new_tokens == 0,
+            str("the prompt has ", T, " tokens; the model's max_position_embeddings is ", P,
+                " and one position is needed per new token"),
+            "shorten the prompt");
+  s->limit = std::min(T + r.max_new_tokens, P);
+  s->out.context = s->tokens;
+  s->req = std::move(r);
+  auto state = s->state;
+  if (s->req.max_new_tokens == 0) {  // nothing to run
+    s->out.finish_reason = "length";
+    state->finish(s->out);
+    return state;
+  }
+  {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    incoming_.push_back(std::move(s));
+    ++pending_;
+  }
+  in_cv_.notify_all();
+  return state;
+}
+
+bool DynamicEngine::has_work() const { return pending_.load() > 0; }
+
+void DynamicEngine::wait_for_work(double timeout_s) {
+  std::unique_lock<std::mutex> lk(in_mu_);
+  in_cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return pending_.load() > 0; });
+}
+
+EngineStats DynamicEngine::stats() const {
+  EngineStats s = stats_;
+  s.peak_blocks = blocks_.peak_used();
+  return s;
+}
+
+void DynamicEngine::finish(Seq& s, const std::string& reason) {
+  blocks_.release(s.table);
+  s.out.finish_reason = reason;
+  s.state->finish(s.out);
+  ++stats_.requests_done;
+  --pending_;
+}
+
+void DynamicEngine::evict(Seq& s) {
+  blocks_.release(s.table);
+  ++stats_.evictions;
+  s.evicted_at = s.cached;
+  s.cached = 0;
+  s.paused = false;
+}
+
+void DynamicEngine::drop_cancelled() {
+  const auto gone = [&](std::unique_ptr<Seq>& s) {
+    if (!s->state->cancelled()) return false;
+    finish(*s, "cancelled");
+    ++stats_.cancelled;
+    return true;
+  };
+  running_.erase(std::remove_if(running_.begin(), running_.end(), gone), running_.end());
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), gone), waiting_.end());
+}
+
+// Adds s's next tokens to the plan when the budget and the blocks allow. Counts
+// a pause when a running request cannot get the block it needs.
+bool DynamicEngine::schedule(Seq& s, bool running, StepPlan& plan, int64_t& budget, bool& prefill_in_step,
+                             std::vector<Seq*>& sample) {
+  const int64_t known = static_cast<int64_t>(s.tokens.size()), need = known - s.cached;
+  if (budget <= 0) return false;
+  int64_t k = 1;
+  if (need > 1) {  // a prompt (or a recompute after eviction)
+    if (cfg_.chunked_prefill) k = std::min(need, budget);
+    else if (need <= budget || !prefill_in_step) k = need;
+    else return false;  // another prompt already overran this step's budget: next step
+  }
+  const int64_t have = static_cast<int64_t>(s.table.size());
+  int64_t extra = blocks_for(s.cached + k, block_size_) - have;
+  if (extra > blocks_.free_blocks() && cfg_.chunked_prefill && need > 1) {
+    k = std::min(k, (have + blocks_.free_blocks()) * block_size_ - s.cached);  // the chunk that fits
+    extra = k > 0 ? blocks_for(s.cached + k, block_size_) - have : extra;
+  }
+  if (k <= 0 || extra > blocks_.free_blocks()) {
+    if (running && !s.paused) {
+      s.paused = true;
+      ++stats_.pauses;
+    }
+    return false;
+  }
+  blocks_.allocate(std::max<int64_t>(extra, 0), s.table);
+  if (s.paused) {
+    s.paused = false;
+    ++stats_.resumes;
+  }
+  const int32_t seq = static_cast<int32_t>(plan.rows.tables.size());
+  plan.rows.tables.push_back(s.table);
+  for (int64_t j = 0; j < k; ++j) {
+    plan.tokens.push_back(s.tokens[static_cast<size_t>(s.cached + j)]);
+    plan.rows.pos.push_back(s.cached + j);
+    plan.rows.seq.push_back(seq);
+  }
+  if (need > 1) {
+    prefill_in_step = true;
+    if (s.evicted_at > s.cached) stats_.recomputed_tokens += std::min(k, s.evicted_at - s.cached);
+    stats_.prefill_tokens += k;
+  } else {
+    stats_.decode_tokens += 1;
+  }
+  s.cached += k;
+  budget -= k;
+  if (s.cached == known) {  // every known token is in: its next token is sampled from this row
+    plan.logits_rows.push_back(static_cast<int32_t>(plan.tokens.size() - 1));
+    sample.push_back(&s);
+  }
+  return true;
+}
+
+bool DynamicEngine::step() {
+  {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    while (!incoming_.empty()) {
+      waiting_.push_back(std::move(incoming_.front()));
+      incoming_.pop_front();
+    }
+  }
+  drop_cancelled();
+  if (running_.empty() && waiting_.empty()) return false;
+
+  StepPlan plan;
+  std::vector<Seq*> sample;
+  for (;;) {
+    int64_t budget = cfg_.max_tokens;
+    bool prefill_in_step = false, any_paused = false;
+    for (auto& s : running_) {  // oldest first: decodes, then unfinished prompts
+      schedule(*s, true, plan, budget, prefill_in_step, sample);
+      any_paused |= s->paused;
+    }
+    while (!any_paused && !waiting_.empty() && static_cast<int64_t>(running_.size()) < cfg_.max_requests) {
+      if (!schedule(*waiting_.front(), false, plan, budget, prefill_in_step, sample)) break;
+      running_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+      ++admitted_;
+    }
+    if (!plan.tokens.empty() || running_.empty()) break;
+    // Every running request is paused: free the blocks of the newest one holding any (it is
+    // recomputed later). With every block free the oldest fits (the pool holds one whole sequence).
+    auto victim = std::find_if(running_.rbegin(), running_.rend(), [](const auto& s) { return !s->table.empty(); });
+    MPT_CHECK(victim != running_.rend(), "dynamic engine: no request can run with every KV block free", "");
+    evict(**victim);
+  }
+  stats_.max_running = std::max(stats_.max_running, static_cast<int64_t>(running_.size()));
+  if (plan.tokens.empty()) return !waiting_.empty();
+
+  const std::vector<float> logits = runner_.step(plan);
+  ++stats_.steps;
+  stats_.rows += static_cast<int64_t>(plan.tokens.size());
+  const int64_t V = runner_.config().vocab_size;
+  for (size_t i = 0; i < sample.size(); ++i) {
+    Seq& s = *sample[i];
+    const float* row = logits.data() + static_cast<int64_t>(i) * V;
+    const uint64_t step_index = s.out.generated.size();
+    TokenEvent e;
+    e.token = sample_token(row, V, s.req.sampling, s.req.stream, step_index, &e.logprob);
+    if (s.req.top_logprobs > 0) {
+      double mx = row[0];
+      for (int64_t j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+      double sum = 0;
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+      const double lse = mx + std::log(sum);
+      std::vector<int32_t> idx(static_cast<size_t>(V));
+      std::iota(idx.begin(), idx.end(), 0);
+      const int64_t n = s.req.top_logprobs;
+      std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
+                        [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      for (int64_t j = 0; j < n; ++j)
+        e.top.emplace_back(idx[static_cast<size_t>(j)], static_cast<float>(row[idx[static_cast<size_t>(j)]] - lse));
+    }
+    s.sampled = true;
+    s.tokens.push_back(e.token);
+    s.out.generated.push_back(e.token);
+    s.out.logprobs.push_back(e.logprob);
+    if (s.req.top_logprobs > 0) s.out.top.push_back(e.top);
+    ++stats_.generated;
+    s.state->push(e);
+  }
+  // Finish the requests that are done, keep the others in admission order.
+  std::vector<std::unique_ptr<Seq>> still;
+  for (auto& s : running_) {
+    const int64_t gen = static_cast<int64_t>(s->out.generated.size());
+    if (s->sampled) {
+      s->sampled = false;
+      if (s->req.stop_at_eod && s->out.generated.back() == s->req.eod) {
+        finish(*s, "stop");
+        continue;
+      }
+      if (gen >= s->req.max_new_tokens || static_cast<int64_t>(s->tokens.size()) >= s->limit) {
+        finish(*s, "length");
+        continue;
+      }
+    }
+    still.push_back(std::move(s));
+  }
+  running_ = std::move(still);
+  return true;
+}
+
+std::vector<GenResult> DynamicEngine::run(const std::vector<GenRequest>& requests) {
+  std::vector<std::shared_ptr<RequestState>> states;
+  for (const GenRequest& r : requests) states.push_back(submit(r));
+  while (step()) {
+  }
+  std::vector<GenResult> out;
+  for (auto& st : states) {
+    MPT_CHECK(st->finished(), "DynamicEngine::run: a request did not finish", "");
+    out.push_back(st->result());
+  }
+  return out;
+}
+
+}  // namespace mpitron

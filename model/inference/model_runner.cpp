@@ -1,0 +1,411 @@
+#include "model/inference/model_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include "core/error.h"
+#include "model/inference/inference_load.h"
+#include "model/training/checkpointing.h"
+#include "tensor/ops.h"
+
+namespace mpitron {
+
+namespace {
+
+const GemmArgs kLinear{false, true, 1.0f, 0.0f};  // y = x · Wᵀ
+constexpr int kLogitsTag = 3071, kScoreTag = 3072;
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+Tensor ids_tensor(const std::vector<int64_t>& v, Device d) {
+  return Tensor::from_ints(v, {static_cast<int64_t>(v.size())}, DType::I32).to(d);
+}
+
+// Per row of a vocabulary slice: what the TP group combines into the row's loss and argmax.
+struct RowStats {
+  double max = -INFINITY, sum = 0, target = NAN, best = -INFINITY;
+  double best_id = 0;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// StepPlan
+
+void StepPlan::validate(int64_t vocab, int64_t max_positions, int64_t num_blocks, int64_t block_size) const {
+  const size_t n = tokens.size();
+  MPT_CHECK(n >= 1 && rows.pos.size() == n && rows.seq.size() == n,
+            str("step plan: ", n, " tokens, ", rows.pos.size(), " positions, ", rows.seq.size(), " sequence ids"), "");
+  for (size_t i = 0; i < n; ++i) {
+    MPT_CHECK(tokens[i] >= 0 && tokens[i] < vocab, str("step plan: token ", tokens[i], " outside [0, ", vocab, ")"), "");
+    MPT_CHECK(rows.pos[i] >= 0 && rows.pos[i] < max_positions,
+              str("step plan: position ", rows.pos[i], " outside [0, ", max_positions, ")"), "");
+    MPT_CHECK(rows.seq[i] >= 0 && static_cast<size_t>(rows.seq[i]) < rows.tables.size(),
+              str("step plan: sequence ", rows.seq[i], " has no block table"), "");
+    MPT_CHECK(rows.pos[i] / block_size < static_cast<int64_t>(rows.tables[static_cast<size_t>(rows.seq[i])].size()),
+              str("step plan: position ", rows.pos[i], " is beyond its sequence's block table"), "");
+  }
+  for (const auto& t : rows.tables)
+    for (int32_t b : t) MPT_CHECK(b >= 0 && b < num_blocks, str("step plan: block ", b, " outside the pool"), "");
+  for (int32_t r : logits_rows)
+    MPT_CHECK(r >= 0 && static_cast<size_t>(r) < n, str("step plan: logits of row ", r, " of ", n), "");
+}
+
+std::vector<int32_t> StepPlan::serialize() const {
+  std::vector<int32_t> v{static_cast<int32_t>(tokens.size()), static_cast<int32_t>(rows.tables.size()),
+                         static_cast<int32_t>(logits_rows.size())};
+  v.insert(v.end(), tokens.begin(), tokens.end());
+  for (int64_t p : rows.pos) v.push_back(static_cast<int32_t>(p));
+  v.insert(v.end(), rows.seq.begin(), rows.seq.end());
+  v.insert(v.end(), logits_rows.begin(), logits_rows.end());
+  for (const auto& t : rows.tables) {
+    v.push_back(static_cast<int32_t>(t.size()));
+    v.insert(v.end(), t.begin(), t.end());
+  }
+  return v;
+}
+
+StepPlan StepPlan::deserialize(const std::vector<int32_t>& v) {
+  MPT_CHECK(v.size() >= 3, "step plan: truncated message", "");
+  const size_t n = static_cast<size_t>(v[0]), nseq = static_cast<size_t>(v[1]), nl = static_cast<size_t>(v[2]);
+  size_t at = 3;
+  const auto take = [&](size_t k) {
+    MPT_CHECK(at + k <= v.size(), "step plan: truncated message", "");
+    const auto b = v.begin() + static_cast<std::ptrdiff_t>(at);
+    at += k;
+    return std::vector<int32_t>(b, b + static_cast<std::ptrdiff_t>(k));
+  };
+  StepPlan p;
+  p.tokens = take(n);
+  for (int32_t x : take(n)) p.rows.pos.push_back(x);
+  p.rows.seq = take(n);
+  p.logits_rows = take(nl);
+  for (size_t s = 0; s < nseq; ++s) p.rows.tables.push_back(take(static_cast<size_t>(take(1)[0])));
+  return p;
+}
+
+// ---------------------------------------------------------------------------
+// Construction and loading
+
+ModelRunner::ModelRunner(MPI_Comm world, const std::string& load_dir, const RunnerOptions& o) : opts_(o) {
+  int world_size = 1;
+  MPI_Comm_size(world, &world_size);
+  MPT_CHECK(o.tp >= 1 && o.pp >= 1 && world_size == o.tp * o.pp,
+            str("inference runs on --tensor-model-parallel-size x --pipeline-model-parallel-size = ", o.tp, " x ", o.pp,
+                " = ", o.tp * o.pp, " ranks, but ", world_size, " were started"),
+            str("start it with mpirun -np ", std::max(1, o.tp * o.pp), ", or change the parallel sizes"));
+  GridConfig gc;
+  gc.tp = o.tp;
+  gc.pp = o.pp;
+  grid_ = std::make_unique<Grid>(world, gc);
+  MPT_CHECK(o.device != "cuda" || cuda_available(), str("--device cuda: ", cuda_unavailable_reason()),
+            "run on a machine with a GPU, or use --device cpu");
+  const bool gpu = o.device == "cuda" || (o.device == "auto" && cuda_available());
+  const Device dev = gpu ? Device::cuda(std::max(0, grid_->device_index())) : Device::cpu();
+  const auto make = [&](MPI_Comm c, const char* name) {
+    CommOptions co;
+    co.name = name;
+    return make_communicator(c, dev, co);
+  };
+  if (o.tp > 1) tp_comm_ = make(grid_->tp_comm(), "tp");
+  if (o.pp > 1) pp_comm_ = make(grid_->pp_comm(), "pp");
+  MPI_Comm_dup(world, &control_);
+
+  GPTConfig cfg = read_checkpoint_config(load_dir);
+  MPT_CHECK(!cfg.bert, str("checkpoint ", load_dir, " holds a BERT: the inference tools run decoder models"), "");
+  cfg.compute_dtype = o.dtype;
+  cfg.hidden_dropout = cfg.attention_dropout = 0.0f;
+  ModelParallel mp;
+  mp.tp = tp();
+  mp.pp_size = o.pp;
+  mp.pp_rank = grid_->pp_rank();
+  model_ = std::make_unique<GPT>(cfg, dev, mp);
+
+  OptimState opt;
+  LossScaler scaler;
+  TrainState st;
+  LoadOptions lo;
+  lo.load_optim = false;
+  lo.load_rng = false;
+  SaveInfo info;
+  MPT_CHECK(load_checkpoint(load_dir, *model_, opt, 0, 0, scaler, st, lo, &info, world), str("no checkpoint in ", load_dir),
+            "pass the directory given to pretrain_gpt --save (it holds latest_checkpointed_iteration.txt)");
+  dir_ = info.dir;
+  iteration_ = st.iteration;
+  // A diverged run's checkpoint holds NaN/Inf: refuse it on every rank (or the
+  // rounding to fp16 overflowed), instead of generating from garbage.
+  const std::vector<float> w = model_->params().values().to_floats();
+  int bad = std::all_of(w.begin(), w.end(), [](float x) { return std::isfinite(x); }) ? 0 : 1;
+  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, world);
+  MPT_CHECK(!bad, str("checkpoint ", dir_, " holds non-finite values (NaN or Inf) in the ", dtype_name(o.dtype), " weights"),
+            "the checkpoint was saved from a diverged run (or --fp16 overflowed its weights): pass --load an earlier "
+            "checkpoint, or run without --fp16");
+}
+
+ModelRunner::~ModelRunner() {
+  if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
+}
+
+TensorParallel ModelRunner::tp() const {
+  TensorParallel t;
+  t.comm = tp_comm_.get();
+  t.size = opts_.tp;
+  t.rank = grid_->tp_rank();
+  return t;
+}
+
+std::string ModelRunner::describe() const {
+  return str("tp ", opts_.tp, " x pp ", opts_.pp, " (world ", grid_->world_size(), "), ", device().name(), ", ",
+             dtype_name(config().compute_dtype));
+}
+
+int ModelRunner::last_stage_world_rank() const { return grid_->rank_of(GridCoord{0, 0, opts_.pp - 1}); }
+
+int64_t ModelRunner::kv_bytes_per_block(int64_t block_size) const {
+  const ChunkInfo& ch = model_->chunk(0);
+  return PagedKVCache::bytes_per_block(ch.end_layer - ch.first_layer, config().query_groups() / opts_.tp,
+                                       config().head_dim(), block_size, config().compute_dtype);
+}
+
+void ModelRunner::init_kv_cache(int64_t num_blocks, int64_t block_size) {
+  const ChunkInfo& ch = model_->chunk(0);
+  kv_ = std::make_unique<PagedKVCache>(ch.end_layer - ch.first_layer, config().query_groups() / opts_.tp,
+                                       config().head_dim(), block_size, num_blocks, config().compute_dtype, device());
+}
+
+// ---------------------------------------------------------------------------
+// Pieces of the forward
+
+Tensor ModelRunner::embed(const std::vector<int32_t>& ids, const std::vector<int64_t>& pos) {
+  const GPTConfig& c = config();
+  const int64_t n = static_cast<int64_t>(ids.size());
+  Tensor x = Tensor::empty({n, c.hidden_size}, c.compute_dtype, device());
+  // Vocab-parallel lookup: rows outside this rank's slice give zeros; the TP sum completes it.
+  const int64_t vocab_start = grid_->tp_rank() * (c.padded_vocab_size / opts_.tp);
+  embedding_forward(ids_tensor(std::vector<int64_t>(ids.begin(), ids.end()), device()), model_->params().var("wte").value(),
+                    x, false, vocab_start);
+  tp_all_reduce(tp(), x);
+  if (c.learned_positions()) embedding_forward(ids_tensor(pos, device()), model_->params().var("wpe").value(), x, true);
+  return x;
+}
+
+Tensor ModelRunner::final_norm(const Tensor& x) {
+  const GPTConfig& c = config();
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  NormActs na;
+  const NormParams lnf{model_->params().var("lnf.weight"), c.norm_has_bias() ? model_->params().var("lnf.bias") : Var()};
+  norm_forward(c.normalization, c.layernorm_epsilon, lnf, x, out, na);
+  return out;
+}
+
+Tensor ModelRunner::recv_activation(int64_t rows) {
+  Tensor x = Tensor::empty({rows, config().hidden_size}, config().compute_dtype, device());
+  pp_comm_->recv(x, grid_->pp_rank() - 1);
+  return x;
+}
+
+void ModelRunner::send_activation(const Tensor& x) { pp_comm_->send(x.contiguous(), grid_->pp_rank() + 1); }
+
+// ---------------------------------------------------------------------------
+// Serving
+
+std::vector<float> ModelRunner::step(const StepPlan& plan) {
+  MPT_CHECK(is_driver(), "ModelRunner::step runs on the driver (world rank 0)", "");
+  MPT_CHECK(kv_ != nullptr, "ModelRunner::step before init_kv_cache", "");
+  MPT_CHECK(!stopped_, "ModelRunner::step after stop_workers", "");
+  plan.validate(config().vocab_size, config().max_position_embeddings, kv_->num_blocks(), kv_->block_size());
+  std::vector<int32_t> msg = plan.serialize();
+  int64_t hdr[2] = {1, static_cast<int64_t>(msg.size())};
+  MPI_Request req;
+  MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, control_, &req);
+  MPI_Wait(&req, MPI_STATUS_IGNORE);
+  MPI_Bcast(msg.data(), static_cast<int>(msg.size()), MPI_INT32_T, 0, control_);
+  return run_step(plan);
+}
+
+void ModelRunner::stop_workers() {
+  if (stopped_ || !is_driver()) return;
+  stopped_ = true;
+  int64_t hdr[2] = {0, 0};
+  MPI_Request req;
+  MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, control_, &req);
+  MPI_Wait(&req, MPI_STATUS_IGNORE);
+}
+
+void ModelRunner::serve() {
+  if (is_driver()) return;
+  MPT_CHECK(kv_ != nullptr, "ModelRunner::serve before init_kv_cache", "");
+  for (;;) {
+    int64_t hdr[2] = {0, 0};
+    MPI_Request req;
+    MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, control_, &req);
+    // Idle workers poll with growing sleeps (at most 2 ms), so an idle server leaves the cores alone.
+    int done = 0;
+    for (int spins = 0; MPI_Test(&req, &done, MPI_STATUS_IGNORE), !done; ++spins)
+      if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(std::min(2000, 20 * (spins - 100))));
+    if (hdr[0] == 0) break;
+    std::vector<int32_t> msg(static_cast<size_t>(hdr[1]));
+    MPI_Bcast(msg.data(), static_cast<int>(msg.size()), MPI_INT32_T, 0, control_);
+    run_step(StepPlan::deserialize(msg));
+  }
+  stopped_ = true;
+}
+
+std::vector<float> ModelRunner::run_step(const StepPlan& plan) {
+  const GPTConfig& c = config();
+  const int64_t n = static_cast<int64_t>(plan.tokens.size()), npad = round_up(n, kRowTile), C = c.hidden_size;
+  PagedRows rows = plan.rows;  // padded to whole tiles with rows that write and read nothing
+  rows.pos.resize(static_cast<size_t>(npad), -1);
+  rows.seq.resize(static_cast<size_t>(npad), 0);
+  Tensor x;
+  if (first_stage()) {
+    std::vector<int32_t> ids(plan.tokens);
+    ids.resize(static_cast<size_t>(npad), 0);
+    std::vector<int64_t> pos(static_cast<size_t>(npad));
+    for (int64_t i = 0; i < npad; ++i) pos[static_cast<size_t>(i)] = std::max<int64_t>(rows.pos[static_cast<size_t>(i)], 0);
+    x = embed(ids, pos);
+  } else {
+    x = recv_activation(npad);
+  }
+  const ChunkInfo& ch = model_->chunk(0);
+  for (int64_t l = ch.first_layer; l < ch.end_layer; ++l) {
+    const BlockShape s = block_shape(c, 1, kRowTile, tp(), false, l);
+    Tensor y = Tensor::empty({npad, C}, c.compute_dtype, device());
+    BlockActs acts;
+    for (int64_t t0 = 0; t0 < npad; t0 += kRowTile) {
+      const PagedAttentionCore core(*kv_, l - ch.first_layer, rows, t0, kRowTile, opts_.force_ops_attention);
+      block_forward(s, model_->block_params(l), x.slice(0, t0, t0 + kRowTile), y.slice(0, t0, t0 + kRowTile), acts, 0,
+                    0, &core);
+    }
+    x = y;
+  }
+  const int64_t nl = static_cast<int64_t>(plan.logits_rows.size()), V = c.vocab_size;
+  if (!last_stage()) {
+    send_activation(x);
+    if (!is_driver() || nl == 0) return {};
+    std::vector<float> out(static_cast<size_t>(nl * V));
+    MPI_Recv(out.data(), static_cast<int>(out.size()), MPI_FLOAT, last_stage_world_rank(), kLogitsTag, control_,
+             MPI_STATUS_IGNORE);
+    return out;
+  }
+  if (nl == 0) return {};
+  // The head on the rows asked for, one tile at a time: this rank's vocabulary slice (nl, Vl).
+  const int64_t nlpad = round_up(nl, kHeadRowTile), Vl = c.padded_vocab_size / opts_.tp;
+  Tensor h = Tensor::zeros({nlpad, C}, c.compute_dtype, device());
+  for (int64_t i = 0; i < nl; ++i) {
+    const int64_t r = plan.logits_rows[static_cast<size_t>(i)];
+    h.slice(0, i, i + 1).copy_from(x.slice(0, r, r + 1));
+  }
+  h = final_norm(h);
+  Tensor logits = Tensor::empty({nlpad, Vl}, c.compute_dtype, device());
+  for (int64_t t0 = 0; t0 < nlpad; t0 += kHeadRowTile)
+    gemm(h.slice(0, t0, t0 + kHeadRowTile), model_->output_weight().value(), logits.slice(0, t0, t0 + kHeadRowTile),
+         kLinear);
+  const std::vector<float> mine = logits.slice(0, 0, nl).to_floats();
+  std::vector<float> all(grid_->tp_rank() == 0 ? mine.size() * static_cast<size_t>(opts_.tp) : 0);
+  if (opts_.tp > 1)
+    MPI_Gather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all.data(), static_cast<int>(mine.size()),
+               MPI_FLOAT, 0, grid_->tp_comm());
+  else
+    all = mine;
+  if (grid_->tp_rank() != 0) return {};
+  std::vector<float> out(static_cast<size_t>(nl * V));
+  for (int r = 0; r < opts_.tp; ++r)
+    for (int64_t i = 0; i < nl; ++i)
+      for (int64_t j = 0; j < Vl && r * Vl + j < V; ++j)
+        out[static_cast<size_t>(i * V + r * Vl + j)] = all[static_cast<size_t>((r * nl + i) * Vl + j)];
+  if (is_driver()) return out;
+  MPI_Send(out.data(), static_cast<int>(out.size()), MPI_FLOAT, 0, kLogitsTag, control_);
+  return {};
+}
+
+// ---------------------------------------------------------------------------
+// Scoring
+
+ScoreOutput ModelRunner::score(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int64_t B,
+                               int64_t T) {
+  const GPTConfig& c = config();
+  const int64_t N = B * T, V = c.vocab_size;
+  MPT_CHECK(B >= 1 && T >= 1 && static_cast<int64_t>(tokens.size()) == N && static_cast<int64_t>(targets.size()) == N,
+            str("score: ", tokens.size(), " tokens and ", targets.size(), " targets for ", B, " windows of ", T), "");
+  MPT_CHECK(T <= c.max_position_embeddings,
+            str("score: windows of ", T, " tokens exceed max_position_embeddings ", c.max_position_embeddings), "");
+  Tensor x;
+  if (first_stage()) {
+    std::vector<int64_t> pos(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) pos[static_cast<size_t>(i)] = i % T;
+    x = embed(tokens, pos);
+  } else {
+    x = recv_activation(N);
+  }
+  Tape tape;
+  tape.set_recording(false);
+  ForwardOptions fo;
+  fo.train = false;
+  x = model_->layers(tape, model_->chunk(0), Var(x), B, T, fo).value();
+  ScoreOutput out;
+  if (!last_stage()) {
+    send_activation(x);
+    if (is_driver()) {
+      out.loss.resize(static_cast<size_t>(N));
+      out.argmax.resize(static_cast<size_t>(N));
+      MPI_Recv(out.loss.data(), static_cast<int>(N), MPI_DOUBLE, last_stage_world_rank(), kScoreTag, control_,
+               MPI_STATUS_IGNORE);
+      MPI_Recv(out.argmax.data(), static_cast<int>(N), MPI_INT32_T, last_stage_world_rank(), kScoreTag, control_,
+               MPI_STATUS_IGNORE);
+    }
+    return out;
+  }
+  const int64_t Vl = c.padded_vocab_size / opts_.tp, v0 = grid_->tp_rank() * Vl, vend = std::min(v0 + Vl, V);
+  Tensor logits = Tensor::empty({N, Vl}, c.compute_dtype, device());
+  gemm(final_norm(x), model_->output_weight().value(), logits, kLinear);
+  const std::vector<float> lg = logits.to_floats();
+  std::vector<RowStats> st(static_cast<size_t>(N));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    RowStats& s = st[static_cast<size_t>(i)];
+    const float* row = lg.data() + i * Vl;
+    for (int64_t j = 0; j < vend - v0; ++j)
+      if (row[j] > s.best) s.best = row[j], s.best_id = static_cast<double>(v0 + j);
+    s.max = s.best;
+    for (int64_t j = 0; j < vend - v0; ++j) s.sum += std::exp(static_cast<double>(row[j]) - s.max);
+    const int64_t t = targets[static_cast<size_t>(i)];
+    if (t >= v0 && t < vend) s.target = row[t - v0];
+  }
+  static_assert(sizeof(RowStats) == 5 * sizeof(double), "RowStats travels as 5 doubles");
+  std::vector<RowStats> all(grid_->tp_rank() == 0 ? st.size() * static_cast<size_t>(opts_.tp) : 0);
+  if (opts_.tp > 1)
+    MPI_Gather(st.data(), static_cast<int>(5 * N), MPI_DOUBLE, all.data(), static_cast<int>(5 * N), MPI_DOUBLE, 0,
+               grid_->tp_comm());
+  else
+    all = st;
+  if (grid_->tp_rank() != 0) return out;
+  out.loss.resize(static_cast<size_t>(N));
+  out.argmax.resize(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) {
+    double mx = -INFINITY, best = -INFINITY, best_id = 0, target = NAN;
+    for (int r = 0; r < opts_.tp; ++r) {
+      const RowStats& s = all[static_cast<size_t>(r * N + i)];
+      mx = std::max(mx, s.max);
+      if (s.best > best) best = s.best, best_id = s.best_id;  // ties: the lower rank, i.e. the lower id
+      if (!std::isnan(s.target)) target = s.target;
+    }
+    double sum = 0;
+    for (int r = 0; r < opts_.tp; ++r) {
+      const RowStats& s = all[static_cast<size_t>(r * N + i)];
+      if (s.sum > 0) sum += s.sum * std::exp(s.max - mx);
+    }
+    MPT_CHECK(!std::isnan(target), str("score: target ", targets[static_cast<size_t>(i)], " outside the vocabulary"), "");
+    out.loss[static_cast<size_t>(i)] = std::log(sum) + mx - target;
+    out.argmax[static_cast<size_t>(i)] = static_cast<int32_t>(best_id);
+  }
+  if (is_driver()) return out;
+  MPI_Send(out.loss.data(), static_cast<int>(N), MPI_DOUBLE, 0, kScoreTag, control_);
+  MPI_Send(out.argmax.data(), static_cast<int>(N), MPI_INT32_T, 0, kScoreTag, control_);
+  return {};
+}
+
+}  // namespace mpitron

@@ -1,0 +1,152 @@
+#include "model/inference/paged_kv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "tensor/ops.h"
+
+namespace mpitron {
+
+PagedKVCache::PagedKVCache(int64_t layers, int64_t groups, int64_t head_dim, int64_t block_size, int64_t num_blocks,
+                           DType dtype, Device device)
+    : layers_(layers), groups_(groups), head_dim_(head_dim), block_size_(block_size), num_blocks_(num_blocks),
+      dtype_(dtype) {
+  MPT_CHECK(layers >= 1 && groups >= 1 && head_dim >= 1 && block_size >= 1 && num_blocks >= 1,
+            str("paged KV cache: bad sizes (layers ", layers, ", groups ", groups, ", head_dim ", head_dim,
+                ", block_size ", block_size, ", blocks ", num_blocks, ")"),
+            "");
+  const Shape shape{num_blocks, groups, block_size, head_dim};
+  for (int64_t l = 0; l < layers; ++l) {
+    k_.push_back(Tensor::zeros(shape, dtype, device));
+    v_.push_back(Tensor::zeros(shape, dtype, device));
+  }
+}
+
+int64_t PagedKVCache::bytes_per_block(int64_t layers, int64_t groups, int64_t head_dim, int64_t block_size,
+                                      DType dtype) {
+  return 2 * layers * groups * block_size * head_dim * static_cast<int64_t>(dtype_size(dtype));
+}
+
+PagedAttentionCore::PagedAttentionCore(const PagedKVCache& cache, int64_t local_layer, const PagedRows& rows,
+                                       int64_t first, int64_t n, bool force_ops)
+    : cache_(cache), layer_(local_layer), rows_(rows), first_(first), n_(n), force_ops_(force_ops) {
+  rope_pos_.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t p = rows.pos[static_cast<size_t>(first + i)];
+    rope_pos_[static_cast<size_t>(i)] = std::max<int64_t>(p, 0);
+    if (p < 0) continue;
+    const auto& t = rows.tables[static_cast<size_t>(rows.seq[static_cast<size_t>(first + i)])];
+    MPT_CHECK(p / cache.block_size() < static_cast<int64_t>(t.size()),
+              str("paged KV cache: position ", p, " is beyond its block table of ", t.size(), " blocks"), "");
+  }
+}
+
+const int32_t* PagedAttentionCore::table(int64_t i) const {
+  return rows_.tables[static_cast<size_t>(rows_.seq[static_cast<size_t>(first_ + i)])].data();
+}
+
+void PagedAttentionCore::attend(const BlockShape& s, const Tensor& qkv, const Tensor& att) const {
+  MPT_CHECK(qkv.dim(0) == n_, str("paged attention: ", qkv.dim(0), " rows of qkv for a tile of ", n_), "");
+  if (!force_ops_ && qkv.device().is_cpu() && qkv.dtype() == DType::F32) attend_loop(s, qkv, att);
+  else attend_ops(s, qkv, att);
+}
+
+// CPU f32: write each row's k/v, then one loop per (row, head) over its positions.
+void PagedAttentionCore::attend_loop(const BlockShape& s, const Tensor& qkv, const Tensor& att) const {
+  const int64_t NH = s.local_heads(), G = s.local_groups(), HD = s.head_dim(), r = NH / G;
+  const int64_t QL = (NH + 2 * G) * HD, C = NH * HD, bs = cache_.block_size();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const float* q = qkv.data<float>();
+  float* K = cache_.k(layer_).data<float>();
+  float* V = cache_.v(layer_).data<float>();
+  float* o = att.data<float>();
+  const auto slot = [&](const int32_t* tab, int64_t g, int64_t t) {  // (block, group, offset) → element
+    return ((static_cast<int64_t>(tab[t / bs]) * G + g) * bs + t % bs) * HD;
+  };
+  for (int64_t i = 0; i < n_; ++i) {
+    const int64_t p = rope_pos_[static_cast<size_t>(i)];
+    if (rows_.pos[static_cast<size_t>(first_ + i)] < 0) continue;
+    const int32_t* tab = table(i);
+    for (int64_t g = 0; g < G; ++g) {
+      std::memcpy(K + slot(tab, g, p), q + i * QL + (NH + g) * HD, static_cast<size_t>(HD) * sizeof(float));
+      std::memcpy(V + slot(tab, g, p), q + i * QL + (NH + G + g) * HD, static_cast<size_t>(HD) * sizeof(float));
+    }
+  }
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (int64_t i = 0; i < n_; ++i)
+    for (int64_t h = 0; h < NH; ++h) {
+      float* oi = o + i * C + h * HD;
+      if (rows_.pos[static_cast<size_t>(first_ + i)] < 0) {
+        std::fill(oi, oi + HD, 0.0f);
+        continue;
+      }
+      const int64_t L = rope_pos_[static_cast<size_t>(i)] + 1, g = h / r;
+      const int32_t* tab = table(i);
+      const float* qi = q + i * QL + h * HD;
+      std::vector<float> sc(static_cast<size_t>(L));
+      float mx = -INFINITY;
+      for (int64_t t = 0; t < L; ++t) {
+        const float* k = K + slot(tab, g, t);
+        float d = 0.0f;
+        for (int64_t e = 0; e < HD; ++e) d += qi[e] * k[e];
+        sc[static_cast<size_t>(t)] = d * scale;
+        mx = std::max(mx, sc[static_cast<size_t>(t)]);
+      }
+      float sum = 0.0f;
+      for (int64_t t = 0; t < L; ++t) sum += (sc[static_cast<size_t>(t)] = std::exp(sc[static_cast<size_t>(t)] - mx));
+      std::fill(oi, oi + HD, 0.0f);
+      for (int64_t t = 0; t < L; ++t) {
+        const float w = sc[static_cast<size_t>(t)] / sum;
+        const float* v = V + slot(tab, g, t);
+        for (int64_t e = 0; e < HD; ++e) oi[e] += w * v[e];
+      }
+    }
+}
+
+// Any device / dtype: tensor ops per (row, group).
+void PagedAttentionCore::attend_ops(const BlockShape& s, const Tensor& qkv, const Tensor& att) const {
+  const int64_t NH = s.local_heads(), G = s.local_groups(), HD = s.head_dim(), r = NH / G;
+  const int64_t bs = cache_.block_size();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const Tensor q3 = qkv.view({n_, NH + 2 * G, HD});
+  const Tensor o3 = att.view({n_, NH, HD});
+  const Tensor& K = cache_.k(layer_);
+  const Tensor& V = cache_.v(layer_);
+  for (int64_t i = 0; i < n_; ++i) {
+    if (rows_.pos[static_cast<size_t>(first_ + i)] < 0) continue;
+    const int64_t p = rope_pos_[static_cast<size_t>(i)];
+    const int32_t* tab = table(i);
+    const Tensor row = q3.select(0, i);  // (NH + 2G, HD)
+    K.select(0, tab[p / bs]).select(1, p % bs).copy_from(row.slice(0, NH, NH + G));
+    V.select(0, tab[p / bs]).select(1, p % bs).copy_from(row.slice(0, NH + G, NH + 2 * G));
+  }
+  for (int64_t i = 0; i < n_; ++i) {
+    if (rows_.pos[static_cast<size_t>(first_ + i)] < 0) {
+      o3.select(0, i).zero();
+      continue;
+    }
+    const int64_t L = rope_pos_[static_cast<size_t>(i)] + 1;
+    const int32_t* tab = table(i);
+    for (int64_t g = 0; g < G; ++g) {
+      Tensor k = Tensor::empty({L, HD}, qkv.dtype(), qkv.device());
+      Tensor v = Tensor::empty({L, HD}, qkv.dtype(), qkv.device());
+      for (int64_t t0 = 0; t0 < L; t0 += bs) {
+        const int64_t len = std::min(bs, L - t0);
+        k.slice(0, t0, t0 + len).copy_from(K.select(0, tab[t0 / bs]).select(0, g).slice(0, 0, len));
+        v.slice(0, t0, t0 + len).copy_from(V.select(0, tab[t0 / bs]).select(0, g).slice(0, 0, len));
+      }
+      const Tensor qg = q3.select(0, i).slice(0, g * r, (g + 1) * r).contiguous();  // (r, HD)
+      Tensor scores = Tensor::empty({r, L}, qkv.dtype(), qkv.device());
+      gemm(qg, k, scores, GemmArgs{false, true, scale, 0.0f});
+      Tensor probs = Tensor::empty({r, L}, qkv.dtype(), qkv.device());
+      softmax_forward(scores, probs);
+      Tensor og = Tensor::empty({r, HD}, qkv.dtype(), qkv.device());
+      gemm(probs, v, og, GemmArgs{});
+      o3.select(0, i).slice(0, g * r, (g + 1) * r).copy_from(og);
+    }
+  }
+}
+
+}  // namespace mpitron

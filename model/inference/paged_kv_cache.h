@@ -1,0 +1,82 @@
+// model/inference/paged_kv_cache.h — the paged KV cache and the attention that reads it.
+//
+// Storage (one rank: its pipeline stage's layers, its tensor-parallel key/value heads):
+//   k[l], v[l]: (num_blocks, Gl, block_size, HD)   compute dtype, model device
+// Gl = query groups / TP (G = heads without grouping). A sequence's position p
+// lives in block table[p / block_size] at offset p % block_size (the tables come
+// from the scheduler's KVBlockAllocator, kv_block_allocator.h, with each step).
+//
+// PagedAttentionCore is the AttentionCore (model/layers/attention_layer.h) of a
+// forward over the cache. Its rows may be anything: prompt chunks (several
+// consecutive positions of one sequence), decode tokens (one position each) of
+// many sequences, and padding rows. attend() first writes every row's rotated
+// key and value at its position, then each row's query heads attend over
+// positions [0, pos] of their sequence (causal by construction: the cache holds
+// only the past and the rows just written).
+//
+// Each row's output is computed on its own, in the same order whatever the other
+// rows are (one loop per (row, head) over the row's positions), so a sequence's
+// attention never depends on what else is in the batch.
+//   CPU, f32: a direct loop (OpenMP over rows × heads);
+//   any other device or dtype: tensor ops per (row, group): the row's keys and
+//     values gathered from its blocks into (L, HD), scores = q·Kᵀ (r, L),
+//     softmax_forward, · V. Tested on the CPU against the loop (force_ops).
+// Padding rows (pos < 0) write nothing and get zeros.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/layers/attention_layer.h"
+#include "tensor/tensor.h"
+
+namespace mpitron {
+
+class PagedKVCache {
+ public:
+  // layers: the layers this rank holds; groups: its key/value heads (Gl).
+  PagedKVCache(int64_t layers, int64_t groups, int64_t head_dim, int64_t block_size, int64_t num_blocks, DType dtype,
+               Device device);
+  // Bytes of one block over `layers` layers (keys and values).
+  static int64_t bytes_per_block(int64_t layers, int64_t groups, int64_t head_dim, int64_t block_size, DType dtype);
+
+  int64_t block_size() const { return block_size_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t bytes() const { return num_blocks_ * bytes_per_block(layers_, groups_, head_dim_, block_size_, dtype_); }
+  const Tensor& k(int64_t local_layer) const { return k_[static_cast<size_t>(local_layer)]; }
+  const Tensor& v(int64_t local_layer) const { return v_[static_cast<size_t>(local_layer)]; }
+
+ private:
+  int64_t layers_, groups_, head_dim_, block_size_, num_blocks_;
+  DType dtype_;
+  std::vector<Tensor> k_, v_;  // [local layer] (num_blocks, Gl, block_size, HD)
+};
+
+// The rows of one forward over the cache.
+struct PagedRows {
+  std::vector<int64_t> pos;                   // [row] position in its sequence; < 0: a padding row
+  std::vector<int32_t> seq;                   // [row] index into tables (ignored for padding rows)
+  std::vector<std::vector<int32_t>> tables;   // [sequence] block ids covering positions [0, its last row's pos]
+};
+
+class PagedAttentionCore final : public AttentionCore {
+ public:
+  // Rows [first, first + n) of `rows` are the n rows of this forward (a tile of the step).
+  PagedAttentionCore(const PagedKVCache& cache, int64_t local_layer, const PagedRows& rows, int64_t first, int64_t n,
+                     bool force_ops = false);
+  void attend(const BlockShape& s, const Tensor& qkv, const Tensor& att) const override;
+  const std::vector<int64_t>* positions() const override { return &rope_pos_; }
+
+ private:
+  const int32_t* table(int64_t i) const;  // block table of row i of this tile
+  void attend_loop(const BlockShape& s, const Tensor& qkv, const Tensor& att) const;
+  void attend_ops(const BlockShape& s, const Tensor& qkv, const Tensor& att) const;
+
+  const PagedKVCache& cache_;
+  int64_t layer_;
+  const PagedRows& rows_;
+  int64_t first_, n_;
+  bool force_ops_;
+  std::vector<int64_t> rope_pos_;  // [row of the tile] its position (0 for padding)
+};
+
+}  // namespace mpitron

@@ -1,0 +1,57 @@
+// tests/model/inference_test_util.h — small GPT-2 and Llama checkpoints for the inference
+// runner and engine tests (written by rank 0, read by every rank).
+#pragma once
+#include <mpi.h>
+
+#include <filesystem>
+#include <string>
+
+#include "model/gpt.h"
+#include "model/inference/inference_load.h"
+#include "tests/model/mpi_test_util.h"
+
+namespace mpitron::testing {
+
+// 4 layers (PP 2 and 4 divide it), 4 heads (TP 2 and 4), a 90-token vocabulary padded to 128.
+// init std 0.3: peaked distributions, so greedy decisions are far from ties.
+inline GPTConfig tiny_gpt2() {
+  GPTConfig c;
+  c.num_layers = 4;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.seq_length = 64;
+  c.max_position_embeddings = 64;
+  c.vocab_size = 90;
+  c.padded_vocab_size = 128;
+  c.hidden_dropout = 0.0f;
+  c.attention_dropout = 0.0f;
+  c.init_method_std = 0.3f;
+  return c;
+}
+
+// Llama: RMSNorm, SwiGLU, rope, 8 query heads in 4 key/value groups, untied head, no biases.
+inline GPTConfig tiny_llama() {
+  GPTConfig c = tiny_gpt2();
+  c.num_attention_heads = 8;
+  c.num_query_groups = 4;
+  c.normalization = Normalization::RMSNorm;
+  c.swiglu = true;
+  c.ffn_hidden_size = 48;
+  c.position_embedding = PositionEmbedding::Rope;
+  c.untie_embeddings = true;
+  c.add_bias_linear = false;
+  return c;
+}
+
+// Rank 0 writes a checkpoint of cfg with weights from `seed` into dir; every rank returns after it.
+inline void write_checkpoint(const std::filesystem::path& dir, const GPTConfig& cfg, uint64_t seed) {
+  if (world_rank() == 0) {
+    std::filesystem::remove_all(dir);
+    GPT model(cfg, Device::cpu());
+    model.init_weights(seed);
+    save_model_checkpoint(dir.string(), model, "test");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+}  // namespace mpitron::testing
