@@ -29,7 +29,7 @@
 #include "core/log.h"
 #include "data/text_tokenizer.h"
 #include "model/inference/dynamic_engine.h"
-#include "model/inference/inference_flags.h"
+#include "model/training/inference_flags.h"
 #include "model/inference/inference_load.h"
 
 using namespace mpitron;

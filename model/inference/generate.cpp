@@ -6,12 +6,12 @@
 
 #include "core/error.h"
 #include "core/philox.h"
+#include "model/layers/model_ends.h"
 #include "tensor/ops.h"
 
 namespace mpitron {
 
 namespace {
-const GemmArgs kLinear{false, true, 1.0f, 0.0f};  // y = x · Wᵀ
 
 Tensor ids_tensor(const std::vector<int64_t>& v, Device d) {
   return Tensor::from_ints(v, {static_cast<int64_t>(v.size())}, DType::I32).to(d);
@@ -47,12 +47,12 @@ KVCacheDecoder::KVCacheDecoder(GPT& model, int64_t batch, int64_t max_len, bool 
 }
 
 Tensor KVCacheDecoder::embed(const std::vector<int64_t>& ids, const std::vector<int64_t>& pos) {
-  const GPTConfig& c = model_.config();
-  Tensor x = Tensor::empty({static_cast<int64_t>(ids.size()), c.hidden_size}, c.compute_dtype, model_.device());
-  embedding_forward(ids_tensor(ids, model_.device()), model_.params().var("wte").value(), x);
-  if (c.learned_positions())
-    embedding_forward(ids_tensor(pos, model_.device()), model_.params().var("wpe").value(), x, true);
-  return x;
+  Tape tape;
+  tape.set_recording(false);
+  EmbedRows rows;
+  rows.ids = ids_tensor(ids, model_.device());
+  rows.positions = pos;
+  return embed_tokens(tape, model_.config(), TensorParallel{}, model_.params(), rows, 0.0f, 0).value();
 }
 
 std::vector<float> KVCacheDecoder::prefill(int64_t b, const std::vector<int32_t>& prompt) {
@@ -132,19 +132,16 @@ Tensor KVCacheDecoder::run_layers(Tensor x, const std::vector<int64_t>& rows, co
     }
     x = y;
   }
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  NormActs na;
-  const NormParams lnf{model_.params().var("lnf.weight"),
-                       c.norm_has_bias() ? model_.params().var("lnf.bias") : Var()};
-  norm_forward(c.normalization, c.layernorm_epsilon, lnf, x, out, na);
-  return out;
+  Tape tape;
+  tape.set_recording(false);
+  return final_norm(tape, c, TensorParallel{}, model_.params(), Var(x)).value();
 }
 
 void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int64_t layer,
                                       const std::vector<int64_t>& rows, const std::vector<int64_t>& pos) {
   const GPTConfig& c = model_.config();
   const int64_t n = qkv.dim(0), NH = c.num_attention_heads, G = c.query_groups(), HD = c.head_dim();
-  const int64_t r = NH / G, QL = (NH + 2 * G) * HD, C = c.hidden_size;  // r query heads per group
+  const int64_t r = NH / G, QL = (NH + 2 * G) * HD, C = NH * HD;  // r query heads per group; C: att width
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const Tensor& kc = k_cache_[static_cast<size_t>(layer)];
   const Tensor& vc = v_cache_[static_cast<size_t>(layer)];
@@ -205,8 +202,9 @@ void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int6
 std::vector<float> KVCacheDecoder::head_logits(const Tensor& h) {
   const GPTConfig& c = model_.config();
   const int64_t n = h.dim(0), Vp = c.padded_vocab_size, V = c.vocab_size;
-  Tensor logits = Tensor::empty({n, Vp}, c.compute_dtype, model_.device());
-  gemm(h.contiguous(), model_.output_weight().value(), logits, kLinear);
+  Tape tape;
+  tape.set_recording(false);
+  const Tensor logits = output_logits(tape, TensorParallel{}, Var(h.contiguous()), model_.output_weight(), Var()).value();
   const std::vector<float> all = logits.to_floats();
   std::vector<float> out(static_cast<size_t>(n * V));
   for (int64_t i = 0; i < n; ++i)

@@ -585,8 +585,8 @@ struct Trainer::Impl {
     const parallel::Schedule& sched = schedules.begin()->second;
     if (sched.rank_of_stage(0) == sched.rank_of_stage(sched.stages() - 1)) return;  // V: both ends on one rank, one copy
     const ParamSet& ps = model->params();
-    const ParamInfo& w = ps.info("wte");
-    par.embedding->all_reduce(ps.grads().flat_range(w.offset, w.numel()), ReduceOp::Sum);
+    for (const ParamInfo& w : ps.infos())
+      if (w.role == ParamRole::WordEmbedding) par.embedding->all_reduce(ps.grads().flat_range(w.offset, w.numel()), ReduceOp::Sum);
   }
 
   std::unique_ptr<AsyncSaver> async;  // --async-save

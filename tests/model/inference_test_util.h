@@ -35,7 +35,7 @@ inline GPTConfig tiny_llama() {
   c.num_attention_heads = 8;
   c.num_query_groups = 4;
   c.normalization = Normalization::RMSNorm;
-  c.swiglu = true;
+  c.mlp = MlpKind::SwiGLU;
   c.ffn_hidden_size = 48;
   c.position_embedding = PositionEmbedding::Rope;
   c.untie_embeddings = true;
