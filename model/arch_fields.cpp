@@ -334,6 +334,9 @@ std::vector<ArchField> build() {
   v.push_back(switch_row("add_bias_linear", FlagScope::Model, "disable-bias-linear",
                          "no biases in the attention and MLP linears", &C::add_bias_linear, true,
                          "biases on the qkv, attention output and both MLP linears", checked));
+  v.push_back(switch_row("add_qkv_bias", FlagScope::Model, "add-qkv-bias",
+                         "a bias on the qkv projection even with --disable-bias-linear (Qwen2)", &C::add_qkv_bias, false,
+                         "a qkv bias when the other linears have none (Qwen2)", checked));
   // BERT (model/bert.h): set by pretrain_bert / finetune and their own flags.
   v.push_back(plain_row("bert", FieldKind::Choice, &C::bert, "a BERT encoder with its heads"));
   v.push_back(plain_row("causal", FieldKind::Choice, &C::causal, "causal attention (false: BERT's bidirectional)"));

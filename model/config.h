@@ -5,7 +5,7 @@
 // skeleton with other values of these fields. Each architecture field is declared ONCE,
 // with its flags (Megatron's names), its checkpoint key, its bounds and what it means
 // for a checkpoint, in the table of model/arch_fields.h; the families (GPT-2, Llama,
-// BERT) and their Hugging Face names are rows of
+// Qwen2, BERT) and their Hugging Face names are rows of
 // model/families.h and model/param_table.h. docs/model-families.md.
 #pragma once
 #include <cstdint>
@@ -66,6 +66,7 @@ struct TransformerConfig {
   double rotary_percent = 1.0;           // --rotary-percent: fraction of each head's dims rotated
   bool untie_embeddings = false;         // --untie-embeddings-and-output-weights: own head (V, C)
   bool add_bias_linear = true;           // false with --disable-bias-linear
+  bool add_qkv_bias = false;             // --add-qkv-bias: a qkv bias even with --disable-bias-linear (Qwen2)
   DType compute_dtype = DType::F32;      // f32, or bf16/f16 with --bf16/--fp16
   // BERT (model/bert.h; docs/model-families.md "BERT"; set by pretrain_bert and its flags):
   bool bert = false;                     // encoder with the MLM head (+ pooler and binary head)
@@ -89,10 +90,10 @@ struct TransformerConfig {
   int64_t fc_rows() const { return mlp_gated(mlp) ? 2 * ffn() : ffn(); }
   bool learned_positions() const { return position_embedding == PositionEmbedding::Learned; }
   bool norm_has_bias() const { return normalization == Normalization::LayerNorm; }
-  bool qkv_bias() const { return add_bias_linear; }
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   bool gelu_erf() const { return mlp == MlpKind::GeluErf; }  // BERT's MLM head transform uses the same GELU
   AttentionMaskKind attention_mask() const { return causal ? AttentionMaskKind::Causal : AttentionMaskKind::Padding; }
-  // The family this configuration is (model/families.h: "gpt2", "llama", "bert"), or "custom"
+  // The family this configuration is (model/families.h: "gpt2", "llama", "qwen2", "bert"), or "custom"
   // for a mix no family has (it trains; HF export needs a family).
   std::string family() const;
   // Validate; throws naming the flags that conflict.

@@ -243,6 +243,29 @@ std::vector<HfKey> llama_keys() {
   return v;
 }
 
+// Qwen2 (4.40's Qwen2Config): Llama's core keys and a sliding window that 4.40 applies in its
+// eager and sdpa attention whatever use_sliding_window says, but in flash attention only with
+// use_sliding_window (and below max_window_layers): refused unless it reaches past every position.
+std::vector<HfKey> qwen2_keys() {
+  std::vector<HfKey> v = llama_core_keys();
+  v.push_back({"sliding_window", true,
+               [](const json& x, const json&, C& c) {
+                 MPT_CHECK(x.is_number_integer(), str("HF config.json key sliding_window must be an integer, got ", x.dump()), "");
+                 if (x.get<int64_t>() < c.max_position_embeddings)
+                   refuse("sliding_window", x,
+                          str("below max_position_embeddings ", c.max_position_embeddings,
+                              ", transformers 4.40's Qwen2 windows its eager/sdpa attention but not its flash attention "
+                              "(use_sliding_window false): the function depends on the attention implementation"));
+               },
+               [](const C& c) { return json(c.max_position_embeddings); }, ""});
+  v.push_back(must("use_sliding_window", [](const json& x) { return x.is_boolean(); }, "it is true or false", false));
+  v.push_back(must("rope_scaling", [](const json&) { return false; },
+                   "4.40's Qwen2 ignores rope scaling and later versions apply it: only rope_scaling null converts"));
+  v.push_back(harmless("max_window_layers", "read with sliding_window"));
+  v.back().write = [](const C& c) { return json(c.num_layers); };
+  return v;
+}
+
 std::vector<HfKey> bert_keys() {
   std::vector<HfKey> v = common_keys();
   v.push_back(field("hidden_size", "hidden_size"));
@@ -290,6 +313,7 @@ std::vector<Family> build() {
   const std::vector<FamilyPin> llama_like = {
       is("normalization", "RMSNorm"), is("mlp", "swiglu"), is("position_embedding", "rope"),
       is("rotary_percent", 1.0), plain("kv_channels", "no --kv-channels")};
+  const std::vector<FamilyPin> no_qkv_bias = {is("add_qkv_bias", false)};
   const std::vector<std::string> llama_buffers = {"rotary_emb.inv_freq"};  // a buffer older checkpoints saved
   std::vector<Family> v;
   {
@@ -347,13 +371,30 @@ std::vector<Family> build() {
     f.hf_model_types = {"llama", "mistral"};  // a Mistral without a window shorter than its positions is a Llama
     f.hf_classes_read = {"LlamaForCausalLM", "MistralForCausalLM"};
     f.scheme = HfScheme::Llama;
-    f.pins = join(decoder, llama_like);
+    f.pins = join(join(decoder, llama_like), no_qkv_bias);
     f.hf_defaults = [](C& c) {  // LlamaConfig's defaults where a key is absent
       c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::SwiGLU, c.position_embedding = PositionEmbedding::Rope;
       c.untie_embeddings = true, c.add_bias_linear = false, c.layernorm_epsilon = 1e-6f;
       c.max_position_embeddings = c.seq_length = 2048;
     };
     f.hf_keys = llama_keys();
+    f.hf_buffers = llama_buffers;
+    v.push_back(f);
+  }
+  {
+    Family f;
+    f.name = "qwen2";
+    f.hf_class = "Qwen2ForCausalLM";
+    f.hf_model_types = {"qwen2"};
+    f.hf_classes_read = {"Qwen2ForCausalLM"};
+    f.scheme = HfScheme::Llama;
+    f.pins = join(join(decoder, llama_like), {is("add_bias_linear", false), is("add_qkv_bias", true)});
+    f.hf_defaults = [](C& c) {  // Qwen2Config's defaults where a key is absent
+      c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::SwiGLU, c.position_embedding = PositionEmbedding::Rope;
+      c.untie_embeddings = true, c.add_bias_linear = false, c.add_qkv_bias = true, c.layernorm_epsilon = 1e-6f;
+      c.max_position_embeddings = c.seq_length = 32768;
+    };
+    f.hf_keys = qwen2_keys();
     f.hf_buffers = llama_buffers;
     v.push_back(f);
   }
