@@ -231,11 +231,12 @@ std::vector<ArchField> build() {
     f.kind = FieldKind::Choice;
     f.scope = FlagScope::Model;
     f.flags = {{"swiglu", FlagType::Switch, "SwiGLU MLP: fc is (2F, C) = [gate | up], silu(gate)·up"},
+               {"geglu", FlagType::Switch, "GeGLU MLP (Gemma): fc is (2F, C) = [gate | up], gelu(gate)·up with the tanh GELU"},
                {"exact-gelu", FlagType::Switch,
                 "GELU is x·Φ(x) with erf (HF BERT's \"gelu\", torch's F.gelu; Megatron's unfused path) instead of "
                 "the tanh approximation (the default: GPT-2, Megatron's fused bias_gelu)"},
                {"openai-gelu", FlagType::Switch, "the tanh-approximation GELU (Megatron's name; the default here)"}};
-    f.meaning = "the MLP: gelu (tanh), gelu_erf or swiglu";
+    f.meaning = "the MLP: gelu (tanh), gelu_erf, swiglu or geglu";
     f.inference = checked;
     f.get = [](const C& c) { return json(to_string(c.mlp)); };
     f.set = [](C& c, const json& v, const std::string& what) {
@@ -247,16 +248,20 @@ std::vector<ArchField> build() {
     };
     f.reset = [](C& c) { c.mlp = C{}.mlp; };
     f.apply = [](const GivenFlags& g, C& c) {
-      const bool sw = on(g, "swiglu"), erf = on(g, "exact-gelu"), tanh = on(g, "openai-gelu");
+      const bool sw = on(g, "swiglu"), ge = on(g, "geglu"), erf = on(g, "exact-gelu"), tanh = on(g, "openai-gelu");
       MPT_CHECK(!(erf && tanh), "--exact-gelu and --openai-gelu both given",
                 "--openai-gelu is the tanh approximation, --exact-gelu the erf form: give one");
+      MPT_CHECK(!(sw && ge), "--swiglu and --geglu both given", "a gated MLP has one activation: give one");
       MPT_CHECK(!(sw && (erf || tanh)), "--exact-gelu / --openai-gelu with --swiglu: the SwiGLU MLP has no GELU",
                 "drop the GELU flag");
-      c.mlp = sw ? MlpKind::SwiGLU : erf ? MlpKind::GeluErf : MlpKind::GeluTanh;
+      MPT_CHECK(!(ge && erf), "--exact-gelu with --geglu: the GeGLU MLP's GELU is the tanh approximation",
+                "drop --exact-gelu");
+      c.mlp = sw ? MlpKind::SwiGLU : ge ? MlpKind::GeGLU : erf ? MlpKind::GeluErf : MlpKind::GeluTanh;
     };
     f.text = [](const json& v) {
       const MlpKind k = parse_mlp_kind(v.get<std::string>());
       return std::string(k == MlpKind::SwiGLU   ? "--swiglu"
+                         : k == MlpKind::GeGLU   ? "--geglu"
                          : k == MlpKind::GeluErf ? "--exact-gelu"
                                                  : "--openai-gelu (the tanh GELU MLP)");
     };
@@ -337,6 +342,12 @@ std::vector<ArchField> build() {
   v.push_back(switch_row("add_qkv_bias", FlagScope::Model, "add-qkv-bias",
                          "a bias on the qkv projection even with --disable-bias-linear (Qwen2)", &C::add_qkv_bias, false,
                          "a qkv bias when the other linears have none (Qwen2)", checked));
+  v.push_back(switch_row("layernorm_1p", FlagScope::Model, "apply-layernorm-1p",
+                         "every norm scales by (1 + w), w initialised to 0 (Gemma's RMSNorm)", &C::layernorm_1p, false,
+                         "norms scale by (1 + w) (Megatron's --apply-layernorm-1p; Gemma)", checked));
+  v.push_back(switch_row("scale_embeddings", FlagScope::Model, "scale-embeddings",
+                         "multiply the word embeddings by sqrt(hidden) (Gemma; the tied head is unscaled)",
+                         &C::scale_embeddings, false, "the word embeddings times sqrt(C) (Gemma)", checked));
   // BERT (model/bert.h): set by pretrain_bert / finetune and their own flags.
   v.push_back(plain_row("bert", FieldKind::Choice, &C::bert, "a BERT encoder with its heads"));
   v.push_back(plain_row("causal", FieldKind::Choice, &C::causal, "causal attention (false: BERT's bidirectional)"));

@@ -44,11 +44,12 @@ namespace mpitron {
 // undefined Var: no bias, no norm bias), so a new sublayer is new roles in the table.
 struct BlockParams {
   std::vector<std::pair<ParamRole, Var>> rows;  // in table order (consecutive in the ParamSet)
+  bool norm_1p = false;                          // the norms scale by (1 + w) (--apply-layernorm-1p)
   static BlockParams from(const ParamSet& ps, const GPTConfig& cfg, int64_t layer);
   const Var& operator[](ParamRole r) const;     // undefined when the layer has no such row
   int64_t count() const { return static_cast<int64_t>(rows.size()); }
-  NormParams norm1() const { return {(*this)[ParamRole::Norm1Weight], (*this)[ParamRole::Norm1Bias]}; }
-  NormParams norm2() const { return {(*this)[ParamRole::Norm2Weight], (*this)[ParamRole::Norm2Bias]}; }
+  NormParams norm1() const { return {(*this)[ParamRole::Norm1Weight], (*this)[ParamRole::Norm1Bias], norm_1p}; }
+  NormParams norm2() const { return {(*this)[ParamRole::Norm2Weight], (*this)[ParamRole::Norm2Bias], norm_1p}; }
   AttentionParams attn() const {
     return {(*this)[ParamRole::QkvWeight], (*this)[ParamRole::QkvBias], (*this)[ParamRole::ProjWeight],
             (*this)[ParamRole::ProjBias]};

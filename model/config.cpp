@@ -23,6 +23,7 @@ const char* to_string(MlpKind k) {
     case MlpKind::GeluTanh: return "gelu";
     case MlpKind::GeluErf: return "gelu_erf";
     case MlpKind::SwiGLU: return "swiglu";
+    case MlpKind::GeGLU: return "geglu";
   }
   return "?";
 }
@@ -36,12 +37,12 @@ const char* to_string(AttentionMaskKind k) {
 }
 
 MlpKind parse_mlp_kind(const std::string& s) {
-  for (MlpKind k : {MlpKind::GeluTanh, MlpKind::GeluErf, MlpKind::SwiGLU})
+  for (MlpKind k : {MlpKind::GeluTanh, MlpKind::GeluErf, MlpKind::SwiGLU, MlpKind::GeGLU})
     if (s == to_string(k)) return k;
-  MPT_THROW(str("MLP kind ", s, " is not known"), "use gelu, gelu_erf or swiglu");
+  MPT_THROW(str("MLP kind ", s, " is not known"), "use gelu, gelu_erf, swiglu or geglu");
 }
 
-bool mlp_gated(MlpKind k) { return k == MlpKind::SwiGLU; }
+bool mlp_gated(MlpKind k) { return k == MlpKind::SwiGLU || k == MlpKind::GeGLU; }
 
 Normalization parse_normalization(const std::string& s) {
   if (s == "LayerNorm") return Normalization::LayerNorm;
@@ -90,6 +91,10 @@ void TransformerConfig::validate() const {
             "bidirectional attention, the post-LN block order and token types are BERT's (model/bert.h)", "");
   MPT_CHECK(num_classes >= 0, str("classes must be >= 0, got ", num_classes), "");
   MPT_CHECK(num_classes == 0 || bert, "a classification head (num_classes > 0) sits on a BERT encoder (model/bert.h)", "");
+  MPT_CHECK(!bert || (!layernorm_1p && !scale_embeddings),
+            "--apply-layernorm-1p and --scale-embeddings are decoder (Gemma) choices; BERT's embedding and MLM-head "
+            "LayerNorms do not take them",
+            "drop them for BERT");
   MPT_CHECK(!bert || !untie_embeddings,
             "--untie-embeddings-and-output-weights: BERT's MLM decoder is tied to the word embeddings", "");
 

@@ -5,7 +5,7 @@
 // skeleton with other values of these fields. Each architecture field is declared ONCE,
 // with its flags (Megatron's names), its checkpoint key, its bounds and what it means
 // for a checkpoint, in the table of model/arch_fields.h; the families (GPT-2, Llama,
-// Qwen2, BERT) and their Hugging Face names are rows of
+// Qwen2, Gemma, BERT) and their Hugging Face names are rows of
 // model/families.h and model/param_table.h. docs/model-families.md.
 #pragma once
 #include <cstdint>
@@ -23,6 +23,7 @@ enum class MlpKind : uint8_t {
   GeluTanh,  // GELU, tanh approximation (GPT-2; Megatron's fused bias_gelu; the default)
   GeluErf,   // GELU, exact x·Φ(x) with erf (HF BERT's "gelu"; --exact-gelu)
   SwiGLU,    // silu(gate) · up (Llama; --swiglu)
+  GeGLU,     // gelu(gate) · up, the tanh GELU (Gemma; --geglu)
 };
 // Which keys a query sees (tensor/attention.h's AttentionMask).
 enum class AttentionMaskKind : uint8_t {
@@ -31,7 +32,7 @@ enum class AttentionMaskKind : uint8_t {
 };
 
 // Megatron's spellings: "LayerNorm"/"RMSNorm", "learned_absolute"/"rope"/"none";
-// MLP kinds "gelu", "gelu_erf", "swiglu"; masks "causal", "padding".
+// MLP kinds "gelu", "gelu_erf", "swiglu", "geglu"; masks "causal", "padding".
 const char* to_string(Normalization n);
 const char* to_string(PositionEmbedding p);
 const char* to_string(MlpKind k);
@@ -39,7 +40,7 @@ const char* to_string(AttentionMaskKind k);
 Normalization parse_normalization(const std::string& s);           // throws naming --normalization
 PositionEmbedding parse_position_embedding(const std::string& s);  // throws naming --position-embedding-type
 MlpKind parse_mlp_kind(const std::string& s);                      // throws naming the kinds
-bool mlp_gated(MlpKind k);                                         // SwiGLU
+bool mlp_gated(MlpKind k);                                         // SwiGLU, GeGLU
 
 // The architecture of an encoder or decoder transformer (Megatron-Core's TransformerConfig).
 struct TransformerConfig {
@@ -59,6 +60,10 @@ struct TransformerConfig {
   float init_method_std = 0.02f;         // --init-method-std: N(0, std) for weights; output
                                          //   projections use std / sqrt(2·num_layers)
   float layernorm_epsilon = 1e-5f;       // --layernorm-epsilon / --norm-epsilon (either norm)
+  bool layernorm_1p = false;             // --apply-layernorm-1p: every norm scales by (1 + w), w initialised
+                                         //   to 0 (Megatron's; Gemma's RMSNorm)
+  bool scale_embeddings = false;         // --scale-embeddings: the word embeddings times sqrt(C) (Gemma); the
+                                         //   tied output layer uses wte unscaled
   Normalization normalization = Normalization::LayerNorm;          // --normalization
   MlpKind mlp = MlpKind::GeluTanh;       // --swiglu, --exact-gelu, --openai-gelu
   PositionEmbedding position_embedding = PositionEmbedding::Learned;  // --position-embedding-type
@@ -93,7 +98,7 @@ struct TransformerConfig {
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   bool gelu_erf() const { return mlp == MlpKind::GeluErf; }  // BERT's MLM head transform uses the same GELU
   AttentionMaskKind attention_mask() const { return causal ? AttentionMaskKind::Causal : AttentionMaskKind::Padding; }
-  // The family this configuration is (model/families.h: "gpt2", "llama", "qwen2", "bert"), or "custom"
+  // The family this configuration is (model/families.h: "gpt2", "llama", "qwen2", "gemma", "bert"), or "custom"
   // for a mix no family has (it trains; HF export needs a family).
   std::string family() const;
   // Validate; throws naming the flags that conflict.

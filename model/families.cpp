@@ -76,11 +76,6 @@ HfKey bool_key(const std::string& key, std::function<void(bool, C&)> set, std::f
           std::move(write), ""};
 }
 
-std::vector<HfKey> join(std::vector<HfKey> a, const std::vector<HfKey>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // Keys of every PretrainedConfig that do not change the function.
 std::vector<HfKey> common_keys() {
   std::vector<HfKey> v;
@@ -314,6 +309,8 @@ std::vector<Family> build() {
       is("normalization", "RMSNorm"), is("mlp", "swiglu"), is("position_embedding", "rope"),
       is("rotary_percent", 1.0), plain("kv_channels", "no --kv-channels")};
   const std::vector<FamilyPin> no_qkv_bias = {is("add_qkv_bias", false)};
+  // Gemma's choices, which the other decoders lack.
+  const std::vector<FamilyPin> plain_ends = {is("layernorm_1p", false), is("scale_embeddings", false)};
   const std::vector<std::string> llama_buffers = {"rotary_emb.inv_freq"};  // a buffer older checkpoints saved
   std::vector<Family> v;
   {
@@ -356,7 +353,7 @@ std::vector<Family> build() {
                                  "a GELU MLP (no --swiglu)"),
                             is("position_embedding", "learned_absolute"), is("untie_embeddings", false),
                             is("add_bias_linear", true), plain("num_query_groups", "no --group-query-attention"),
-                            plain("kv_channels", "no --kv-channels")});
+                            plain("kv_channels", "no --kv-channels"), plain_ends[0], plain_ends[1]});
     f.hf_defaults = [](C&) {};  // TransformerConfig's defaults are GPT-2's
     f.hf_keys = gpt2_keys();
     f.hf_prefixes = {"transformer.", ""};  // GPT2LMHeadModel's, and GPT2Model's / the hub's gpt2 file
@@ -371,7 +368,7 @@ std::vector<Family> build() {
     f.hf_model_types = {"llama", "mistral"};  // a Mistral without a window shorter than its positions is a Llama
     f.hf_classes_read = {"LlamaForCausalLM", "MistralForCausalLM"};
     f.scheme = HfScheme::Llama;
-    f.pins = join(join(decoder, llama_like), no_qkv_bias);
+    f.pins = join(join(join(decoder, llama_like), no_qkv_bias), plain_ends);
     f.hf_defaults = [](C& c) {  // LlamaConfig's defaults where a key is absent
       c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::SwiGLU, c.position_embedding = PositionEmbedding::Rope;
       c.untie_embeddings = true, c.add_bias_linear = false, c.layernorm_epsilon = 1e-6f;
@@ -388,7 +385,7 @@ std::vector<Family> build() {
     f.hf_model_types = {"qwen2"};
     f.hf_classes_read = {"Qwen2ForCausalLM"};
     f.scheme = HfScheme::Llama;
-    f.pins = join(join(decoder, llama_like), {is("add_bias_linear", false), is("add_qkv_bias", true)});
+    f.pins = join(join(join(decoder, llama_like), plain_ends), {is("add_bias_linear", false), is("add_qkv_bias", true)});
     f.hf_defaults = [](C& c) {  // Qwen2Config's defaults where a key is absent
       c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::SwiGLU, c.position_embedding = PositionEmbedding::Rope;
       c.untie_embeddings = true, c.add_bias_linear = false, c.add_qkv_bias = true, c.layernorm_epsilon = 1e-6f;

@@ -111,12 +111,13 @@ std::vector<ParamSpec> block_param_table(const GPTConfig& c, int64_t l) {
   using S = HfScheme;
   const HfTransform T = HfTransform::Transpose;
   const ParamPlace L = ParamPlace::Layer;
+  const I norm_w = c.layernorm_1p ? I::Zeros : I::Ones;  // --apply-layernorm-1p: w of (1 + w)
   // The HF column: GPT-2 (GPT2LMHeadModel, after "transformer."), Llama and the families
   // built on it (model.layers.*), BERT (BertForPreTraining; post-LN, so its attention's
   // output LayerNorm is our ln1).
   const std::string g = "h.{l}.", m = "model.layers.{l}.", b = "bert.encoder.layer.{l}.";
   std::vector<ParamSpec> v;
-  v.push_back(hf(row(p + "ln1.weight", R::Norm1Weight, {C}, I::Ones, L, l), fam, l,
+  v.push_back(hf(row(p + "ln1.weight", R::Norm1Weight, {C}, norm_w, L, l), fam, l,
                  {{S::Gpt2, {g + "ln_1.weight"}}, {S::Llama, {m + "input_layernorm.weight"}},
                   {S::Bert, {b + "attention.output.LayerNorm.weight"}}}));
   if (ln_bias)
@@ -141,7 +142,7 @@ std::vector<ParamSpec> block_param_table(const GPTConfig& c, int64_t l) {
     v.push_back(hf(row(p + "attn.proj.bias", R::ProjBias, {C}, I::Zeros, L, l), fam, l,
                    {{S::Gpt2, {g + "attn.c_proj.bias"}}, {S::Llama, {m + "self_attn.o_proj.bias"}},
                     {S::Bert, {b + "attention.output.dense.bias"}}}));
-  v.push_back(hf(row(p + "ln2.weight", R::Norm2Weight, {C}, I::Ones, L, l), fam, l,
+  v.push_back(hf(row(p + "ln2.weight", R::Norm2Weight, {C}, norm_w, L, l), fam, l,
                  {{S::Gpt2, {g + "ln_2.weight"}}, {S::Llama, {m + "post_attention_layernorm.weight"}},
                   {S::Bert, {b + "output.LayerNorm.weight"}}}));
   if (ln_bias)
@@ -197,7 +198,7 @@ std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
     v.push_back(hf(row("emb_ln.bias", R::EmbeddingNormBias, {C}, I::Zeros, first), fam, 0,
                    {{S::Bert, {"bert.embeddings.LayerNorm.bias"}}}));
   } else {
-    v.push_back(hf(row("lnf.weight", R::FinalNormWeight, {C}, I::Ones, last), fam, 0,
+    v.push_back(hf(row("lnf.weight", R::FinalNormWeight, {C}, c.layernorm_1p ? I::Zeros : I::Ones, last), fam, 0,
                    {{S::Gpt2, {"ln_f.weight"}}, {S::Llama, {"model.norm.weight"}}}));
     if (c.norm_has_bias())
       v.push_back(hf(row("lnf.bias", R::FinalNormBias, {C}, I::Zeros, last), fam, 0, {{S::Gpt2, {"ln_f.bias"}}}));

@@ -16,6 +16,7 @@ Tensor mlp_layer_forward(const BlockShape& s, const MlpParams& p, const Tensor& 
     case MlpKind::GeluTanh: gelu_forward(a.fc, a.g, false); break;
     case MlpKind::GeluErf: gelu_forward(a.fc, a.g, true); break;
     case MlpKind::SwiGLU: swiglu_forward(a.fc, a.g); break;
+    case MlpKind::GeGLU: geglu_forward(a.fc, a.g); break;
   }
   Tensor out = Tensor::empty({N, C}, in.dtype(), in.device());
   linear_forward(a.g, p.proj_w, s.tp.rank == 0 ? p.proj_b : Var(), out);  // row-parallel bias: added once
@@ -36,6 +37,10 @@ Tensor mlp_layer_backward(const BlockShape& s, const MlpParams& p, const MlpActs
     case MlpKind::SwiGLU:
       dfc = Tensor::empty(a.fc.shape(), dout.dtype(), dout.device());
       swiglu_backward(dg, a.fc, dfc);
+      break;
+    case MlpKind::GeGLU:
+      dfc = Tensor::empty(a.fc.shape(), dout.dtype(), dout.device());
+      geglu_backward(dg, a.fc, dfc);
       break;
   }
   Tensor din_f = Tensor::empty({N, C}, dout.dtype(), dout.device());

@@ -1,9 +1,15 @@
 #include "model/layers/model_ends.h"
 
+#include <cmath>
+
 #include "autograd/functions.h"
 #include "core/error.h"
 
 namespace mpitron {
+
+float embedding_multiplier(const TransformerConfig& c) {
+  return c.scale_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size))) : 1.0f;
+}
 
 Var embed_tokens(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const ParamSet& ps,
                  const EmbedRows& rows, float dropout, uint64_t seed) {
@@ -17,6 +23,8 @@ Var embed_tokens(Tape& tape, const TransformerConfig& c, const TensorParallel& t
   const int64_t vocab_start = tp.rank * (c.padded_vocab_size / tp.size);
   Var x = ag::embedding(tape, rows.ids, ps.var(ParamRole::WordEmbedding), vocab_start);
   x = tp.sequence_parallel ? ag::tp_scatter(tape, x, tp) : ag::tp_reduce(tape, x, tp);
+  // Gemma: × √C in the compute dtype (transformers rounds the factor to the hidden states' dtype).
+  if (c.scale_embeddings) x = ag::scale(tape, x, embedding_multiplier(c));
   const auto spp = [&](ParamRole r) { return ag::sequence_parallel_param(tape, ps.var(r), tp); };
   if (c.learned_positions()) {
     for (int64_t p : rows.positions)
@@ -46,7 +54,12 @@ Var embed_tokens(Tape& tape, const TransformerConfig& c, const TensorParallel& t
 
 Var final_norm(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const ParamSet& ps, const Var& x) {
   if (!ps.has(ParamRole::FinalNormWeight)) return x;  // post-LN: the last block ends in its norm
-  const Var w = ag::sequence_parallel_param(tape, ps.var(ParamRole::FinalNormWeight), tp);
+  Var w = ag::sequence_parallel_param(tape, ps.var(ParamRole::FinalNormWeight), tp);
+  if (c.layernorm_1p) {  // (1 + w): the block norms' norm_scale, differentiable here
+    const Tensor ones = Tensor::empty(w.value().shape(), w.value().dtype(), w.value().device());
+    ones.fill(1.0);
+    w = ag::add(tape, w, Var(ones));
+  }
   if (c.normalization == Normalization::RMSNorm) return ag::rmsnorm(tape, x, w, c.layernorm_epsilon);
   return ag::layernorm(tape, x, w, ag::sequence_parallel_param(tape, ps.var(ParamRole::FinalNormBias), tp),
                        c.layernorm_epsilon);

@@ -3,13 +3,15 @@
 // (model/bert.h) and the KV-cache decoder (model/inference/generate.h). The parameters are
 // found by role (model/param_table.h), never by name.
 //
-//   embedding  x (Nl, C) = dropout(norm_e(wte[ids] + wpe[pos] + tokentype[types]))
+//   embedding  x (Nl, C) = dropout(norm_e(m·wte[ids] + wpe[pos] + tokentype[types]))
+//                m = √C with --scale-embeddings (Gemma), else 1
 //                wpe with learned positions, tokentype with token types (BERT), norm_e the
 //                post-LN BERT's embedding LayerNorm. wte is vocab-parallel: each TP rank
 //                looks up its rows and the partial sums are reduced (reduce-scattered to this
 //                rank's Nl = N/t rows with sequence parallelism); dropout's mask starts at
 //                Philox block first_row·C/4 (the single-process mask).
-//   final norm h = norm(x), the configuration's LayerNorm or RMSNorm (post-LN BERT: none)
+//   final norm h = norm(x), the configuration's LayerNorm or RMSNorm (post-LN BERT: none),
+//                scaled by (1 + w) with --apply-layernorm-1p
 //   output     logits (N, V/t) = h·Wᵀ (+ b): this rank's vocabulary slice, never gathered
 //                (h all-gathered with sequence parallelism); W = wte (tied) or head.weight,
 //                b = BERT's lm_head.bias
@@ -37,6 +39,8 @@ struct EmbedRows {
   std::vector<Run> dropout_rows;
 };
 
+// m above.
+float embedding_multiplier(const TransformerConfig& c);
 Var embed_tokens(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const ParamSet& ps,
                  const EmbedRows& rows, float dropout, uint64_t seed);
 // x (Nl, C) → the final norm's output (Nl, C); x itself when the model has none (post-LN BERT).
