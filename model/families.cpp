@@ -261,6 +261,34 @@ std::vector<HfKey> qwen2_keys() {
   return v;
 }
 
+// Gemma (4.40's GemmaConfig): Llama's core keys with the GeGLU MLP and a head width of its own.
+std::vector<HfKey> gemma_keys() {
+  std::vector<HfKey> v;
+  for (HfKey& k : llama_core_keys())
+    if (k.key != "hidden_act") v.push_back(k);
+  for (HfKey& k : v)
+    if (k.key == "num_key_value_heads") k.required = true;  // GemmaConfig's default (16) is no function of the rest
+  v.push_back(field("head_dim", "kv_channels", false));       // absent: GemmaConfig's 256 (hf_defaults)
+  const auto tanh_gelu = [](const json& x) { return x == "gelu_pytorch_tanh" || x == "gelu_new"; };
+  // 4.40 gates with hidden_activation, or with the tanh GELU when it is null whatever hidden_act
+  // says (4.38 used hidden_act: "gelu" was the erf GELU there).
+  v.push_back(must("hidden_activation", tanh_gelu, "mpitron's GeGLU gates with the tanh GELU (gelu_pytorch_tanh)",
+                   "gelu_pytorch_tanh"));
+  v.push_back({"hidden_act", false,
+               [tanh_gelu](const json& x, const json& config, C&) {
+                 if (config.contains("hidden_activation") && !config["hidden_activation"].is_null()) return;
+                 if (!tanh_gelu(x))
+                   refuse("hidden_act", x,
+                          "without hidden_activation, transformers 4.40 gates with the tanh GELU and 4.38 with "
+                          "hidden_act: the function depends on the version",
+                          "set hidden_activation to the activation the model was trained with (gelu_pytorch_tanh)");
+               },
+               [](const C&) { return json("gelu_pytorch_tanh"); }, ""});
+  v.push_back(must("attention_bias", [](const json& x) { return x == false; },
+                   "mpitron's Gemma has no biases (attention_bias puts them on q, k, v and o, not on the MLP)", false));
+  return v;
+}
+
 std::vector<HfKey> bert_keys() {
   std::vector<HfKey> v = common_keys();
   v.push_back(field("hidden_size", "hidden_size"));
@@ -392,6 +420,26 @@ std::vector<Family> build() {
       c.max_position_embeddings = c.seq_length = 32768;
     };
     f.hf_keys = qwen2_keys();
+    f.hf_buffers = llama_buffers;
+    v.push_back(f);
+  }
+  {
+    Family f;
+    f.name = "gemma";
+    f.hf_class = "GemmaForCausalLM";
+    f.hf_model_types = {"gemma"};
+    f.hf_classes_read = {"GemmaForCausalLM"};
+    f.scheme = HfScheme::Llama;
+    f.pins = join(decoder, {is("normalization", "RMSNorm"), is("mlp", "geglu"), is("position_embedding", "rope"),
+                            is("rotary_percent", 1.0), is("layernorm_1p", true), is("scale_embeddings", true),
+                            is("add_bias_linear", false), is("add_qkv_bias", false)});
+    f.hf_defaults = [](C& c) {  // GemmaConfig's defaults where a key is absent
+      c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::GeGLU, c.position_embedding = PositionEmbedding::Rope;
+      c.layernorm_1p = true, c.scale_embeddings = true, c.add_bias_linear = false, c.layernorm_epsilon = 1e-6f;
+      c.kv_channels = 256;
+      c.max_position_embeddings = c.seq_length = 8192;
+    };
+    f.hf_keys = gemma_keys();
     f.hf_buffers = llama_buffers;
     v.push_back(f);
   }

@@ -11,6 +11,8 @@
 //   family   HF class                  model_type  pins (besides the defaults of every other field)
 //   gpt2     GPT2LMHeadModel           gpt2        LayerNorm, tanh GELU, learned positions, tied, biases, MHA
 //   llama    LlamaForCausalLM          llama       RMSNorm, SwiGLU, rope (all dims)
+//   qwen2    Qwen2ForCausalLM          qwen2       Llama's, biases on q, k, v only (--add-qkv-bias)
+//   gemma    GemmaForCausalLM          gemma       RMSNorm (1 + w), GeGLU (tanh), rope, embeddings × √C, no biases
 //   bert     BertForPreTraining        bert        encoder: LayerNorm, GELU, learned positions, tied, biases, MHA
 #pragma once
 #include <functional>

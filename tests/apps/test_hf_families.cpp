@@ -44,6 +44,9 @@ const std::vector<FamilyCase> kFamilies = {
     {"qwen2",
      "--normalization RMSNorm --norm-epsilon 1e-6 --swiglu --position-embedding-type rope --disable-bias-linear "
      "--add-qkv-bias --group-query-attention --num-query-groups 2"},
+    {"gemma",
+     "--normalization RMSNorm --norm-epsilon 1e-6 --geglu --apply-layernorm-1p --scale-embeddings "
+     "--position-embedding-type rope --disable-bias-linear --kv-channels 16 --group-query-attention --num-query-groups 2"},
 };
 
 std::string dir_of(const std::string& family) { return apps_test::kSource + "/tests/apps/ref/hf_" + family; }
@@ -69,8 +72,6 @@ double logit_err(const Tensor& logits, const json& want, int64_t V) {
     }
   return worst;
 }
-
-bool has(const std::string& s, const std::string& t) { return s.find(t) != std::string::npos; }
 
 bool have_transformers() { return std::system("/usr/bin/python3 -c 'import torch, transformers' > /dev/null 2>&1") == 0; }
 
