@@ -1,4 +1,4 @@
-// Hugging Face BERT import/export (model/inference/hf_bert.h, apps/convert_checkpoint) against
+// Hugging Face BERT import/export (model/inference/hf_convert.h, apps/convert_checkpoint) against
 // transformers (tests/reference/hf_bert_ref.py: a random BertForPreTraining saved by
 // save_pretrained, with float64 MLM and next-sentence logits, the pre-training loss and every
 // parameter gradient, in tests/apps/ref/hf_bert/; batches with token types 0/1, padding masked by
@@ -62,7 +62,7 @@ Tensor ints1(const json& row) {
   return Tensor::from_ints(v, {static_cast<int64_t>(v.size())}, DType::I32);
 }
 
-// A reference batch as mpitron's BertBatch: next_sentence_label is is_random (hf_bert.h).
+// A reference batch as mpitron's BertBatch: next_sentence_label is is_random (docs/model-families.md "Hugging Face BERT").
 BertBatch batch_of(const json& r) {
   BertBatch b;
   b.tokens = ints2(r["ids"]);

@@ -1,4 +1,4 @@
-// Hugging Face Llama import/export (model/inference/hf_llama.h, apps/convert_checkpoint)
+// Hugging Face Llama import/export (model/inference/hf_convert.h, apps/convert_checkpoint)
 // against transformers (tests/reference/hf_llama_ref.py; a random GQA LlamaForCausalLM saved
 // SHARDED by save_pretrained, with float64 logits, loss and gradients, in tests/apps/ref/hf_llama/):
 //  * logits, the mean cross-entropy and every parameter gradient equal transformers';
