@@ -348,6 +348,41 @@ std::vector<ArchField> build() {
   v.push_back(switch_row("scale_embeddings", FlagScope::Model, "scale-embeddings",
                          "multiply the word embeddings by sqrt(hidden) (Gemma; the tied head is unscaled)",
                          &C::scale_embeddings, false, "the word embeddings times sqrt(C) (Gemma)", checked));
+  {
+    // Megatron's --window-size is the (left, right) pair of flash attention's window; mpitron's
+    // decoders are causal, so right is 0: "W", "W,0" and "(W, 0)" all give W.
+    ArchField f;
+    f.key = "window_size";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    f.flags = {{"window-size", FlagType::Text,
+                "sliding-window attention: W or W,0 (Megatron's (left, right)); query i sees keys i-W..i (Mistral)"}};
+    f.meaning = "sliding-window attention: query i sees keys i − W … i (0: every earlier key)";
+    f.inference = checked;
+    f.get = [](const C& c) { return json(c.window_size); };
+    f.set = [](C& c, const json& v, const std::string& what) { c.window_size = as_int(v, what, 0, kBig); };
+    f.reset = [](C& c) { c.window_size = 0; };
+    f.apply = [](const GivenFlags& g, C& c) {
+      std::string s = as_text(*given(g, "window-size"), "--window-size");
+      std::string t;
+      for (char ch : s)
+        if (ch != ' ' && ch != '(' && ch != ')') t += ch;
+      const size_t comma = t.find(',');
+      const std::string left = t.substr(0, comma), right = comma == std::string::npos ? "0" : t.substr(comma + 1);
+      const auto number = [&](const std::string& x) {
+        MPT_CHECK(!x.empty() && x.find_first_not_of("-0123456789") == std::string::npos && x.size() < 12,
+                  str("--window-size ", s, " is not W or W,0"), "give the window as a count of earlier keys, e.g. 4096");
+        return std::stoll(x);
+      };
+      const int64_t l = number(left), r = number(right);
+      MPT_CHECK(r == 0, str("--window-size ", s, ": the right bound must be 0"),
+                "mpitron's decoders are causal: a query sees no later key");
+      MPT_CHECK(l >= 1, str("--window-size ", s, ": the left bound must be >= 1 (give no --window-size for none)"), "");
+      c.window_size = l;
+    };
+    f.text = [](const json& v) { return v.get<int64_t>() > 0 ? str("--window-size ", v.get<int64_t>()) : std::string("no --window-size"); };
+    v.push_back(f);
+  }
   // BERT (model/bert.h): set by pretrain_bert / finetune and their own flags.
   v.push_back(plain_row("bert", FieldKind::Choice, &C::bert, "a BERT encoder with its heads"));
   v.push_back(plain_row("causal", FieldKind::Choice, &C::causal, "causal attention (false: BERT's bidirectional)"));

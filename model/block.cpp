@@ -20,6 +20,7 @@ BlockShape block_shape(const GPTConfig& c, int64_t batch, int64_t seq, const Ten
   s.rope_args.base = c.rotary_base;
   s.rope_args.percent = c.rotary_percent;
   s.mask = c.attention_mask();
+  s.window = c.window_size;
   s.post_ln = c.post_ln;
   return s;
 }

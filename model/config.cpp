@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "model/families.h"
 #include "model/param_table.h"
@@ -32,6 +34,7 @@ const char* to_string(AttentionMaskKind k) {
   switch (k) {
     case AttentionMaskKind::Causal: return "causal";
     case AttentionMaskKind::Padding: return "padding";
+    case AttentionMaskKind::SlidingWindow: return "sliding_window";
   }
   return "?";
 }
@@ -95,6 +98,9 @@ void TransformerConfig::validate() const {
             "--apply-layernorm-1p and --scale-embeddings are decoder (Gemma) choices; BERT's embedding and MLM-head "
             "LayerNorms do not take them",
             "drop them for BERT");
+  MPT_CHECK(window_size >= 0, str("--window-size must be >= 0, got ", window_size), "");
+  MPT_CHECK(window_size == 0 || causal,
+            "--window-size: the sliding window is causal attention's (Mistral); BERT's attention is bidirectional", "");
   MPT_CHECK(!bert || !untie_embeddings,
             "--untie-embeddings-and-output-weights: BERT's MLM decoder is tied to the word embeddings", "");
 
@@ -117,7 +123,12 @@ int64_t TransformerConfig::num_parameters() const {
 
 double TransformerConfig::attended_keys() const {
   const double T = static_cast<double>(seq_length);
-  return causal ? T / 2 : T;
+  if (!causal) return T;
+  if (window_size <= 0) return T / 2;
+  // Query i sees min(i, W) + 1 keys: Σ_i = (m + 1)(m + 2)/2 + (T − 1 − m)(W + 1), m = min(W, T − 1);
+  // the mean less one half (T/2 again when W >= T − 1).
+  const double W = static_cast<double>(window_size), m = std::min(W, T - 1);
+  return ((m + 1) * (m + 2) / 2 + (T - 1 - m) * (W + 1)) / T - 0.5;
 }
 
 double TransformerConfig::flops_per_token() const {

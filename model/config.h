@@ -5,7 +5,7 @@
 // skeleton with other values of these fields. Each architecture field is declared ONCE,
 // with its flags (Megatron's names), its checkpoint key, its bounds and what it means
 // for a checkpoint, in the table of model/arch_fields.h; the families (GPT-2, Llama,
-// Qwen2, Gemma, BERT) and their Hugging Face names are rows of
+// Qwen2, Mistral, Gemma, BERT) and their Hugging Face names are rows of
 // model/families.h and model/param_table.h. docs/model-families.md.
 #pragma once
 #include <cstdint>
@@ -29,10 +29,11 @@ enum class MlpKind : uint8_t {
 enum class AttentionMaskKind : uint8_t {
   Causal,         // key j <= query i (decoders)
   Padding,        // every key of the sample, padding keys masked (BERT)
+  SlidingWindow,  // i − W <= j <= i: causal within a window of W earlier keys (Mistral; --window-size)
 };
 
 // Megatron's spellings: "LayerNorm"/"RMSNorm", "learned_absolute"/"rope"/"none";
-// MLP kinds "gelu", "gelu_erf", "swiglu", "geglu"; masks "causal", "padding".
+// MLP kinds "gelu", "gelu_erf", "swiglu", "geglu"; masks "causal", "padding", "sliding_window".
 const char* to_string(Normalization n);
 const char* to_string(PositionEmbedding p);
 const char* to_string(MlpKind k);
@@ -72,6 +73,9 @@ struct TransformerConfig {
   bool untie_embeddings = false;         // --untie-embeddings-and-output-weights: own head (V, C)
   bool add_bias_linear = true;           // false with --disable-bias-linear
   bool add_qkv_bias = false;             // --add-qkv-bias: a qkv bias even with --disable-bias-linear (Qwen2)
+  int64_t window_size = 0;               // --window-size W (Megatron's "W,0"): sliding-window attention, query i
+                                         //   sees keys i − W … i (W + 1 keys; HF Mistral's sliding_window);
+                                         //   0: every earlier key
   DType compute_dtype = DType::F32;      // f32, or bf16/f16 with --bf16/--fp16
   // BERT (model/bert.h; docs/model-families.md "BERT"; set by pretrain_bert and its flags):
   bool bert = false;                     // encoder with the MLM head (+ pooler and binary head)
@@ -97,7 +101,9 @@ struct TransformerConfig {
   bool norm_has_bias() const { return normalization == Normalization::LayerNorm; }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   bool gelu_erf() const { return mlp == MlpKind::GeluErf; }  // BERT's MLM head transform uses the same GELU
-  AttentionMaskKind attention_mask() const { return causal ? AttentionMaskKind::Causal : AttentionMaskKind::Padding; }
+  AttentionMaskKind attention_mask() const {
+    return !causal ? AttentionMaskKind::Padding : window_size > 0 ? AttentionMaskKind::SlidingWindow : AttentionMaskKind::Causal;
+  }
   // The family this configuration is (model/families.h: "gpt2", "llama", "qwen2", "gemma", "bert"), or "custom"
   // for a mix no family has (it trains; HF export needs a family).
   std::string family() const;
@@ -109,7 +115,8 @@ struct TransformerConfig {
   //   6·N_matmul + 12·L·NH·HD·K
   // where N_matmul counts every matmul weight including the (tied or untied) LM head and K the
   // keys a query attends on average less one half (the diagonal counted half): T/2 causal (the
-  // convention of llm.c and current Megatron), T bidirectional (BERT).
+  // convention of llm.c and current Megatron), T bidirectional (BERT), the mean of min(i, W) + 1/2
+  // over the queries i with a sliding window W (Mistral: ≈ W + 1/2 when T ≫ W).
   double flops_per_token() const;
   // K above.
   double attended_keys() const;

@@ -41,6 +41,10 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
   if (mp_.cp.active()) {  // context parallelism (parallel/context_parallel.h)
     MPT_CHECK(cfg_.causal, "--context-parallel-size > 1 needs causal attention: BERT's padding mask is not supported",
               "train BERT without --context-parallel-size");
+    MPT_CHECK(cfg_.window_size == 0,
+              str("--context-parallel-size > 1 with --window-size ", cfg_.window_size,
+                  ": the ring attention's blocks take the causal mask only, not yet a sliding window"),
+              "train with --context-parallel-size 1, or without --window-size");
     MPT_CHECK(cfg_.hidden_size % 4 == 0,
               str("--context-parallel-size needs --hidden-size divisible by 4 (dropout masks start at a Philox block), "
                   "got ", cfg_.hidden_size), "");

@@ -338,6 +338,8 @@ void check_attention_dropout(const char* op, const AttentionDropout& d) {
 }
 // kv_lengths: (B) i32 on qkv's device; its values 1..T are checked when they are on the host.
 void check_attention_mask(const char* op, const AttentionMask& m, const Tensor& qkv, const Tensor& out) {
+  need(m.window >= 0, str(op, ": mask window must be >= 0 (0: no sliding window), got ", m.window));
+  need(m.window == 0 || m.causal, str(op, ": a sliding window (mask window ", m.window, ") needs causal attention"));
   const Tensor& l = m.kv_lengths;
   if (!l.defined()) return;
   const int64_t b = out.dim(0), t = out.dim(1);

@@ -101,7 +101,7 @@ class KVCacheDecoder::DecodeCore final : public AttentionCore {
       d_.k_cache_[l].select(0, b).select(1, t).copy_from(row.slice(0, NH, NH + G));
       d_.v_cache_[l].select(0, b).select(1, t).copy_from(row.slice(0, NH + G, NH + 2 * G));
     }
-    d_.cached_attention(qkv, att, layer_, rows_, pos_);
+    d_.cached_attention(s, qkv, att, layer_, rows_, pos_);
   }
   const std::vector<int64_t>* positions() const override { return &pos_; }
 
@@ -137,7 +137,7 @@ Tensor KVCacheDecoder::run_layers(Tensor x, const std::vector<int64_t>& rows, co
   return final_norm(tape, c, TensorParallel{}, model_.params(), Var(x)).value();
 }
 
-void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int64_t layer,
+void KVCacheDecoder::cached_attention(const BlockShape& s, const Tensor& qkv, const Tensor& att, int64_t layer,
                                       const std::vector<int64_t>& rows, const std::vector<int64_t>& pos) {
   const GPTConfig& c = model_.config();
   const int64_t n = qkv.dim(0), NH = c.num_attention_heads, G = c.query_groups(), HD = c.head_dim();
@@ -155,24 +155,25 @@ void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int6
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t i = 0; i < n; ++i)
       for (int64_t h = 0; h < NH; ++h) {
-        const int64_t b = rows[static_cast<size_t>(i)], L = pos[static_cast<size_t>(i)] + 1, g = h / r;
+        const int64_t b = rows[static_cast<size_t>(i)], p = pos[static_cast<size_t>(i)], g = h / r;
+        const int64_t t0 = s.first_key(p), L = p + 1 - t0;  // keys t0 … p
         const float* qi = q + i * QL + h * HD;
-        const float* kb = K + (b * G + g) * tmax * HD;
-        const float* vb = V + (b * G + g) * tmax * HD;
-        std::vector<float> s(static_cast<size_t>(L));
+        const float* kb = K + ((b * G + g) * tmax + t0) * HD;
+        const float* vb = V + ((b * G + g) * tmax + t0) * HD;
+        std::vector<float> sc(static_cast<size_t>(L));
         float mx = -INFINITY;
         for (int64_t t = 0; t < L; ++t) {
           float d = 0.0f;
           for (int64_t e = 0; e < HD; ++e) d += qi[e] * kb[t * HD + e];
-          s[static_cast<size_t>(t)] = d * scale;
-          mx = std::max(mx, s[static_cast<size_t>(t)]);
+          sc[static_cast<size_t>(t)] = d * scale;
+          mx = std::max(mx, sc[static_cast<size_t>(t)]);
         }
         float sum = 0.0f;
-        for (int64_t t = 0; t < L; ++t) sum += (s[static_cast<size_t>(t)] = std::exp(s[static_cast<size_t>(t)] - mx));
+        for (int64_t t = 0; t < L; ++t) sum += (sc[static_cast<size_t>(t)] = std::exp(sc[static_cast<size_t>(t)] - mx));
         float* oi = o + i * C + h * HD;
         for (int64_t e = 0; e < HD; ++e) oi[e] = 0.0f;
         for (int64_t t = 0; t < L; ++t) {
-          const float w = s[static_cast<size_t>(t)] / sum;
+          const float w = sc[static_cast<size_t>(t)] / sum;
           for (int64_t e = 0; e < HD; ++e) oi[e] += w * vb[t * HD + e];
         }
       }
@@ -183,10 +184,11 @@ void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int6
   const Tensor q3 = qkv.view({n, NH + 2 * G, HD});
   const Tensor o3 = att.view({n, NH, HD});
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t b = rows[static_cast<size_t>(i)], L = pos[static_cast<size_t>(i)] + 1;
+    const int64_t b = rows[static_cast<size_t>(i)], p = pos[static_cast<size_t>(i)];
+    const int64_t t0 = s.first_key(p), L = p + 1 - t0;  // keys t0 … p
     for (int64_t g = 0; g < G; ++g) {
-      const Tensor k = kc.select(0, b).select(0, g).slice(0, 0, L);  // (L, HD)
-      const Tensor v = vc.select(0, b).select(0, g).slice(0, 0, L);
+      const Tensor k = kc.select(0, b).select(0, g).slice(0, t0, p + 1);  // (L, HD)
+      const Tensor v = vc.select(0, b).select(0, g).slice(0, t0, p + 1);
       const Tensor qg = q3.select(0, i).slice(0, g * r, (g + 1) * r).contiguous();  // (r, HD)
       Tensor scores = Tensor::empty({r, L}, qkv.dtype(), qkv.device());
       gemm(qg, k.contiguous(), scores, GemmArgs{false, true, scale, 0.0f});

@@ -26,6 +26,7 @@ struct BlockShape {
   bool rope = false;
   RopeArgs rope_args{};
   AttentionMaskKind mask = AttentionMaskKind::Causal;
+  int64_t window = 0;    // SlidingWindow: query i sees keys i − window … i (tensor/attention.h)
   Tensor kv_lengths;     // (B) i32 on the device: keys j >= len[b] masked (BERT padding); undefined: none
   bool post_ln = false;  // post-LN block order (model/block.h)
   ContextParallel cp{};     // context parallelism: this rank holds seq = T/cp of each sequence's tokens
@@ -43,6 +44,11 @@ struct BlockShape {
   int64_t local_ffn() const { return ffn / tp.size; }              // Fl
   int64_t local_fc() const { return (mlp_gated(mlp) ? 2 : 1) * local_ffn(); }
   int64_t local_att() const { return local_heads() * head_dim(); }  // Cl: this rank's attention output width
+  // The first key a causal query at position p sees (0, or p − window with a sliding window):
+  // the KV-cache decoders attend over keys first_key(p) … p.
+  int64_t first_key(int64_t p) const {
+    return mask == AttentionMaskKind::SlidingWindow && p > window ? p - window : 0;
+  }
 };
 
 // The (N, C) rows a column-parallel matmul reads from this rank's (Nl, C): the

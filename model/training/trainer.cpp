@@ -747,7 +747,7 @@ TrainSummary Trainer::run() {
     log_info("context parallelism: each ", c.seq_length, "-token sequence over ", m.par.cp_size, " ranks, ",
              m.model->parallel().cp.local_seq(c.seq_length), " tokens each; ", m.model->parallel().cp.describe(c.seq_length),
              "; gradients reduced over dp x cp = ", m.grad_ranks(), " ranks");
-  log_info("FLOPs per token ", sci(c.flops_per_token(), 3), " (6·matmul params + 6·L·T·C; docs/flops.md); MFU vs ",
+  log_info("FLOPs per token ", sci(c.flops_per_token(), 3), " (6·matmul params + 12·L·NH·HD·K, K the keys a query attends; docs/flops.md); MFU vs ",
            m.peak_what);
 
   RankShard shard;
