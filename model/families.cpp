@@ -262,6 +262,28 @@ std::vector<HfKey> qwen2_keys() {
 }
 
 // Gemma (4.40's GemmaConfig): Llama's core keys with the GeGLU MLP and a head width of its own.
+// Mistral (4.40's MistralConfig): Llama's core keys and the sliding window its eager, sdpa and
+// flash attention all apply (query i sees keys i − W … i); null: every earlier key.
+std::vector<HfKey> mistral_keys() {
+  std::vector<HfKey> v = llama_core_keys();
+  v.push_back({"sliding_window", false,
+               [](const json& x, const json&, C& c) {
+                 arch_field("window_size").set(c, x, "HF config.json key sliding_window");
+                 MPT_CHECK(c.window_size >= 1, "HF config.json key sliding_window must be >= 1 or null", "");
+               },
+               [](const C& c) { return c.window_size > 0 ? json(c.window_size) : json(nullptr); }, ""});
+  v.back().absent = [](C& c) { c.window_size = 4096; };  // MistralConfig's default; null: no window
+  v.push_back({"head_dim", false,
+               [](const json& x, const json& config, C&) {
+                 const int64_t C = config.value("hidden_size", int64_t{0}), NH = config.value("num_attention_heads", int64_t{1});
+                 if (!(x.is_null() || (x.is_number_integer() && NH > 0 && x.get<int64_t>() * NH == C)))
+                   refuse("head_dim", x, str("transformers 4.40's Mistral has heads of hidden_size / num_attention_heads = ",
+                                             NH > 0 ? C / NH : 0));
+               },
+               nullptr, ""});
+  return v;
+}
+
 std::vector<HfKey> gemma_keys() {
   std::vector<HfKey> v;
   for (HfKey& k : llama_core_keys())
@@ -330,8 +352,10 @@ std::vector<HfKey> bert_keys() {
 
 std::vector<Family> build() {
   // Every decoder: causal, pre-LN, no BERT heads.
-  const std::vector<FamilyPin> decoder = {is("bert", false), is("causal", true), is("post_ln", false),
-                                          is("num_tokentypes", 0), is("num_classes", 0)};
+  const std::vector<FamilyPin> any_window = {is("bert", false), is("causal", true), is("post_ln", false),
+                                             is("num_tokentypes", 0), is("num_classes", 0)};
+  // ... attending to every earlier key (all but Mistral).
+  const std::vector<FamilyPin> decoder = join(any_window, {is("window_size", 0)});
   // Llama and the families built on it: RMSNorm, SwiGLU, rope over every dim, heads of C / NH.
   const std::vector<FamilyPin> llama_like = {
       is("normalization", "RMSNorm"), is("mlp", "swiglu"), is("position_embedding", "rope"),
@@ -393,8 +417,8 @@ std::vector<Family> build() {
     Family f;
     f.name = "llama";
     f.hf_class = "LlamaForCausalLM";
-    f.hf_model_types = {"llama", "mistral"};  // a Mistral without a window shorter than its positions is a Llama
-    f.hf_classes_read = {"LlamaForCausalLM", "MistralForCausalLM"};
+    f.hf_model_types = {"llama"};
+    f.hf_classes_read = {"LlamaForCausalLM"};
     f.scheme = HfScheme::Llama;
     f.pins = join(join(join(decoder, llama_like), no_qkv_bias), plain_ends);
     f.hf_defaults = [](C& c) {  // LlamaConfig's defaults where a key is absent
@@ -420,6 +444,29 @@ std::vector<Family> build() {
       c.max_position_embeddings = c.seq_length = 32768;
     };
     f.hf_keys = qwen2_keys();
+    f.hf_buffers = llama_buffers;
+    v.push_back(f);
+  }
+  {
+    // Llama with a sliding window. A Mistral without one (sliding_window null, as v0.2+) imports
+    // here and trains as a Llama: family_of() tries llama first, so it exports as LlamaForCausalLM,
+    // the same function.
+    Family f;
+    f.name = "mistral";
+    f.hf_class = "MistralForCausalLM";
+    f.hf_model_types = {"mistral"};
+    f.hf_classes_read = {"MistralForCausalLM"};
+    f.scheme = HfScheme::Llama;
+    f.pins = join(join(join(any_window, llama_like), plain_ends),
+                  {is("add_bias_linear", false), is("add_qkv_bias", false),
+                   when("window_size", [](const C& c) { return c.window_size > 0; }, "--window-size")});
+    f.hf_defaults = [](C& c) {  // MistralConfig's defaults where a key is absent
+      c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::SwiGLU, c.position_embedding = PositionEmbedding::Rope;
+      c.untie_embeddings = true, c.add_bias_linear = false, c.layernorm_epsilon = 1e-6f;
+      c.num_query_groups = 8;  // (sliding_window: its key's `absent`)
+      c.max_position_embeddings = c.seq_length = 4096 * 32;
+    };
+    f.hf_keys = mistral_keys();
     f.hf_buffers = llama_buffers;
     v.push_back(f);
   }

@@ -12,6 +12,7 @@
 //   gpt2     GPT2LMHeadModel           gpt2        LayerNorm, tanh GELU, learned positions, tied, biases, MHA
 //   llama    LlamaForCausalLM          llama       RMSNorm, SwiGLU, rope (all dims)
 //   qwen2    Qwen2ForCausalLM          qwen2       Llama's, biases on q, k, v only (--add-qkv-bias)
+//   mistral  MistralForCausalLM        mistral     Llama's, no biases, a sliding window (--window-size)
 //   gemma    GemmaForCausalLM          gemma       RMSNorm (1 + w), GeGLU (tanh), rope, embeddings × √C, no biases
 //   bert     BertForPreTraining        bert        encoder: LayerNorm, GELU, learned positions, tied, biases, MHA
 #pragma once
@@ -40,6 +41,9 @@ struct HfKey {
   // What the export writes (null: nothing).
   std::function<nlohmann::json(const TransformerConfig& c)> write;
   std::string note;       // harmless keys: why
+  // A key the config.json lacks (not one that is null): transformers' default when it differs from
+  // what null means (Mistral's sliding_window: absent 4096, null none). Null: nothing to do.
+  std::function<void(TransformerConfig& c)> absent;
 };
 
 // One value a family requires of a field.

@@ -146,6 +146,7 @@ TransformerConfig hf_config(const std::string& config_json, int64_t divisible_by
     const bool present = j.contains(h.key) && !j[h.key].is_null();
     MPT_CHECK(present || !h.required, str("HF config.json has no ", h.key), str(fam.hf_class, " needs it"));
     if (present && h.read) h.read(j[h.key], j, c);
+    if (!j.contains(h.key) && h.absent) h.absent(c);
   }
   c.hidden_dropout = 0.0f;
   c.attention_dropout = 0.0f;

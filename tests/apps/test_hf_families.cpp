@@ -44,6 +44,9 @@ const std::vector<FamilyCase> kFamilies = {
     {"qwen2",
      "--normalization RMSNorm --norm-epsilon 1e-6 --swiglu --position-embedding-type rope --disable-bias-linear "
      "--add-qkv-bias --group-query-attention --num-query-groups 2"},
+    {"mistral",
+     "--normalization RMSNorm --norm-epsilon 1e-5 --swiglu --position-embedding-type rope --disable-bias-linear "
+     "--untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2 --window-size 5"},
     {"gemma",
      "--normalization RMSNorm --norm-epsilon 1e-6 --geglu --apply-layernorm-1p --scale-embeddings "
      "--position-embedding-type rope --disable-bias-linear --kv-channels 16 --group-query-attention --num-query-groups 2"},

@@ -290,11 +290,20 @@ TEST_CASE("HF Llama: tied embeddings and linear biases round-trip; Mistral and a
       CHECK(gpt_from_hf(ck, hf_config(ck.config_json))->params().values().to_floats() ==
             model.params().values().to_floats());
     }
+  // A Mistral config.json (MistralConfig has no attention_bias, pretraining_tp or rope_scaling):
+  // without a window it is a Llama's function; with one, the mistral family; a LlamaConfig key
+  // in it is refused by name.
   json m = base;
   m["model_type"] = "mistral";
   m["architectures"] = {"MistralForCausalLM"};
+  for (const char* k : {"attention_bias", "pretraining_tp", "rope_scaling"}) m.erase(k);
   m["sliding_window"] = nullptr;
   CHECK(hf_config(m.dump()).family() == "llama");
+  m["sliding_window"] = 4;
+  CHECK(hf_config(m.dump()).family() == "mistral");
+  CHECK(hf_config(m.dump()).window_size == 4);
+  m["pretraining_tp"] = 1;
+  CHECK(has(error_of([&] { hf_config(m.dump()); }), "pretraining_tp"));
   json a = base;
   a.erase("model_type");
   CHECK(hf_model_type(a.dump()) == "llama");

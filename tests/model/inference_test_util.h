@@ -65,6 +65,14 @@ inline GPTConfig tiny_qwen2() {
   return c;
 }
 
+// Mistral: Llama with a sliding window of 5 keys before each query (shorter than the prompts and
+// than the paged cache's blocks of 8 plus the generated tokens, so windows start inside a block).
+inline GPTConfig tiny_mistral() {
+  GPTConfig c = tiny_llama();
+  c.window_size = 5;
+  return c;
+}
+
 // Rank 0 writes a checkpoint of cfg with weights from `seed` into dir; every rank returns after it.
 inline void write_checkpoint(const std::filesystem::path& dir, const GPTConfig& cfg, uint64_t seed) {
   if (world_rank() == 0) {

@@ -9,6 +9,7 @@
 //  * model/ (but for its training/ flag layer) includes no Boost.Program_options.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -161,6 +162,33 @@ TEST_CASE("model flags: spellings, conflicts and bounds are the table's") {
   CHECK(has(err({{"position-embedding-type", "alibi"}}), "alibi"));
   CHECK(has(err({{"use-rotary-position-embeddings", true}, {"position-embedding-type", "learned_absolute"}}),
             "drop one of the two"));
+  // --window-size: W, Megatron's (left, right) with right 0; a llama with a window is a mistral.
+  for (const char* w : {"5", "5,0", "(5, 0)"}) {
+    TransformerConfig m = llama();
+    apply_model_flags({{"window-size", w}}, m);
+    CHECK(m.window_size == 5);
+    CHECK(m.family() == "mistral");
+    CHECK(m.attention_mask() == AttentionMaskKind::SlidingWindow);
+  }
+  CHECK(has(err({{"window-size", "5,3"}}), "the right bound must be 0"));
+  CHECK(has(err({{"window-size", "0"}}), "must be >= 1"));
+  CHECK(has(err({{"window-size", "x"}}), "is not W or W,0"));
+  TransformerConfig windowed_bert = bert();
+  windowed_bert.window_size = 4;
+  CHECK(has(error_of([&] { windowed_bert.validate(); }), "--window-size"));
+}
+
+TEST_CASE("attended keys (FLOPs): a sliding window counts min(i, W) + 1/2 keys per query") {
+  TransformerConfig c = llama();
+  c.seq_length = c.max_position_embeddings = 64;
+  for (int64_t w : {0, 1, 5, 63, 64, 1000}) {
+    c.window_size = w;
+    double sum = 0;  // brute force: query i sees min(i, W) + 1 keys (all i + 1 without a window), the diagonal half
+    for (int64_t i = 0; i < 64; ++i) sum += static_cast<double>(w > 0 ? std::min(i, w) : i) + 0.5;
+    CHECK(c.attended_keys() == doctest::Approx(sum / 64).epsilon(1e-12));
+  }
+  c.window_size = 0;
+  CHECK(c.attended_keys() == 32.0);  // T/2: the causal convention (llm.c, Megatron)
 }
 
 TEST_CASE("families: recognised from their fields; what a mix lacks is named as flags") {

@@ -43,6 +43,7 @@ std::vector<std::string> base_flags(const std::string& data) {
 // Each family's own flags on top of the base (Megatron's names).
 const std::vector<std::pair<std::string, std::vector<std::string>>> kFamilies = {
     {"qwen2", {"--swiglu", "--add-qkv-bias"}},
+    {"mistral", {"--swiglu", "--window-size", "5"}},  // 5 < T = 16: the band mask matters
     {"gemma", {"--geglu", "--apply-layernorm-1p", "--scale-embeddings", "--kv-channels", "16"}},
 };
 
