@@ -111,20 +111,15 @@ int run(int argc, char** argv) {
     if (config_text.empty() || !is_dir(input)) {  // GPT-2: one file, sizes from config.json or the shapes
       if (is_dir(input)) file = input + "/model.safetensors";
       ck = hf_checkpoint_of_file(file, config_text);
-      if (!config_text.empty())
-        MPT_CHECK(hf_model_type(config_text) == "gpt2",
-                  str("--input ", input, " is a file, but a ", hf_model_type(config_text),
-                      " checkpoint is read from its directory"),
-                  "pass the Hugging Face model directory (config.json + model.safetensors[.index.json])");
-      cfg = hf_gpt2_config(ck.tensors, config_text, heads, divisible_by * tp);
+      cfg = hf_file_config(ck.tensors, config_text, heads, divisible_by * tp);  // refuses a family read from a directory
     } else {
-      MPT_CHECK(!vm.count("num-attention-heads") || hf_model_type(config_text) == "gpt2",
-                "--num-attention-heads is for GPT-2 files without a config.json",
-                "config.json gives num_attention_heads; drop the flag");
       ck = read_hf_checkpoint(input);
       ck.config_json = config_text;
-      cfg = hf_model_type(config_text) == "gpt2" ? hf_gpt2_config(ck.tensors, config_text, heads, divisible_by * tp)
-                                                 : mpitron::hf_config(config_text, divisible_by * tp);
+      cfg = mpitron::hf_config(config_text, divisible_by * tp);
+      MPT_CHECK(heads == 0 || heads == cfg.num_attention_heads,
+                str("--num-attention-heads ", heads, " contradicts the HF config.json's ", cfg.num_attention_heads,
+                    " heads"),
+                "drop --num-attention-heads: config.json gives the heads (the flag is for GPT-2 files without one)");
     }
     std::string dir;
     if (cfg.bert) dir = save_model_checkpoint(output, bert_from_hf(ck, cfg)->core(), input);

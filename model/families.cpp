@@ -411,6 +411,7 @@ std::vector<Family> build() {
     f.hf_prefixes = {"transformer.", ""};  // GPT2LMHeadModel's, and GPT2Model's / the hub's gpt2 file
     f.hf_buffers = {".attn.bias", ".attn.masked_bias"};  // the causal mask buffers
     f.hf_lm_head_copy = true;
+    f.hf_single_file = true;
     v.push_back(f);
   }
   {

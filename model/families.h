@@ -71,6 +71,9 @@ struct Family {
   std::vector<std::string> hf_buffers;
   std::vector<std::pair<std::string, std::string>> hf_aliases;  // (suffix, older suffix)
   bool hf_lm_head_copy = false;     // the export may also write the tied head's copy (GPT-2's --lm-head)
+  // Its weights alone (one .safetensors file, no config.json) give its sizes; the heads come from
+  // --num-attention-heads (GPT-2's hub files). Other families are read from their directory.
+  bool hf_single_file = false;
 };
 
 // Every family, in the order family_of() tries them.

@@ -155,19 +155,24 @@ TransformerConfig hf_config(const std::string& config_json, int64_t divisible_by
   return c;
 }
 
-TransformerConfig hf_gpt2_config(const io::Safetensors& st, const std::string& config_json, int64_t num_attention_heads,
+TransformerConfig hf_file_config(const io::Safetensors& st, const std::string& config_json, int64_t num_attention_heads,
                                  int64_t divisible_by) {
   if (!config_json.empty()) {
+    const Family& f = hf_family(parse_json(config_json, "HF config.json"));
+    MPT_CHECK(f.hf_single_file, str("HF config.json is a ", f.hf_class, ": it is read from its model directory"),
+              "pass the Hugging Face model directory (config.json + model.safetensors[.index.json])");
     TransformerConfig c = hf_config(config_json, divisible_by);
-    MPT_CHECK(c.family() == "gpt2", str("HF config.json is a ", c.family(), ", not a GPT-2"),
-              "a single safetensors file converts as GPT-2; give other families' model directories");
     MPT_CHECK(num_attention_heads == 0 || num_attention_heads == c.num_attention_heads,
               str("--num-attention-heads ", num_attention_heads, " contradicts the HF config's n_head ",
                   c.num_attention_heads),
               "drop --num-attention-heads: config.json gives it");
     return c;
   }
-  const Family& fam = find_family("gpt2");
+  const Family* single = nullptr;
+  for (const Family& f : families())
+    if (f.hf_single_file) single = &f;
+  MPT_CHECK(single, "no family converts from a lone safetensors file", "");
+  const Family& fam = *single;  // GPT-2: the names below are its HF column's
   std::string pre;
   bool found = false;
   for (const std::string& p : fam.hf_prefixes)

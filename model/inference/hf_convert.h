@@ -47,10 +47,11 @@ std::string hf_model_type(const std::string& config_json);
 // The configuration of an HF config.json (any family). The vocabulary is padded to a
 // multiple of divisible_by (Megatron's rule); dropouts are 0. Throws naming the key.
 TransformerConfig hf_config(const std::string& config_json, int64_t divisible_by = 128);
-// GPT-2 from a file: with a config.json as hf_config (num_attention_heads, when > 0, must
-// equal its n_head); without one, the sizes come from the tensor shapes and the heads from
-// num_attention_heads (required then).
-TransformerConfig hf_gpt2_config(const io::Safetensors& st, const std::string& config_json,
+// The configuration of a checkpoint read as one file (the family with Family::hf_single_file,
+// GPT-2): with a config.json as hf_config, refused naming the class when its family is read
+// from a directory; without one, the sizes come from the tensor shapes and the heads from
+// num_attention_heads (required then). num_attention_heads, when > 0, must equal the config's.
+TransformerConfig hf_file_config(const io::Safetensors& st, const std::string& config_json,
                                  int64_t num_attention_heads, int64_t divisible_by = 128);
 
 // Fills a one-rank model's parameters from the checkpoint. Throws naming the file and tensor

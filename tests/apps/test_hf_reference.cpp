@@ -72,7 +72,7 @@ TEST_CASE("safetensors: HF -> mpitron checkpoint -> HF is bitwise, file bytes in
     io::write_safetensors(tmp / "in.safetensors", st);
     const io::Safetensors in = io::read_safetensors(tmp / "in.safetensors");
     REQUIRE(in.tensors.size() == st.tensors.size());
-    const GPTConfig cfg = hf_gpt2_config(in, "", 2);
+    const GPTConfig cfg = hf_file_config(in, "", 2);
     CHECK(cfg.padded_vocab_size == 384);
     CHECK(cfg.ffn() == 64);
     auto model = gpt_from_hf(in, cfg);
@@ -94,14 +94,14 @@ TEST_CASE("safetensors: HF -> mpitron checkpoint -> HF is bitwise, file bytes in
   // Buffers are skipped, an untied head or a stray tensor is refused, corrupt files are named.
   io::Safetensors st = random_hf("transformer.", false);
   st.add_f32("transformer.h.0.attn.bias", Tensor::zeros({1, 1, 4, 4}, DType::F32));
-  CHECK_NOTHROW(gpt_from_hf(st, hf_gpt2_config(st, "", 2)));
+  CHECK_NOTHROW(gpt_from_hf(st, hf_file_config(st, "", 2)));
   st.add_f32("transformer.h.0.extra", Tensor::zeros({2}, DType::F32));
-  CHECK_THROWS_AS(gpt_from_hf(st, hf_gpt2_config(st, "", 2)), Error);
+  CHECK_THROWS_AS(gpt_from_hf(st, hf_file_config(st, "", 2)), Error);
   io::Safetensors untied = random_hf("transformer.", false);
   untied.add_f32("lm_head.weight", Tensor::zeros({300, 16}, DType::F32));
-  CHECK_THROWS_AS(gpt_from_hf(untied, hf_gpt2_config(untied, "", 2)), Error);
-  CHECK_THROWS_AS(hf_gpt2_config(untied, "", 0), Error);  // heads unknown
-  CHECK_THROWS_AS(hf_gpt2_config(untied, R"({"n_head": 4, "n_embd": 32})", 0), Error);  // contradicts weights
+  CHECK_THROWS_AS(gpt_from_hf(untied, hf_file_config(untied, "", 2)), Error);
+  CHECK_THROWS_AS(hf_file_config(untied, "", 0), Error);  // heads unknown
+  CHECK_THROWS_AS(hf_file_config(untied, R"({"n_head": 4, "n_embd": 32})", 0), Error);  // contradicts weights
   std::string bytes = slurp(tmp / "in.safetensors");
   std::ofstream(tmp / "trunc.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() - 10);
   CHECK_THROWS_AS(io::read_safetensors(tmp / "trunc.safetensors"), Error);
@@ -113,7 +113,7 @@ TEST_CASE("reference GPT-2 (PyTorch): logits, bitwise F16 export, perplexity, LA
   const nlohmann::json ref = ref_json();
   TempDir tmp("hfref");
   const io::Safetensors st = io::read_safetensors(kRef + "gpt2_tiny.safetensors");
-  const GPTConfig cfg = hf_gpt2_config(st, slurp(kRef + "gpt2_tiny_config.json"), 0);
+  const GPTConfig cfg = hf_file_config(st, slurp(kRef + "gpt2_tiny_config.json"), 0);
   CHECK(cfg.vocab_size == 50257);
   CHECK(cfg.padded_vocab_size == 50304);
   auto model = gpt_from_hf(st, cfg);

@@ -86,7 +86,7 @@ TEST_CASE("generate_text: an input mode is required; --num-samples and --out-seq
   const std::string ref = apps_test::kSource + "/tests/apps/ref/";
   {
     const io::Safetensors st = io::read_safetensors(ref + "gpt2_tiny.safetensors");
-    auto model = gpt_from_hf(st, hf_gpt2_config(st, slurp(ref + "gpt2_tiny_config.json"), 0));
+    auto model = gpt_from_hf(st, hf_file_config(st, slurp(ref + "gpt2_tiny_config.json"), 0));
     save_model_checkpoint(tmp / "ckpt", *model, "test");
   }
   const std::string load = "--load " + tmp / "ckpt";
