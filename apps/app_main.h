@@ -15,7 +15,7 @@
 #include <functional>
 
 #include "core/error.h"
-#include "model/flag_given.h"
+#include "model/training/flag_given.h"
 #include "model/training/megatron_compat.h"
 
 namespace mpitron {

@@ -1,21 +1,19 @@
-// convert_checkpoint — Hugging Face safetensors <-> mpitron HDF5 checkpoint, GPT-2, Llama and BERT.
+// convert_checkpoint — Hugging Face safetensors <-> mpitron HDF5 checkpoint, every family
+// (GPT-2, Llama, BERT, …: docs/model-families.md "Hugging Face").
 //   convert_checkpoint --direction hf-to-mpitron --input gpt2/ --output ckpt/gpt2
 //   convert_checkpoint --direction hf-to-mpitron --input Llama-2-7b-hf/ --output ckpt/llama
 //   convert_checkpoint --direction hf-to-mpitron --input bert-base-uncased/ --output ckpt/bert
 //   convert_checkpoint --direction mpitron-to-hf --input ckpt/llama --output out/llama-hf/
 //       [--dtype F32|F16|BF16] [--hf-prefix transformer.|none] [--lm-head] [--hf-config-out out/config.json]
 // The family is detected, no flag: hf-to-mpitron reads config.json's model_type (or
-// architectures): gpt2 → model/inference/inference_load.h, llama / mistral →
-// model/inference/hf_llama.h, bert (BertForPreTraining) → model/inference/hf_bert.h (a
-// directory: config.json + model.safetensors or a sharded model.safetensors.index.json);
-// without a config.json the input is a GPT-2 .safetensors file.
-// mpitron-to-hf reads the checkpoint's architecture: GPT-2, Llama (RMSNorm + SwiGLU + rope) or
-// BERT (post-LN with the binary head → BertForPreTraining; the erf GELU is written as
-// hidden_act "gelu", the tanh one as "gelu_new"), anything else is refused. hf-to-mpitron pads
-// the vocabulary (zero rows) and writes iteration 0 with zero Adam moments (load it with
-// generate_text / evaluate --load, or pretrain_gpt --load --finetune, under any TP x PP layout);
-// mpitron-to-hf drops the padding rows. Values are copied
-// exactly (F16/BF16 inputs are widened to f32; exporting with the same --dtype gives the same bits).
+// architectures) and takes the family's row of model/families.h; without a config.json the
+// input is a GPT-2 .safetensors file. mpitron-to-hf reads the checkpoint's architecture and
+// exports the family it is; a mix no family has is refused naming the flags it lacks. One
+// converter does both (model/inference/hf_convert.h). hf-to-mpitron pads the vocabulary
+// (zero rows) and writes iteration 0 with zero Adam moments (load it with generate_text /
+// evaluate --load, or pretrain_gpt --load --finetune, under any TP x PP layout); mpitron-to-hf
+// drops the padding rows. Values are copied exactly (F16/BF16 inputs are widened to f32;
+// exporting with the same --dtype gives the same bits).
 #include "apps/app_main.h"
 #include <mpi.h>
 
@@ -32,8 +30,8 @@
 #include "core/log.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
-#include "model/inference/hf_bert.h"
-#include "model/inference/hf_llama.h"
+#include "model/families.h"
+#include "model/inference/hf_convert.h"
 #include "model/inference/inference_load.h"
 
 using namespace mpitron;
@@ -105,103 +103,62 @@ int run(int argc, char** argv) {
               str("--output ", output, " already holds checkpoints (a training run or an earlier import); importing "
                   "would repoint its latest_checkpointed_iteration.txt"),
               "choose an empty --output directory, or pass --overwrite");
-    std::string st_path = input;
-    if (is_dir(input)) {
-      st_path = input + "/model.safetensors";
-      if (hf_config.empty() && std::ifstream(input + "/config.json").good()) hf_config = input + "/config.json";
-    }
+    std::string file = input;  // a bare GPT-2 .safetensors file, or a model directory
+    if (is_dir(input) && hf_config.empty() && std::ifstream(input + "/config.json").good()) hf_config = input + "/config.json";
     const std::string config_text = hf_config.empty() ? "" : slurp(hf_config);
-    const std::string type = config_text.empty() ? "gpt2" : hf_model_type(config_text);
-    if (type != "gpt2") {
-      MPT_CHECK(is_dir(input), str("--input ", input, " is a file, but a ", type, " checkpoint is read from its directory"),
-                "pass the Hugging Face model directory (config.json + model.safetensors[.index.json])");
-      MPT_CHECK(!vm.count("num-attention-heads"), "--num-attention-heads is for GPT-2 files without a config.json",
-                str("the ", type, " config.json gives num_attention_heads; drop the flag"));
-      HfCheckpoint ck = read_hf_checkpoint(input);
+    HfCheckpoint ck;
+    GPTConfig cfg;
+    if (config_text.empty() || !is_dir(input)) {  // GPT-2: one file, sizes from config.json or the shapes
+      if (is_dir(input)) file = input + "/model.safetensors";
+      ck = hf_checkpoint_of_file(file, config_text);
+      cfg = hf_file_config(ck.tensors, config_text, heads, divisible_by * tp);  // refuses a family read from a directory
+    } else {
+      ck = read_hf_checkpoint(input);
       ck.config_json = config_text;
-      if (type == "bert") {
-        const GPTConfig cfg = hf_bert_config(config_text, divisible_by * tp);
-        auto model = bert_from_hf(ck, cfg);
-        const std::string dir = save_model_checkpoint(output, model->core(), input);
-        log_info("wrote ", dir, ": bert (post-LN, BertForPreTraining), ", cfg.num_layers, " layers, hidden ",
-                 cfg.hidden_size, ", ", cfg.num_attention_heads, " heads, ffn ", cfg.ffn(), ", vocab ", cfg.vocab_size,
-                 " (padded ", cfg.padded_vocab_size, "), ", cfg.num_tokentypes, " token types, ",
-                 cfg.gelu_exact ? "erf" : "tanh", " GELU");
-        return 0;
-      }
-      const GPTConfig cfg = hf_llama_config(config_text, divisible_by * tp);
-      auto model = gpt_from_hf_llama(ck, cfg);
-      const std::string dir = save_model_checkpoint(output, *model, input);
-      log_info("wrote ", dir, ": ", type, ", ", cfg.num_layers, " layers, hidden ", cfg.hidden_size, ", ",
-               cfg.num_attention_heads, " heads, ", cfg.query_groups(), " kv heads, ffn ", cfg.ffn(), ", vocab ",
-               cfg.vocab_size, " (padded ", cfg.padded_vocab_size, ")", cfg.untie_embeddings ? "" : ", tied head");
-      return 0;
+      cfg = mpitron::hf_config(config_text, divisible_by * tp);
+      MPT_CHECK(heads == 0 || heads == cfg.num_attention_heads,
+                str("--num-attention-heads ", heads, " contradicts the HF config.json's ", cfg.num_attention_heads,
+                    " heads"),
+                "drop --num-attention-heads: config.json gives the heads (the flag is for GPT-2 files without one)");
     }
-    const io::Safetensors st = io::read_safetensors(st_path);
-    const GPTConfig cfg = hf_gpt2_config(st, config_text, heads, divisible_by * tp);
-    auto model = gpt_from_hf_gpt2(st, cfg);
-    const std::string dir = save_model_checkpoint(output, *model, st_path);
-    log_info("wrote ", dir, ": ", cfg.num_layers, " layers, hidden ", cfg.hidden_size, ", ", cfg.num_attention_heads,
-             " heads, vocab ", cfg.vocab_size, " (padded ", cfg.padded_vocab_size, "), positions ",
-             cfg.max_position_embeddings);
+    std::string dir;
+    if (cfg.bert) dir = save_model_checkpoint(output, bert_from_hf(ck, cfg)->core(), input);
+    else dir = save_model_checkpoint(output, *gpt_from_hf(ck, cfg), input);
+    log_info("wrote ", dir, ": ", cfg.family(), ", ", cfg.num_layers, " layers, hidden ", cfg.hidden_size, ", ",
+             cfg.num_attention_heads, " heads, ", cfg.query_groups(), " kv heads, head dim ", cfg.head_dim(), ", ffn ",
+             cfg.ffn(), ", vocab ", cfg.vocab_size, " (padded ", cfg.padded_vocab_size, "), positions ",
+             cfg.max_position_embeddings, cfg.untie_embeddings ? "" : ", tied head", ", MLP ", to_string(cfg.mlp));
   } else if (direction == "mpitron-to-hf") {
     MPT_CHECK(dtype == "F32" || dtype == "F16" || dtype == "BF16", str("--dtype ", dtype), "use F32, F16 or BF16");
     InferenceModel m = load_model_for_inference(input);
     const GPTConfig& cfg = m.model->config();
     std::string why;
-    if (cfg.bert) {
-      MPT_CHECK(hf_bert_exportable(cfg, &why),
-                str("checkpoint ", input, " is a BERT that BertForPreTraining cannot hold: ", why),
-                "mpitron-to-hf exports the original post-LN BERT with its binary head");
-      MPT_CHECK(!vm.count("hf-prefix") && !lm_head, "--hf-prefix and --lm-head are GPT-2 export options",
-                "a BERT export always has bert.* / cls.* names and a tied decoder");
-      std::string out = output;
-      if (!ends_with(output, ".safetensors")) {
-        std::filesystem::create_directories(output);
-        out = output + "/model.safetensors";
-        if (hf_config_out.empty()) hf_config_out = output + "/config.json";
-      }
-      refuse_existing(out);
-      refuse_existing(hf_config_out);
-      io::write_safetensors(out, hf_bert_from_gpt(*m.model, dtype));
-      if (!hf_config_out.empty()) write_file_checked(hf_config_out, hf_bert_config_json(cfg, dtype) + "\n", "--hf-config-out");
-      log_info("wrote ", out, hf_config_out.empty() ? "" : " and " + hf_config_out, " (BertForPreTraining) from ", m.dir);
-      return 0;
-    }
-    if (cfg.family() != "gpt2") {
-      MPT_CHECK(hf_llama_exportable(cfg, &why),
-                str("checkpoint ", input, " has architecture family ", cfg.family(), ", which Hugging Face has no model for: ", why),
-                "mpitron-to-hf exports GPT-2 (GPT2LMHeadModel), Llama (LlamaForCausalLM) and BERT (BertForPreTraining) "
-                "architectures");
-      MPT_CHECK(!vm.count("hf-prefix") && !lm_head, "--hf-prefix and --lm-head are GPT-2 export options",
-                "a Llama export always has model.* names and its own lm_head.weight");
-      std::string out = output;
-      if (!ends_with(output, ".safetensors")) {
-        std::filesystem::create_directories(output);
-        out = output + "/model.safetensors";
-        if (hf_config_out.empty()) hf_config_out = output + "/config.json";
-      }
-      refuse_existing(out);
-      refuse_existing(hf_config_out);
-      io::write_safetensors(out, hf_llama_from_gpt(*m.model, dtype));
-      if (!hf_config_out.empty()) write_file_checked(hf_config_out, hf_llama_config_json(cfg, dtype) + "\n", "--hf-config-out");
-      log_info("wrote ", out, hf_config_out.empty() ? "" : " and " + hf_config_out, " (LlamaForCausalLM) from ", m.dir);
-      return 0;
-    }
+    MPT_CHECK(hf_exportable(cfg, &why),
+              str("checkpoint ", input, " has architecture family ", cfg.family(), ", which Hugging Face has no model for: ",
+                  why),
+              "mpitron-to-hf exports the families of docs/model-families.md");
+    const Family& fam = find_family(cfg.family());
     HfExportOptions o;
-    o.prefix = prefix == "none" ? "" : prefix;
     o.dtype = dtype;
+    if (vm.count("hf-prefix")) {
+      MPT_CHECK(fam.hf_prefixes.size() > 1, str("--hf-prefix: a ", fam.hf_class, " has one tensor naming"),
+                "drop --hf-prefix (it chooses GPT-2's transformer. or GPT2Model names)");
+      o.prefix = prefix == "none" ? "" : prefix;
+    }
+    MPT_CHECK(!lm_head || fam.hf_lm_head_copy, str("--lm-head: a ", fam.hf_class, " writes its head as transformers does"),
+              "drop --lm-head (it adds GPT-2's copy of the tied wte)");
     o.lm_head = lm_head;
     std::string out = output;
-    if (is_dir(output)) {
+    if (!ends_with(output, ".safetensors")) {
+      std::filesystem::create_directories(output);
       out = output + "/model.safetensors";
       if (hf_config_out.empty()) hf_config_out = output + "/config.json";
     }
     refuse_existing(out);
     refuse_existing(hf_config_out);
-    io::write_safetensors(out, hf_gpt2_from_gpt(*m.model, o));
-    if (!hf_config_out.empty()) write_file_checked(hf_config_out, hf_gpt2_config_json(m.model->config()) + "\n", "--hf-config-out");
-    log_info("wrote ", out, hf_config_out.empty() ? "" : " and " + hf_config_out, " from ", m.dir);
+    io::write_safetensors(out, hf_from_gpt(*m.model, o));
+    if (!hf_config_out.empty()) write_file_checked(hf_config_out, hf_config_json(cfg, dtype) + "\n", "--hf-config-out");
+    log_info("wrote ", out, hf_config_out.empty() ? "" : " and " + hf_config_out, " (", fam.hf_class, ") from ", m.dir);
   } else {
     MPT_THROW(str("--direction ", direction, " is not known"), "use hf-to-mpitron or mpitron-to-hf");
   }

@@ -12,7 +12,7 @@
 // size and layout. --greedy (or --top_k 1, or --temperature 0) is argmax.
 // Output: one JSON object per sample, {"prompt", "text" (generated only), "tokens" (generated
 // ids), "finished" (stopped at <|endoftext|>)}, written (by rank 0) to --genfile or stdout.
-// Every pretraining flag of a Megatron script is accepted (model/inference/inference_flags.h).
+// Every pretraining flag of a Megatron script is accepted (model/training/inference_flags.h).
 #include "apps/app_main.h"
 #include <mpi.h>
 #include <unistd.h>
@@ -29,7 +29,7 @@
 #include "core/log.h"
 #include "data/text_tokenizer.h"
 #include "model/inference/dynamic_engine.h"
-#include "model/inference/inference_flags.h"
+#include "model/training/inference_flags.h"
 #include "model/inference/inference_load.h"
 
 using namespace mpitron;

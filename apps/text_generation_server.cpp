@@ -36,7 +36,7 @@
 #include "data/text_tokenizer.h"
 #include "io/http_server.h"
 #include "model/inference/dynamic_engine.h"
-#include "model/inference/inference_flags.h"
+#include "model/training/inference_flags.h"
 #include "model/inference/inference_load.h"
 #include "model/inference/text_api.h"
 

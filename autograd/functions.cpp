@@ -226,6 +226,30 @@ Var add(Tape& tape, const Var& a, const Var& b) {
   return out;
 }
 
+// ---- scale ----------------------------------------------------------------------------
+namespace {
+struct ScaleNode final : Node {
+  Var x, y;
+  float alpha = 1.0f;
+  const char* name() const override { return "scale"; }
+  void backward() override {
+    if (y.grad().defined() && x.requires_grad()) axpby(alpha, y.grad(), 1.0f, x.grad_or_zeros());
+  }
+};
+}  // namespace
+
+Var scale(Tape& tape, const Var& x, float alpha) {
+  Tensor y = empty_like(x.value());
+  axpby(alpha, x.value(), 0.0f, y);
+  Var out(y, x.requires_grad());
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<ScaleNode>();
+    n->x = x, n->y = out, n->alpha = alpha;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
 // ---- embedding ------------------------------------------------------------------------
 namespace {
 struct EmbeddingNode final : Node {

@@ -244,6 +244,20 @@ class Bench {
         compute(dev, "attention bidir+pad bwd", sh, dt, 2.5 * f,
                 [&] { attention_backward(out, qkv, out, lse, dqkv, 0.125f, {}, mask); });
       }
+      {  // Mistral: causal within a sliding window of W = T/8 keys (useful FLOPs: min(i, W) + 1/2 keys per query)
+        const int64_t w = std::max<int64_t>(1, t / 8);
+        const Tensor qkv = randn({bsz, t, 3, nh, hd}, dt, dev, 29), out = Tensor::empty({bsz, t, nh, hd}, dt, dev);
+        const Tensor lse = Tensor::empty({bsz, nh, t}, DType::F32, dev), dqkv = Tensor::empty(qkv.shape(), dt, dev);
+        double keys = 0;
+        for (int64_t i = 0; i < t; ++i) keys += static_cast<double>(std::min(i, w)) + 0.5;
+        const double f = 4.0 * bsz * nh * double(t) * (keys / double(t)) * hd;
+        AttentionMask mask;
+        mask.window = w;
+        const std::string sh = str("B", bsz, " T", t, " NH", nh, " HD", hd, " W", w);
+        compute(dev, "attention window fwd", sh, dt, f, [&] { attention_forward(qkv, out, lse, 0.125f, {}, mask); });
+        compute(dev, "attention window bwd", sh, dt, 2.5 * f,
+                [&] { attention_backward(out, qkv, out, lse, dqkv, 0.125f, {}, mask); });
+      }
       {  // grouped-query attention: the same FLOPs per query head, G = NH/4 kv heads
         const int64_t g = nh / 4;
         const Tensor qkv = randn({bsz, t, nh + 2 * g, hd}, dt, dev, 18), out = Tensor::empty({bsz, t, nh, hd}, dt, dev);

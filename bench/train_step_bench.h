@@ -133,7 +133,7 @@ inline void apply_preset(const Preset& p, GPTConfig& c) {
   if (!p.llama) return;
   c.normalization = Normalization::RMSNorm;
   c.layernorm_epsilon = 1e-5f;
-  c.swiglu = true;
+  c.mlp = MlpKind::SwiGLU;
   c.ffn_hidden_size = p.ffn;
   c.position_embedding = PositionEmbedding::Rope;
   c.rotary_base = p.rotary_base;

@@ -4,6 +4,7 @@
 
 #include "autograd/functions.h"
 #include "data/bert_dataset.h"
+#include "model/layers/model_ends.h"
 #include "tensor/ops.h"
 
 namespace mpitron {
@@ -85,33 +86,39 @@ Bert::Bert(const GPTConfig& cfg, Device device, const ModelParallel& mp) : core_
 Var Bert::embed(Tape& tape, const BertBatch& batch, const ForwardOptions& opt) {
   const GPTConfig& c = core_.config();
   const TensorParallel& tp = core_.parallel().tp;
-  const ParamSet& ps = core_.params();
   const Device dev = core_.device();
   const int64_t B = batch.tokens.dim(0), T = batch.tokens.dim(1), N = B * T;
   MPT_CHECK(T <= c.max_position_embeddings,
             str("sequence of ", T, " tokens exceeds --max-position-embeddings ", c.max_position_embeddings), "");
-  MPT_CHECK(!tp.sequence_parallel || N % tp.size == 0,
-            str("--sequence-parallel splits ", N, " tokens of a micro-batch over ", tp.size, " ranks: not divisible"),
-            "make --micro-batch-size x --seq-length divisible by --tensor-model-parallel-size");
-  const Tensor ids = batch.tokens.to(dev).contiguous().view({N});
-  const int64_t vocab_start = tp.rank * (c.padded_vocab_size / tp.size);
-  Var x = ag::embedding(tape, ids, ps.var("wte"), vocab_start);
-  x = tp.sequence_parallel ? ag::tp_scatter(tape, x, tp) : ag::tp_reduce(tape, x, tp);
-  const int64_t rows = tp.local_rows(N), row0 = tp.first_row(N);
-  std::vector<int64_t> pos(static_cast<size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) pos[static_cast<size_t>(i)] = (row0 + i) % T;
-  const Tensor pos_ids = Tensor::from_ints(pos, {rows}, DType::I32).to(dev);
-  x = ag::add(tape, x, ag::embedding(tape, pos_ids, ag::sequence_parallel_param(tape, ps.var("wpe"), tp)));
-  if (c.num_tokentypes > 0) {
-    const Tensor types = batch.types.contiguous().view({N}).slice(0, row0, row0 + rows).contiguous().to(dev);
-    x = ag::add(tape, x,
-                ag::embedding(tape, types, ag::sequence_parallel_param(tape, ps.var("tokentype_embeddings"), tp)));
-  }
-  if (c.post_ln)
-    x = ag::layernorm(tape, x, ag::sequence_parallel_param(tape, ps.var("emb_ln.weight"), tp),
-                      ag::sequence_parallel_param(tape, ps.var("emb_ln.bias"), tp), c.layernorm_epsilon);
-  const float p = opt.train ? c.hidden_dropout : 0.0f;
-  return ag::dropout(tape, x, p, opt.dropout_seed, static_cast<uint64_t>(row0 * c.hidden_size / 4));
+  EmbedRows rows;
+  rows.ids = batch.tokens.to(dev).contiguous().view({N});
+  const int64_t row0 = tp.first_row(N), Nl = tp.local_rows(N);
+  for (int64_t i = 0; i < Nl; ++i) rows.positions.push_back((row0 + i) % T);
+  if (c.num_tokentypes > 0) rows.types = batch.types.contiguous().view({N}).slice(0, row0, row0 + Nl).contiguous().to(dev);
+  return embed_tokens(tape, c, tp, core_.params(), rows, opt.train ? c.hidden_dropout : 0.0f, opt.dropout_seed);
+}
+
+Var Bert::pooled(Tape& tape, const Var& h, int64_t B, int64_t T) {
+  // [CLS] rows of h (every row on every TP rank: no sequence parallelism here), computed
+  // identically on every TP rank.
+  const ParamSet& ps = core_.params();
+  std::vector<int64_t> cls(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) cls[static_cast<size_t>(b)] = b * T;
+  Var first = ag::embedding(tape, Tensor::from_ints(cls, {B}, DType::I32).to(core_.device()), h);  // (B, C)
+  return tanh_op(tape, ag::linear(tape, first, ps.var(ParamRole::PoolerWeight), ps.var(ParamRole::PoolerBias)));
+}
+
+Var Bert::mlm_logits(Tape& tape, const Var& h) {
+  // The MLM transform on this rank's rows (replicated parameters), then the tied decoder
+  // (the one output layer, model/layers/model_ends.h) with its own bias.
+  const GPTConfig& c = core_.config();
+  const TensorParallel& tp = core_.parallel().tp;
+  const ParamSet& ps = core_.params();
+  auto spp = [&](ParamRole r) { return ag::sequence_parallel_param(tape, ps.var(r), tp); };
+  Var d = ag::gelu(tape, ag::linear(tape, h, spp(ParamRole::LmHeadDenseWeight), spp(ParamRole::LmHeadDenseBias)),
+                   c.gelu_erf());
+  d = ag::layernorm(tape, d, spp(ParamRole::LmHeadNormWeight), spp(ParamRole::LmHeadNormBias), c.layernorm_epsilon);
+  return output_logits(tape, tp, d, output_weight(c, ps), ps.var(ParamRole::LmHeadBias));  // (N, V/t)
 }
 
 Var Bert::classification_head(Tape& tape, const Var& x, const BertBatch& batch, const ForwardOptions& opt) {
@@ -121,18 +128,12 @@ Var Bert::classification_head(Tape& tape, const Var& x, const BertBatch& batch, 
   const int64_t B = batch.tokens.dim(0), T = batch.tokens.dim(1);
   MPT_CHECK(batch.class_labels.defined() && batch.class_labels.numel() == B,
             "Bert: a classification model needs the batch's class_labels (B)", "");
-  Var h = x;  // (N, C)
-  if (!c.post_ln) h = ag::layernorm(tape, h, ps.var("lnf.weight"), ps.var("lnf.bias"), c.layernorm_epsilon);
-  // [CLS] rows of h (every row on every TP rank: no sequence parallelism), as the binary head.
-  std::vector<int64_t> cls(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) cls[static_cast<size_t>(b)] = b * T;
-  Var first = ag::embedding(tape, Tensor::from_ints(cls, {B}, DType::I32).to(dev), h);  // (B, C)
-  Var pooled = tanh_op(tape, ag::linear(tape, first, ps.var("pooler.dense.weight"), ps.var("pooler.dense.bias")));
+  Var p = pooled(tape, final_norm(tape, c, core_.parallel().tp, ps, x), B, T);
   // The mask after the blocks' (offsets N·C·(1 + 2l) and N·C·(2 + 2l)): N·C·(1 + 2L).
   const uint64_t nc = static_cast<uint64_t>(B * T * c.hidden_size);
-  pooled = ag::dropout(tape, pooled, opt.train ? c.hidden_dropout : 0.0f, opt.dropout_seed,
-                       nc * (1 + 2 * static_cast<uint64_t>(c.num_layers)));
-  Var logits = ag::linear(tape, pooled, ps.var("classification_head.weight"), ps.var("classification_head.bias"));
+  p = ag::dropout(tape, p, opt.train ? c.hidden_dropout : 0.0f, opt.dropout_seed,
+                  nc * (1 + 2 * static_cast<uint64_t>(c.num_layers)));
+  Var logits = ag::linear(tape, p, ps.var(ParamRole::ClassificationHeadWeight), ps.var(ParamRole::ClassificationHeadBias));
   Var loss = ag::cross_entropy(tape, logits, batch.class_labels.to(dev).contiguous());
   losses_ = BertLosses{};
   losses_.cls = loss.value().item();
@@ -144,35 +145,15 @@ Var Bert::heads(Tape& tape, const Var& x, const BertBatch& batch) {
   const GPTConfig& c = core_.config();
   const TensorParallel& tp = core_.parallel().tp;
   const ParamSet& ps = core_.params();
-  const Device dev = core_.device();
-  const float eps = c.layernorm_epsilon;
-  auto spp = [&](const char* name) { return ag::sequence_parallel_param(tape, ps.var(name), tp); };
   const int64_t B = batch.tokens.dim(0), T = batch.tokens.dim(1);
-  Var h = x;  // (Nl, C)
-  if (!c.post_ln) h = ag::layernorm(tape, h, spp("lnf.weight"), spp("lnf.bias"), eps);
-  // MLM head on this rank's rows (replicated parameters), then the vocab-parallel tied decoder.
-  Var d = ag::gelu(tape, ag::linear(tape, h, spp("lm_head.dense.weight"), spp("lm_head.dense.bias")), c.gelu_exact);
-  d = ag::layernorm(tape, d, spp("lm_head.ln.weight"), spp("lm_head.ln.bias"), eps);
-  const Tensor labels = batch.labels.to(dev).contiguous().view({B * T});
-  Var lm;
-  if (!tp.active()) {
-    lm = ag::cross_entropy(tape, ag::linear(tape, d, ps.var("wte"), ps.var("lm_head.bias")), labels);
-  } else {
-    d = tp.sequence_parallel ? ag::tp_gather(tape, d, tp) : ag::tp_copy(tape, d, tp);
-    Var logits = ag::linear(tape, d, ps.var("wte"), ps.var("lm_head.bias"));  // (N, V/t)
-    lm = ag::vocab_parallel_cross_entropy(tape, logits, labels, tp.rank * (c.padded_vocab_size / tp.size), tp);
-  }
+  const Var h = final_norm(tape, c, tp, ps, x);  // (Nl, C)
+  const Var lm = lm_loss(tape, c, tp, mlm_logits(tape, h), batch.labels);
   losses_.lm = lm.value().item();
   losses_.sop = 0;
   if (!c.binary_head) return lm;
-  // Binary head on the [CLS] rows (h holds every row: no sequence parallelism here);
-  // computed identically on every TP rank.
-  std::vector<int64_t> cls(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) cls[static_cast<size_t>(b)] = b * T;
-  Var first = ag::embedding(tape, Tensor::from_ints(cls, {B}, DType::I32).to(dev), h);  // (B, C)
-  Var pooled = tanh_op(tape, ag::linear(tape, first, ps.var("pooler.dense.weight"), ps.var("pooler.dense.bias")));
-  Var logits = ag::linear(tape, pooled, ps.var("binary_head.weight"), ps.var("binary_head.bias"));  // (B, 2)
-  Var sop = ag::cross_entropy(tape, logits, batch.is_random.to(dev).contiguous());
+  Var logits = ag::linear(tape, pooled(tape, h, B, T), ps.var(ParamRole::BinaryHeadWeight),
+                          ps.var(ParamRole::BinaryHeadBias));  // (B, 2)
+  Var sop = ag::cross_entropy(tape, logits, batch.is_random.to(core_.device()).contiguous());
   losses_.sop = sop.value().item();
   return ag::add(tape, lm, sop);
 }
@@ -205,26 +186,18 @@ BertLogits Bert::logits(const BertBatch& batch) {
             "load the checkpoint into a single process (it loads under any layout)");
   const GPTConfig& c = core_.config();
   const ParamSet& ps = core_.params();
-  const Device dev = core_.device();
   const int64_t B = batch.tokens.dim(0), T = batch.tokens.dim(1);
   Tape tape;
   tape.set_recording(false);
   ForwardOptions o;
   o.train = false;
-  if (batch.padded()) o.kv_lengths = batch.lengths.to(dev);
-  Var h = core_.layers(tape, core_.chunk(0), embed(tape, batch, o), B, T, o);  // (N, C)
-  if (!c.post_ln) h = ag::layernorm(tape, h, ps.var("lnf.weight"), ps.var("lnf.bias"), c.layernorm_epsilon);
-  // The same head math as heads() (MLM transform, tied decoder; pooler and binary head).
-  Var d = ag::gelu(tape, ag::linear(tape, h, ps.var("lm_head.dense.weight"), ps.var("lm_head.dense.bias")), c.gelu_exact);
-  d = ag::layernorm(tape, d, ps.var("lm_head.ln.weight"), ps.var("lm_head.ln.bias"), c.layernorm_epsilon);
+  if (batch.padded()) o.kv_lengths = batch.lengths.to(core_.device());
+  const Var h = final_norm(tape, c, mp.tp, ps, core_.layers(tape, core_.chunk(0), embed(tape, batch, o), B, T, o));
   BertLogits out;
-  out.mlm = ag::linear(tape, d, ps.var("wte"), ps.var("lm_head.bias")).value();
+  out.mlm = mlm_logits(tape, h).value();  // the same head math as heads()
   if (!c.binary_head) return out;
-  std::vector<int64_t> cls(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) cls[static_cast<size_t>(b)] = b * T;
-  Var first = ag::embedding(tape, Tensor::from_ints(cls, {B}, DType::I32).to(dev), h);  // (B, C)
-  Var pooled = tanh_op(tape, ag::linear(tape, first, ps.var("pooler.dense.weight"), ps.var("pooler.dense.bias")));
-  out.binary = ag::linear(tape, pooled, ps.var("binary_head.weight"), ps.var("binary_head.bias")).value();
+  out.binary = ag::linear(tape, pooled(tape, h, B, T), ps.var(ParamRole::BinaryHeadWeight),
+                          ps.var(ParamRole::BinaryHeadBias)).value();
   return out;
 }
 

@@ -19,7 +19,8 @@
 //          logits = dropout(pooled)·Wcᵀ + bc   (B, K), dropout p = hidden_dropout
 //          loss = mean cross-entropy(logits, class_labels)
 // The GPT class holds the parameters, chunks and blocks (one code path for the
-// layout, init, TP/PP placement); Bert adds the embedding sum and the heads.
+// layout, init, TP/PP placement); the embedding, final norm and output layer are the
+// ones every model uses (model/layers/model_ends.h); Bert adds its heads.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -69,12 +70,14 @@ class Bert {
   // The two losses of the last chunk_forward on the last stage.
   const BertLosses& last_losses() const { return losses_; }
   // Both heads' logits for a batch, no dropout and no loss (labels and is_random are not
-  // read). The whole model on one rank (tests and HF comparison, model/inference/hf_bert.h).
+  // read). The whole model on one rank (tests and HF comparison, model/inference/hf_convert.h).
   BertLogits logits(const BertBatch& batch);
 
  private:
   Var embed(Tape& tape, const BertBatch& batch, const ForwardOptions& opt);
   Var heads(Tape& tape, const Var& x, const BertBatch& batch);
+  Var mlm_logits(Tape& tape, const Var& h);                    // h (Nl, C) → (N, V/t)
+  Var pooled(Tape& tape, const Var& h, int64_t B, int64_t T);  // tanh(h[CLS]·Wpᵀ + bp) (B, C)
   // num_classes > 0, instead of heads(): final norm (pre-LN), pooler, dropout, classifier, loss.
   Var classification_head(Tape& tape, const Var& x, const BertBatch& batch, const ForwardOptions& opt);
 

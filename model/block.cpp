@@ -13,46 +13,30 @@ BlockShape block_shape(const GPTConfig& c, int64_t batch, int64_t seq, const Ten
   const int64_t T = s.global_seq();
   s.attention_offset = static_cast<uint64_t>(layer) * static_cast<uint64_t>((T * T + 3) / 4);
   s.groups = c.query_groups();
+  s.kv_channels = c.kv_channels;
   s.norm = c.normalization;
-  s.swiglu = c.swiglu;
+  s.mlp = c.mlp;
   s.rope = c.position_embedding == PositionEmbedding::Rope;
   s.rope_args.base = c.rotary_base;
   s.rope_args.percent = c.rotary_percent;
-  s.causal = c.causal;
+  s.mask = c.attention_mask();
+  s.window = c.window_size;
   s.post_ln = c.post_ln;
-  s.gelu_exact = c.gelu_exact;
   return s;
 }
 
 BlockParams BlockParams::from(const ParamSet& ps, const GPTConfig& cfg, int64_t layer) {
   BlockParams p;
-  for (const ParamSpec& spec : block_param_table(cfg, layer)) {
-    const Var& v = ps.var(spec.name);
-    switch (spec.role) {
-      case ParamRole::Norm1Weight: p.norm1.w = v; break;
-      case ParamRole::Norm1Bias: p.norm1.b = v; break;
-      case ParamRole::QkvWeight: p.attn.qkv_w = v; break;
-      case ParamRole::QkvBias: p.attn.qkv_b = v; break;
-      case ParamRole::ProjWeight: p.attn.proj_w = v; break;
-      case ParamRole::ProjBias: p.attn.proj_b = v; break;
-      case ParamRole::Norm2Weight: p.norm2.w = v; break;
-      case ParamRole::Norm2Bias: p.norm2.b = v; break;
-      case ParamRole::FcWeight: p.mlp.fc_w = v; break;
-      case ParamRole::FcBias: p.mlp.fc_b = v; break;
-      case ParamRole::MlpProjWeight: p.mlp.proj_w = v; break;
-      case ParamRole::MlpProjBias: p.mlp.proj_b = v; break;
-      default: MPT_THROW(str(spec.name, ": role ", to_string(spec.role), " is not a block parameter"), "");
-    }
-  }
+  for (const ParamSpec& spec : block_param_table(cfg, layer)) p.rows.push_back({spec.role, ps.var(spec.name)});
+  p.norm_1p = cfg.layernorm_1p;
   return p;
 }
 
-int64_t BlockParams::count() const {
-  int64_t n = 0;
-  for (const Var* v : {&norm1.w, &norm1.b, &attn.qkv_w, &attn.qkv_b, &attn.proj_w, &attn.proj_b, &norm2.w, &norm2.b,
-                       &mlp.fc_w, &mlp.fc_b, &mlp.proj_w, &mlp.proj_b})
-    n += v->defined() ? 1 : 0;
-  return n;
+const Var& BlockParams::operator[](ParamRole r) const {
+  static const Var none;
+  for (const auto& [role, v] : rows)
+    if (role == r) return v;
+  return none;
 }
 
 std::vector<RowRun> activation_row_runs(int64_t batch, int64_t seq, const TensorParallel& tp,
@@ -97,17 +81,17 @@ namespace {
 void post_ln_forward(const BlockShape& s, const BlockParams& p, const Tensor& x, const Tensor& y, BlockActs& a,
                      uint64_t seed, uint64_t offset, const AttentionCore* core) {
   const int64_t Nl = s.local_rows(), C = s.hidden;
-  Tensor att = attention_layer_forward(s, p.attn, x, a.attn, seed, core);  // (Nl, C)
+  Tensor att = attention_layer_forward(s, p.attn(), x, a.attn, seed, core);  // (Nl, C)
   if (s.dropout > 0) drop_rows(s, att, seed, offset);
   a.r1 = like(x, {Nl, C});
   add_forward(x, att, a.r1);
   a.x2 = like(x, {Nl, C});
-  norm_forward(s.norm, s.eps, p.norm1, a.r1, a.x2, a.n1);
-  Tensor mlp = mlp_layer_forward(s, p.mlp, a.x2, a.mlp);  // (Nl, C)
+  norm_forward(s.norm, s.eps, p.norm1(), a.r1, a.x2, a.n1);
+  Tensor mlp = mlp_layer_forward(s, p.mlp(), a.x2, a.mlp);  // (Nl, C)
   if (s.dropout > 0) drop_rows(s, mlp, seed, offset + mlp_offset(s));
   a.r2 = like(x, {Nl, C});
   add_forward(a.x2, mlp, a.r2);
-  norm_forward(s.norm, s.eps, p.norm2, a.r2, y, a.n2);
+  norm_forward(s.norm, s.eps, p.norm2(), a.r2, y, a.n2);
 }
 }  // namespace
 
@@ -116,14 +100,14 @@ void block_forward(const BlockShape& s, const BlockParams& p, const Tensor& x, c
   if (s.post_ln) return post_ln_forward(s, p, x, y, a, seed, offset, core);
   const int64_t Nl = s.local_rows(), C = s.hidden;
   Tensor h1 = like(x, {Nl, C});
-  norm_forward(s.norm, s.eps, p.norm1, x, h1, a.n1);
-  Tensor att = attention_layer_forward(s, p.attn, h1, a.attn, seed, core);  // (Nl, C)
+  norm_forward(s.norm, s.eps, p.norm1(), x, h1, a.n1);
+  Tensor att = attention_layer_forward(s, p.attn(), h1, a.attn, seed, core);  // (Nl, C)
   if (s.dropout > 0) drop_rows(s, att, seed, offset);
   a.x2 = like(x, {Nl, C});
   add_forward(x, att, a.x2);
   Tensor h2 = like(x, {Nl, C});
-  norm_forward(s.norm, s.eps, p.norm2, a.x2, h2, a.n2);
-  Tensor mlp = mlp_layer_forward(s, p.mlp, h2, a.mlp);  // (Nl, C)
+  norm_forward(s.norm, s.eps, p.norm2(), a.x2, h2, a.n2);
+  Tensor mlp = mlp_layer_forward(s, p.mlp(), h2, a.mlp);  // (Nl, C)
   if (s.dropout > 0) drop_rows(s, mlp, seed, offset + mlp_offset(s));
   add_forward(a.x2, mlp, y);
 }
@@ -137,19 +121,19 @@ void block_backward_input(const BlockShape& s, const BlockParams& p, const Tenso
   if (s.post_ln) {
     // y = norm2(r2), r2 = x2 + drop(mlp(x2)), x2 = norm1(r1), r1 = x + drop(attention(x))
     Tensor dr2 = Tensor::zeros({Nl, C}, dy.dtype(), dy.device());
-    norm_backward_input(s.norm, p.norm2, a.r2, a.n2, dy, dr2);
+    norm_backward_input(s.norm, p.norm2(), a.r2, a.n2, dy, dr2);
     Tensor dmlp = like(dy, {Nl, C});
     if (s.dropout > 0) drop_rows_backward(s, dr2, dmlp, seed, offset + mlp_offset(s));
     else dmlp.copy_from(dr2);
-    const Tensor dh2 = mlp_layer_backward(s, p.mlp, a.mlp, dmlp, defer);
+    const Tensor dh2 = mlp_layer_backward(s, p.mlp(), a.mlp, dmlp, defer);
     Tensor dx2 = like(dy, {Nl, C});  // dr2 + mlpᵀ(dmlp)
     add_forward(dr2, dh2, dx2);
     Tensor dr1 = Tensor::zeros({Nl, C}, dy.dtype(), dy.device());
-    norm_backward_input(s.norm, p.norm1, a.r1, a.n1, dx2, dr1);
+    norm_backward_input(s.norm, p.norm1(), a.r1, a.n1, dx2, dr1);
     Tensor datt = like(dy, {Nl, C});
     if (s.dropout > 0) drop_rows_backward(s, dr1, datt, seed, offset);
     else datt.copy_from(dr1);
-    const Tensor dh1 = attention_layer_backward(s, p.attn, a.attn, datt, seed, defer);
+    const Tensor dh1 = attention_layer_backward(s, p.attn(), a.attn, datt, seed, defer);
     add_forward(dr1, dh1, dx);
     in1 = a.r1, dout1 = dx2, in2 = a.r2, dout2 = dy;
   } else {
@@ -157,17 +141,17 @@ void block_backward_input(const BlockShape& s, const BlockParams& p, const Tenso
     Tensor dmlp = like(dy, {Nl, C});
     if (s.dropout > 0) drop_rows_backward(s, dy, dmlp, seed, offset + mlp_offset(s));
     else dmlp.copy_from(dy);
-    const Tensor dh2 = mlp_layer_backward(s, p.mlp, a.mlp, dmlp, defer);
+    const Tensor dh2 = mlp_layer_backward(s, p.mlp(), a.mlp, dmlp, defer);
     Tensor dx2 = like(dy, {Nl, C});  // dy + norm2ᵀ(dh2)
     dx2.copy_from(dy);
-    norm_backward_input(s.norm, p.norm2, a.x2, a.n2, dh2, dx2);
+    norm_backward_input(s.norm, p.norm2(), a.x2, a.n2, dh2, dx2);
     // Attention: x2 = x + drop(attention(h1))
     Tensor datt = like(dy, {Nl, C});
     if (s.dropout > 0) drop_rows_backward(s, dx2, datt, seed, offset);
     else datt.copy_from(dx2);
-    const Tensor dh1 = attention_layer_backward(s, p.attn, a.attn, datt, seed, defer);
+    const Tensor dh1 = attention_layer_backward(s, p.attn(), a.attn, datt, seed, defer);
     dx.copy_from(dx2);  // dx2 + norm1ᵀ(dh1)
-    norm_backward_input(s.norm, p.norm1, x, a.n1, dh1, dx);
+    norm_backward_input(s.norm, p.norm1(), x, a.n1, dh1, dx);
     dout1 = dh1, dout2 = dh2;
   }
   // The norm weight gradients. With sequence parallelism each rank's are partial
@@ -175,35 +159,30 @@ void block_backward_input(const BlockShape& s, const BlockParams& p, const Tenso
   auto norm_weights = [s, p, x = in1, x2 = in2, n1 = a.n1, n2 = a.n2, dh1 = dout1, dh2 = dout2] {
     auto pg = [](const Var& v) { return v.defined() ? v.grad_or_zeros() : Tensor(); };
     if (!s.tp.sequence_parallel) {
-      norm_backward_weight(s.norm, p.norm2, x2, n2, dh2, pg(p.norm2.w), pg(p.norm2.b));
-      norm_backward_weight(s.norm, p.norm1, x, n1, dh1, pg(p.norm1.w), pg(p.norm1.b));
+      norm_backward_weight(s.norm, p.norm2(), x2, n2, dh2, pg(p.norm2().w), pg(p.norm2().b));
+      norm_backward_weight(s.norm, p.norm1(), x, n1, dh1, pg(p.norm1().w), pg(p.norm1().b));
       return;
     }
-    const int64_t C = s.hidden, k = p.norm1.b.defined() ? 2 : 1;
+    const int64_t C = s.hidden, k = p.norm1().b.defined() ? 2 : 1;
     const Tensor partial = Tensor::zeros({2 * k * C}, DType::F32, x.device());
     auto part = [&](int i) { return partial.flat_range(i * C, C); };
-    norm_backward_weight(s.norm, p.norm2, x2, n2, dh2, part(0), k == 2 ? part(1) : Tensor());
-    norm_backward_weight(s.norm, p.norm1, x, n1, dh1, part(k), k == 2 ? part(k + 1) : Tensor());
+    norm_backward_weight(s.norm, p.norm2(), x2, n2, dh2, part(0), k == 2 ? part(1) : Tensor());
+    norm_backward_weight(s.norm, p.norm1(), x, n1, dh1, part(k), k == 2 ? part(k + 1) : Tensor());
     tp_all_reduce(s.tp, partial);
-    axpby(1.0f, part(0), 1.0f, pg(p.norm2.w));
-    axpby(1.0f, part(k), 1.0f, pg(p.norm1.w));
+    axpby(1.0f, part(0), 1.0f, pg(p.norm2().w));
+    axpby(1.0f, part(k), 1.0f, pg(p.norm1().w));
     if (k == 2) {
-      axpby(1.0f, part(1), 1.0f, pg(p.norm2.b));
-      axpby(1.0f, part(3), 1.0f, pg(p.norm1.b));
+      axpby(1.0f, part(1), 1.0f, pg(p.norm2().b));
+      axpby(1.0f, part(3), 1.0f, pg(p.norm1().b));
     }
   };
   if (defer) defer->add(std::move(norm_weights));
   else norm_weights();
 }
 
-void block_backward(const BlockShape& s, const BlockParams& p, const Tensor& x, const Tensor& dy, const Tensor& dx,
-                    const BlockActs& a, uint64_t seed, uint64_t offset) {
-  block_backward_input(s, p, x, dy, dx, a, seed, offset, nullptr);
-}
-
 BlockMemory block_memory(const BlockShape& s) {
   const int64_t N = s.tokens(), Nl = s.local_rows(), C = s.hidden, QL = s.local_qkv();
-  const int64_t Cl = s.local_heads() * s.head_dim(), FCl = s.local_fc(), Fl = s.local_ffn();
+  const int64_t Cl = s.local_att(), FCl = s.local_fc(), Fl = s.local_ffn();
   BlockMemory m;
   // h1 (attn.in), x2, h2 (mlp.in), the output y; qkv, att; fc, g.
   m.saved_act = 4 * Nl * C + N * (QL + Cl) + N * (FCl + Fl);
@@ -211,7 +190,7 @@ BlockMemory block_memory(const BlockShape& s) {
   // dmlp, dx2, datt, dh (Nl, C each); the gathered output gradient (SP), d(in) (N, C);
   // dg, dfc (SwiGLU), datt (N, Cl), dqkv (N, QL).
   const bool sp = s.tp.sequence_parallel;
-  m.backward_act = (s.post_ln ? 6 : 4) * Nl * C + (sp ? 2 : 1) * N * C + N * Fl + (s.swiglu ? N * FCl : 0) + N * (Cl + QL);
+  m.backward_act = (s.post_ln ? 6 : 4) * Nl * C + (sp ? 2 : 1) * N * C + N * Fl + (mlp_gated(s.mlp) ? N * FCl : 0) + N * (Cl + QL);
   // The weight part's inputs: each linear's output gradient and input (the gathered
   // copies with sequence parallelism), the norms' inputs and output gradients.
   const int64_t in_rows = sp ? N : Nl;

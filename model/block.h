@@ -19,8 +19,8 @@
 //
 // Backward in two parts (zero-bubble pipelines split them into B and W):
 //   block_backward_input: dx (= d(block)/dx · dy, overwritten); the weight-gradient
-//     GEMMs and the norm weight gradients go to `defer` (or run at once when null);
-//   block_backward: both, at once. Parameter gradients use +=.
+//     GEMMs and the norm weight gradients go to `defer` (or run at once when null: both
+//     parts at once). Parameter gradients use +=.
 // With sequence parallelism the norm weight gradients are partial sums over this
 // rank's rows; the weight part all-reduces them over the TP group.
 #pragma once
@@ -39,14 +39,25 @@
 
 namespace mpitron {
 
+// A block's parameters: layer l's rows of the parameter table (model/param_table.h), by
+// role. The sublayers take their parts (a role the configuration has no row for is an
+// undefined Var: no bias, no norm bias), so a new sublayer is new roles in the table.
 struct BlockParams {
-  NormParams norm1;
-  AttentionParams attn;
-  NormParams norm2;
-  MlpParams mlp;
-  // Binds layer l's rows of the parameter table (model/param_table.h).
+  std::vector<std::pair<ParamRole, Var>> rows;  // in table order (consecutive in the ParamSet)
+  bool norm_1p = false;                          // the norms scale by (1 + w) (--apply-layernorm-1p)
   static BlockParams from(const ParamSet& ps, const GPTConfig& cfg, int64_t layer);
-  int64_t count() const;  // parameters bound (they are consecutive in the ParamSet)
+  const Var& operator[](ParamRole r) const;     // undefined when the layer has no such row
+  int64_t count() const { return static_cast<int64_t>(rows.size()); }
+  NormParams norm1() const { return {(*this)[ParamRole::Norm1Weight], (*this)[ParamRole::Norm1Bias], norm_1p}; }
+  NormParams norm2() const { return {(*this)[ParamRole::Norm2Weight], (*this)[ParamRole::Norm2Bias], norm_1p}; }
+  AttentionParams attn() const {
+    return {(*this)[ParamRole::QkvWeight], (*this)[ParamRole::QkvBias], (*this)[ParamRole::ProjWeight],
+            (*this)[ParamRole::ProjBias]};
+  }
+  MlpParams mlp() const {
+    return {(*this)[ParamRole::FcWeight], (*this)[ParamRole::FcBias], (*this)[ParamRole::MlpProjWeight],
+            (*this)[ParamRole::MlpProjBias]};
+  }
 };
 
 // Saved activations of one block's forward.
@@ -66,8 +77,6 @@ void block_forward(const BlockShape& s, const BlockParams& p, const Tensor& x, c
 void block_backward_input(const BlockShape& s, const BlockParams& p, const Tensor& x, const Tensor& dy,
                           const Tensor& dx, const BlockActs& a, uint64_t seed, uint64_t offset,
                           WeightGradWork* defer);
-void block_backward(const BlockShape& s, const BlockParams& p, const Tensor& x, const Tensor& dy, const Tensor& dx,
-                    const BlockActs& a, uint64_t seed, uint64_t offset);
 
 // What one block holds, in elements of the compute dtype (act) and f32 (f32), for
 // the memory estimate (model/memory.h): `saved` from its forward to its backward

@@ -1,6 +1,9 @@
 #include "model/config.h"
 
+#include <algorithm>
+
 #include "core/error.h"
+#include "model/families.h"
 #include "model/param_table.h"
 #include "tensor/rope.h"
 
@@ -17,6 +20,33 @@ const char* to_string(PositionEmbedding p) {
   return "?";
 }
 
+const char* to_string(MlpKind k) {
+  switch (k) {
+    case MlpKind::GeluTanh: return "gelu";
+    case MlpKind::GeluErf: return "gelu_erf";
+    case MlpKind::SwiGLU: return "swiglu";
+    case MlpKind::GeGLU: return "geglu";
+  }
+  return "?";
+}
+
+const char* to_string(AttentionMaskKind k) {
+  switch (k) {
+    case AttentionMaskKind::Causal: return "causal";
+    case AttentionMaskKind::Padding: return "padding";
+    case AttentionMaskKind::SlidingWindow: return "sliding_window";
+  }
+  return "?";
+}
+
+MlpKind parse_mlp_kind(const std::string& s) {
+  for (MlpKind k : {MlpKind::GeluTanh, MlpKind::GeluErf, MlpKind::SwiGLU, MlpKind::GeGLU})
+    if (s == to_string(k)) return k;
+  MPT_THROW(str("MLP kind ", s, " is not known"), "use gelu, gelu_erf, swiglu or geglu");
+}
+
+bool mlp_gated(MlpKind k) { return k == MlpKind::SwiGLU || k == MlpKind::GeGLU; }
+
 Normalization parse_normalization(const std::string& s) {
   if (s == "LayerNorm") return Normalization::LayerNorm;
   if (s == "RMSNorm") return Normalization::RMSNorm;
@@ -30,23 +60,20 @@ PositionEmbedding parse_position_embedding(const std::string& s) {
   MPT_THROW(str("--position-embedding-type ", s, " is not known"), "use learned_absolute, rope or none");
 }
 
-std::string GPTConfig::family() const {
-  if (bert) return "bert";
-  const bool gpt2 = normalization == Normalization::LayerNorm && !swiglu && learned_positions() &&
-                    !untie_embeddings && add_bias_linear && query_groups() == num_attention_heads;
-  if (gpt2) return "gpt2";
-  // Llama, Mistral, Llama 3.2 (tied head), or with biases: RMSNorm + SwiGLU + rope.
-  const bool llama = normalization == Normalization::RMSNorm && swiglu && position_embedding == PositionEmbedding::Rope;
-  return llama ? "llama" : "custom";
+std::string TransformerConfig::family() const {
+  const Family* f = family_of(*this);
+  return f ? f->name : "custom";
 }
 
-void GPTConfig::validate() const {
+void TransformerConfig::validate() const {
   MPT_CHECK(num_layers >= 1, str("--num-layers must be >= 1, got ", num_layers), "");
   MPT_CHECK(hidden_size >= 1 && num_attention_heads >= 1,
             str("--hidden-size (", hidden_size, ") and --num-attention-heads (", num_attention_heads, ") must be >= 1"), "");
-  MPT_CHECK(hidden_size % num_attention_heads == 0,
+  MPT_CHECK(kv_channels > 0 || hidden_size % num_attention_heads == 0,
             str("--num-attention-heads (", num_attention_heads, ") must divide --hidden-size (", hidden_size, ")"),
-            "pick a head count that divides the hidden size, e.g. hidden 768 with 12 heads");
+            "pick a head count that divides the hidden size, e.g. hidden 768 with 12 heads, or give the head "
+            "width with --kv-channels");
+  MPT_CHECK(kv_channels >= 0, str("--kv-channels must be >= 1, got ", kv_channels), "");
   MPT_CHECK(num_query_groups >= 0 && num_attention_heads % query_groups() == 0,
             str("--num-query-groups (", num_query_groups, ") must divide --num-attention-heads (", num_attention_heads,
                 ")"),
@@ -67,10 +94,16 @@ void GPTConfig::validate() const {
             "bidirectional attention, the post-LN block order and token types are BERT's (model/bert.h)", "");
   MPT_CHECK(num_classes >= 0, str("classes must be >= 0, got ", num_classes), "");
   MPT_CHECK(num_classes == 0 || bert, "a classification head (num_classes > 0) sits on a BERT encoder (model/bert.h)", "");
+  MPT_CHECK(!bert || (!layernorm_1p && !scale_embeddings),
+            "--apply-layernorm-1p and --scale-embeddings are decoder (Gemma) choices; BERT's embedding and MLM-head "
+            "LayerNorms do not take them",
+            "drop them for BERT");
+  MPT_CHECK(window_size >= 0, str("--window-size must be >= 0, got ", window_size), "");
+  MPT_CHECK(window_size == 0 || causal,
+            "--window-size: the sliding window is causal attention's (Mistral); BERT's attention is bidirectional", "");
   MPT_CHECK(!bert || !untie_embeddings,
             "--untie-embeddings-and-output-weights: BERT's MLM decoder is tied to the word embeddings", "");
-  MPT_CHECK(!gelu_exact || !swiglu || bert, "--exact-gelu with --swiglu: the SwiGLU MLP has no GELU",
-            "drop --exact-gelu");
+
   MPT_CHECK(init_method_std > 0, str("--init-method-std must be > 0, got ", init_method_std), "");
   MPT_CHECK(layernorm_epsilon > 0, str("--norm-epsilon must be > 0, got ", layernorm_epsilon), "");
   if (position_embedding == PositionEmbedding::Rope) {
@@ -81,22 +114,32 @@ void GPTConfig::validate() const {
   }
 }
 
-int64_t GPTConfig::num_parameters() const {
+int64_t TransformerConfig::num_parameters() const {
   int64_t outer = 0, layer = 0;
   for (const ParamSpec& s : outer_param_table(*this)) outer += shape_numel(s.global_shape);
   for (const ParamSpec& s : block_param_table(*this, 0)) layer += shape_numel(s.global_shape);
   return outer + num_layers * layer;
 }
 
-double GPTConfig::flops_per_token() const {
+double TransformerConfig::attended_keys() const {
+  const double T = static_cast<double>(seq_length);
+  if (!causal) return T;
+  if (window_size <= 0) return T / 2;
+  // Query i sees min(i, W) + 1 keys: Σ_i = (m + 1)(m + 2)/2 + (T − 1 − m)(W + 1), m = min(W, T − 1);
+  // the mean less one half (T/2 again when W >= T − 1).
+  const double W = static_cast<double>(window_size), m = std::min(W, T - 1);
+  return ((m + 1) * (m + 2) / 2 + (T - 1 - m) * (W + 1)) / T - 0.5;
+}
+
+double TransformerConfig::flops_per_token() const {
   double matmul_params = 0;
   for (const ParamSpec& s : outer_param_table(*this))
     if (s.matmul) matmul_params += static_cast<double>(shape_numel(s.global_shape));
   for (const ParamSpec& s : block_param_table(*this, 0))
     if (s.matmul) matmul_params += static_cast<double>(num_layers) * static_cast<double>(shape_numel(s.global_shape));
-  const double L = static_cast<double>(num_layers), T = static_cast<double>(seq_length);
-  // Attention scores and values: the causal half (6·L·T·C), all of it when bidirectional (BERT).
-  return 6.0 * matmul_params + (causal ? 6.0 : 12.0) * L * T * static_cast<double>(hidden_size);
+  // Attention scores and values: 2 matmuls of 2 FLOPs per (query, key, channel), × 3 with backward.
+  return 6.0 * matmul_params +
+         12.0 * static_cast<double>(num_layers) * static_cast<double>(attention_width()) * attended_keys();
 }
 
 }  // namespace mpitron

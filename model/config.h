@@ -1,12 +1,12 @@
-// model/config.h — what a decoder transformer is made of. Every field: meaning and default.
+// model/config.h — what a transformer is made of. Every field: meaning and default.
 //
-// The defaults are GPT-2 (pre-LN LayerNorm, GELU MLP, learned positions, tied LM
-// head, multi-head attention, biases on every linear). The Llama family is the same
-// skeleton with other sublayer choices (Megatron's flags in brackets):
-//   RMSNorm [--normalization RMSNorm], SwiGLU MLP [--swiglu], rotary positions
-//   [--position-embedding-type rope], grouped-query attention [--group-query-attention
-//   --num-query-groups G], an untied output layer [--untie-embeddings-and-output-weights]
-//   and no linear biases [--disable-bias-linear]. docs/model-families.md.
+// The defaults are GPT-2 (pre-LN LayerNorm, tanh-GELU MLP, learned positions, tied LM
+// head, multi-head attention, biases on every linear). Every other family is the same
+// skeleton with other values of these fields. Each architecture field is declared ONCE,
+// with its flags (Megatron's names), its checkpoint key, its bounds and what it means
+// for a checkpoint, in the table of model/arch_fields.h; the families (GPT-2, Llama,
+// Qwen2, Mistral, Gemma, BERT) and their Hugging Face names are rows of
+// model/families.h and model/param_table.h. docs/model-families.md.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -17,17 +17,39 @@ namespace mpitron {
 
 enum class Normalization : uint8_t { LayerNorm, RMSNorm };
 enum class PositionEmbedding : uint8_t { Learned, Rope, None };
+// The MLP sublayer's activation. The gated kinds' fc is (2F, C) = [gate | up] and
+// g = act(gate) · up; the others' fc is (F, C) and g = act(fc).
+enum class MlpKind : uint8_t {
+  GeluTanh,  // GELU, tanh approximation (GPT-2; Megatron's fused bias_gelu; the default)
+  GeluErf,   // GELU, exact x·Φ(x) with erf (HF BERT's "gelu"; --exact-gelu)
+  SwiGLU,    // silu(gate) · up (Llama; --swiglu)
+  GeGLU,     // gelu(gate) · up, the tanh GELU (Gemma; --geglu)
+};
+// Which keys a query sees (tensor/attention.h's AttentionMask).
+enum class AttentionMaskKind : uint8_t {
+  Causal,         // key j <= query i (decoders)
+  Padding,        // every key of the sample, padding keys masked (BERT)
+  SlidingWindow,  // i − W <= j <= i: causal within a window of W earlier keys (Mistral; --window-size)
+};
 
-// "LayerNorm"/"RMSNorm", "learned_absolute"/"rope"/"none" (Megatron's spellings).
+// Megatron's spellings: "LayerNorm"/"RMSNorm", "learned_absolute"/"rope"/"none";
+// MLP kinds "gelu", "gelu_erf", "swiglu", "geglu"; masks "causal", "padding", "sliding_window".
 const char* to_string(Normalization n);
 const char* to_string(PositionEmbedding p);
+const char* to_string(MlpKind k);
+const char* to_string(AttentionMaskKind k);
 Normalization parse_normalization(const std::string& s);           // throws naming --normalization
 PositionEmbedding parse_position_embedding(const std::string& s);  // throws naming --position-embedding-type
+MlpKind parse_mlp_kind(const std::string& s);                      // throws naming the kinds
+bool mlp_gated(MlpKind k);                                         // SwiGLU, GeGLU
 
-struct GPTConfig {
+// The architecture of an encoder or decoder transformer (Megatron-Core's TransformerConfig).
+struct TransformerConfig {
   int64_t num_layers = 12;               // --num-layers: transformer blocks
   int64_t hidden_size = 768;             // --hidden-size: C, the residual stream width
-  int64_t num_attention_heads = 12;      // --num-attention-heads: NH; C must divide by it
+  int64_t num_attention_heads = 12;      // --num-attention-heads: NH
+  int64_t kv_channels = 0;               // --kv-channels: HD, each head's width; 0 means C / NH (C must then
+                                         //   divide by NH). Gemma 7B: 256 with C = 3072, NH = 16
   int64_t num_query_groups = 0;          // --num-query-groups: G key/value heads; 0 means NH (no grouping)
   int64_t ffn_hidden_size = 0;           // --ffn-hidden-size: F; 0 means 4·C
   int64_t seq_length = 1024;             // --seq-length: T, tokens per sample
@@ -39,15 +61,21 @@ struct GPTConfig {
   float init_method_std = 0.02f;         // --init-method-std: N(0, std) for weights; output
                                          //   projections use std / sqrt(2·num_layers)
   float layernorm_epsilon = 1e-5f;       // --layernorm-epsilon / --norm-epsilon (either norm)
+  bool layernorm_1p = false;             // --apply-layernorm-1p: every norm scales by (1 + w), w initialised
+                                         //   to 0 (Megatron's; Gemma's RMSNorm)
+  bool scale_embeddings = false;         // --scale-embeddings: the word embeddings times sqrt(C) (Gemma); the
+                                         //   tied output layer uses wte unscaled
   Normalization normalization = Normalization::LayerNorm;          // --normalization
-  bool swiglu = false;                   // --swiglu: MLP fc is (2F, C) = [gate | up], silu(gate)·up
+  MlpKind mlp = MlpKind::GeluTanh;       // --swiglu, --exact-gelu, --openai-gelu
   PositionEmbedding position_embedding = PositionEmbedding::Learned;  // --position-embedding-type
   double rotary_base = 10000.0;          // --rotary-base (rope's θ base)
   double rotary_percent = 1.0;           // --rotary-percent: fraction of each head's dims rotated
   bool untie_embeddings = false;         // --untie-embeddings-and-output-weights: own head (V, C)
   bool add_bias_linear = true;           // false with --disable-bias-linear
-  bool gelu_exact = false;               // --exact-gelu: GELU is x·Φ(x) with erf (HF BERT's "gelu"), not the
-                                         //   tanh approximation (GPT-2, Megatron's fused bias_gelu; the default)
+  bool add_qkv_bias = false;             // --add-qkv-bias: a qkv bias even with --disable-bias-linear (Qwen2)
+  int64_t window_size = 0;               // --window-size W (Megatron's "W,0"): sliding-window attention, query i
+                                         //   sees keys i − W … i (W + 1 keys; HF Mistral's sliding_window);
+                                         //   0: every earlier key
   DType compute_dtype = DType::F32;      // f32, or bf16/f16 with --bf16/--fp16
   // BERT (model/bert.h; docs/model-families.md "BERT"; set by pretrain_bert and its flags):
   bool bert = false;                     // encoder with the MLM head (+ pooler and binary head)
@@ -61,25 +89,40 @@ struct GPTConfig {
                                          //   the MLM and binary heads (model/training/finetune.h)
 
   int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
   int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
+  // Width of the attention output (the projection's input): NH·HD (= C unless --kv-channels).
+  int64_t attention_width() const { return num_attention_heads * head_dim(); }
   // Rows of the fused qkv projection: NH query heads, G key and G value heads.
   int64_t qkv_rows() const { return (num_attention_heads + 2 * query_groups()) * head_dim(); }
-  // Rows of the MLP's first projection: F, or 2F for SwiGLU ([gate | up]).
-  int64_t fc_rows() const { return swiglu ? 2 * ffn() : ffn(); }
+  // Rows of the MLP's first projection: F, or 2F for a gated MLP ([gate | up]).
+  int64_t fc_rows() const { return mlp_gated(mlp) ? 2 * ffn() : ffn(); }
   bool learned_positions() const { return position_embedding == PositionEmbedding::Learned; }
   bool norm_has_bias() const { return normalization == Normalization::LayerNorm; }
-  // "gpt2" for the defaults, "llama" for RMSNorm + SwiGLU + rope (tied or untied head,
-  // biases or not), "custom" for any other mix (it trains; HF export needs one of the two).
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
+  bool gelu_erf() const { return mlp == MlpKind::GeluErf; }  // BERT's MLM head transform uses the same GELU
+  AttentionMaskKind attention_mask() const {
+    return !causal ? AttentionMaskKind::Padding : window_size > 0 ? AttentionMaskKind::SlidingWindow : AttentionMaskKind::Causal;
+  }
+  // The family this configuration is (model/families.h: "gpt2", "llama", "qwen2", "gemma", "bert"), or "custom"
+  // for a mix no family has (it trains; HF export needs a family).
   std::string family() const;
   // Validate; throws naming the flags that conflict.
   void validate() const;
   // Parameters (the tied LM head counts once), from the parameter table.
   int64_t num_parameters() const;
   // Training FLOPs per token (forward + backward = 3 × forward), documented in docs/flops.md:
-  //   6·N_matmul + 6·L·T·C   (attention scores and values counted for the causal half: 12·L·T·C/2)
-  // where N_matmul counts every matmul weight including the (tied or untied) LM head.
+  //   6·N_matmul + 12·L·NH·HD·K
+  // where N_matmul counts every matmul weight including the (tied or untied) LM head and K the
+  // keys a query attends on average less one half (the diagonal counted half): T/2 causal (the
+  // convention of llm.c and current Megatron), T bidirectional (BERT), the mean of min(i, W) + 1/2
+  // over the queries i with a sliding window W (Mistral: ≈ W + 1/2 when T ≫ W).
   double flops_per_token() const;
+  // K above.
+  double attended_keys() const;
 };
+
+// The name the code grew up with; the GPT and BERT models both take a TransformerConfig.
+using GPTConfig = TransformerConfig;
 
 }  // namespace mpitron

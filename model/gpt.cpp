@@ -4,6 +4,7 @@
 
 #include "autograd/functions.h"
 #include "core/philox.h"
+#include "model/layers/model_ends.h"
 #include "tensor/ops.h"
 
 namespace mpitron {
@@ -40,6 +41,10 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
   if (mp_.cp.active()) {  // context parallelism (parallel/context_parallel.h)
     MPT_CHECK(cfg_.causal, "--context-parallel-size > 1 needs causal attention: BERT's padding mask is not supported",
               "train BERT without --context-parallel-size");
+    MPT_CHECK(cfg_.window_size == 0,
+              str("--context-parallel-size > 1 with --window-size ", cfg_.window_size,
+                  ": the ring attention's blocks take the causal mask only, not yet a sliding window"),
+              "train with --context-parallel-size 1, or without --window-size");
     MPT_CHECK(cfg_.hidden_size % 4 == 0,
               str("--context-parallel-size needs --hidden-size divisible by 4 (dropout masks start at a Philox block), "
                   "got ", cfg_.hidden_size), "");
@@ -155,29 +160,14 @@ Var GPT::embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt) {
   const int64_t B = tokens.dim(0), Tl = tokens.dim(1), N = B * Tl, T = Tl * cp.size;  // tokens: this rank's T/cp
   MPT_CHECK(!cfg_.learned_positions() || T <= cfg_.max_position_embeddings,
             str("sequence of ", T, " tokens exceeds --max-position-embeddings ", cfg_.max_position_embeddings), "");
-  MPT_CHECK(!tp.sequence_parallel || N % tp.size == 0,
-            str("--sequence-parallel splits ", N, " tokens of a micro-batch over ", tp.size, " ranks: not divisible"),
-            "make --micro-batch-size x --seq-length divisible by --tensor-model-parallel-size");
-  Tensor ids = tokens.to(device_).contiguous().view({N});
-  // Vocab-parallel lookup: this rank's rows of wte give a partial sum over the group.
-  const int64_t vocab_start = tp.rank * (cfg_.padded_vocab_size / tp.size);
-  Var x = ag::embedding(tape, ids, params_.var("wte"), vocab_start);
-  x = tp.sequence_parallel ? ag::tp_scatter(tape, x, tp) : ag::tp_reduce(tape, x, tp);
-  const int64_t rows = tp.local_rows(N), row0 = tp.first_row(N);
-  if (cfg_.learned_positions()) {  // each row's position in the whole sequence
-    std::vector<int64_t> pos(static_cast<size_t>(rows));
-    for (int64_t i = 0; i < rows; ++i) pos[static_cast<size_t>(i)] = cp.global_position((row0 + i) % Tl, T);
-    Tensor pos_ids = Tensor::from_ints(pos, {rows}, DType::I32).to(device_);
-    x = ag::add(tape, x, ag::embedding(tape, pos_ids, ag::sequence_parallel_param(tape, params_.var("wpe"), tp)));
-  }
-  const float p = opt.train ? cfg_.hidden_dropout : 0.0f;
-  // Dropout offsets: the embedding mask first (global element index), then two masks of N·C per block.
-  // (the offset counts Philox blocks of 4 elements; hidden_size % 4 == 0 under sequence or context parallelism).
-  if (!cp.active()) return ag::dropout(tape, x, p, opt.dropout_seed, static_cast<uint64_t>(row0 * cfg_.hidden_size / 4));
-  std::vector<ag::DropoutRows> segments;  // this rank's rows at their single-process rows
-  for (const RowRun& r : activation_row_runs(B, Tl, tp, cp))
-    segments.push_back({r.local, r.len, static_cast<uint64_t>(r.global * cfg_.hidden_size / 4)});
-  return ag::dropout(tape, x, p, opt.dropout_seed, segments);
+  EmbedRows rows;
+  rows.ids = tokens.to(device_).contiguous().view({N});
+  const int64_t row0 = tp.first_row(N);
+  for (int64_t i = 0; i < tp.local_rows(N); ++i)  // each row's position in the whole sequence
+    rows.positions.push_back(cp.global_position((row0 + i) % Tl, T));
+  if (cp.active())  // this rank's rows at their single-process rows (the dropout masks' offsets)
+    for (const RowRun& r : activation_row_runs(B, Tl, tp, cp)) rows.dropout_rows.push_back({r.local, r.len, r.global});
+  return embed_tokens(tape, cfg_, tp, params_, rows, opt.train ? cfg_.hidden_dropout : 0.0f, opt.dropout_seed);
 }
 
 Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt) {
@@ -199,25 +189,12 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
   return x;
 }
 
-Var GPT::final_norm(Tape& tape, const Var& x) {
-  const TensorParallel& tp = mp_.tp;
-  const Var w = ag::sequence_parallel_param(tape, params_.var("lnf.weight"), tp);
-  if (cfg_.normalization == Normalization::RMSNorm) return ag::rmsnorm(tape, x, w, cfg_.layernorm_epsilon);
-  return ag::layernorm(tape, x, w, ag::sequence_parallel_param(tape, params_.var("lnf.bias"), tp),
-                       cfg_.layernorm_epsilon);
-}
-
-const Var& GPT::output_weight() const { return params_.var(cfg_.untie_embeddings ? "head.weight" : "wte"); }
+const Var& GPT::output_weight() const { return mpitron::output_weight(cfg_, params_); }
 
 Var GPT::head_loss(Tape& tape, const Var& x, const Tensor& targets) {
   const TensorParallel& tp = mp_.tp;
-  Var h = final_norm(tape, x);
-  Tensor tgt = targets.to(device_).contiguous().view({targets.numel()});
-  if (!tp.active()) return ag::cross_entropy(tape, ag::linear(tape, h, output_weight(), Var()), tgt);
-  h = tp.sequence_parallel ? ag::tp_gather(tape, h, tp) : ag::tp_copy(tape, h, tp);
-  Var logits = ag::linear(tape, h, output_weight(), Var());  // (N, V/t): never gathered
-  const int64_t vocab_start = tp.rank * (cfg_.padded_vocab_size / tp.size);
-  return ag::vocab_parallel_cross_entropy(tape, logits, tgt, vocab_start, tp);
+  const Var logits = output_logits(tape, tp, final_norm(tape, cfg_, tp, params_, x), output_weight(), Var());
+  return lm_loss(tape, cfg_, tp, logits, targets);
 }
 
 Var GPT::chunk_forward(Tape& tape, int c, const Tensor& tokens, const Tensor& targets, const Var& input,
@@ -254,7 +231,7 @@ Tensor GPT::logits(const Tensor& tokens) {
   ForwardOptions opt;
   opt.train = false;
   Var x = layers(tape, chunk(0), embed(tape, tokens, opt), tokens.dim(0), tokens.dim(1), opt);
-  return ag::linear(tape, final_norm(tape, x), output_weight(), Var()).value();
+  return output_logits(tape, mp_.tp, final_norm(tape, cfg_, mp_.tp, params_, x), output_weight(), Var()).value();
 }
 
 }  // namespace mpitron

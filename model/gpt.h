@@ -1,8 +1,9 @@
-// model/gpt.h — the decoder language model of every family (GPT-2, Llama, …).
+// model/gpt.h — the decoder language model of every family (GPT-2, Llama, …), and the
+// parameters, chunks and blocks the BERT model (model/bert.h) builds on.
 //
-//   x0 = dropout(wte[tokens] (+ wpe[positions] with learned positions))   (N, C), N = B·T
+//   x0 = embedding(tokens)                            (N, C), N = B·T  (model/layers/model_ends.h)
 //   x_l+1 = block_l(x_l)                              l = 0 … L-1 (model/block.h)
-//   logits = norm_f(x_L) · Woutᵀ                      (N, V); Wout = wte (tied) or head.weight
+//   logits = final_norm(x_L) · Woutᵀ                  (N, V); Wout = wte (tied) or head.weight
 //   loss = mean cross-entropy(logits, targets)
 // The parameters (names, shapes, order = the checkpoint's datasets, TP split,
 // init, placement) come from the family's parameter table (model/param_table.h).
@@ -119,7 +120,6 @@ class GPT {
  private:
   Var embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt);
   Var head_loss(Tape& tape, const Var& x, const Tensor& targets);
-  Var final_norm(Tape& tape, const Var& x);
 
   GPTConfig cfg_;
   Device device_;

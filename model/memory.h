@@ -1,7 +1,7 @@
 // model/memory.h — what one rank's tensors will hold, printed at start-up.
 //
 // Weights, gradients, master weights and Adam moments are exact byte counts of
-// this rank's flat buffers (parallel/zero.h's accounting for ZeRO). Activations
+// this rank's flat buffers (with ZeRO: the shards of parallel/zero.h's ShardLayout). Activations
 // are the tensors alive at the peak, walked over the rank's schedule (RankShard).
 // N = micro-batch × sequence tokens. Workspace of the ops (BLAS scratch,
 // cuBLASLt / cuDNN workspaces) is not included.

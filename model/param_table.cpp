@@ -1,6 +1,7 @@
 #include "model/param_table.h"
 
 #include "core/error.h"
+#include "model/families.h"
 
 namespace mpitron {
 
@@ -66,56 +67,141 @@ ParamSpec matmul(ParamSpec s) {
   return s;
 }
 
+ParamSpec vocab(ParamSpec s) {
+  s.vocab = true;
+  return s;
+}
+
+// One scheme's entry of the HF column: the names ("{l}" is the layer), the transform, tied names.
+struct HfAlt {
+  HfScheme scheme;
+  std::vector<std::string> names;
+  HfTransform transform = HfTransform::Copy;
+  std::vector<std::string> tied = {};
+};
+
+// The row with the HF column of `fam`'s scheme (none: the configuration has no family).
+ParamSpec hf(ParamSpec s, const Family* fam, int64_t layer, std::initializer_list<HfAlt> alts) {
+  if (!fam) return s;
+  for (const HfAlt& a : alts) {
+    if (a.scheme != fam->scheme) continue;
+    for (std::string n : a.names) {
+      const size_t at = n.find("{l}");
+      if (at != std::string::npos) n.replace(at, 3, std::to_string(layer));
+      s.hf.push_back(n);
+    }
+    s.hf_transform = a.transform;
+    s.hf_tied = a.tied;
+  }
+  return s;
+}
+
 }  // namespace
 
 std::vector<ParamSpec> block_param_table(const GPTConfig& c, int64_t l) {
   const int64_t C = c.hidden_size, F = c.ffn(), HD = c.head_dim();
   const int64_t q = c.num_attention_heads * HD, kv = c.query_groups() * HD;
   const std::vector<int64_t> qkv_parts{q, kv, kv};
-  const std::vector<int64_t> fc_parts = c.swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{};
+  const std::vector<int64_t> fc_parts = mlp_gated(c.mlp) ? std::vector<int64_t>{F, F} : std::vector<int64_t>{};
   const std::string p = str("layers.", l, ".");
   const bool ln_bias = c.norm_has_bias(), bias = c.add_bias_linear;
+  const Family* fam = family_of(c);
   using R = ParamRole;
   using I = ParamInit;
+  using S = HfScheme;
+  const HfTransform T = HfTransform::Transpose;
   const ParamPlace L = ParamPlace::Layer;
+  const I norm_w = c.layernorm_1p ? I::Zeros : I::Ones;  // --apply-layernorm-1p: w of (1 + w)
+  // The HF column: GPT-2 (GPT2LMHeadModel, after "transformer."), Llama and the families
+  // built on it (model.layers.*), BERT (BertForPreTraining; post-LN, so its attention's
+  // output LayerNorm is our ln1).
+  const std::string g = "h.{l}.", m = "model.layers.{l}.", b = "bert.encoder.layer.{l}.";
   std::vector<ParamSpec> v;
-  v.push_back(row(p + "ln1.weight", R::Norm1Weight, {C}, I::Ones, L, l));
-  if (ln_bias) v.push_back(row(p + "ln1.bias", R::Norm1Bias, {C}, I::Zeros, L, l));
-  v.push_back(matmul(split(row(p + "attn.qkv.weight", R::QkvWeight, {q + 2 * kv, C}, I::Normal, L, l), 0, qkv_parts)));
-  if (bias) v.push_back(split(row(p + "attn.qkv.bias", R::QkvBias, {q + 2 * kv}, I::Zeros, L, l), 0, qkv_parts));
-  v.push_back(matmul(split(row(p + "attn.proj.weight", R::ProjWeight, {C, q}, I::OutputNormal, L, l), 1)));
-  if (bias) v.push_back(row(p + "attn.proj.bias", R::ProjBias, {C}, I::Zeros, L, l));
-  v.push_back(row(p + "ln2.weight", R::Norm2Weight, {C}, I::Ones, L, l));
-  if (ln_bias) v.push_back(row(p + "ln2.bias", R::Norm2Bias, {C}, I::Zeros, L, l));
-  v.push_back(matmul(split(row(p + "mlp.fc.weight", R::FcWeight, {c.fc_rows(), C}, I::Normal, L, l), 0, fc_parts)));
-  if (bias) v.push_back(split(row(p + "mlp.fc.bias", R::FcBias, {c.fc_rows()}, I::Zeros, L, l), 0, fc_parts));
-  v.push_back(matmul(split(row(p + "mlp.proj.weight", R::MlpProjWeight, {C, F}, I::OutputNormal, L, l), 1)));
-  if (bias) v.push_back(row(p + "mlp.proj.bias", R::MlpProjBias, {C}, I::Zeros, L, l));
+  v.push_back(hf(row(p + "ln1.weight", R::Norm1Weight, {C}, norm_w, L, l), fam, l,
+                 {{S::Gpt2, {g + "ln_1.weight"}}, {S::Llama, {m + "input_layernorm.weight"}},
+                  {S::Bert, {b + "attention.output.LayerNorm.weight"}}}));
+  if (ln_bias)
+    v.push_back(hf(row(p + "ln1.bias", R::Norm1Bias, {C}, I::Zeros, L, l), fam, l,
+                   {{S::Gpt2, {g + "ln_1.bias"}}, {S::Bert, {b + "attention.output.LayerNorm.bias"}}}));
+  v.push_back(hf(matmul(split(row(p + "attn.qkv.weight", R::QkvWeight, {q + 2 * kv, C}, I::Normal, L, l), 0, qkv_parts)),
+                 fam, l,
+                 {{S::Gpt2, {g + "attn.c_attn.weight"}, T},
+                  {S::Llama, {m + "self_attn.q_proj.weight", m + "self_attn.k_proj.weight", m + "self_attn.v_proj.weight"}},
+                  {S::Bert, {b + "attention.self.query.weight", b + "attention.self.key.weight",
+                             b + "attention.self.value.weight"}}}));
+  if (c.qkv_bias())
+    v.push_back(hf(split(row(p + "attn.qkv.bias", R::QkvBias, {q + 2 * kv}, I::Zeros, L, l), 0, qkv_parts), fam, l,
+                   {{S::Gpt2, {g + "attn.c_attn.bias"}},
+                    {S::Llama, {m + "self_attn.q_proj.bias", m + "self_attn.k_proj.bias", m + "self_attn.v_proj.bias"}},
+                    {S::Bert, {b + "attention.self.query.bias", b + "attention.self.key.bias",
+                               b + "attention.self.value.bias"}}}));
+  v.push_back(hf(matmul(split(row(p + "attn.proj.weight", R::ProjWeight, {C, q}, I::OutputNormal, L, l), 1)), fam, l,
+                 {{S::Gpt2, {g + "attn.c_proj.weight"}, T}, {S::Llama, {m + "self_attn.o_proj.weight"}},
+                  {S::Bert, {b + "attention.output.dense.weight"}}}));
+  if (bias)
+    v.push_back(hf(row(p + "attn.proj.bias", R::ProjBias, {C}, I::Zeros, L, l), fam, l,
+                   {{S::Gpt2, {g + "attn.c_proj.bias"}}, {S::Llama, {m + "self_attn.o_proj.bias"}},
+                    {S::Bert, {b + "attention.output.dense.bias"}}}));
+  v.push_back(hf(row(p + "ln2.weight", R::Norm2Weight, {C}, norm_w, L, l), fam, l,
+                 {{S::Gpt2, {g + "ln_2.weight"}}, {S::Llama, {m + "post_attention_layernorm.weight"}},
+                  {S::Bert, {b + "output.LayerNorm.weight"}}}));
+  if (ln_bias)
+    v.push_back(hf(row(p + "ln2.bias", R::Norm2Bias, {C}, I::Zeros, L, l), fam, l,
+                   {{S::Gpt2, {g + "ln_2.bias"}}, {S::Bert, {b + "output.LayerNorm.bias"}}}));
+  v.push_back(hf(matmul(split(row(p + "mlp.fc.weight", R::FcWeight, {c.fc_rows(), C}, I::Normal, L, l), 0, fc_parts)),
+                 fam, l,
+                 {{S::Gpt2, {g + "mlp.c_fc.weight"}, T}, {S::Llama, {m + "mlp.gate_proj.weight", m + "mlp.up_proj.weight"}},
+                  {S::Bert, {b + "intermediate.dense.weight"}}}));
+  if (bias)
+    v.push_back(hf(split(row(p + "mlp.fc.bias", R::FcBias, {c.fc_rows()}, I::Zeros, L, l), 0, fc_parts), fam, l,
+                   {{S::Gpt2, {g + "mlp.c_fc.bias"}}, {S::Llama, {m + "mlp.gate_proj.bias", m + "mlp.up_proj.bias"}},
+                    {S::Bert, {b + "intermediate.dense.bias"}}}));
+  v.push_back(hf(matmul(split(row(p + "mlp.proj.weight", R::MlpProjWeight, {C, F}, I::OutputNormal, L, l), 1)), fam, l,
+                 {{S::Gpt2, {g + "mlp.c_proj.weight"}, T}, {S::Llama, {m + "mlp.down_proj.weight"}},
+                  {S::Bert, {b + "output.dense.weight"}}}));
+  if (bias)
+    v.push_back(hf(row(p + "mlp.proj.bias", R::MlpProjBias, {C}, I::Zeros, L, l), fam, l,
+                   {{S::Gpt2, {g + "mlp.c_proj.bias"}}, {S::Llama, {m + "mlp.down_proj.bias"}},
+                    {S::Bert, {b + "output.dense.bias"}}}));
   return v;
 }
 
 std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
   const int64_t C = c.hidden_size, V = c.padded_vocab_size;
+  const Family* fam = family_of(c);
   using R = ParamRole;
   using I = ParamInit;
+  using S = HfScheme;
   std::vector<ParamSpec> v;
   const bool classifier = c.bert && c.num_classes > 0;  // no LM head: wte is only the embedding
   ParamSpec wte = split(row("wte", R::WordEmbedding, {V, C}, I::Normal,
                             c.untie_embeddings || classifier ? ParamPlace::FirstStage : ParamPlace::FirstAndLast),
                         0);
   wte.matmul = !c.untie_embeddings && !classifier;  // the tied head's matmul
-  v.push_back(wte);
+  const std::vector<std::string> tied_head = c.untie_embeddings ? std::vector<std::string>{}
+                                                                : std::vector<std::string>{"lm_head.weight"};
+  v.push_back(hf(vocab(wte), fam, 0,
+                 {{S::Gpt2, {"wte.weight"}, HfTransform::Copy, {"lm_head.weight"}},
+                  {S::Llama, {"model.embed_tokens.weight"}, HfTransform::Copy, tied_head},
+                  {S::Bert, {"bert.embeddings.word_embeddings.weight"}, HfTransform::Copy,
+                   {"cls.predictions.decoder.weight"}}}));
   const ParamPlace first = ParamPlace::FirstStage, last = ParamPlace::LastStage;
   if (c.learned_positions())
-    v.push_back(row("wpe", R::PositionEmbedding, {c.max_position_embeddings, C}, I::Normal, first));
+    v.push_back(hf(row("wpe", R::PositionEmbedding, {c.max_position_embeddings, C}, I::Normal, first), fam, 0,
+                   {{S::Gpt2, {"wpe.weight"}}, {S::Bert, {"bert.embeddings.position_embeddings.weight"}}}));
   if (c.num_tokentypes > 0)
-    v.push_back(row("tokentype_embeddings", R::TokentypeEmbedding, {c.num_tokentypes, C}, I::Normal, first));
+    v.push_back(hf(row("tokentype_embeddings", R::TokentypeEmbedding, {c.num_tokentypes, C}, I::Normal, first), fam, 0,
+                   {{S::Bert, {"bert.embeddings.token_type_embeddings.weight"}}}));
   if (c.post_ln) {  // the original BERT: LayerNorm on the embeddings, none after the last block
-    v.push_back(row("emb_ln.weight", R::EmbeddingNormWeight, {C}, I::Ones, first));
-    v.push_back(row("emb_ln.bias", R::EmbeddingNormBias, {C}, I::Zeros, first));
+    v.push_back(hf(row("emb_ln.weight", R::EmbeddingNormWeight, {C}, I::Ones, first), fam, 0,
+                   {{S::Bert, {"bert.embeddings.LayerNorm.weight"}}}));
+    v.push_back(hf(row("emb_ln.bias", R::EmbeddingNormBias, {C}, I::Zeros, first), fam, 0,
+                   {{S::Bert, {"bert.embeddings.LayerNorm.bias"}}}));
   } else {
-    v.push_back(row("lnf.weight", R::FinalNormWeight, {C}, I::Ones, last));
-    if (c.norm_has_bias()) v.push_back(row("lnf.bias", R::FinalNormBias, {C}, I::Zeros, last));
+    v.push_back(hf(row("lnf.weight", R::FinalNormWeight, {C}, c.layernorm_1p ? I::Zeros : I::Ones, last), fam, 0,
+                   {{S::Gpt2, {"ln_f.weight"}}, {S::Llama, {"model.norm.weight"}}}));
+    if (c.norm_has_bias())
+      v.push_back(hf(row("lnf.bias", R::FinalNormBias, {C}, I::Zeros, last), fam, 0, {{S::Gpt2, {"ln_f.bias"}}}));
   }
   if (classifier) {  // Megatron's Classification: pooler tanh(dense([CLS])), then dropout and a K-way linear
     v.push_back(matmul(row("pooler.dense.weight", R::PoolerWeight, {C, C}, I::Normal, last)));
@@ -125,20 +211,31 @@ std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
   } else if (c.bert) {
     // MLM head: dense + gelu + LayerNorm (replicated, computed on every TP rank),
     // then the tied decoder wte (vocab-parallel) with its own bias (vocab-parallel).
-    v.push_back(matmul(row("lm_head.dense.weight", R::LmHeadDenseWeight, {C, C}, I::Normal, last)));
-    v.push_back(row("lm_head.dense.bias", R::LmHeadDenseBias, {C}, I::Zeros, last));
-    v.push_back(row("lm_head.ln.weight", R::LmHeadNormWeight, {C}, I::Ones, last));
-    v.push_back(row("lm_head.ln.bias", R::LmHeadNormBias, {C}, I::Zeros, last));
-    v.push_back(split(row("lm_head.bias", R::LmHeadBias, {V}, I::Zeros, last), 0));
+    const std::string t = "cls.predictions.transform.";
+    v.push_back(hf(matmul(row("lm_head.dense.weight", R::LmHeadDenseWeight, {C, C}, I::Normal, last)), fam, 0,
+                   {{S::Bert, {t + "dense.weight"}}}));
+    v.push_back(hf(row("lm_head.dense.bias", R::LmHeadDenseBias, {C}, I::Zeros, last), fam, 0,
+                   {{S::Bert, {t + "dense.bias"}}}));
+    v.push_back(hf(row("lm_head.ln.weight", R::LmHeadNormWeight, {C}, I::Ones, last), fam, 0,
+                   {{S::Bert, {t + "LayerNorm.weight"}}}));
+    v.push_back(hf(row("lm_head.ln.bias", R::LmHeadNormBias, {C}, I::Zeros, last), fam, 0,
+                   {{S::Bert, {t + "LayerNorm.bias"}}}));
+    v.push_back(hf(vocab(split(row("lm_head.bias", R::LmHeadBias, {V}, I::Zeros, last), 0)), fam, 0,
+                   {{S::Bert, {"cls.predictions.bias"}, HfTransform::Copy, {"cls.predictions.decoder.bias"}}}));
     if (c.binary_head) {  // pooler tanh(dense([CLS])) and the 2-way sentence-order classifier
-      v.push_back(matmul(row("pooler.dense.weight", R::PoolerWeight, {C, C}, I::Normal, last)));
-      v.push_back(row("pooler.dense.bias", R::PoolerBias, {C}, I::Zeros, last));
-      v.push_back(matmul(row("binary_head.weight", R::BinaryHeadWeight, {2, C}, I::Normal, last)));
-      v.push_back(row("binary_head.bias", R::BinaryHeadBias, {2}, I::Zeros, last));
+      v.push_back(hf(matmul(row("pooler.dense.weight", R::PoolerWeight, {C, C}, I::Normal, last)), fam, 0,
+                     {{S::Bert, {"bert.pooler.dense.weight"}}}));
+      v.push_back(hf(row("pooler.dense.bias", R::PoolerBias, {C}, I::Zeros, last), fam, 0,
+                     {{S::Bert, {"bert.pooler.dense.bias"}}}));
+      v.push_back(hf(matmul(row("binary_head.weight", R::BinaryHeadWeight, {2, C}, I::Normal, last)), fam, 0,
+                     {{S::Bert, {"cls.seq_relationship.weight"}}}));
+      v.push_back(hf(row("binary_head.bias", R::BinaryHeadBias, {2}, I::Zeros, last), fam, 0,
+                     {{S::Bert, {"cls.seq_relationship.bias"}}}));
     }
   }
   if (c.untie_embeddings)
-    v.push_back(matmul(split(row("head.weight", R::OutputWeight, {V, C}, I::Normal, ParamPlace::LastStage), 0)));
+    v.push_back(hf(vocab(matmul(split(row("head.weight", R::OutputWeight, {V, C}, I::Normal, ParamPlace::LastStage), 0))),
+                   fam, 0, {{S::Llama, {"lm_head.weight"}}}));
   return v;
 }
 

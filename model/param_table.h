@@ -3,8 +3,11 @@
 // The table is the single place that knows which tensors a configuration has.
 // It drives the layout (GPT's ParamSet and the checkpoint's dataset names and
 // global shapes), the tensor-parallel sharding, the init, weight decay, the
-// pipeline placement, the parameter and FLOP counts and the HF name maps
-// (model/inference/hf_*.cpp look rows up by role). Nothing matches names.
+// pipeline placement, the parameter and FLOP counts, and the Hugging Face map: each
+// row carries, in its HF column, the names of the configuration's family
+// (model/families.h) and how the values transform, and the one converter
+// (model/inference/hf_convert.h) reads and writes every family from it. Nothing
+// matches names to decide what a tensor is.
 //
 // Rows, in single-rank order (GPT-2 / Llama; C hidden, F ffn, V padded vocab,
 // P positions, NH heads, G query groups, HD head dim):
@@ -61,6 +64,12 @@ enum class ParamInit : uint8_t {
   Zeros,         // biases
 };
 
+// How a row's values map to its Hugging Face tensors.
+enum class HfTransform : uint8_t {
+  Copy,       // stored as ours: nn.Linear's (out, in), embeddings, norm weights and biases
+  Transpose,  // GPT-2's Conv1D stores (in, out)
+};
+
 enum class ParamPlace : uint8_t {
   FirstStage,    // embeddings
   Layer,         // the stage holding `layer`
@@ -83,6 +92,16 @@ struct ParamSpec {
   ParamPlace place = ParamPlace::Layer;
   int64_t layer = -1;        // ParamPlace::Layer only
   bool matmul = false;       // a matmul weight (counted in FLOPs: 6 per element per token)
+  bool vocab = false;        // axis 0 is the padded vocabulary (wte, head.weight, lm_head.bias): the
+                             //   rows past vocab_size are padding, absent in Hugging Face
+  // The Hugging Face column, for the configuration's family (empty for a mix no family
+  // has): the HF tensors whose rows make this parameter, one per part of tp_parts (q|k|v,
+  // gate|up) or one for the whole; names after the family's prefix (GPT-2's "transformer.").
+  std::vector<std::string> hf;
+  HfTransform hf_transform = HfTransform::Copy;
+  // HF tensors tied to this one (lm_head.weight = wte, BERT's decoder): read only to check
+  // they equal it; written only on request (GPT-2's --lm-head).
+  std::vector<std::string> hf_tied;
 };
 
 // Every parameter of `cfg`, in single-rank (checkpoint) order.

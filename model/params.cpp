@@ -126,4 +126,16 @@ const Var& ParamSet::var(const std::string& name) const {
   MPT_THROW(str("no parameter named ", name), "");
 }
 
+const Var& ParamSet::var(ParamRole role) const {
+  for (size_t i = 0; i < infos_.size(); ++i)
+    if (infos_[i].role == role) return vars_[i];
+  MPT_THROW(str("no ", to_string(role), " parameter on this rank"), "");
+}
+
+bool ParamSet::has(ParamRole role) const {
+  for (const ParamInfo& p : infos_)
+    if (p.role == role) return true;
+  return false;
+}
+
 }  // namespace mpitron

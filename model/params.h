@@ -70,6 +70,10 @@ class ParamSet {
   bool has(const std::string& name) const;
   size_t index(const std::string& name) const;
   const Var& var(const std::string& name) const;
+  // The parameter of a role outside the blocks (wte, lnf.weight, head.weight, …: one per
+  // role; model/param_table.h). has(role): this rank holds it.
+  const Var& var(ParamRole role) const;
+  bool has(ParamRole role) const;
   const Var& var(size_t i) const { return vars_[i]; }
   const Tensor& values() const { return values_; }  // (numel) compute dtype
   const Tensor& grads() const { return grads_; }    // (numel) f32

@@ -11,31 +11,6 @@
 
 namespace mpitron {
 
-std::string MemoryReport::to_string() const {
-  const auto gb = [](int64_t b) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.3f GB", static_cast<double>(b) / 1e9);
-    return std::string(buf);
-  };
-  return str("weights ", gb(weights), " | gradients ", gb(gradients), " | gradient scratch ", gb(grad_scratch),
-             " | master weights ", gb(master_weights), " | moments ", gb(moments), " | total ", gb(total()));
-}
-
-MemoryReport zero_memory_estimate(int64_t numel, DType values, int dp, int stage) {
-  MPT_CHECK(stage >= 0 && stage <= 2, str("--zero-stage ", stage, " is not 0, 1 or 2"), "");
-  MPT_CHECK(dp >= 1, str("data-parallel size ", dp, " must be >= 1"), "");
-  const int64_t shard = stage == 0 ? numel : ShardLayout(numel, dp).size(0);
-  MemoryReport r;
-  r.weights = numel * static_cast<int64_t>(dtype_size(values));
-  // Stage 2's shard is the owned slice of the full buffer; the rest of it is
-  // scratch zeroed after every micro-batch (reclaimable, see zero.h).
-  r.gradients = 4 * (stage == 2 ? shard : numel);
-  r.grad_scratch = stage == 2 ? 4 * (numel - shard) : 0;
-  r.master_weights = values == DType::F32 ? 0 : 4 * shard;
-  r.moments = 2 * 4 * shard;
-  return r;
-}
-
 ZeroOptimizer::ZeroOptimizer(const Tensor& values, const Tensor& grads, std::vector<FlatParam> params,
                              Communicator& dp, const ZeroConfig& cfg, Communicator* norm_group)
     : values_(values), grads_(grads), params_(std::move(params)), dp_(dp), norm_group_(norm_group), cfg_(cfg) {
@@ -226,19 +201,6 @@ ZeroStepResult ZeroOptimizer::step(float lr, float loss_scale, const std::functi
 void ZeroOptimizer::sync_values_from_master() {
   if (separate_master_) cast(master_, values_.flat_range(shard_begin(), shard_end() - shard_begin()));
   all_gather_values();
-}
-
-MemoryReport ZeroOptimizer::memory_report() const {
-  MemoryReport r = zero_memory_estimate(values_.numel(), values_.dtype(), dp_.size(), cfg_.stage);
-  // This rank's actual shard (the estimate reports the largest).
-  const int64_t n = shard_end() - shard_begin();
-  r.master_weights = separate_master_ ? 4 * n : 0;
-  r.moments = 8 * n;
-  if (cfg_.stage == 2) {
-    r.gradients = 4 * n;
-    r.grad_scratch = 4 * (values_.numel() - n);
-  }
-  return r;
 }
 
 }  // namespace mpitron

@@ -7,7 +7,7 @@
 //   master (shard) f32   — a view of the values when they are f32 (as AdamWOptimizer)
 //   m, v   (shard) f32
 // One step:
-//   1. gradients are reduce-scattered (averaged over dp) to their owners in
+//   1. gradients are reduce-scattered (summed over dp; the 1/dp is folded into the update) to their owners in
 //      buckets (GradBuckets, overlapped with backward);
 //   2. the global grad norm = sqrt(all-reduce over dp [and the model-parallel
 //      group, when given] of each shard's Σg²); non-finite → step skipped on
@@ -34,9 +34,9 @@
 // rest of the buffer is zeroed: between micro-batches the only gradient state
 // is the shard, and the non-owned part is scratch for one backward.
 // Memory: ParamSet owns ONE full f32 grad buffer, so today both stages hold
-// 4·N gradient bytes; MemoryReport splits stage 2's into `gradients` (the
-// shard, 4·N/dp) and `grad_scratch` (the rest: what a bucket-sized scratch
-// would save once ParamSet can release its grad buffer between micro-batches).
+// 4·N gradient bytes (stage 2's non-owned part is scratch for one backward: what a
+// bucket-sized scratch would save once ParamSet can release its grad buffer between
+// micro-batches). model/memory.h prints each rank's bytes.
 #pragma once
 #include <functional>
 #include <memory>
@@ -63,20 +63,6 @@ struct ZeroStepResult {
   bool skipped = false;  // gradients were not finite: parameters unchanged on every rank
 };
 
-// Bytes per rank of the model and optimizer state (the trainer adds activations).
-struct MemoryReport {
-  int64_t weights = 0;         // compute-dtype parameter values (the full replica)
-  int64_t gradients = 0;       // persistent f32 gradients (stage 0/1: full buffer; stage 2: the shard)
-  int64_t grad_scratch = 0;    // stage 2: the non-owned rest of the f32 buffer (one micro-batch's scratch)
-  int64_t master_weights = 0;  // f32 master copy (0 when the values are f32: shared)
-  int64_t moments = 0;         // Adam m and v
-  int64_t total() const { return weights + gradients + grad_scratch + master_weights + moments; }
-  std::string to_string() const;  // "weights 1.2 GB | gradients …"
-};
-// What a rank holds for `numel` parameters of dtype `values` over dp ranks at
-// `stage` (0 = plain data parallel with full optimizer state on every rank).
-// The largest shard is reported (rank 0's).
-MemoryReport zero_memory_estimate(int64_t numel, DType values, int dp, int stage);
 
 class ZeroOptimizer {
  public:
@@ -128,7 +114,6 @@ class ZeroOptimizer {
   void set_steps_taken(int64_t s) { step_ = s; }
   // After loading master shards: round them into the values and all-gather.
   void sync_values_from_master();
-  MemoryReport memory_report() const;
   const ZeroConfig& config() const { return cfg_; }
   GradBuckets& buckets() { return *buckets_; }
 

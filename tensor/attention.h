@@ -15,7 +15,7 @@
 //        saved by forward for backward (the flash-attention statistics).
 //   mask (AttentionMask below): query i of sample b sees key j iff
 //        j < len_b (the key padding mask; len_b = kv_lengths[b], T without it) and,
-//        when causal, j <= i. Masked scores are −∞ before the softmax (dropout acts
+//        when causal, j <= i, and, with a sliding window W > 0, i − W <= j. Masked scores are −∞ before the softmax (dropout acts
 //        after it, on the kept probabilities). A row with no visible key (only
 //        possible with len_b = 0, which the op rejects) would be out 0, lse −∞,
 //        gradient 0: the CUDA fallback clamps len_b to [0, T] and does exactly that.
@@ -73,9 +73,13 @@ MPT_HD bool attention_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h,
 //   The values are checked (an error naming the op) where that is free — a CPU
 //   tensor; a device tensor is not read back (no stream sync): the CUDA fallback
 //   clamps to [0, T], cuDNN takes them as its seq_len_kv.
+// window W > 0: sliding-window attention (Mistral's sliding_window, Megatron's
+//   --window-size W,0; causal only): query i sees keys i − W … i, W + 1 keys (flash
+//   attention's window_size = (W, 0), HF Mistral's mask). 0: every earlier key.
 struct AttentionMask {
   bool causal = true;
   Tensor kv_lengths;
+  int64_t window = 0;
 };
 
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,

@@ -256,25 +256,41 @@ void check_swiglu_pair(const char* op, const Tensor& x, const Tensor& o, const c
   need_shape(op, o, on, want);
   need(o.dtype() == x.dtype(), str(op, ": ", on, " must have x's dtype, got ", o.describe()));
 }
-}  // namespace
 
-void swiglu_forward(const Tensor& x, const Tensor& out, Stream s) {
-  const char* op = "swiglu_forward";
+void check_glu_forward(const char* op, const Tensor& x, const Tensor& out) {
   need_float(op, x, "x");
   check_swiglu_pair(op, x, out, "out");
   check_same_device(op, {&x, &out});
   check_contiguous(op, {{&x, "x"}, {&out, "out"}});
-  MPT_BACKEND(x, swiglu_forward, x, out, s);
 }
 
-void swiglu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream s) {
-  const char* op = "swiglu_backward";
+void check_glu_backward(const char* op, const Tensor& dout, const Tensor& x, const Tensor& dx) {
   need_float(op, x, "x");
   check_swiglu_pair(op, x, dout, "dout");
   need_like(op, x, "x", dx, "dx");
   check_same_device(op, {&dout, &x, &dx});
   check_contiguous(op, {{&dout, "dout"}, {&x, "x"}, {&dx, "dx"}});
+}
+}  // namespace
+
+void swiglu_forward(const Tensor& x, const Tensor& out, Stream s) {
+  check_glu_forward("swiglu_forward", x, out);
+  MPT_BACKEND(x, swiglu_forward, x, out, s);
+}
+
+void swiglu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream s) {
+  check_glu_backward("swiglu_backward", dout, x, dx);
   MPT_BACKEND(x, swiglu_backward, dout, x, dx, s);
+}
+
+void geglu_forward(const Tensor& x, const Tensor& out, Stream s) {
+  check_glu_forward("geglu_forward", x, out);
+  MPT_BACKEND(x, geglu_forward, x, out, s);
+}
+
+void geglu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream s) {
+  check_glu_backward("geglu_backward", dout, x, dx);
+  MPT_BACKEND(x, geglu_backward, dout, x, dx, s);
 }
 
 void softmax_forward(const Tensor& x, const Tensor& out, Stream s) {
@@ -322,6 +338,8 @@ void check_attention_dropout(const char* op, const AttentionDropout& d) {
 }
 // kv_lengths: (B) i32 on qkv's device; its values 1..T are checked when they are on the host.
 void check_attention_mask(const char* op, const AttentionMask& m, const Tensor& qkv, const Tensor& out) {
+  need(m.window >= 0, str(op, ": mask window must be >= 0 (0: no sliding window), got ", m.window));
+  need(m.window == 0 || m.causal, str(op, ": a sliding window (mask window ", m.window, ") needs causal attention"));
   const Tensor& l = m.kv_lengths;
   if (!l.defined()) return;
   const int64_t b = out.dim(0), t = out.dim(1);

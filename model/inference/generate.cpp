@@ -6,12 +6,12 @@
 
 #include "core/error.h"
 #include "core/philox.h"
+#include "model/layers/model_ends.h"
 #include "tensor/ops.h"
 
 namespace mpitron {
 
 namespace {
-const GemmArgs kLinear{false, true, 1.0f, 0.0f};  // y = x · Wᵀ
 
 Tensor ids_tensor(const std::vector<int64_t>& v, Device d) {
   return Tensor::from_ints(v, {static_cast<int64_t>(v.size())}, DType::I32).to(d);
@@ -47,12 +47,12 @@ KVCacheDecoder::KVCacheDecoder(GPT& model, int64_t batch, int64_t max_len, bool 
 }
 
 Tensor KVCacheDecoder::embed(const std::vector<int64_t>& ids, const std::vector<int64_t>& pos) {
-  const GPTConfig& c = model_.config();
-  Tensor x = Tensor::empty({static_cast<int64_t>(ids.size()), c.hidden_size}, c.compute_dtype, model_.device());
-  embedding_forward(ids_tensor(ids, model_.device()), model_.params().var("wte").value(), x);
-  if (c.learned_positions())
-    embedding_forward(ids_tensor(pos, model_.device()), model_.params().var("wpe").value(), x, true);
-  return x;
+  Tape tape;
+  tape.set_recording(false);
+  EmbedRows rows;
+  rows.ids = ids_tensor(ids, model_.device());
+  rows.positions = pos;
+  return embed_tokens(tape, model_.config(), TensorParallel{}, model_.params(), rows, 0.0f, 0).value();
 }
 
 std::vector<float> KVCacheDecoder::prefill(int64_t b, const std::vector<int32_t>& prompt) {
@@ -101,7 +101,7 @@ class KVCacheDecoder::DecodeCore final : public AttentionCore {
       d_.k_cache_[l].select(0, b).select(1, t).copy_from(row.slice(0, NH, NH + G));
       d_.v_cache_[l].select(0, b).select(1, t).copy_from(row.slice(0, NH + G, NH + 2 * G));
     }
-    d_.cached_attention(qkv, att, layer_, rows_, pos_);
+    d_.cached_attention(s, qkv, att, layer_, rows_, pos_);
   }
   const std::vector<int64_t>* positions() const override { return &pos_; }
 
@@ -132,19 +132,16 @@ Tensor KVCacheDecoder::run_layers(Tensor x, const std::vector<int64_t>& rows, co
     }
     x = y;
   }
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  NormActs na;
-  const NormParams lnf{model_.params().var("lnf.weight"),
-                       c.norm_has_bias() ? model_.params().var("lnf.bias") : Var()};
-  norm_forward(c.normalization, c.layernorm_epsilon, lnf, x, out, na);
-  return out;
+  Tape tape;
+  tape.set_recording(false);
+  return final_norm(tape, c, TensorParallel{}, model_.params(), Var(x)).value();
 }
 
-void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int64_t layer,
+void KVCacheDecoder::cached_attention(const BlockShape& s, const Tensor& qkv, const Tensor& att, int64_t layer,
                                       const std::vector<int64_t>& rows, const std::vector<int64_t>& pos) {
   const GPTConfig& c = model_.config();
   const int64_t n = qkv.dim(0), NH = c.num_attention_heads, G = c.query_groups(), HD = c.head_dim();
-  const int64_t r = NH / G, QL = (NH + 2 * G) * HD, C = c.hidden_size;  // r query heads per group
+  const int64_t r = NH / G, QL = (NH + 2 * G) * HD, C = NH * HD;  // r query heads per group; C: att width
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const Tensor& kc = k_cache_[static_cast<size_t>(layer)];
   const Tensor& vc = v_cache_[static_cast<size_t>(layer)];
@@ -158,24 +155,25 @@ void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int6
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t i = 0; i < n; ++i)
       for (int64_t h = 0; h < NH; ++h) {
-        const int64_t b = rows[static_cast<size_t>(i)], L = pos[static_cast<size_t>(i)] + 1, g = h / r;
+        const int64_t b = rows[static_cast<size_t>(i)], p = pos[static_cast<size_t>(i)], g = h / r;
+        const int64_t t0 = s.first_key(p), L = p + 1 - t0;  // keys t0 … p
         const float* qi = q + i * QL + h * HD;
-        const float* kb = K + (b * G + g) * tmax * HD;
-        const float* vb = V + (b * G + g) * tmax * HD;
-        std::vector<float> s(static_cast<size_t>(L));
+        const float* kb = K + ((b * G + g) * tmax + t0) * HD;
+        const float* vb = V + ((b * G + g) * tmax + t0) * HD;
+        std::vector<float> sc(static_cast<size_t>(L));
         float mx = -INFINITY;
         for (int64_t t = 0; t < L; ++t) {
           float d = 0.0f;
           for (int64_t e = 0; e < HD; ++e) d += qi[e] * kb[t * HD + e];
-          s[static_cast<size_t>(t)] = d * scale;
-          mx = std::max(mx, s[static_cast<size_t>(t)]);
+          sc[static_cast<size_t>(t)] = d * scale;
+          mx = std::max(mx, sc[static_cast<size_t>(t)]);
         }
         float sum = 0.0f;
-        for (int64_t t = 0; t < L; ++t) sum += (s[static_cast<size_t>(t)] = std::exp(s[static_cast<size_t>(t)] - mx));
+        for (int64_t t = 0; t < L; ++t) sum += (sc[static_cast<size_t>(t)] = std::exp(sc[static_cast<size_t>(t)] - mx));
         float* oi = o + i * C + h * HD;
         for (int64_t e = 0; e < HD; ++e) oi[e] = 0.0f;
         for (int64_t t = 0; t < L; ++t) {
-          const float w = s[static_cast<size_t>(t)] / sum;
+          const float w = sc[static_cast<size_t>(t)] / sum;
           for (int64_t e = 0; e < HD; ++e) oi[e] += w * vb[t * HD + e];
         }
       }
@@ -186,10 +184,11 @@ void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int6
   const Tensor q3 = qkv.view({n, NH + 2 * G, HD});
   const Tensor o3 = att.view({n, NH, HD});
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t b = rows[static_cast<size_t>(i)], L = pos[static_cast<size_t>(i)] + 1;
+    const int64_t b = rows[static_cast<size_t>(i)], p = pos[static_cast<size_t>(i)];
+    const int64_t t0 = s.first_key(p), L = p + 1 - t0;  // keys t0 … p
     for (int64_t g = 0; g < G; ++g) {
-      const Tensor k = kc.select(0, b).select(0, g).slice(0, 0, L);  // (L, HD)
-      const Tensor v = vc.select(0, b).select(0, g).slice(0, 0, L);
+      const Tensor k = kc.select(0, b).select(0, g).slice(0, t0, p + 1);  // (L, HD)
+      const Tensor v = vc.select(0, b).select(0, g).slice(0, t0, p + 1);
       const Tensor qg = q3.select(0, i).slice(0, g * r, (g + 1) * r).contiguous();  // (r, HD)
       Tensor scores = Tensor::empty({r, L}, qkv.dtype(), qkv.device());
       gemm(qg, k.contiguous(), scores, GemmArgs{false, true, scale, 0.0f});
@@ -205,8 +204,9 @@ void KVCacheDecoder::cached_attention(const Tensor& qkv, const Tensor& att, int6
 std::vector<float> KVCacheDecoder::head_logits(const Tensor& h) {
   const GPTConfig& c = model_.config();
   const int64_t n = h.dim(0), Vp = c.padded_vocab_size, V = c.vocab_size;
-  Tensor logits = Tensor::empty({n, Vp}, c.compute_dtype, model_.device());
-  gemm(h.contiguous(), model_.output_weight().value(), logits, kLinear);
+  Tape tape;
+  tape.set_recording(false);
+  const Tensor logits = output_logits(tape, TensorParallel{}, Var(h.contiguous()), model_.output_weight(), Var()).value();
   const std::vector<float> all = logits.to_floats();
   std::vector<float> out(static_cast<size_t>(n * V));
   for (int64_t i = 0; i < n; ++i)

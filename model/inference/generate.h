@@ -93,8 +93,9 @@ class KVCacheDecoder {
   std::vector<float> head_logits(const Tensor& h);  // (n, C) → n × vocab_size host
   Tensor embed(const std::vector<int64_t>& ids, const std::vector<int64_t>& pos);  // (n, C)
   class DecodeCore;
-  void cached_attention(const Tensor& qkv, const Tensor& att, int64_t layer, const std::vector<int64_t>& rows,
-                        const std::vector<int64_t>& pos);
+  // Each row's query heads over its sequence's cached keys s.first_key(pos) … pos.
+  void cached_attention(const BlockShape& s, const Tensor& qkv, const Tensor& att, int64_t layer,
+                        const std::vector<int64_t>& rows, const std::vector<int64_t>& pos);
 
   GPT& model_;
   int64_t batch_, tmax_;

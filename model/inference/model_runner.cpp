@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "model/inference/inference_load.h"
+#include "model/layers/model_ends.h"
 #include "model/training/checkpointing.h"
 #include "tensor/ops.h"
 
@@ -180,25 +181,20 @@ void ModelRunner::init_kv_cache(int64_t num_blocks, int64_t block_size) {
 // Pieces of the forward
 
 Tensor ModelRunner::embed(const std::vector<int32_t>& ids, const std::vector<int64_t>& pos) {
-  const GPTConfig& c = config();
-  const int64_t n = static_cast<int64_t>(ids.size());
-  Tensor x = Tensor::empty({n, c.hidden_size}, c.compute_dtype, device());
-  // Vocab-parallel lookup: rows outside this rank's slice give zeros; the TP sum completes it.
-  const int64_t vocab_start = grid_->tp_rank() * (c.padded_vocab_size / opts_.tp);
-  embedding_forward(ids_tensor(std::vector<int64_t>(ids.begin(), ids.end()), device()), model_->params().var("wte").value(),
-                    x, false, vocab_start);
-  tp_all_reduce(tp(), x);
-  if (c.learned_positions()) embedding_forward(ids_tensor(pos, device()), model_->params().var("wpe").value(), x, true);
-  return x;
+  // The model's embedding (model/layers/model_ends.h): vocab-parallel lookup (rows outside this
+  // rank's slice give zeros; the TP sum completes it), × √C with --scale-embeddings, positions.
+  Tape tape;
+  tape.set_recording(false);
+  EmbedRows rows;
+  rows.ids = ids_tensor(std::vector<int64_t>(ids.begin(), ids.end()), device());
+  rows.positions = pos;
+  return embed_tokens(tape, config(), tp(), model_->params(), rows, 0.0f, 0).value();
 }
 
 Tensor ModelRunner::final_norm(const Tensor& x) {
-  const GPTConfig& c = config();
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  NormActs na;
-  const NormParams lnf{model_->params().var("lnf.weight"), c.norm_has_bias() ? model_->params().var("lnf.bias") : Var()};
-  norm_forward(c.normalization, c.layernorm_epsilon, lnf, x, out, na);
-  return out;
+  Tape tape;
+  tape.set_recording(false);
+  return mpitron::final_norm(tape, config(), TensorParallel{}, model_->params(), Var(x)).value();
 }
 
 Tensor ModelRunner::recv_activation(int64_t rows) {

@@ -82,13 +82,13 @@ void PagedAttentionCore::attend_loop(const BlockShape& s, const Tensor& qkv, con
         std::fill(oi, oi + HD, 0.0f);
         continue;
       }
-      const int64_t L = rope_pos_[static_cast<size_t>(i)] + 1, g = h / r;
+      const int64_t p = rope_pos_[static_cast<size_t>(i)], t0 = s.first_key(p), L = p + 1 - t0, g = h / r;
       const int32_t* tab = table(i);
       const float* qi = q + i * QL + h * HD;
       std::vector<float> sc(static_cast<size_t>(L));
       float mx = -INFINITY;
-      for (int64_t t = 0; t < L; ++t) {
-        const float* k = K + slot(tab, g, t);
+      for (int64_t t = 0; t < L; ++t) {  // key t0 + t
+        const float* k = K + slot(tab, g, t0 + t);
         float d = 0.0f;
         for (int64_t e = 0; e < HD; ++e) d += qi[e] * k[e];
         sc[static_cast<size_t>(t)] = d * scale;
@@ -99,7 +99,7 @@ void PagedAttentionCore::attend_loop(const BlockShape& s, const Tensor& qkv, con
       std::fill(oi, oi + HD, 0.0f);
       for (int64_t t = 0; t < L; ++t) {
         const float w = sc[static_cast<size_t>(t)] / sum;
-        const float* v = V + slot(tab, g, t);
+        const float* v = V + slot(tab, g, t0 + t);
         for (int64_t e = 0; e < HD; ++e) oi[e] += w * v[e];
       }
     }
@@ -127,15 +127,16 @@ void PagedAttentionCore::attend_ops(const BlockShape& s, const Tensor& qkv, cons
       o3.select(0, i).zero();
       continue;
     }
-    const int64_t L = rope_pos_[static_cast<size_t>(i)] + 1;
+    const int64_t p = rope_pos_[static_cast<size_t>(i)], first = s.first_key(p), L = p + 1 - first;  // keys first … p
     const int32_t* tab = table(i);
     for (int64_t g = 0; g < G; ++g) {
       Tensor k = Tensor::empty({L, HD}, qkv.dtype(), qkv.device());
       Tensor v = Tensor::empty({L, HD}, qkv.dtype(), qkv.device());
-      for (int64_t t0 = 0; t0 < L; t0 += bs) {
-        const int64_t len = std::min(bs, L - t0);
-        k.slice(0, t0, t0 + len).copy_from(K.select(0, tab[t0 / bs]).select(0, g).slice(0, 0, len));
-        v.slice(0, t0, t0 + len).copy_from(V.select(0, tab[t0 / bs]).select(0, g).slice(0, 0, len));
+      for (int64_t t = first; t <= p;) {  // the run of keys t … inside t's block
+        const int64_t off = t % bs, len = std::min(bs - off, p + 1 - t);
+        k.slice(0, t - first, t - first + len).copy_from(K.select(0, tab[t / bs]).select(0, g).slice(0, off, off + len));
+        v.slice(0, t - first, t - first + len).copy_from(V.select(0, tab[t / bs]).select(0, g).slice(0, off, off + len));
+        t += len;
       }
       const Tensor qg = q3.select(0, i).slice(0, g * r, (g + 1) * r).contiguous();  // (r, HD)
       Tensor scores = Tensor::empty({r, L}, qkv.dtype(), qkv.device());

@@ -46,9 +46,12 @@ void apply_rope(const BlockShape& s, const Tensor& qkv, const AttentionCore* cor
   }
 }
 
-// The block's attention mask: causal (decoders) or bidirectional (BERT), with
-// BERT's key padding (kv_lengths (B) i32: keys j >= len[b] are masked).
-AttentionMask attention_mask(const BlockShape& s) { return AttentionMask{s.causal, s.kv_lengths}; }
+// The block's attention mask: causal (decoders), within a sliding window (Mistral) or
+// bidirectional (BERT), with BERT's key padding (kv_lengths (B) i32: keys j >= len[b] are masked).
+AttentionMask attention_mask(const BlockShape& s) {
+  return AttentionMask{s.mask != AttentionMaskKind::Padding, s.kv_lengths,
+                       s.mask == AttentionMaskKind::SlidingWindow ? s.window : 0};
+}
 
 }  // namespace
 

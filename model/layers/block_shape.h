@@ -20,14 +20,15 @@ struct BlockShape {
   float attention_dropout = 0.0f;  // on the attention probabilities
   uint64_t attention_offset = 0;   // its Philox stream (attention.h): layer l uses l·⌈T²/4⌉
   int64_t groups = 0;              // query groups G (0: = heads)
+  int64_t kv_channels = 0;         // HD (0: hidden / heads)
   Normalization norm = Normalization::LayerNorm;
-  bool swiglu = false;
+  MlpKind mlp = MlpKind::GeluTanh;
   bool rope = false;
   RopeArgs rope_args{};
-  bool causal = true;    // false: bidirectional attention (BERT)
+  AttentionMaskKind mask = AttentionMaskKind::Causal;
+  int64_t window = 0;    // SlidingWindow: query i sees keys i − window … i (tensor/attention.h)
   Tensor kv_lengths;     // (B) i32 on the device: keys j >= len[b] masked (BERT padding); undefined: none
   bool post_ln = false;  // post-LN block order (model/block.h)
-  bool gelu_exact = false;  // the MLP's GELU is the erf form (GPTConfig::gelu_exact)
   ContextParallel cp{};     // context parallelism: this rank holds seq = T/cp of each sequence's tokens
                             // (parallel/context_parallel.h); attention runs across the cp group
 
@@ -35,13 +36,19 @@ struct BlockShape {
   int64_t global_seq() const { return seq * cp.size; }             // T: the whole sequence
   int64_t global_tokens() const { return batch * global_seq(); }   // B·T of the single-process run
   int64_t local_rows() const { return tp.local_rows(tokens()); }   // rows of x and y
-  int64_t head_dim() const { return hidden / heads; }
+  int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden / heads; }
   int64_t kv_groups() const { return groups > 0 ? groups : heads; }
   int64_t local_heads() const { return heads / tp.size; }          // NHl
   int64_t local_groups() const { return kv_groups() / tp.size; }   // Gl
   int64_t local_qkv() const { return (local_heads() + 2 * local_groups()) * head_dim(); }
   int64_t local_ffn() const { return ffn / tp.size; }              // Fl
-  int64_t local_fc() const { return (swiglu ? 2 : 1) * local_ffn(); }
+  int64_t local_fc() const { return (mlp_gated(mlp) ? 2 : 1) * local_ffn(); }
+  int64_t local_att() const { return local_heads() * head_dim(); }  // Cl: this rank's attention output width
+  // The first key a causal query at position p sees (0, or p − window with a sliding window):
+  // the KV-cache decoders attend over keys first_key(p) … p.
+  int64_t first_key(int64_t p) const {
+    return mask == AttentionMaskKind::SlidingWindow && p > window ? p - window : 0;
+  }
 };
 
 // The (N, C) rows a column-parallel matmul reads from this rank's (Nl, C): the

@@ -12,8 +12,12 @@ Tensor mlp_layer_forward(const BlockShape& s, const MlpParams& p, const Tensor& 
   a.fc = Tensor::empty({N, s.local_fc()}, in.dtype(), in.device());
   linear_forward(in_f, p.fc_w, p.fc_b, a.fc);
   a.g = Tensor::empty({N, s.local_ffn()}, in.dtype(), in.device());
-  if (s.swiglu) swiglu_forward(a.fc, a.g);
-  else gelu_forward(a.fc, a.g, s.gelu_exact);
+  switch (s.mlp) {
+    case MlpKind::GeluTanh: gelu_forward(a.fc, a.g, false); break;
+    case MlpKind::GeluErf: gelu_forward(a.fc, a.g, true); break;
+    case MlpKind::SwiGLU: swiglu_forward(a.fc, a.g); break;
+    case MlpKind::GeGLU: geglu_forward(a.fc, a.g); break;
+  }
   Tensor out = Tensor::empty({N, C}, in.dtype(), in.device());
   linear_forward(a.g, p.proj_w, s.tp.rank == 0 ? p.proj_b : Var(), out);  // row-parallel bias: added once
   return reduce_rows(s, out);
@@ -27,11 +31,17 @@ Tensor mlp_layer_backward(const BlockShape& s, const MlpParams& p, const MlpActs
   linear_backward_input(dout_f, p.proj_w, dg);
   linear_backward_weight(dout_f, a.g, p.proj_w, p.proj_b, defer);
   Tensor dfc = dg;
-  if (s.swiglu) {
-    dfc = Tensor::empty(a.fc.shape(), dout.dtype(), dout.device());
-    swiglu_backward(dg, a.fc, dfc);
-  } else {
-    gelu_backward(dg, a.fc, dg, s.gelu_exact);
+  switch (s.mlp) {
+    case MlpKind::GeluTanh: gelu_backward(dg, a.fc, dg, false); break;
+    case MlpKind::GeluErf: gelu_backward(dg, a.fc, dg, true); break;
+    case MlpKind::SwiGLU:
+      dfc = Tensor::empty(a.fc.shape(), dout.dtype(), dout.device());
+      swiglu_backward(dg, a.fc, dfc);
+      break;
+    case MlpKind::GeGLU:
+      dfc = Tensor::empty(a.fc.shape(), dout.dtype(), dout.device());
+      geglu_backward(dg, a.fc, dfc);
+      break;
   }
   Tensor din_f = Tensor::empty({N, C}, dout.dtype(), dout.device());
   linear_backward_input(dfc, p.fc_w, din_f);

@@ -1,10 +1,10 @@
-// model/layers/mlp_layer.h — the MLP sublayer of a block: GELU or SwiGLU.
+// model/layers/mlp_layer.h — the MLP sublayer of a block, of any MlpKind (model/config.h).
 //
 //   in   (Nl, C)   the norm output (this rank's rows)
 //   in_f (N, C)    = in, or all-gathered rows under sequence parallelism
-//   fc   (N, FCl)  = in_f · Wfcᵀ + bfc       FCl = Fl (GELU) or 2·Fl = [gate | up] (SwiGLU),
+//   fc   (N, FCl)  = in_f · Wfcᵀ + bfc       FCl = Fl (GELU) or 2·Fl = [gate | up] (gated kinds),
 //                                            this rank's slice of each half
-//   g    (N, Fl)   = gelu(fc) (tanh or erf form, s.gelu_exact), or silu(gate)·up
+//   g    (N, Fl)   = gelu(fc) (tanh or erf form) or silu(gate)·up (SwiGLU)
 //   out  (Nl, C)   = reduce(g · Wprojᵀ + bproj)   bproj added by TP rank 0 only
 // Backward in two parts as in attention_layer.h.
 #pragma once

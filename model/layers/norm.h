@@ -1,6 +1,8 @@
 // model/layers/norm.h — the block's normalisation sublayer: LayerNorm or RMSNorm.
 //
-//   out (Nl, C) = norm(x (Nl, C)) · w (+ b for LayerNorm)
+//   out (Nl, C) = norm(x (Nl, C)) · w (+ b for LayerNorm); with one_plus (Megatron's
+//                 --apply-layernorm-1p, Gemma's RMSNorm) · (1 + w), the sum in f32 then
+//                 rounded to w's dtype, and dw the same Σ dout·x̂
 //   saved: mean (Nl) (LayerNorm only), rstd (Nl), f32
 // Backward in two parts: input (dx += norm'ᵀ·dout) and weight (dw, db +=), so a
 // split backward can run the second later. With sequence parallelism the weight
@@ -12,8 +14,11 @@
 namespace mpitron {
 
 struct NormParams {
-  Var w, b;  // (C), (C) or undefined (RMSNorm)
+  Var w, b;               // (C), (C) or undefined (RMSNorm)
+  bool one_plus = false;  // scale by (1 + w)
 };
+// The scale the norm multiplies by: w, or a new (C) tensor 1 + w.
+Tensor norm_scale(const NormParams& p);
 
 struct NormActs {
   Tensor mean, rstd;  // (Nl) f32; mean undefined for RMSNorm

@@ -1,5 +1,5 @@
 #include "model/training/arguments.h"
-#include "model/flag_given.h"
+#include "model/training/flag_given.h"
 
 #include <boost/program_options.hpp>
 #include <cmath>
@@ -10,7 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "model/checkpoint_args.h"
+#include "model/families.h"
+#include "model/training/model_flags.h"
 #include "model/training/deepspeed_config.h"
 #include "model/inference/inference_load.h"
 #include "model/training/megatron_compat.h"
@@ -30,16 +31,9 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       data("Data"), log("Logging and evaluation"), ckpt("Checkpoints"), misc("Other");
   GPTConfig& m = a.model;
   model.add_options()
-      ("num-layers", po::value(&m.num_layers), "transformer blocks")
-      ("hidden-size", po::value(&m.hidden_size), "residual stream width C")
-      ("ffn-hidden-size", po::value(&m.ffn_hidden_size), "MLP width (default 4 × hidden)")
-      ("num-attention-heads", po::value(&m.num_attention_heads), "attention heads")
-      ("seq-length", po::value(&m.seq_length), "tokens per sample")
-      ("max-position-embeddings", po::value(&m.max_position_embeddings), "position table rows (default seq-length)")
       ("init-method-std", po::value(&m.init_method_std)->default_value(0.02f), "weight init std")
       ("hidden-dropout", po::value(&m.hidden_dropout)->default_value(0.1f), "dropout after embeddings and blocks")
       ("attention-dropout", po::value(&m.attention_dropout)->default_value(0.1f), "dropout on the attention probabilities")
-      ("layernorm-epsilon", po::value(&m.layernorm_epsilon)->default_value(1e-5f), "layernorm epsilon")
       ("make-vocab-size-divisible-by", po::value(&a.make_vocab_size_divisible_by)->default_value(128), "vocab padding");
   train.add_options()
       ("micro-batch-size", po::value(&a.micro_batch_size)->default_value(1), "samples per forward/backward")
@@ -164,16 +158,13 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
   po::options_description all(a.model.bert ? "pretrain_bert: pretrain a BERT (masked LM + sentence order) on Megatron "
                                               "sentence data (preprocess_data --split-sentences)"
                                             : "pretrain_gpt: train a GPT on Megatron .bin/.idx data");
-  add_architecture_flags(model, a.arch);
+  add_model_flags(model, a.model.bert ? std::set<FlagScope>{FlagScope::Model, FlagScope::Bert}
+                                      : std::set<FlagScope>{FlagScope::Model},
+                  "Model and architecture (docs/model-families.md)");
   all.add(model).add(train).add(lr).add(prec).add(data).add(log).add(ckpt).add(misc);
   if (a.model.bert) {
     po::options_description bert("BERT (pretrain_bert)");
     bert.add_options()
-        ("bert-no-binary-head", po::bool_switch(), "no pooler and sentence-order head (one segment per sample, "
-                                                   "no token types)")
-        ("bert-post-ln", po::bool_switch(&a.model.post_ln),
-         "the original BERT's post-LN blocks and embedding LayerNorm (Hugging Face checkpoints); default pre-LN "
-         "with a final LayerNorm, as Megatron's BERT")
         ("mask-prob", po::value(&a.mask_prob)->default_value(0.15, "0.15"), "fraction of tokens masked")
         ("short-seq-prob", po::value(&a.short_seq_prob)->default_value(0.1, "0.1"), "chance of a shorter sample");
     all.add(bert);
@@ -228,11 +219,10 @@ void check_bert_flags(const TrainArgs& a) {
        "use --tokenizer-type BertWordPieceLowerCase or BertWordPieceCase with --vocab-file vocab.txt");
   need(!a.vocab_file.empty(), "pretrain_bert needs --vocab-file (a BERT vocab.txt)",
        "the vocabulary the data was preprocessed with");
-  need(m.normalization == Normalization::LayerNorm && !m.swiglu && m.learned_positions() && !m.untie_embeddings &&
-           m.add_bias_linear && m.num_query_groups == 0,
-       "pretrain_bert trains BERT's architecture (LayerNorm, GELU, learned positions, tied MLM decoder, biases, "
-       "multi-head attention); --normalization RMSNorm, --swiglu, --position-embedding-type rope/none, "
-       "--untie-embeddings-and-output-weights, --disable-bias-linear and --group-query-attention are GPT-family flags",
+  const std::string misses = family_misses(find_family("bert"), m);
+  need(misses.empty(),
+       str("pretrain_bert trains BERT's architecture (LayerNorm, GELU, learned positions, tied MLM decoder, biases, "
+           "multi-head attention), which needs ", misses, ": the flags that change them are GPT-family flags"),
        "drop them");
   need(!(a.sequence_parallel && a.tensor_model_parallel_size > 1 && m.binary_head),
        "--sequence-parallel with BERT's binary head is not supported (the pooler reads the [CLS] row of every "
@@ -381,6 +371,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     const auto& val = v.value();
     if (auto p = boost::any_cast<int64_t>(&val)) flags[k] = *p;
     else if (auto p = boost::any_cast<float>(&val)) flags[k] = *p;
+    else if (auto p = boost::any_cast<double>(&val)) flags[k] = *p;
     else if (auto p = boost::any_cast<uint64_t>(&val)) flags[k] = *p;
     else if (auto p = boost::any_cast<bool>(&val)) flags[k] = *p;
     else if (auto p = boost::any_cast<std::string>(&val)) flags[k] = *p;
@@ -412,7 +403,6 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
         {{"init-method-std", m.init_method_std, 0, inf, true, false, ""},
          {"hidden-dropout", m.hidden_dropout, 0, 1, false, true, ""},
          {"attention-dropout", m.attention_dropout, 0, 1, false, true, ""},
-         {"layernorm-epsilon", m.layernorm_epsilon, 0, inf, true, false, "Megatron's default is 1e-5"},
          {"clip-grad", a.optim.clip_grad, 0, inf, false, false, "0 turns clipping off"},
          {"weight-decay", a.optim.weight_decay, 0, inf, false, false, "0 turns weight decay off"},
          {"adam-beta1", a.optim.beta1, 0, 1, false, true, "the default is 0.9"},
@@ -427,13 +417,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
           "a power of two no larger than --initial-loss-scale"},
          {"exit-duration-in-mins", a.exit_duration_in_mins, 0, inf, true, false, ""},
          {"skip-spike-zscore", a.spike_zscore, 0, inf, true, false, "e.g. 6 (leave it out to turn spike skipping off)"}},
-        {{"num-layers", m.num_layers, 1, big, ""},
-         {"hidden-size", m.hidden_size, 1, big, ""},
-         {"ffn-hidden-size", m.ffn_hidden_size, 1, big, "leave it out for 4 x --hidden-size"},
-         {"num-attention-heads", m.num_attention_heads, 1, big, ""},
-         {"seq-length", m.seq_length, 1, big, ""},
-         {"max-position-embeddings", m.max_position_embeddings, 1, big, ""},
-         {"make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, 1, 1 << 20, "the default is 128"},
+        {{"make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, 1, 1 << 20, "the default is 128"},
          {"micro-batch-size", a.micro_batch_size, 1, big, ""},
          {"global-batch-size", a.global_batch_size, 1, big, "leave it out for micro batch x data-parallel size"},
          {"train-iters", a.train_iters, 1, big, ""},
@@ -485,15 +469,13 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(a.ddp_bucket_size >= 0, str("--ddp-bucket-size must be >= 0, got ", a.ddp_bucket_size));
 
   GPTConfig& m = a.model;
-  apply_architecture_flags(vm, a.arch, m);
-  if (m.bert) {  // pretrain_bert (model/bert.h): Megatron's 2 token types with the binary head, none without
-    m.causal = false;
-    m.binary_head = !vm["bert-no-binary-head"].as<bool>();
-    m.num_tokentypes = m.binary_head ? 2 : 0;
-  }
+  const GivenFlags given = given_model_flags(vm);
+  apply_model_flags(given, m, m.bert ? std::set<FlagScope>{FlagScope::Model, FlagScope::Bert}
+                                     : std::set<FlagScope>{FlagScope::Model});
+  if (m.bert) m.causal = false;  // pretrain_bert (model/bert.h)
   if (vm["use-checkpoint-args"].as<bool>()) {
     need(!a.load.empty(), "--use-checkpoint-args needs --load DIR", "name the checkpoint directory to take them from");
-    reconcile_model_flags(vm, read_checkpoint_config(a.load), m, /*fill=*/true, a.load);
+    reconcile_with_checkpoint(given, read_checkpoint_config(a.load), m, /*fill=*/true, a.load);
   } else {
     for (const char* flag : {"num-layers", "hidden-size", "num-attention-heads", "seq-length"})
       need(vm.count(flag) > 0, str(m.bert ? "pretrain_bert" : "pretrain_gpt", ": the option '--", flag,
@@ -501,6 +483,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
            "give it, or --use-checkpoint-args with --load to take the model flags from a checkpoint");
     if (!vm.count("max-position-embeddings")) m.max_position_embeddings = m.seq_length;
   }
+  if (m.bert) m.num_tokentypes = m.binary_head ? 2 : 0;  // Megatron's 2 token types with the binary head
   for (const std::string& t : rampup_tokens) {
     size_t used = 0;
     int64_t v = -1;

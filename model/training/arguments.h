@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "model/arch_flags.h"
 #include "model/config.h"
 #include "model/training/optimizer.h"
 #include "model/training/lr_schedule.h"
@@ -17,7 +16,6 @@ namespace mpitron {
 
 struct TrainArgs {
   GPTConfig model;
-  ArchFlags arch;  // the architecture flags as given (model/arch_flags.h), applied to model
   OptimizerConfig optim;
   LossScalerConfig scaler;
   // batch

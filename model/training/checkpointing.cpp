@@ -1,7 +1,6 @@
 #include "model/training/checkpointing.h"
 
-#include "model/arch_flags.h"
-#include "model/config_json.h"
+#include "model/arch_fields.h"
 
 #include <nlohmann/json.hpp>
 
@@ -157,33 +156,21 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
   // Runs once per candidate checkpoint (newest first); a damaged one makes
   // read_verified throw CheckpointDamaged on every rank and the next older one is tried.
   io::CheckpointReader r = io::CheckpointReader::load_latest(load_dir, comm, [&](const io::CheckpointReader& ck) {
-    const nlohmann::json saved = ck.attr_json("model_config");
-    const nlohmann::json want = config_to_json(c);
-    const GPTConfig saved_cfg = config_from_json(saved, ck.path());
+    const GPTConfig saved_cfg = config_from_json(ck.attr_json("model_config"), ck.path());
     MPT_CHECK(saved_cfg.bert == c.bert,
               str("checkpoint ", ck.path(), " holds a ", saved_cfg.bert ? "BERT (pretrain_bert)" : "decoder (pretrain_gpt)",
                   " but this run trains a ", c.bert ? "BERT" : "decoder"),
               saved_cfg.bert ? "load it with pretrain_bert" : "load it with pretrain_gpt");
-    std::string arch = architecture_differences(c, saved_cfg);
-    if (c.bert && saved_cfg.post_ln != c.post_ln)
-      arch += str(arch.empty() ? "" : ", ", "--bert-post-ln ", c.post_ln ? "on" : "off", " (checkpoint: ",
-                  saved_cfg.post_ln ? "on" : "off", ")");
-    if (c.bert && saved_cfg.binary_head != c.binary_head)
-      arch += str(arch.empty() ? "" : ", ", "--bert-no-binary-head ", c.binary_head ? "off" : "on", " (checkpoint: ",
-                  saved_cfg.binary_head ? "off" : "on", ")");
-    MPT_CHECK(arch.empty(), str("checkpoint ", ck.path(), " has another architecture than this run: ", arch),
-              "use the architecture flags the checkpoint was trained with (docs/model-families.md)");
+    // Every Shape and Choice field of the architecture table (model/arch_fields.h).
+    const std::string diff = field_differences(c, saved_cfg);
+    MPT_CHECK(diff.empty(), str("checkpoint ", ck.path(), " has another architecture than this run: ", diff),
+              saved_cfg.padded_vocab_size != c.padded_vocab_size
+                  ? arch_field("padded_vocab_size").hint
+                  : "use the model flags the checkpoint was trained with (--use-checkpoint-args takes them from it; "
+                    "docs/model-families.md)");
     if (!o.tokenizer.empty())
       check_checkpoint_tokenizer(ck.path(), ck.has_attr("tokenizer_identity") ? ck.attr_string("tokenizer_identity") : "",
                                  saved_cfg.vocab_size, o.tokenizer, c.vocab_size, o.allow_tokenizer_change);
-    for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "padded_vocab_size"}) {
-      MPT_CHECK(saved.at(k) == want.at(k),
-                str("checkpoint ", ck.path(), " has ", k, " = ", saved.at(k).dump(), " but this run has ", want.at(k).dump()),
-                k == std::string("padded_vocab_size")
-                    ? "the padded vocabulary depends on --make-vocab-size-divisible-by x --tensor-model-parallel-size: "
-                      "pick a --make-vocab-size-divisible-by that gives the saved size"
-                    : "use the model flags the checkpoint was trained with");
-    }
     std::vector<io::ReadRequest> reqs;
     bytes = 0;
     for (const ParamInfo& p : ps.infos()) {

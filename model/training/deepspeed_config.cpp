@@ -1,5 +1,5 @@
 #include "model/training/deepspeed_config.h"
-#include "model/flag_given.h"
+#include "model/training/flag_given.h"
 
 #include <cmath>
 #include <fstream>

@@ -16,10 +16,9 @@
 #include "core/timer.h"
 #include "data/tokenizer.h"
 #include "io/checkpoint.h"
-#include "model/arch_flags.h"
-#include "model/flag_given.h"
-#include "model/checkpoint_args.h"
-#include "model/config_json.h"
+#include "model/training/flag_given.h"
+#include "model/training/model_flags.h"
+#include "model/arch_fields.h"
 #include "model/training/checkpointing.h"
 #include "model/training/lr_schedule.h"
 #include "model/training/parallel_runtime.h"
@@ -209,21 +208,9 @@ PretrainedLoad load_pretrained_encoder(const std::string& dir, GPT& model, MPI_C
   PretrainedLoad res;
   io::CheckpointReader r = io::CheckpointReader::load_latest(dir, comm, [&](const io::CheckpointReader& ck) {
     const GPTConfig saved = config_from_json(ck.attr_json("model_config"), ck.path());
-    // The shape flags and what they must equal in the checkpoint.
-    std::string diff;
-    auto cmp = [&](const char* flag, auto want, auto have) {
-      if (want != have) diff += str(diff.empty() ? "" : ", ", flag, " ", want, " (checkpoint: ", have, ")");
-    };
-    cmp("--num-layers", c.num_layers, saved.num_layers);
-    cmp("--hidden-size", c.hidden_size, saved.hidden_size);
-    cmp("--num-attention-heads", c.num_attention_heads, saved.num_attention_heads);
-    cmp("--ffn-hidden-size", c.ffn(), saved.ffn());
-    cmp("--max-position-embeddings", c.max_position_embeddings, saved.max_position_embeddings);
-    cmp("--bert-post-ln", c.post_ln, saved.post_ln);
-    cmp("padded vocabulary (--vocab-file, --make-vocab-size-divisible-by x --tensor-model-parallel-size)",
-        c.padded_vocab_size, saved.padded_vocab_size);
-    const std::string arch = architecture_differences(c, saved);
-    if (!arch.empty()) diff += (diff.empty() ? "" : ", ") + arch;
+    // Every Shape and Choice field but the heads', which fine-tuning replaces.
+    const std::string diff =
+        field_differences(c, saved, {FieldKind::Shape, FieldKind::Choice}, {"binary_head", "num_tokentypes", "num_classes"});
     MPT_CHECK(saved.bert, str("--pretrained-checkpoint ", ck.path(), " is not a BERT checkpoint (family ", saved.family(), ")"),
               "fine-tune a checkpoint saved by pretrain_bert");
     MPT_CHECK(diff.empty(), str("--pretrained-checkpoint ", ck.path(), " has another model shape than the flags: ", diff),
@@ -266,7 +253,7 @@ PretrainedLoad load_pretrained_encoder(const std::string& dir, GPT& model, MPI_C
 bool parse_finetune_args(int argc, char** argv, FinetuneArgs& a) {
   namespace po = boost::program_options;
   int64_t pp = 1, vpp = 0;
-  bool sequence_parallel = false, post_ln = false;
+  bool sequence_parallel = false;
   GPTConfig& m = a.model;
   m = GPTConfig{};
   m.num_layers = 2, m.hidden_size = 64, m.num_attention_heads = 4, m.seq_length = 128, m.max_position_embeddings = 512;
@@ -289,7 +276,6 @@ bool parse_finetune_args(int argc, char** argv, FinetuneArgs& a) {
       ("adam-beta1", po::value(&a.optim.beta1)->default_value(0.9f, "0.9"), "Adam beta1")
       ("adam-beta2", po::value(&a.optim.beta2)->default_value(0.999f, "0.999"), "Adam beta2")
       ("adam-eps", po::value(&a.optim.eps)->default_value(1e-8f, "1e-8"), "Adam epsilon")
-      ("bert-post-ln", po::bool_switch(&post_ln), "post-LN blocks (the original BERT); default pre-LN (Megatron's)")
       ("hidden-dropout", po::value(&m.hidden_dropout)->default_value(0.1f, "0.1"), "dropout after the embeddings, "
        "sublayers and on the pooled [CLS] (Megatron's classification dropout)")
       ("attention-dropout", po::value(&m.attention_dropout)->default_value(0.1f, "0.1"), "dropout on attention probabilities")
@@ -312,7 +298,12 @@ bool parse_finetune_args(int argc, char** argv, FinetuneArgs& a) {
       ("sequence-parallel", po::bool_switch(&sequence_parallel), "not supported by finetune (the pooler reads [CLS] rows)")
       ("device", po::value(&a.device)->default_value("auto"), "auto | cpu | cuda")
       ("force-mpi-for-device", po::bool_switch(&a.force_mpi_for_device), "MPI (host-staged) collectives for GPU tensors");
-  add_model_shape_flags(d, m);
+  // The model shape (checked against --pretrained-checkpoint) and --bert-post-ln, from the
+  // architecture table (model/arch_fields.h).
+  const std::set<std::string> shape_flags{"num-layers", "hidden-size", "num-attention-heads", "ffn-hidden-size",
+                                          "seq-length", "max-position-embeddings", "layernorm-epsilon", "bert-post-ln"};
+  add_model_flags(d, {FlagScope::Model, FlagScope::Bert}, "Model shape (checked against --pretrained-checkpoint)",
+                  [&](const ArchField&, const ArchFlag& f) { return shape_flags.count(f.name) > 0; });
   po::variables_map vm;
   try {
     const po::parsed_options parsed = po::parse_command_line(argc, argv, d);
@@ -328,6 +319,7 @@ bool parse_finetune_args(int argc, char** argv, FinetuneArgs& a) {
   } catch (const po::error& e) {
     MPT_THROW(str("finetune: ", e.what()), "run finetune --help for the flags it supports");
   }
+  apply_model_flags(given_model_flags(vm), m, {FlagScope::Model, FlagScope::Bert});
   MPT_CHECK(pp == 1, str("--pipeline-model-parallel-size ", pp, " is not supported by finetune"),
             "fine-tune with data and tensor parallelism (--pipeline-model-parallel-size 1)");
   MPT_CHECK(vpp == 0, "--num-layers-per-virtual-pipeline-stage is not supported by finetune", "leave it out");
@@ -342,7 +334,6 @@ bool parse_finetune_args(int argc, char** argv, FinetuneArgs& a) {
             "BertWordPieceLowerCase or BertWordPieceCase with --vocab-file");
   m.bert = true;
   m.causal = false;
-  m.post_ln = post_ln;
   m.num_tokentypes = 2;  // A and B (Megatron's Classification model: num_tokentypes=2)
   m.num_classes = static_cast<int64_t>(find_classification_task(a.task).labels.size());
   nlohmann::json flags = nlohmann::json::array();

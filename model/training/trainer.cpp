@@ -585,8 +585,8 @@ struct Trainer::Impl {
     const parallel::Schedule& sched = schedules.begin()->second;
     if (sched.rank_of_stage(0) == sched.rank_of_stage(sched.stages() - 1)) return;  // V: both ends on one rank, one copy
     const ParamSet& ps = model->params();
-    const ParamInfo& w = ps.info("wte");
-    par.embedding->all_reduce(ps.grads().flat_range(w.offset, w.numel()), ReduceOp::Sum);
+    for (const ParamInfo& w : ps.infos())
+      if (w.role == ParamRole::WordEmbedding) par.embedding->all_reduce(ps.grads().flat_range(w.offset, w.numel()), ReduceOp::Sum);
   }
 
   std::unique_ptr<AsyncSaver> async;  // --async-save
@@ -747,7 +747,7 @@ TrainSummary Trainer::run() {
     log_info("context parallelism: each ", c.seq_length, "-token sequence over ", m.par.cp_size, " ranks, ",
              m.model->parallel().cp.local_seq(c.seq_length), " tokens each; ", m.model->parallel().cp.describe(c.seq_length),
              "; gradients reduced over dp x cp = ", m.grad_ranks(), " ranks");
-  log_info("FLOPs per token ", sci(c.flops_per_token(), 3), " (6·matmul params + 6·L·T·C; docs/flops.md); MFU vs ",
+  log_info("FLOPs per token ", sci(c.flops_per_token(), 3), " (6·matmul params + 12·L·NH·HD·K, K the keys a query attends; docs/flops.md); MFU vs ",
            m.peak_what);
 
   RankShard shard;

@@ -8,17 +8,19 @@
 // W = (NH + 2G)·HD), a block's q/k/v views are one each. bf16/f16 operands are
 // widened to f32 copies first; f32 ones are read in place.
 // Per (batch, head h) with kv group g = h / (NH/G), query rows go in tiles of
-// kTileRows: S = Q_tile·K_gᵀ (tile, n) where n = the keys the tile's last row sees
-// (causal: a prefix that grows with the row, so a tile skips the keys no row of
-// it sees), the masked softmax runs OpenMP-parallel over the tile's rows, and
+// kTileRows: S = Q_tile·K_gᵀ over the keys [c0, n) some row of the tile sees (causal:
+// n = the last row's end, a prefix that grows with the row; a sliding window also
+// starts at c0 = the first row's first key, so a tile skips the keys no row of it
+// sees and a long sequence costs T·(tile + W), not T²), the masked softmax runs OpenMP-parallel over the tile's rows, and
 // O_tile = P·V_g. So the scratch is tile × Tk, not Tq × Tk (a long sequence on the
 // CPU), and every product is a BLAS sgemm on strided views (no permute copies).
 // Backward recomputes P from lse (as flash attention does) tile by tile:
 // dP = dO·V_gᵀ, D_i = Σ_d dO_id·O_id, dS = P ∘ (dP ∘ M/(1 − p) − D)·scale,
 // dQ_tile = dS·K_g, dK_g += dSᵀ·Q_tile, dV_g += (P ∘ M/(1 − p))ᵀ·dO_tile — dK and dV
 // start at 0 and sum over the tiles and over the heads of group g.
-// Masking: row i of batch b sees keys j < hi(b, i) = min(len_b, causal ? i + d + 1 : Tk)
-// (d = q_start − k_start, 0 for a whole call); P and dS are 0 beyond, so padded keys
+// Masking: row i of batch b sees keys lo(i) <= j < hi(b, i) = min(len_b, causal ? i + d + 1 : Tk)
+// (d = q_start − k_start, 0 for a whole call; lo = max(0, i + d − W) with a sliding window
+// W, else 0); P and dS are 0 outside, so padded keys
 // get dK = dV = 0, and a row that sees nothing gets out 0, lse −∞.
 // Attention dropout (attention.h): P is scaled by M/(1 − p) before P·V, M regenerated
 // from the Philox stream at the GLOBAL position (q_start + i, k_start + j, seq).
@@ -103,17 +105,19 @@ struct Geo {
   int64_t group(int64_t h) const { return h / (NH / G); }
 };
 
-// Which keys row i of sample b sees: j < hi(b, i), a prefix that never shrinks as i grows.
+// Which keys row i of sample b sees: lo(i) <= j < hi(b, i); neither bound shrinks as i grows.
 struct Visible {
   int64_t diag = 0;  // q_start − k_start: causal row i sees keys j <= i + diag
   bool causal = true;
   const int32_t* len = nullptr;  // per-sample key lengths (padding), null: all Tk
   int64_t tk = 0;
+  int64_t window = 0;  // > 0: row i sees keys j >= i + diag − window (sliding window)
   int64_t hi(int64_t b, int64_t i) const {
     int64_t h = len ? std::clamp<int64_t>(len[b], 0, tk) : tk;
     if (causal) h = std::min(h, std::max<int64_t>(0, i + diag + 1));
     return h;
   }
+  int64_t lo(int64_t i) const { return window > 0 ? std::clamp<int64_t>(i + diag - window, 0, tk) : 0; }
 };
 
 // The dropout keep mask at global positions: M/(1 − p) of (b, head h, row i, key j).
@@ -145,39 +149,42 @@ void forward_core(const Geo& g, In q, In k, In v, Out o, Stats<float> lse, float
       float* lrow = lse.at(b, h);
       for (int64_t i0 = 0; i0 < g.Tq; i0 += kTileRows) {
         const int64_t m = std::min(kTileRows, g.Tq - i0);
-        const int64_t n = vis.hi(b, i0 + m - 1);  // the keys the tile's last row sees: the most of any row
+        const int64_t c0 = vis.lo(i0);              // the tile's first row's first key: the least of any row
+        const int64_t n = vis.hi(b, i0 + m - 1);    // the keys the tile's last row sees: the most of any row
+        const int64_t w = n - c0;                   // S's columns: keys c0 … n − 1
         float* o0 = o.at(b, i0, h, HD);
-        if (n == 0) {  // no row of the tile sees a key: out 0, lse −∞ (attention.h)
+        if (w <= 0) {  // no row of the tile sees a key: out 0, lse −∞ (attention.h)
           for (int64_t r = 0; r < m; ++r) {
             std::fill(o0 + r * o.st, o0 + r * o.st + HD, 0.0f);
             lrow[i0 + r] = -INFINITY;
           }
           continue;
         }
-        sgemm(false, true, m, n, HD, scale, q.at(b, i0, h, HD), q.st, k.at(b, 0, grp, HD), k.st, 0.0f, s.data(),
-              n);  // S = Q·Kᵀ·scale
-#pragma omp parallel for schedule(static) if (m * n >= 4096)
+        sgemm(false, true, m, w, HD, scale, q.at(b, i0, h, HD), q.st, k.at(b, c0, grp, HD), k.st, 0.0f, s.data(),
+              w);  // S = Q·Kᵀ·scale over keys c0 … n − 1
+#pragma omp parallel for schedule(static) if (m * w >= 4096)
         for (int64_t r = 0; r < m; ++r) {
-          const int64_t i = i0 + r, hi = vis.hi(b, i);
-          float* row = s.data() + r * n;
-          for (int64_t j = hi; j < n; ++j) row[j] = 0.0f;
-          if (hi == 0) {
+          const int64_t i = i0 + r, hi = vis.hi(b, i) - c0, lo = std::min(vis.lo(i) - c0, std::max<int64_t>(hi, 0));
+          float* row = s.data() + r * w;
+          for (int64_t j = 0; j < lo; ++j) row[j] = 0.0f;
+          for (int64_t j = std::max(hi, lo); j < w; ++j) row[j] = 0.0f;
+          if (hi <= lo) {
             lrow[i] = -INFINITY;
             continue;
           }
           float mx = -INFINITY;
-          for (int64_t j = 0; j < hi; ++j) mx = std::max(mx, row[j]);
+          for (int64_t j = lo; j < hi; ++j) mx = std::max(mx, row[j]);
           float sum = 0;
 #pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < hi; ++j) sum += (row[j] = fast_exp(row[j] - mx));
+          for (int64_t j = lo; j < hi; ++j) sum += (row[j] = fast_exp(row[j] - mx));
           const float inv = 1.0f / sum;
 #pragma omp simd
-          for (int64_t j = 0; j < hi; ++j) row[j] *= inv;
+          for (int64_t j = lo; j < hi; ++j) row[j] *= inv;
           lrow[i] = mx + std::log(sum);
           if (drop.on())  // P ∘ M/(1 − p): lse stays the undropped softmax's
-            for (int64_t j = 0; j < hi; ++j) row[j] *= drop.keep(b, h, i, j);
+            for (int64_t j = lo; j < hi; ++j) row[j] *= drop.keep(b, h, i, c0 + j);
         }
-        sgemm(false, false, m, HD, n, 1.0f, s.data(), n, v.at(b, 0, grp, HD), v.st, 0.0f, o0, o.st);  // O = P·V
+        sgemm(false, false, m, HD, w, 1.0f, s.data(), w, v.at(b, c0, grp, HD), v.st, 0.0f, o0, o.st);  // O = P·V
       }
     }
 }
@@ -198,43 +205,44 @@ void backward_core(const Geo& g, In dO, In q, In k, In v, In o, Stats<const floa
       const float* lrow = lse.at(b, h);
       for (int64_t i0 = 0; i0 < g.Tq; i0 += kTileRows) {
         const int64_t m = std::min(kTileRows, g.Tq - i0);
-        const int64_t n = vis.hi(b, i0 + m - 1);
+        const int64_t c0 = vis.lo(i0), n = vis.hi(b, i0 + m - 1), w = n - c0;  // keys c0 … n − 1
         float* dq0 = dq.at(b, i0, h, HD);
-        if (n == 0) {
+        if (w <= 0) {
           for (int64_t r = 0; r < m; ++r) std::fill(dq0 + r * dq.st, dq0 + r * dq.st + HD, 0.0f);
           continue;
         }
         const float* q0 = q.at(b, i0, h, HD);
         const float* do0 = dO.at(b, i0, h, HD);
-        sgemm(false, true, m, n, HD, scale, q0, q.st, k.at(b, 0, grp, HD), k.st, 0.0f, p.data(), n);  // S
-        sgemm(false, true, m, n, HD, 1.0f, do0, dO.st, v.at(b, 0, grp, HD), v.st, 0.0f, dp.data(), n);  // dO·Vᵀ
-#pragma omp parallel for schedule(static) if (m * n >= 4096)
+        sgemm(false, true, m, w, HD, scale, q0, q.st, k.at(b, c0, grp, HD), k.st, 0.0f, p.data(), w);  // S
+        sgemm(false, true, m, w, HD, 1.0f, do0, dO.st, v.at(b, c0, grp, HD), v.st, 0.0f, dp.data(), w);  // dO·Vᵀ
+#pragma omp parallel for schedule(static) if (m * w >= 4096)
         for (int64_t r = 0; r < m; ++r) {
-          const int64_t i = i0 + r, hi = vis.hi(b, i);
+          const int64_t i = i0 + r, hi = vis.hi(b, i) - c0, lo = std::min(vis.lo(i) - c0, std::max<int64_t>(hi, 0));
           const float* dor = dO.at(b, i, h, HD);
           const float* orow = o.at(b, i, h, HD);
           float d = 0;
           for (int64_t e = 0; e < HD; ++e) d += dor[e] * orow[e];
-          float* prow = p.data() + r * n;
-          float* dprow = dp.data() + r * n;
+          float* prow = p.data() + r * w;
+          float* dprow = dp.data() + r * w;
           const float l = lrow[i];
+          for (int64_t j = 0; j < lo; ++j) prow[j] = dprow[j] = 0.0f;
 #pragma omp simd
-          for (int64_t j = 0; j < hi; ++j) prow[j] = fast_exp(prow[j] - l);  // P from the (merged) lse
-          for (int64_t j = hi; j < n; ++j) prow[j] = dprow[j] = 0.0f;
+          for (int64_t j = lo; j < hi; ++j) prow[j] = fast_exp(prow[j] - l);  // P from the (merged) lse
+          for (int64_t j = std::max(hi, lo); j < w; ++j) prow[j] = dprow[j] = 0.0f;
           if (drop.on()) {  // dS = P ∘ (dP ∘ M/(1 − p) − D); P ← P ∘ M/(1 − p) for dV
-            for (int64_t j = 0; j < hi; ++j) {
-              const float mk = drop.keep(b, h, i, j);
+            for (int64_t j = lo; j < hi; ++j) {
+              const float mk = drop.keep(b, h, i, c0 + j);
               dprow[j] = prow[j] * (dprow[j] * mk - d) * scale;
               prow[j] *= mk;
             }
             continue;
           }
 #pragma omp simd
-          for (int64_t j = 0; j < hi; ++j) dprow[j] = prow[j] * (dprow[j] - d) * scale;  // dS
+          for (int64_t j = lo; j < hi; ++j) dprow[j] = prow[j] * (dprow[j] - d) * scale;  // dS
         }
-        sgemm(false, false, m, HD, n, 1.0f, dp.data(), n, k.at(b, 0, grp, HD), k.st, 0.0f, dq0, dq.st);  // dQ = dS·K
-        sgemm(true, false, n, HD, m, 1.0f, dp.data(), n, q0, q.st, 1.0f, dk.at(b, 0, grp, HD), dk.st);  // dK += dSᵀ·Q
-        sgemm(true, false, n, HD, m, 1.0f, p.data(), n, do0, dO.st, 1.0f, dv.at(b, 0, grp, HD), dv.st);  // dV += Pᵀ·dO
+        sgemm(false, false, m, HD, w, 1.0f, dp.data(), w, k.at(b, c0, grp, HD), k.st, 0.0f, dq0, dq.st);  // dQ = dS·K
+        sgemm(true, false, w, HD, m, 1.0f, dp.data(), w, q0, q.st, 1.0f, dk.at(b, c0, grp, HD), dk.st);  // dK += dSᵀ·Q
+        sgemm(true, false, w, HD, m, 1.0f, p.data(), w, do0, dO.st, 1.0f, dv.at(b, c0, grp, HD), dv.st);  // dV += Pᵀ·dO
       }
     }
 }
@@ -246,7 +254,7 @@ Geo packed_geo(const Tensor& qkv, const Tensor& out) {
   return {out.dim(0), out.dim(1), out.dim(1), nh, (heads - nh) / 2, hd};
 }
 Visible whole_visible(const AttentionMask& m, const Geo& g) {
-  return {0, m.causal, m.kv_lengths.defined() ? m.kv_lengths.data<int32_t>() : nullptr, g.Tk};
+  return {0, m.causal, m.kv_lengths.defined() ? m.kv_lengths.data<int32_t>() : nullptr, g.Tk, m.window};
 }
 Drop whole_drop(const AttentionDropout& dr, const Geo& g) { return {dr, 0, 0, g.Tq}; }
 Drop block_drop(const AttentionDropout& dr, const AttentionBlock& blk, int64_t tq) {

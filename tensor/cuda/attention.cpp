@@ -14,7 +14,9 @@
 //   inside dqkv; the softmax statistics (B, NH, T, 1) f32 are our lse
 //   (natural-log logsumexp of the scaled, masked scores — the fallback's too,
 //   so a cuDNN forward and a fallback backward, or the reverse, agree).
-//   Mask: causal → set_causal_mask (top-left diagonal); kv_lengths → cuDNN's
+//   Mask: causal → set_causal_mask (top-left diagonal); a sliding window W →
+//   also set_diagonal_band_left_bound(W + 1) (cuDNN keeps key j of row i iff
+//   j + bound > i: W + 1 keys, attention.h's window); kv_lengths → cuDNN's
 //   padding mask with seq_len_kv = kv_lengths and seq_len_q = T for every sample
 //   (a (B) i32 device tensor of T's, made once per (device, B, T) and kept): every
 //   query row is computed, as attention.h defines, only keys are cut. Backward with
@@ -166,7 +168,7 @@ std::shared_ptr<GraphEntry> sdpa_graph(cudnnHandle_t h, bool forward, const Attn
   std::memcpy(&scale_bits, &scale, 4);
   const int64_t B = d.B, Tq = d.Tq, Tk = d.Tk, NH = d.NH, G = d.G, HD = d.HD;
   std::vector<int64_t> key{d.device, forward, B, Tq, Tk, NH, G, HD, static_cast<int64_t>(d.dt), scale_bits,
-                           static_cast<int64_t>(mask), padded, d.q.sb, d.q.st, d.k.sb, d.k.st, d.v.sb, d.v.st,
+                           static_cast<int64_t>(mask), padded, d.window, d.q.sb, d.q.st, d.k.sb, d.k.st, d.v.sb, d.v.st,
                            d.out.sb, d.out.st, d.lse_sb, d.lse_sh};
   if (!forward)
     for (const AttnRows* r : {&d.dout, &d.dq, &d.dk, &d.dv}) key.insert(key.end(), {r->sb, r->st});
@@ -200,6 +202,7 @@ std::shared_ptr<GraphEntry> sdpa_graph(cudnnHandle_t h, bool forward, const Attn
     };
     auto with_mask = [&](auto& opts) {
       if (mask == MaskForm::TopLeft) opts.set_causal_mask(true);
+      if (mask == MaskForm::TopLeft && d.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(d.window + 1));
       if (mask == MaskForm::BottomRight) opts.set_causal_mask_bottom_right(true);
       if (padded)
         opts.set_padding_mask(true).set_seq_len_q(seq_len("seq_len_q", kSeqQ)).set_seq_len_kv(seq_len("seq_len_kv", kSeqKV));
@@ -247,7 +250,8 @@ std::shared_ptr<GraphEntry> sdpa_graph(cudnnHandle_t h, bool forward, const Attn
   if (!e->ok)
     log_warn(str("attention: cuDNN ", forward ? "forward" : "backward", " unavailable for B=", B, " Tq=", Tq,
                  " Tk=", Tk, " NH=", NH, " G=", G, " HD=", HD, " ", dtype_name(d.dt),
-                 mask_names[static_cast<int>(mask)], padded ? " padded" : "", " (", e->why, "); using the cuBLAS path"));
+                 mask_names[static_cast<int>(mask)], padded ? " padded" : "",
+                 d.window > 0 ? str(" window ", d.window) : std::string(), " (", e->why, "); using the cuBLAS path"));
   cache->emplace(std::move(key), e);
   return e;
 }

@@ -29,9 +29,10 @@
 // P·V (forward) and Pᵀ·dO (backward) and mask dP before dS, M from attention_keep
 // for (b, first_head + local head, q_start + i, k_start + j, seq) — the CPU path's
 // mask exactly, at the rows' global positions.
-// Masking: row i of sample b sees keys j < hi = min(len_b, causal ? i + q_start −
-// k_start + 1 : Tk), len_b read on the device from kv_len and clamped to [0, Tk]; the
-// full Tq×Tk GEMMs run regardless and the kernels write P = dS = 0 beyond hi, so
+// Masking: row i of sample b sees keys lo <= j < hi = min(len_b, causal ? i + q_start −
+// k_start + 1 : Tk), len_b read on the device from kv_len and clamped to [0, Tk], lo =
+// max(0, i + q_start − k_start − W) with a sliding window W (else 0); the
+// full Tq×Tk GEMMs run regardless and the kernels write P = dS = 0 outside, so
 // masked keys get dK = dV = 0; a row with hi = 0 gets out 0, lse −∞.
 #include <algorithm>
 
@@ -60,7 +61,13 @@ struct DropRows {
   const int32_t* kv_len;  // (B) on the device, or null: every key
   bool causal;
   int64_t q0, k0, seq;  // global positions of row 0 and key 0; the dropout's T
-  // Row i sees keys j < hi(i).
+  int64_t window;       // > 0: row i sees keys j >= lo(i) (sliding window)
+  // Row i sees keys lo(i) <= j < hi(i).
+  __device__ int lo(int i) const {
+    if (window <= 0) return 0;
+    const int64_t c = q0 + i - k0 - window;
+    return static_cast<int>(c < 0 ? 0 : c);
+  }
   __device__ int hi(int i, int tk) const {
     int64_t len = kv_len ? kv_len[b] : tk;
     len = len < 0 ? 0 : len > tk ? tk : len;
@@ -76,7 +83,7 @@ struct DropRows {
 };
 DropRows drop_rows(const AttnProblem& d, const AttentionDropout& drop, int64_t b, int64_t h0) {
   return DropRows{drop.p, drop.seed, drop.offset, b, drop.first_head + h0, d.kv_len, d.causal,
-                  d.q_start, d.k_start, d.seq > 0 ? d.seq : d.Tq};
+                  d.q_start, d.k_start, d.seq > 0 ? d.seq : d.Tq, d.window};
 }
 
 // Row r = k·Tq + i of S (gc·Tq rows of length Tk; batch entry k is head h0 + k·head_step):
@@ -89,19 +96,19 @@ __global__ void masked_softmax_forward_kernel(const float* S, T* P, float* lse, 
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int i = static_cast<int>(r % tq);
-  const int hi = dr.hi(i, tk);
+  const int hi = dr.hi(i, tk), lo = dr.lo(i);
   const float* sr = S + r * tk;
   T* pr = P + r * tk;
   float m = -INFINITY;
-  for (int j = lane; j < hi; j += 32) m = fmaxf(m, sr[j]);
+  for (int j = lo + lane; j < hi; j += 32) m = fmaxf(m, sr[j]);
   m = warp_max(m);
   float sum = 0.0f;
-  for (int j = lane; j < hi; j += 32) sum += expf(sr[j] - m);
+  for (int j = lo + lane; j < hi; j += 32) sum += expf(sr[j] - m);
   sum = warp_sum(sum);
-  const float l = hi > 0 ? m + logf(sum) : -INFINITY;  // no visible key: P = 0, lse −∞
+  const float l = hi > lo ? m + logf(sum) : -INFINITY;  // no visible key: P = 0, lse −∞
   const int64_t k = r / tq;
   for (int j = lane; j < tk; j += 32)
-    pr[j] = from_float<T>(j < hi ? expf(sr[j] - l) * dr.keep(k, i, j, head_step) : 0.0f);
+    pr[j] = from_float<T>(j >= lo && j < hi ? expf(sr[j] - l) * dr.keep(k, i, j, head_step) : 0.0f);
   if (lane == 0) lse[k * head_step * lse_sh + i] = l;
 }
 
@@ -129,10 +136,11 @@ __global__ void masked_softmax_backward_kernel(const float* S, const float* dP, 
   const float* dpr = dP + r * tk;
   T* pr = P + r * tk;
   T* dsr = dS + r * tk;
-  const int hi = dr.hi(i, tk);
+  const int hi = dr.hi(i, tk), lo = dr.lo(i);
   for (int j = lane; j < tk; j += 32) {
-    const float p = j < hi ? expf(sr[j] - l) : 0.0f;
-    const float m = j < hi ? dr.keep(r / tq, i, j, head_step) : 0.0f;
+    const bool seen = j >= lo && j < hi;
+    const float p = seen ? expf(sr[j] - l) : 0.0f;
+    const float m = seen ? dr.keep(r / tq, i, j, head_step) : 0.0f;
     pr[j] = from_float<T>(p * m);
     dsr[j] = from_float<T>(p * (dpr[j] * m - dsum));
   }
@@ -175,6 +183,7 @@ AttnProblem attention_problem(const Tensor& qkv, const Tensor& out, const Tensor
   d.lse = static_cast<float*>(lse.data_ptr()), d.lse_sb = nh * T, d.lse_sh = T;
   d.seq = T;
   d.causal = mask.causal;
+  d.window = mask.window;
   d.kv_len = mask.kv_lengths.defined() ? static_cast<const int32_t*>(mask.kv_lengths.data_ptr()) : nullptr;
   return d;
 }

@@ -54,6 +54,7 @@ struct AttnProblem {
   int64_t seq = 0;                   // the whole sequence length the dropout mask keys on
   bool causal = true;                // key p visible from query q iff p <= q
   const int32_t* kv_len = nullptr;   // (B) i32 on the device: keys j >= len_b masked; null: none
+  int64_t window = 0;                // > 0 (causal): key p visible from query q iff q − window <= p
 };
 // The packed whole call of attention.h: qkv (B, T, NH + 2G, HD) or 5-D, out, lse, mask;
 // dout/dqkv may be undefined (forward).

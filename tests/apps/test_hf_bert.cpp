@@ -1,4 +1,4 @@
-// Hugging Face BERT import/export (model/inference/hf_bert.h, apps/convert_checkpoint) against
+// Hugging Face BERT import/export (model/inference/hf_convert.h, apps/convert_checkpoint) against
 // transformers (tests/reference/hf_bert_ref.py: a random BertForPreTraining saved by
 // save_pretrained, with float64 MLM and next-sentence logits, the pre-training loss and every
 // parameter gradient, in tests/apps/ref/hf_bert/; batches with token types 0/1, padding masked by
@@ -30,7 +30,8 @@
 #include "apps_test_util.h"
 #include "autograd/tape.h"
 #include "io/safetensors.h"
-#include "model/inference/hf_bert.h"
+#include "model/families.h"
+#include "model/inference/hf_convert.h"
 #include "model/inference/inference_load.h"
 #include "tests/error_of.h"  // error_of
 
@@ -61,7 +62,7 @@ Tensor ints1(const json& row) {
   return Tensor::from_ints(v, {static_cast<int64_t>(v.size())}, DType::I32);
 }
 
-// A reference batch as mpitron's BertBatch: next_sentence_label is is_random (hf_bert.h).
+// A reference batch as mpitron's BertBatch: next_sentence_label is is_random (docs/model-families.md "Hugging Face BERT").
 BertBatch batch_of(const json& r) {
   BertBatch b;
   b.tokens = ints2(r["ids"]);
@@ -103,13 +104,13 @@ TEST_CASE("HF BERT (transformers): import, MLM and NSP logits, losses, every gra
   const json ref = ref_json();
   const HfCheckpoint ck = read_hf_checkpoint(kDir);
   CHECK(hf_model_type(ck.config_json) == "bert");
-  const GPTConfig cfg = hf_bert_config(ck.config_json, 8);  // 120 divides by 8: no padding
+  const GPTConfig cfg = hf_config(ck.config_json, 8);  // 120 divides by 8: no padding
   CHECK(cfg.family() == "bert");
   CHECK(cfg.padded_vocab_size == kVocab);
   CHECK(cfg.post_ln);
   CHECK(!cfg.causal);
   CHECK(cfg.binary_head);
-  CHECK(cfg.gelu_exact);  // hidden_act "gelu"
+  CHECK(cfg.gelu_erf());  // hidden_act "gelu"
   CHECK(cfg.num_tokentypes == 2);
   CHECK(cfg.ffn() == 80);
   CHECK(cfg.layernorm_epsilon == 1e-12f);
@@ -139,7 +140,7 @@ TEST_CASE("HF BERT (transformers): import, MLM and NSP logits, losses, every gra
     tape.backward(loss);
     // The gradients in HF layout (query|key|value split back), through the exporter.
     const Tensor grads = model->params().grads().clone();
-    const io::Safetensors g = hf_bert_from_gpt(model->core(), "F32", &grads);
+    const io::Safetensors g = hf_from_gpt(model->core(), {}, &grads);
     CHECK(g.tensors.size() == r["grads"].size());
     double worst_norm = 0, worst_zero = 0;
     for (auto it = r["grads"].begin(); it != r["grads"].end(); ++it) {
@@ -164,8 +165,8 @@ TEST_CASE("HF BERT (transformers): import, MLM and NSP logits, losses, every gra
 TEST_CASE("HF BERT: the tanh GELU would not match transformers' \"gelu\" (why gelu_exact exists)") {
   const json ref = ref_json();
   const HfCheckpoint ck = read_hf_checkpoint(kDir);
-  GPTConfig cfg = hf_bert_config(ck.config_json, 8);
-  cfg.gelu_exact = false;
+  GPTConfig cfg = hf_config(ck.config_json, 8);
+  cfg.mlp = MlpKind::GeluTanh;
   auto model = bert_from_hf(ck, cfg);
   const json& r = ref["batches"][0];
   const double err = mlm_err(model->logits(batch_of(r)).mlm, r["mlm_logits"]);
@@ -177,7 +178,7 @@ TEST_CASE("convert_checkpoint: HF BERT -> mpitron -> HF is bitwise, config.json 
   TempDir tmp("hfbert");
   const json ref = ref_json();
   const HfCheckpoint ck = read_hf_checkpoint(kDir);
-  const GPTConfig cfg = hf_bert_config(ck.config_json);
+  const GPTConfig cfg = hf_config(ck.config_json);
   CHECK(cfg.padded_vocab_size == 128);  // 8 padding rows, dropped on export
   auto direct = bert_from_hf(ck, cfg);
   const std::string ckpt = tmp / "ckpt";
@@ -186,7 +187,7 @@ TEST_CASE("convert_checkpoint: HF BERT -> mpitron -> HF is bitwise, config.json 
   InferenceModel m = load_model_for_inference(ckpt);
   const GPTConfig& mc = m.model->config();
   CHECK(mc.family() == "bert");
-  CHECK(mc.gelu_exact);  // recorded in the checkpoint's model_config
+  CHECK(mc.gelu_erf());  // recorded in the checkpoint's model_config
   CHECK(mc.post_ln);
   CHECK(m.model->params().values().to_floats() == direct->params().values().to_floats());
   // The checkpoint's model computes HF's logits over the real vocabulary.
@@ -216,16 +217,16 @@ TEST_CASE("convert_checkpoint: HF BERT -> mpitron -> HF is bitwise, config.json 
   for (auto it = out.begin(); it != out.end(); ++it)
     if (orig.contains(it.key()))
       CHECK_MESSAGE(orig[it.key()] == it.value(), it.key(), ": ", it.value().dump(), " vs ", orig[it.key()].dump());
-  const GPTConfig again = hf_bert_config(out.dump());
+  const GPTConfig again = hf_config(out.dump());
   CHECK(again.num_layers == cfg.num_layers);
   CHECK(again.ffn() == cfg.ffn());
   CHECK(again.layernorm_epsilon == cfg.layernorm_epsilon);
   CHECK(again.num_tokentypes == cfg.num_tokentypes);
-  CHECK(again.gelu_exact == cfg.gelu_exact);
+  CHECK(again.gelu_erf() == cfg.gelu_erf());
   CHECK(again.max_position_embeddings == cfg.max_position_embeddings);
   // The exported directory imports again with equal values.
   const HfCheckpoint ck2 = read_hf_checkpoint(tmp / "hf");
-  CHECK(bert_from_hf(ck2, hf_bert_config(ck2.config_json))->params().values().to_floats() ==
+  CHECK(bert_from_hf(ck2, hf_config(ck2.config_json))->params().values().to_floats() ==
         direct->params().values().to_floats());
   // BF16: export, import (widened exactly), export again: the same bytes.
   apps_test::check_hf_bf16_round_trip(ckpt, tmp, "cls.predictions.bias");
@@ -254,11 +255,11 @@ TEST_CASE("HF BERT: bad configs and checkpoints are named") {
   const auto with = [&](const std::string& key, const json& v) {
     json j = base;
     j[key] = v;
-    return error_of([&] { hf_bert_config(j.dump()); });
+    return error_of([&] { hf_config(j.dump()); });
   };
   CHECK(has(with("hidden_act", "relu"), "hidden_act"));
   CHECK(with("hidden_act", "gelu_new").empty());
-  CHECK(!hf_bert_config([&] { json j = base; j["hidden_act"] = "gelu_pytorch_tanh"; return j.dump(); }()).gelu_exact);
+  CHECK(!hf_config([&] { json j = base; j["hidden_act"] = "gelu_pytorch_tanh"; return j.dump(); }()).gelu_erf());
   CHECK(has(with("position_embedding_type", "relative_key"), "position_embedding_type"));
   CHECK(has(with("is_decoder", true), "is_decoder"));
   CHECK(has(with("add_cross_attention", true), "add_cross_attention"));
@@ -275,7 +276,7 @@ TEST_CASE("HF BERT: bad configs and checkpoints are named") {
   const std::string shape_err = error_of([&] {
     json j = base;
     j["intermediate_size"] = 96;
-    bert_from_hf(ck, hf_bert_config(j.dump()));
+    bert_from_hf(ck, hf_config(j.dump()));
   });
   CHECK(has(shape_err, "[80, 48]"));
   CHECK(has(shape_err, "[96, 48]"));
@@ -285,7 +286,7 @@ TEST_CASE("HF BERT: bad configs and checkpoints are named") {
     HfCheckpoint partial = ck;
     const int64_t i = partial.tensors.index("bert.encoder.layer.1.attention.self.key.bias");
     partial.tensors.tensors.erase(partial.tensors.tensors.begin() + i);
-    const std::string e = error_of([&] { bert_from_hf(partial, hf_bert_config(partial.config_json)); });
+    const std::string e = error_of([&] { bert_from_hf(partial, hf_config(partial.config_json)); });
     CHECK(has(e, "bert.encoder.layer.1.attention.self.key.bias"));
     CHECK(has(e, kDir));
   }
@@ -296,18 +297,18 @@ TEST_CASE("HF BERT: bad configs and checkpoints are named") {
     tied.tensors.add_f32("cls.predictions.decoder.weight", ck.tensors.to_f32("bert.embeddings.word_embeddings.weight"));
     tied.tensors.add_f32("cls.predictions.decoder.bias", ck.tensors.to_f32("cls.predictions.bias"));
     tied.tensors.add_f32("bert.embeddings.position_ids", Tensor::zeros({1, 32}, DType::F32));
-    CHECK(error_of([&] { bert_from_hf(tied, hf_bert_config(tied.config_json)); }).empty());
+    CHECK(error_of([&] { bert_from_hf(tied, hf_config(tied.config_json)); }).empty());
     HfCheckpoint untied = ck;
     Tensor w = ck.tensors.to_f32("bert.embeddings.word_embeddings.weight").clone();
     w.slice(0, 3, 4).fill(0.5);
     untied.tensors.add_f32("cls.predictions.decoder.weight", w);
-    CHECK(has(error_of([&] { bert_from_hf(untied, hf_bert_config(untied.config_json)); }), "cls.predictions.decoder.weight"));
+    CHECK(has(error_of([&] { bert_from_hf(untied, hf_config(untied.config_json)); }), "cls.predictions.decoder.weight"));
     HfCheckpoint stray = ck;
     stray.tensors.add_f32("bert.encoder.layer.2.output.dense.bias", Tensor::zeros({48}, DType::F32));
-    CHECK(has(error_of([&] { bert_from_hf(stray, hf_bert_config(stray.config_json)); }), "layer.2.output.dense.bias"));
+    CHECK(has(error_of([&] { bert_from_hf(stray, hf_config(stray.config_json)); }), "layer.2.output.dense.bias"));
     HfCheckpoint task = ck;  // a BertForSequenceClassification head
     task.tensors.add_f32("classifier.weight", Tensor::zeros({2, 48}, DType::F32));
-    CHECK(has(error_of([&] { bert_from_hf(task, hf_bert_config(task.config_json)); }), "classifier.weight"));
+    CHECK(has(error_of([&] { bert_from_hf(task, hf_config(task.config_json)); }), "classifier.weight"));
   }
   // TF-era LayerNorm names (gamma / beta) import to the same values.
   {
@@ -320,20 +321,20 @@ TEST_CASE("HF BERT: bad configs and checkpoints are named") {
         t.name = t.name.substr(0, t.name.size() - 4) + "beta";
     }
     CHECK(tf.tensors.has("bert.encoder.layer.1.output.LayerNorm.gamma"));
-    CHECK(bert_from_hf(tf, hf_bert_config(tf.config_json))->params().values().to_floats() ==
-          bert_from_hf(ck, hf_bert_config(ck.config_json))->params().values().to_floats());
+    CHECK(bert_from_hf(tf, hf_config(tf.config_json))->params().values().to_floats() ==
+          bert_from_hf(ck, hf_config(ck.config_json))->params().values().to_floats());
   }
   // Only the post-LN BERT with its binary head exports as BertForPreTraining.
-  GPTConfig c = hf_bert_config(ck.config_json);
+  GPTConfig c = hf_config(ck.config_json);
   std::string why;
-  CHECK(hf_bert_exportable(c, &why));
+  CHECK(hf_exportable(c, &why));
   c.post_ln = false;
-  CHECK(!hf_bert_exportable(c, &why));
+  CHECK(!hf_exportable(c, &why));
   CHECK(has(why, "post-LN"));
   c.post_ln = true;
   c.binary_head = false;
-  CHECK(!hf_bert_exportable(c, &why));
+  CHECK(!hf_exportable(c, &why));
   CHECK(has(why, "binary head"));
-  CHECK(!hf_bert_exportable(GPTConfig{}, &why));
-  CHECK(has(why, "BERT"));
+  CHECK(hf_exportable(GPTConfig{}, &why));  // a GPT-2 exports, as GPT2LMHeadModel, not as a BERT:
+  CHECK(has(family_misses(find_family("bert"), GPTConfig{}, /*hf=*/true), "BERT"));
 }

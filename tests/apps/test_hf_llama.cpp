@@ -1,4 +1,4 @@
-// Hugging Face Llama import/export (model/inference/hf_llama.h, apps/convert_checkpoint)
+// Hugging Face Llama import/export (model/inference/hf_convert.h, apps/convert_checkpoint)
 // against transformers (tests/reference/hf_llama_ref.py; a random GQA LlamaForCausalLM saved
 // SHARDED by save_pretrained, with float64 logits, loss and gradients, in tests/apps/ref/hf_llama/):
 //  * logits, the mean cross-entropy and every parameter gradient equal transformers';
@@ -25,7 +25,7 @@
 #include "autograd/tape.h"
 #include "io/safetensors.h"
 #include "model/inference/generate.h"
-#include "model/inference/hf_llama.h"
+#include "model/inference/hf_convert.h"
 #include "model/inference/inference_load.h"
 #include "tests/error_of.h"  // error_of
 
@@ -73,7 +73,7 @@ TEST_CASE("HF Llama (transformers): sharded import, logits, loss and every gradi
   const HfCheckpoint ck = read_hf_checkpoint(kDir);
   CHECK(ck.file_of.at("lm_head.weight") != ck.file_of.at("model.embed_tokens.weight"));  // really sharded
   CHECK(hf_model_type(ck.config_json) == "llama");
-  const GPTConfig cfg = hf_llama_config(ck.config_json, 4);  // 100 divides by 4: no padding, the loss is HF's
+  const GPTConfig cfg = hf_config(ck.config_json, 4);  // 100 divides by 4: no padding, the loss is HF's
   CHECK(cfg.family() == "llama");
   CHECK(cfg.padded_vocab_size == 100);
   CHECK(cfg.query_groups() == 2);
@@ -81,7 +81,7 @@ TEST_CASE("HF Llama (transformers): sharded import, logits, loss and every gradi
   CHECK(cfg.qkv_rows() == (4 + 2 * 2) * 12);
   CHECK(cfg.layernorm_epsilon == 1e-5f);
   CHECK(cfg.rotary_base == 10000.0);
-  auto model = gpt_from_hf_llama(ck, cfg);
+  auto model = gpt_from_hf(ck, cfg);
 
   for (size_t b = 0; b < ref["batches"].size(); ++b) {
     const json& r = ref["batches"][b];
@@ -101,7 +101,7 @@ TEST_CASE("HF Llama (transformers): sharded import, logits, loss and every gradi
     tape.backward(loss);
     // The gradients in HF layout (q|k|v and gate|up split back), through the exporter.
     const Tensor grads = model->params().grads().clone();
-    const io::Safetensors g = hf_llama_from_gpt(*model, "F32", &grads);
+    const io::Safetensors g = hf_from_gpt(*model, {}, &grads);
     CHECK(g.tensors.size() == r["grads"].size());
     double worst_norm = 0;
     for (auto it = r["grads"].begin(); it != r["grads"].end(); ++it) {
@@ -123,7 +123,7 @@ TEST_CASE("HF Llama (transformers): sharded import, logits, loss and every gradi
 
 TEST_CASE("HF Llama: KV-cache greedy generation (GQA cache) equals full recomputation") {
   const HfCheckpoint ck = read_hf_checkpoint(kDir);
-  auto model = gpt_from_hf_llama(ck, hf_llama_config(ck.config_json));
+  auto model = gpt_from_hf(ck, hf_config(ck.config_json));
   const std::vector<std::vector<int32_t>> prompts{{5, 17, 3, 99, 42}, {7}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}};
   GenerateOptions o;
   o.max_new_tokens = 12;
@@ -141,9 +141,9 @@ TEST_CASE("HF Llama: KV-cache greedy generation (GQA cache) equals full recomput
 TEST_CASE("convert_checkpoint: HF Llama -> mpitron -> HF is bitwise, config.json round-trips") {
   TempDir tmp("hfllama");
   const HfCheckpoint ck = read_hf_checkpoint(kDir);
-  const GPTConfig cfg = hf_llama_config(ck.config_json);
+  const GPTConfig cfg = hf_config(ck.config_json);
   CHECK(cfg.padded_vocab_size == 128);
-  auto direct = gpt_from_hf_llama(ck, cfg);
+  auto direct = gpt_from_hf(ck, cfg);
   const std::string ckpt = tmp / "ckpt";
   REQUIRE_MESSAGE(run_app("convert_checkpoint", "--direction hf-to-mpitron --input " + kDir + " --output " + ckpt,
                           tmp / "in.log") == 0, slurp(tmp / "in.log"));
@@ -169,7 +169,7 @@ TEST_CASE("convert_checkpoint: HF Llama -> mpitron -> HF is bitwise, config.json
   const json orig = json::parse(ck.config_json), out = json::parse(slurp(tmp / "hf/config.json"));
   for (auto it = out.begin(); it != out.end(); ++it)
     if (orig.contains(it.key())) CHECK_MESSAGE(orig[it.key()] == it.value(), it.key(), ": ", it.value().dump(), " vs ", orig[it.key()].dump());
-  const GPTConfig again = hf_llama_config(out.dump());
+  const GPTConfig again = hf_config(out.dump());
   CHECK(again.num_layers == cfg.num_layers);
   CHECK(again.query_groups() == cfg.query_groups());
   CHECK(again.ffn() == cfg.ffn());
@@ -179,7 +179,7 @@ TEST_CASE("convert_checkpoint: HF Llama -> mpitron -> HF is bitwise, config.json
   CHECK(again.max_position_embeddings == cfg.max_position_embeddings);
   // An exported directory imports again (single-file form this time), with equal values.
   const HfCheckpoint ck2 = read_hf_checkpoint(tmp / "hf");
-  CHECK(gpt_from_hf_llama(ck2, hf_llama_config(ck2.config_json))->params().values().to_floats() ==
+  CHECK(gpt_from_hf(ck2, hf_config(ck2.config_json))->params().values().to_floats() ==
         direct->params().values().to_floats());
   // BF16: export, import (widened exactly), export again: the same bytes.
   apps_test::check_hf_bf16_round_trip(ckpt, tmp, "lm_head.weight");
@@ -200,7 +200,7 @@ TEST_CASE("HF Llama: bad configs and checkpoints are named") {
   const auto with = [&](const std::string& key, const json& v) {
     json j = base;
     j[key] = v;
-    return error_of([&] { hf_llama_config(j.dump()); });
+    return error_of([&] { hf_config(j.dump()); });
   };
   CHECK(has(with("rope_scaling", json{{"type", "linear"}, {"factor", 2.0}}), "rope_scaling"));
   CHECK(has(with("hidden_act", "gelu"), "hidden_act"));
@@ -218,14 +218,14 @@ TEST_CASE("HF Llama: bad configs and checkpoints are named") {
   CHECK(has(error_of([&] {
               json j = base;
               j["tie_word_embeddings"] = true;
-              gpt_from_hf_llama(ck, hf_llama_config(j.dump()));
+              gpt_from_hf(ck, hf_config(j.dump()));
             }),
             "lm_head.weight"));
   // A config that does not fit the weights names both shapes.
   const std::string shape_err = error_of([&] {
     json j = base;
     j["intermediate_size"] = 96;
-    gpt_from_hf_llama(ck, hf_llama_config(j.dump()));
+    gpt_from_hf(ck, hf_config(j.dump()));
   });
   CHECK(has(shape_err, "[80, 48]"));
   CHECK(has(shape_err, "[96, 48]"));
@@ -235,7 +235,7 @@ TEST_CASE("HF Llama: bad configs and checkpoints are named") {
     HfCheckpoint partial = ck;
     const int64_t i = partial.tensors.index("model.layers.1.mlp.up_proj.weight");
     partial.tensors.tensors.erase(partial.tensors.tensors.begin() + i);
-    const std::string e = error_of([&] { gpt_from_hf_llama(partial, hf_llama_config(partial.config_json)); });
+    const std::string e = error_of([&] { gpt_from_hf(partial, hf_config(partial.config_json)); });
     CHECK(has(e, "model.layers.1.mlp.up_proj.weight"));
     CHECK(has(e, kDir));
   }
@@ -245,8 +245,8 @@ TEST_CASE("HF Llama: bad configs and checkpoints are named") {
   CHECK(has(error_of([&] { read_hf_checkpoint(tmp / "noshard"); }), "model-00001-of-00004.safetensors"));
   CHECK(has(error_of([&] { read_hf_checkpoint(tmp / "nothing"); }), "nothing"));
   // A custom architecture (RMSNorm with a GELU MLP) is not exported.
-  GPTConfig c = hf_llama_config(ck.config_json);
-  c.swiglu = false;
+  GPTConfig c = hf_config(ck.config_json);
+  c.mlp = MlpKind::GeluTanh;
   CHECK(c.family() == "custom");
   GPT custom(c, Device::cpu());
   custom.init_weights(1);
@@ -265,10 +265,10 @@ TEST_CASE("HF Llama: tied embeddings and linear biases round-trip; Mistral and a
       j["tie_word_embeddings"] = tied;
       j["attention_bias"] = bias;
       j["mlp_bias"] = bias;
-      const GPTConfig c = hf_llama_config(j.dump());
+      const GPTConfig c = hf_config(j.dump());
       CHECK(c.untie_embeddings == !tied);
       CHECK(c.add_bias_linear == bias);
-      CHECK(hf_llama_exportable(c));
+      CHECK(hf_exportable(c));
       GPT model(c, Device::cpu());
       model.init_weights(7);
       double k = 0;  // biases init to zero: give each its own value so a swap shows
@@ -278,23 +278,32 @@ TEST_CASE("HF Llama: tied embeddings and linear biases round-trip; Mistral and a
       // Padding rows are not exported: zero them so the re-import compares equal.
       for (const char* name : {"wte", "head.weight"})
         if (model.params().has(name)) model.params().var(name).value().slice(0, 100, c.padded_vocab_size).zero();
-      const io::Safetensors st = hf_llama_from_gpt(model);
+      const io::Safetensors st = hf_from_gpt(model);
       CHECK(st.has("lm_head.weight") == !tied);
       CHECK(st.has("model.layers.1.self_attn.k_proj.bias") == bias);
       CHECK(st.has("model.layers.0.mlp.down_proj.bias") == bias);
       const std::string d = tmp / str("v", tied, bias);
       std::filesystem::create_directories(d);
       io::write_safetensors(d + "/model.safetensors", st);
-      std::ofstream(d + "/config.json") << hf_llama_config_json(c);
+      std::ofstream(d + "/config.json") << hf_config_json(c);
       const HfCheckpoint ck = read_hf_checkpoint(d);
-      CHECK(gpt_from_hf_llama(ck, hf_llama_config(ck.config_json))->params().values().to_floats() ==
+      CHECK(gpt_from_hf(ck, hf_config(ck.config_json))->params().values().to_floats() ==
             model.params().values().to_floats());
     }
+  // A Mistral config.json (MistralConfig has no attention_bias, pretraining_tp or rope_scaling):
+  // without a window it is a Llama's function; with one, the mistral family; a LlamaConfig key
+  // in it is refused by name.
   json m = base;
   m["model_type"] = "mistral";
   m["architectures"] = {"MistralForCausalLM"};
+  for (const char* k : {"attention_bias", "pretraining_tp", "rope_scaling"}) m.erase(k);
   m["sliding_window"] = nullptr;
-  CHECK(hf_llama_config(m.dump()).family() == "llama");
+  CHECK(hf_config(m.dump()).family() == "llama");
+  m["sliding_window"] = 4;
+  CHECK(hf_config(m.dump()).family() == "mistral");
+  CHECK(hf_config(m.dump()).window_size == 4);
+  m["pretraining_tp"] = 1;
+  CHECK(has(error_of([&] { hf_config(m.dump()); }), "pretraining_tp"));
   json a = base;
   a.erase("model_type");
   CHECK(hf_model_type(a.dump()) == "llama");

@@ -14,6 +14,7 @@
 #include "data/tokenizer.h"
 #include "io/safetensors.h"
 #include "model/inference/generate.h"
+#include "model/inference/hf_convert.h"
 #include "model/inference/inference_load.h"
 
 using namespace mpitron;
@@ -71,10 +72,10 @@ TEST_CASE("safetensors: HF -> mpitron checkpoint -> HF is bitwise, file bytes in
     io::write_safetensors(tmp / "in.safetensors", st);
     const io::Safetensors in = io::read_safetensors(tmp / "in.safetensors");
     REQUIRE(in.tensors.size() == st.tensors.size());
-    const GPTConfig cfg = hf_gpt2_config(in, "", 2);
+    const GPTConfig cfg = hf_file_config(in, "", 2);
     CHECK(cfg.padded_vocab_size == 384);
     CHECK(cfg.ffn() == 64);
-    auto model = gpt_from_hf_gpt2(in, cfg);
+    auto model = gpt_from_hf(in, cfg);
     // Padding rows are zero; a transposed matrix lands transposed.
     const std::vector<float> wte = model->params().var("wte").value().to_floats();
     for (size_t i = 300 * 16; i < wte.size(); ++i) REQUIRE(wte[i] == 0.0f);
@@ -87,20 +88,20 @@ TEST_CASE("safetensors: HF -> mpitron checkpoint -> HF is bitwise, file bytes in
     HfExportOptions o;
     o.prefix = prefix;
     o.lm_head = !prefix.empty();
-    io::write_safetensors(tmp / "out.safetensors", hf_gpt2_from_gpt(*back.model, o));
+    io::write_safetensors(tmp / "out.safetensors", hf_from_gpt(*back.model, o));
     CHECK(slurp(tmp / "out.safetensors") == slurp(tmp / "in.safetensors"));
   }
   // Buffers are skipped, an untied head or a stray tensor is refused, corrupt files are named.
   io::Safetensors st = random_hf("transformer.", false);
   st.add_f32("transformer.h.0.attn.bias", Tensor::zeros({1, 1, 4, 4}, DType::F32));
-  CHECK_NOTHROW(gpt_from_hf_gpt2(st, hf_gpt2_config(st, "", 2)));
+  CHECK_NOTHROW(gpt_from_hf(st, hf_file_config(st, "", 2)));
   st.add_f32("transformer.h.0.extra", Tensor::zeros({2}, DType::F32));
-  CHECK_THROWS_AS(gpt_from_hf_gpt2(st, hf_gpt2_config(st, "", 2)), Error);
+  CHECK_THROWS_AS(gpt_from_hf(st, hf_file_config(st, "", 2)), Error);
   io::Safetensors untied = random_hf("transformer.", false);
   untied.add_f32("lm_head.weight", Tensor::zeros({300, 16}, DType::F32));
-  CHECK_THROWS_AS(gpt_from_hf_gpt2(untied, hf_gpt2_config(untied, "", 2)), Error);
-  CHECK_THROWS_AS(hf_gpt2_config(untied, "", 0), Error);  // heads unknown
-  CHECK_THROWS_AS(hf_gpt2_config(untied, R"({"n_head": 4, "n_embd": 32})", 0), Error);  // contradicts weights
+  CHECK_THROWS_AS(gpt_from_hf(untied, hf_file_config(untied, "", 2)), Error);
+  CHECK_THROWS_AS(hf_file_config(untied, "", 0), Error);  // heads unknown
+  CHECK_THROWS_AS(hf_file_config(untied, R"({"n_head": 4, "n_embd": 32})", 0), Error);  // contradicts weights
   std::string bytes = slurp(tmp / "in.safetensors");
   std::ofstream(tmp / "trunc.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() - 10);
   CHECK_THROWS_AS(io::read_safetensors(tmp / "trunc.safetensors"), Error);
@@ -112,10 +113,10 @@ TEST_CASE("reference GPT-2 (PyTorch): logits, bitwise F16 export, perplexity, LA
   const nlohmann::json ref = ref_json();
   TempDir tmp("hfref");
   const io::Safetensors st = io::read_safetensors(kRef + "gpt2_tiny.safetensors");
-  const GPTConfig cfg = hf_gpt2_config(st, slurp(kRef + "gpt2_tiny_config.json"), 0);
+  const GPTConfig cfg = hf_file_config(st, slurp(kRef + "gpt2_tiny_config.json"), 0);
   CHECK(cfg.vocab_size == 50257);
   CHECK(cfg.padded_vocab_size == 50304);
-  auto model = gpt_from_hf_gpt2(st, cfg);
+  auto model = gpt_from_hf(st, cfg);
 
   SUBCASE("logits") {
     const int64_t stride = ref["sample_stride"];
@@ -149,7 +150,7 @@ TEST_CASE("reference GPT-2 (PyTorch): logits, bitwise F16 export, perplexity, LA
     CHECK(back.model->params().values().to_floats() == model->params().values().to_floats());
     HfExportOptions o;
     o.dtype = "F16";
-    const io::Safetensors out = hf_gpt2_from_gpt(*back.model, o);
+    const io::Safetensors out = hf_from_gpt(*back.model, o);
     CHECK(out.tensors.size() == st.tensors.size());
     for (const io::SafeTensor& t : st.tensors) {
       const io::SafeTensor& u = out.at(t.name);

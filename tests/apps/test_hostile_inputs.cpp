@@ -32,7 +32,7 @@
 #include "data/indexed_dataset.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
-#include "model/inference/hf_config.h"
+#include "model/inference/hf_convert.h"
 #include "model/training/checkpointing.h"
 #include "model/training/deepspeed_config.h"
 #include "model/training/finetune.h"
@@ -255,8 +255,8 @@ TEST_CASE("class 5: JSON depth, token ids, line lengths and schedule sizes are b
   CHECK(error_of([&] { data::HFTokenizer t(tmp / "deep/tokenizer.json"); }).find("nests deeper than") != std::string::npos);
   std::ofstream(tmp / "ds.json") << "{\"train_batch_size\": " << deep << "}";
   CHECK(error_of([&] { read_deepspeed_config(tmp / "ds.json"); }).find("--deepspeed_config '") != std::string::npos);
-  CHECK(error_of([&] { HfConfig c("{\"n_layer\": 2, \"unknown\": " + deep + "}", "GPT2"); }).find("HF config.json nests deeper")
-        != std::string::npos);
+  CHECK(error_of([&] { hf_config("{\"model_type\": \"gpt2\", \"n_layer\": 2, \"unknown\": " + deep + "}"); })
+            .find("HF config.json nests deeper") != std::string::npos);
   // Ids of 2^31 and 10^9 in tokenizer.json: an error naming the field, not std::bad_alloc.
   for (const int64_t id : {int64_t{1} << 31, int64_t{1000000000}}) {
     CAPTURE(id);

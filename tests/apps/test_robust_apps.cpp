@@ -14,6 +14,7 @@
 #include "apps_test_util.h"
 #include "data/tokenizer.h"
 #include "io/safetensors.h"
+#include "model/inference/hf_convert.h"
 #include "model/inference/inference_load.h"
 
 using namespace mpitron;
@@ -85,7 +86,7 @@ TEST_CASE("generate_text: an input mode is required; --num-samples and --out-seq
   const std::string ref = apps_test::kSource + "/tests/apps/ref/";
   {
     const io::Safetensors st = io::read_safetensors(ref + "gpt2_tiny.safetensors");
-    auto model = gpt_from_hf_gpt2(st, hf_gpt2_config(st, slurp(ref + "gpt2_tiny_config.json"), 0));
+    auto model = gpt_from_hf(st, hf_file_config(st, slurp(ref + "gpt2_tiny_config.json"), 0));
     save_model_checkpoint(tmp / "ckpt", *model, "test");
   }
   const std::string load = "--load " + tmp / "ckpt";

@@ -1,4 +1,4 @@
-// tests/model/inference_test_util.h — small GPT-2 and Llama checkpoints for the inference
+// tests/model/inference_test_util.h — small GPT-2, Llama, Qwen2 and Gemma checkpoints for the inference
 // runner and engine tests (written by rank 0, read by every rank).
 #pragma once
 #include <mpi.h>
@@ -35,11 +35,41 @@ inline GPTConfig tiny_llama() {
   c.num_attention_heads = 8;
   c.num_query_groups = 4;
   c.normalization = Normalization::RMSNorm;
-  c.swiglu = true;
+  c.mlp = MlpKind::SwiGLU;
   c.ffn_hidden_size = 48;
   c.position_embedding = PositionEmbedding::Rope;
   c.untie_embeddings = true;
   c.add_bias_linear = false;
+  return c;
+}
+
+// Gemma: GeGLU, RMSNorm scaling by 1 + w, embeddings times sqrt(C), heads of 16 (NH·HD = 64 != C),
+// tied head, rope, no biases; the embedding and final norm of model/layers/model_ends.h.
+inline GPTConfig tiny_gemma() {
+  GPTConfig c = tiny_gpt2();
+  c.kv_channels = 16;
+  c.normalization = Normalization::RMSNorm;
+  c.layernorm_1p = true;
+  c.scale_embeddings = true;
+  c.mlp = MlpKind::GeGLU;
+  c.ffn_hidden_size = 48;
+  c.position_embedding = PositionEmbedding::Rope;
+  c.add_bias_linear = false;
+  return c;
+}
+
+// Qwen2: Llama with biases on q, k and v only.
+inline GPTConfig tiny_qwen2() {
+  GPTConfig c = tiny_llama();
+  c.add_qkv_bias = true;
+  return c;
+}
+
+// Mistral: Llama with a sliding window of 5 keys before each query (shorter than the prompts and
+// than the paged cache's blocks of 8 plus the generated tokens, so windows start inside a block).
+inline GPTConfig tiny_mistral() {
+  GPTConfig c = tiny_llama();
+  c.window_size = 5;
   return c;
 }
 

@@ -32,7 +32,7 @@ GPTConfig family(const std::string& name) {
   c.attention_dropout = 0.0f;  // the composed ag::causal_attention has none
   if (name == "llama") {
     c.normalization = Normalization::RMSNorm;
-    c.swiglu = true;
+    c.mlp = MlpKind::SwiGLU;
     c.ffn_hidden_size = 48;
     c.position_embedding = PositionEmbedding::Rope;
     c.rotary_base = 500.0;
@@ -42,7 +42,7 @@ GPTConfig family(const std::string& name) {
   } else if (name == "bert" || name == "bert-pre-ln") {
     c.bert = true;
     c.post_ln = name == "bert";
-    c.gelu_exact = name == "bert";  // HF BERT's erf GELU in the post-LN block (pre-LN keeps tanh)
+    if (name == "bert") c.mlp = MlpKind::GeluErf;  // HF BERT's erf GELU in the post-LN block (pre-LN keeps tanh)
     c.num_tokentypes = 2;
     c.causal = false;  // bidirectional attention
   } else if (name == "partial-rope-mqa") {
@@ -71,16 +71,16 @@ Var composed_block(Tape& tape, const GPTConfig& c, const BlockParams& p, const V
                                                      : ag::layernorm(tape, in, n.w, n.b, c.layernorm_epsilon);
   };
   if (c.post_ln) {  // x2 = LN1(x + drop(attn(x))), y = LN2(x2 + drop(mlp(x2)))
-    Var qkv = ag::linear(tape, x, p.attn.qkv_w, p.attn.qkv_b);
+    Var qkv = ag::linear(tape, x, p.attn().qkv_w, p.attn().qkv_b);
     Var att = ag::attention(tape, qkv, B, T, NH, G, AttentionMask{c.causal, Tensor()});
-    Var a = ag::dropout(tape, ag::linear(tape, att, p.attn.proj_w, p.attn.proj_b), c.hidden_dropout, seed, offset);
-    Var x2 = norm(ag::add(tape, x, a), p.norm1);
-    Var g = ag::gelu(tape, ag::linear(tape, x2, p.mlp.fc_w, p.mlp.fc_b), c.gelu_exact);
-    Var m = ag::dropout(tape, ag::linear(tape, g, p.mlp.proj_w, p.mlp.proj_b), c.hidden_dropout, seed,
+    Var a = ag::dropout(tape, ag::linear(tape, att, p.attn().proj_w, p.attn().proj_b), c.hidden_dropout, seed, offset);
+    Var x2 = norm(ag::add(tape, x, a), p.norm1());
+    Var g = ag::gelu(tape, ag::linear(tape, x2, p.mlp().fc_w, p.mlp().fc_b), c.gelu_erf());
+    Var m = ag::dropout(tape, ag::linear(tape, g, p.mlp().proj_w, p.mlp().proj_b), c.hidden_dropout, seed,
                         offset + static_cast<uint64_t>(N * C));
-    return norm(ag::add(tape, x2, m), p.norm2);
+    return norm(ag::add(tape, x2, m), p.norm2());
   }
-  Var qkv = ag::linear(tape, norm(x, p.norm1), p.attn.qkv_w, p.attn.qkv_b);
+  Var qkv = ag::linear(tape, norm(x, p.norm1()), p.attn().qkv_w, p.attn().qkv_b);
   if (c.position_embedding == PositionEmbedding::Rope) {
     RopeArgs r;
     r.base = c.rotary_base;
@@ -88,11 +88,11 @@ Var composed_block(Tape& tape, const GPTConfig& c, const BlockParams& p, const V
     qkv = ag::rope(tape, qkv, B, T, NH + 2 * G, NH + G, r);
   }
   Var att = ag::attention(tape, qkv, B, T, NH, G, AttentionMask{c.causal, Tensor()});
-  Var a = ag::dropout(tape, ag::linear(tape, att, p.attn.proj_w, p.attn.proj_b), c.hidden_dropout, seed, offset);
+  Var a = ag::dropout(tape, ag::linear(tape, att, p.attn().proj_w, p.attn().proj_b), c.hidden_dropout, seed, offset);
   Var x2 = ag::add(tape, x, a);
-  Var fc = ag::linear(tape, norm(x2, p.norm2), p.mlp.fc_w, p.mlp.fc_b);
-  Var g = c.swiglu ? ag::swiglu(tape, fc) : ag::gelu(tape, fc, c.gelu_exact);
-  Var m = ag::dropout(tape, ag::linear(tape, g, p.mlp.proj_w, p.mlp.proj_b), c.hidden_dropout, seed,
+  Var fc = ag::linear(tape, norm(x2, p.norm2()), p.mlp().fc_w, p.mlp().fc_b);
+  Var g = c.mlp == MlpKind::SwiGLU ? ag::swiglu(tape, fc) : ag::gelu(tape, fc, c.gelu_erf());
+  Var m = ag::dropout(tape, ag::linear(tape, g, p.mlp().proj_w, p.mlp().proj_b), c.hidden_dropout, seed,
                       offset + static_cast<uint64_t>(N * C));
   return ag::add(tape, x2, m);
 }
@@ -123,7 +123,7 @@ TEST_CASE("block: the hand-written backward equals the block composed from fine-
     const uint64_t seed = 99, offset = 1000;
     const BlockShape s = block_shape(c, B, T, TensorParallel{}, true, l);
     CHECK(s.post_ln == (name == "bert"));
-    CHECK(s.gelu_exact == (name == "bert"));
+    CHECK((s.mlp == MlpKind::GeluErf) == (name == "bert"));
     const ParamSet& ps = model.params();
 
     // Hand-written.
@@ -157,7 +157,7 @@ TEST_CASE("block: BERT's attention is bidirectional — a later token changes an
   GPT model(c, Device::cpu());
   model.init_weights(1);
   const BlockShape s = block_shape(c, 1, c.seq_length, TensorParallel{}, false, 0);
-  CHECK(!s.causal);
+  CHECK(s.mask == AttentionMaskKind::Padding);
   Tensor x = random_tensor({c.seq_length, c.hidden_size}, 2), x2 = x.clone();
   x2.flat_range((c.seq_length - 1) * c.hidden_size, c.hidden_size).fill(1.0f);  // change the last token only
   Tape t;

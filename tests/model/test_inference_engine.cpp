@@ -87,9 +87,9 @@ TEST_CASE("KV block allocator: allocate, release, refuse when short, peak") {
   CHECK(blocks_for(5, 4) == 2);
 }
 
-TEST_CASE("paged-cache engine: logits and greedy tokens equal full recomputation (GPT-2, Llama; loop and ops attention)") {
+TEST_CASE("paged-cache engine: logits and greedy tokens equal full recomputation (GPT-2, Llama, Qwen2, Mistral, Gemma; loop and ops attention)") {
   const auto dir = fresh_temp_dir("engine_ref");
-  for (const GPTConfig& cfg : {tiny_gpt2(), tiny_llama()}) {
+  for (const GPTConfig& cfg : {tiny_gpt2(), tiny_llama(), tiny_qwen2(), tiny_mistral(), tiny_gemma()}) {
     write_checkpoint(dir / "ckpt", cfg, 5);
     GPT ref(cfg, Device::cpu());
     ref.init_weights(5);

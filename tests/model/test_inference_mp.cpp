@@ -1,7 +1,7 @@
 // Model-parallel inference equals one process: the dynamic engine's greedy (and seeded
 // sampled) tokens under TP2 and PP2 (2 ranks) and TP2×PP2, TP4, PP4 (4 ranks) are the
 // one-process tokens, and evaluate's per-token losses (perplexity) agree within 1e-5
-// relative with the same argmax, for GPT-2 and Llama (grouped key/value heads). The
+// relative with the same argmax, for GPT-2, Llama (grouped key/value heads) and Gemma. The
 // checkpoint is written by one process and read under every layout.
 // mpitron-test: np=2,4
 #include <doctest/doctest.h>
@@ -50,7 +50,7 @@ TEST_CASE("TP and PP inference equal one process: tokens, losses and argmax (GPT
     tokens.push_back(static_cast<int32_t>((i * 37 + 11) % 90));
     targets.push_back(static_cast<int32_t>((i * 53 + 7) % 90));
   }
-  for (const GPTConfig& cfg : {tiny_gpt2(), tiny_llama()}) {
+  for (const GPTConfig& cfg : {tiny_gpt2(), tiny_llama(), tiny_gemma()}) {
     write_checkpoint(dir / "ckpt", cfg, 21);
     std::vector<GenResult> ref;
     ScoreOutput ref_score;

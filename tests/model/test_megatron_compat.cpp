@@ -278,6 +278,15 @@ TEST_CASE("--use-checkpoint-args takes the model flags from --load; a given flag
                                                                     "--num-layers", "2"}));
   CHECK(e.find("--hidden-size 64 (checkpoint: 32)") != std::string::npos);
   CHECK(e.find("--num-layers") == std::string::npos);  // it agrees
+  // A flag that does not change the weights wins, as in Megatron: fine-tuning at a shorter
+  // --seq-length than the checkpoint's positions; past them it is refused.
+  const TrainArgs shorter = parse(with(with(no_model, data_flags), {"--use-checkpoint-args", "--seq-length", "12"}));
+  CHECK(shorter.model.seq_length == 12);
+  CHECK(shorter.model.max_position_embeddings == 24);
+  CHECK(shorter.model.ffn() == 48);
+  Trainer(shorter, make_gpt_data(shorter, 50257)).run();
+  CHECK(error_of(with(with(no_model, data_flags), {"--use-checkpoint-args", "--seq-length", "48"}))
+            .find("--max-position-embeddings") != std::string::npos);
   CHECK(error_of(with(no_model, data_flags)).find("'--num-layers' is required") != std::string::npos);
   CHECK(error_of(with(with(model_flags(), data_flags), {"--use-checkpoint-args"})).find("needs --load") !=
         std::string::npos);

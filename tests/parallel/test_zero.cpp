@@ -229,38 +229,3 @@ TEST_CASE("zero: a non-finite gradient on one rank skips the step on every rank"
   CHECK(z.steps_taken() == 0);
 }
 
-TEST_CASE("zero: memory accounting per rank") {
-  const int n = wsize();
-  // 1e9 bf16 parameters over 8 ranks.
-  const MemoryReport s0 = zero_memory_estimate(1000000000, DType::BF16, 8, 0);
-  const MemoryReport s1 = zero_memory_estimate(1000000000, DType::BF16, 8, 1);
-  const MemoryReport s2 = zero_memory_estimate(1000000000, DType::BF16, 8, 2);
-  CHECK(s0.weights == 2000000000);
-  CHECK(s0.gradients == 4000000000);
-  CHECK(s0.master_weights == 4000000000);
-  CHECK(s0.moments == 8000000000);
-  CHECK(s1.gradients == 4000000000);
-  CHECK(s1.master_weights == 500000000);
-  CHECK(s1.moments == 1000000000);
-  CHECK(s2.gradients == 500000000);
-  CHECK(s2.grad_scratch == 3500000000);  // the non-owned rest of the one f32 buffer
-  CHECK(s2.total() == s1.total());       // same bytes today; the scratch is what ZeRO-2 could give back
-  CHECK(s1.total() < s0.total());
-  // f32 values: the master is the values.
-  CHECK(zero_memory_estimate(100, DType::F32, 4, 1).master_weights == 0);
-  // A live optimizer reports its own shard (the last one is short).
-  ParamSet p;
-  declare(p);
-  p.allocate(DType::F32, Device::cpu());
-  auto dp = make_mpi_communicator(MPI_COMM_WORLD);
-  ZeroConfig zc;
-  ZeroOptimizer z(p.values(), p.grads(), flat(p), *dp, zc);
-  const MemoryReport m = z.memory_report();
-  const int64_t shard = z.shard_end() - z.shard_begin();
-  CHECK(shard == ShardLayout(117, n).size(wrank()));
-  CHECK(m.weights == 117 * 4);
-  CHECK(m.gradients == 117 * 4);
-  CHECK(m.moments == 8 * shard);
-  CHECK(m.master_weights == 0);
-  CHECK(m.to_string().find("moments") != std::string::npos);
-}

@@ -1,8 +1,9 @@
 // tests/tensor/test_attention_mask.cpp — attention under an AttentionMask (attention.h):
-// bidirectional (BERT) and causal, with a key padding mask kv_lengths (B) i32.
+// bidirectional (BERT) and causal, with a key padding mask kv_lengths (B) i32, and
+// causal within a sliding window W (Mistral).
 //
 // Reference: a float64 attention written here. Row i of sample b sees keys
-// j < min(len_b, causal ? i + 1 : T); forward out and lse; backward in closed form
+// i − W <= j < min(len_b, causal ? i + 1 : T) (no lower bound without a window); forward out and lse; backward in closed form
 // (dV = (P∘M')ᵀ·dO, dP = dO·Vᵀ∘M', D = Σ P·dP, dS = P∘(dP − D), dQ = s·dS·K,
 // dK = s·dSᵀ·Q, M' the dropout keep mask / (1 − p), all ones without dropout),
 // itself checked against float64 central differences of the forward on small shapes.
@@ -41,6 +42,8 @@ struct Case {
   bool causal;
   std::vector<int64_t> lens;  // empty: no padding mask
   AttentionDropout drop;
+  int64_t window = 0;  // > 0: row i sees keys j >= i − window
+  int64_t lo(int64_t i) const { return window > 0 ? std::max<int64_t>(0, i - window) : 0; }
   int64_t hi(int64_t b, int64_t i) const {
     const int64_t len = lens.empty() ? d.t : lens[static_cast<size_t>(b)];
     return causal ? std::min(i + 1, len) : len;
@@ -53,22 +56,22 @@ struct Case {
   }
 };
 
-// Probabilities of row (b, h, i) over its visible keys; lse of the row.
+// Probabilities of row (b, h, i) over keys 0 … hi − 1 (0 for the keys before the window); lse of the row.
 std::vector<double> row_probs(const Case& c, const std::vector<double>& x, int64_t b, int64_t h, int64_t i,
                               double scale, double* lse) {
   const Dims& d = c.d;
-  const int64_t hi = c.hi(b, i);
-  std::vector<double> p(static_cast<size_t>(hi));
+  const int64_t hi = c.hi(b, i), lo = std::min(c.lo(i), hi);
+  std::vector<double> p(static_cast<size_t>(hi), 0.0);
   double mx = -INFINITY;
-  for (int64_t j = 0; j < hi; ++j) {
+  for (int64_t j = lo; j < hi; ++j) {
     double s = 0;
     for (int64_t e = 0; e < d.hd; ++e) s += x[qkv_at(d, b, i, 0, h, e)] * x[qkv_at(d, b, j, 1, h, e)];
     p[j] = s * scale;
     mx = std::max(mx, p[j]);
   }
   double sum = 0;
-  for (double& v : p) sum += (v = std::exp(v - mx));
-  for (double& v : p) v /= sum;
+  for (int64_t j = lo; j < hi; ++j) sum += (p[j] = std::exp(p[j] - mx));
+  for (int64_t j = lo; j < hi; ++j) p[j] /= sum;
   if (lse) *lse = mx + std::log(sum);
   return p;
 }
@@ -129,7 +132,7 @@ std::string case_str(const Case& c) {
   for (int64_t v : c.lens) l += str(l.empty() ? "" : ",", v);
   return str("attention mask B=", c.d.b, " T=", c.d.t, " NH=", c.d.nh, " HD=", c.d.hd, c.d.g ? str(" G=", c.d.g) : "",
              c.causal ? " causal" : " bidirectional", c.lens.empty() ? std::string(" no padding") : " lens=" + l,
-             c.drop.p > 0 ? str(" dropout p=", c.drop.p) : "");
+             c.drop.p > 0 ? str(" dropout p=", c.drop.p) : "", c.window > 0 ? str(" window=", c.window) : "");
 }
 
 // The CUDA path: cuDNN (causal or not, padded or not) under the conditions of
@@ -143,6 +146,7 @@ std::string path_of(const std::string& op, DType dt, const Case& c) {
 AttentionMask mask_of(const Case& c, Device dev) {
   AttentionMask m;
   m.causal = c.causal;
+  m.window = c.window;
   if (!c.lens.empty()) m.kv_lengths = make_ints(c.lens, {c.d.b}, DType::I32, dev);
   return m;
 }
@@ -320,4 +324,50 @@ TEST_CASE("masked attention: bad kv_lengths are rejected naming the op") {
   check_throws_naming("attention_backward: mask kv_lengths[0] = -1", [&] {
     attention_backward(out, qkv, out, lse, dqkv, 1, {}, AttentionMask{true, make_ints({-1, 2}, {2}, DType::I32, Device::cpu())});
   });
+}
+
+TEST_CASE("sliding-window attention vs float64: windows 1, 3, 6, with padding and dropout, MHA and GQA, every dtype") {
+  uint64_t seed = 8600;
+  for (Device dev : test_devices())
+    for (DType dt : float_dtypes())
+      for (int64_t w : {1, 3, 6})
+        for (const Dims& d : {Dims{3, 9, 2, 8}, Dims{2, 13, 4, 16, 2}}) {
+          Case c{d, true, {}, {}, w};
+          run(dev, dt, c, ++seed, dev.is_cpu() && dt == DType::F32);
+          Rng rng(++seed);
+          c.lens = random_lens(rng, d.b, d.t);
+          run(dev, dt, c, ++seed);
+          c.drop = {0.25f, 21, 7, 1};
+          run(dev, dt, c, ++seed, dev.is_cpu() && dt == DType::F32);
+        }
+}
+
+TEST_CASE("sliding-window attention: T = 300 > the CPU's 256-row tile (later tiles start inside the sequence)") {
+  uint64_t seed = 8700;
+  for (Device dev : test_devices())
+    for (DType dt : float_dtypes()) {
+      run(dev, dt, {{1, 300, 2, 8, 1}, true, {}, {}, 20}, ++seed);
+      run(dev, dt, {{1, 300, 2, 8}, true, {}, {0.1f, 3, 9, 0}, 255}, ++seed);
+    }
+}
+
+TEST_CASE("sliding-window attention: a window of T − 1 or more is the causal op, bit for bit; bad windows refused") {
+  for (Device dev : test_devices()) {
+    const Dims d{2, 11, 4, 16, 2};
+    const Result causal = run(dev, DType::F32, {d, true, {}, {}}, 8800);
+    for (int64_t w : {10, 11, 500}) {
+      const Result wide = run(dev, DType::F32, {d, true, {}, {}, w}, 8800);
+      CHECK(wide.out.to_floats() == causal.out.to_floats());
+      CHECK(wide.lse.to_floats() == causal.lse.to_floats());
+      CHECK(wide.dqkv.to_floats() == causal.dqkv.to_floats());
+    }
+    const Tensor qkv = Tensor::zeros(qkv_shape(d), DType::F32, dev), out = Tensor::zeros(out_shape(d), DType::F32, dev);
+    const Tensor lse = Tensor::zeros({d.b, d.nh, d.t}, DType::F32, dev);
+    AttentionMask m;
+    m.window = -1;
+    check_throws_naming("attention_forward: mask window must be >= 0", [&] { attention_forward(qkv, out, lse, 0.25f, {}, m); });
+    m.window = 3;
+    m.causal = false;
+    check_throws_naming("needs causal attention", [&] { attention_forward(qkv, out, lse, 0.25f, {}, m); });
+  }
 }

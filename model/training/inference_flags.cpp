@@ -1,12 +1,11 @@
-#include "model/inference/inference_flags.h"
+#include "model/training/inference_flags.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
-#include "model/checkpoint_args.h"
-#include "model/flag_given.h"
 #include "model/inference/kv_block_allocator.h"
+#include "model/training/model_flags.h"
 #include "model/training/megatron_compat.h"
 #include "model/training/pretrain_flags.h"
 
@@ -59,7 +58,6 @@ RunnerOptions InferenceFlags::runner() const {
 
 void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool with_seq_length) {
   po::options_description g("Megatron GPT_ARGS (the model shape is checked against the checkpoint)");
-  GPTConfig& m = f.shape;
   f.with_seq_length = with_seq_length;
   // Adds (name, semantic, help) unless the tool declared the name itself.
   const auto add = [&](po::options_description& grp, const char* name, const po::value_semantic* v, const char* help) {
@@ -70,19 +68,17 @@ void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool 
     grp.add_options()(name, v, help);
     return true;
   };
-  add(g, "num-layers", po::value(&m.num_layers), "transformer blocks");
-  add(g, "hidden-size", po::value(&m.hidden_size), "residual stream width");
-  add(g, "num-attention-heads", po::value(&m.num_attention_heads), "attention heads");
-  add(g, "ffn-hidden-size", po::value(&m.ffn_hidden_size), "MLP width");
-  add(g, "max-position-embeddings", po::value(&m.max_position_embeddings), "position table rows");
-  add(g, "layernorm-epsilon", po::value(&m.layernorm_epsilon), "layernorm epsilon");
   add(g, "fp16", po::bool_switch(&f.fp16), "run the model in fp16 (weights rounded from the f32 checkpoint)");
   add(g, "bf16", po::bool_switch(&f.bf16), "run the model in bf16");
-  if (with_seq_length) add(g, "seq-length", po::value(&m.seq_length), "tokens per sample in training");
   for (const Ignored& i : kIgnored)
     if (i.takes_value ? add(g, i.name, po::value<std::string>(), i.why) : add(g, i.name, po::bool_switch(), i.why))
       f.no_op.push_back(i.name);
   desc.add(g);
+  // The architecture table's rows (model/arch_fields.h), but for the names the tool declared itself.
+  add_model_flags(desc, {FlagScope::Model}, "Model and architecture (checked against the checkpoint; docs/model-families.md)",
+                  [&](const ArchField& row, const ArchFlag& flag) {
+                    return (with_seq_length || row.key != "seq_length") && !has(desc, flag.name);
+                  });
 
   po::options_description par("Parallel layout and device (run under mpirun -np TP x PP)");
   add(par, "tensor-model-parallel-size", po::value(&f.tp),
@@ -105,7 +101,6 @@ void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool 
       "split prompts longer than a step's token budget over several steps");
   desc.add(dyn);
 
-  if (!has(desc, "normalization")) add_architecture_flags(desc, f.arch);
   if (!has(desc, "distributed-backend")) add_noop_flags(desc);
 
   // Every other pretraining flag, with the arity pretraining gives it.
@@ -169,6 +164,7 @@ void check_inference_flags(const po::variables_map& vm, InferenceFlags& f) {
   }
   if (!given.empty())
     f.notes.push_back(str(joined(given, ", "), ": pretraining flags, accepted from the script; no effect here"));
+  f.given = given_model_flags(vm);
 }
 
 void check_against_checkpoint(const po::variables_map& vm, const InferenceFlags& f, const GPTConfig& checkpoint,
@@ -177,9 +173,11 @@ void check_against_checkpoint(const po::variables_map& vm, const InferenceFlags&
             str("checkpoint ", load_dir, " holds a BERT (pretrain_bert): generate_text, evaluate and the server run "
                 "decoder language models (GPT-2, Llama)"),
             "use a pretrain_gpt checkpoint; a BERT is fine-tuned with finetune or exported with convert_checkpoint");
-  GPTConfig m = f.shape;
-  apply_architecture_flags(vm, f.arch, m);
-  reconcile_model_flags(vm, checkpoint, m, /*fill=*/false, load_dir, f.with_seq_length);
+  (void)vm;
+  GPTConfig m;
+  apply_model_flags(f.given, m);
+  reconcile_with_checkpoint(f.given, checkpoint, m, /*fill=*/false, load_dir,
+                            f.with_seq_length ? std::set<std::string>{} : std::set<std::string>{"seq_length"});
 }
 
 int64_t kv_cache_blocks(const DynamicBatchingFlags& b, const ModelRunner& runner, int64_t max_requests) {

@@ -1,10 +1,10 @@
-// model/inference/inference_flags.h — what a Megatron generation, serving or evaluation
+// model/training/inference_flags.h — what a Megatron generation, serving or evaluation
 // script passes to generate_text, text_generation_server and evaluate beside their own
 // flags: the whole argument list of a pretraining script (GPT_ARGS, DATA_ARGS,
 // OUTPUT_ARGS), the parallel layout, and the dynamic engine's flags.
 //
-//  * model flags (the shape and the architecture flags) are checked against the
-//    checkpoint: an error names each flag that disagrees, with both values;
+//  * model flags (the rows of model/arch_fields.h, registered by model/training/model_flags.h)
+//    are checked against the checkpoint: an error names each flag that disagrees, with both values;
 //  * --fp16/--bf16 choose the compute dtype, --device the device,
 //    --tensor-model-parallel-size / --pipeline-model-parallel-size the layout
 //    the tool runs under (mpirun -np TP×PP; model/inference/model_runner.h);
@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "model/arch_flags.h"
+#include "model/arch_fields.h"
 #include "model/config.h"
 #include "model/inference/model_runner.h"
 #include "tensor/dtype.h"
@@ -43,8 +43,7 @@ struct DynamicBatchingFlags {
 };
 
 struct InferenceFlags {
-  GPTConfig shape;                       // the model-shape flags, where given
-  ArchFlags arch;                        // the architecture flags, where given
+  GivenFlags given;                      // the model and architecture flags given (model/arch_fields.h)
   bool fp16 = false, bf16 = false;       // --fp16 / --bf16
   int64_t tp = 1, pp = 1;                // --tensor-model-parallel-size / --pipeline-model-parallel-size
   std::string device = "auto";           // --device: auto | cpu | cuda
@@ -64,7 +63,7 @@ void add_inference_flags(boost::program_options::options_description& desc, Infe
 // After parsing: validates the values (a training flag's as pretraining would) and collects the notes.
 void check_inference_flags(const boost::program_options::variables_map& vm, InferenceFlags& f);
 
-// Every model-shape flag given must equal the checkpoint's value.
+// Every model and architecture flag given must equal the checkpoint's value.
 void check_against_checkpoint(const boost::program_options::variables_map& vm, const InferenceFlags& f,
                               const GPTConfig& checkpoint, const std::string& load_dir);
 

@@ -1,0 +1,502 @@
+#include "model/arch_fields.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace mpitron {
+
+namespace {
+
+using json = nlohmann::json;
+using C = TransformerConfig;
+
+constexpr int64_t kBig = int64_t{1} << 40;  // any size a run could have, with room to multiply
+
+std::string dump(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+int64_t as_int(const json& v, const std::string& what, int64_t lo, int64_t hi) {
+  MPT_CHECK(v.is_number_integer(), str(what, " must be an integer, got ", v.dump()),
+            "give a whole number (a fraction is refused, not truncated)");
+  MPT_CHECK(!(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) && v.get<int64_t>() >= lo &&
+                v.get<int64_t>() <= hi,
+            str(what, " must be in [", lo, ", ", hi, "], got ", v.dump()), "");
+  return v.get<int64_t>();
+}
+
+double as_num(const json& v, const std::string& what, double lo, double hi, bool lo_open, bool hi_open) {
+  MPT_CHECK(v.is_number(), str(what, " must be a number, got ", v.dump()), "");
+  const double x = v.get<double>();
+  const bool in = std::isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+  MPT_CHECK(in, str(what, " must be a finite number in ", lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]",
+                    ", got ", v.dump()),
+            "");
+  return x;
+}
+
+bool as_bool(const json& v, const std::string& what) {
+  MPT_CHECK(v.is_boolean(), str(what, " must be true or false, got ", v.dump()), "");
+  return v.get<bool>();
+}
+
+std::string as_text(const json& v, const std::string& what) {
+  MPT_CHECK(v.is_string(), str(what, " must be a string, got ", v.dump()), "");
+  return v.get<std::string>();
+}
+
+bool on(const GivenFlags& g, const std::string& flag) {
+  const auto it = g.find(flag);
+  return it != g.end() && (!it->second.is_boolean() || it->second.get<bool>());
+}
+
+const json* given(const GivenFlags& g, const std::string& flag) {
+  const auto it = g.find(flag);
+  return it == g.end() ? nullptr : &it->second;
+}
+
+// An integer member set by one value flag.
+ArchField int_row(std::string key, FieldKind kind, std::string flag, std::string help, int64_t C::*m, int64_t lo,
+                  std::string meaning, std::string inference) {
+  ArchField f;
+  f.key = key;
+  f.kind = kind;
+  f.scope = FlagScope::Model;
+  f.flags = {{flag, FlagType::Int, help}};
+  f.meaning = std::move(meaning);
+  f.inference = std::move(inference);
+  f.get = [m](const C& c) { return json(c.*m); };
+  f.set = [m, lo](C& c, const json& v, const std::string& what) { c.*m = as_int(v, what, lo, kBig); };
+  f.reset = [m](C& c) { c.*m = C{}.*m; };
+  f.apply = [f](const GivenFlags& g, C& c) { f.set(c, *given(g, f.flags[0].name), "--" + f.flags[0].name); };
+  f.text = [flag](const json& v) { return str("--", flag, " ", dump(v)); };
+  f.required = true;
+  return f;
+}
+
+// A bool member set by a switch (`inverted`: the switch turns it off, as --disable-bias-linear).
+ArchField switch_row(std::string key, FlagScope scope, std::string flag, std::string help, bool C::*m, bool inverted,
+                     std::string meaning, std::string inference) {
+  ArchField f;
+  f.key = key;
+  f.kind = FieldKind::Choice;
+  f.scope = scope;
+  f.flags = {{flag, FlagType::Switch, help}};
+  f.meaning = std::move(meaning);
+  f.inference = std::move(inference);
+  f.get = [m](const C& c) { return json(c.*m); };
+  f.set = [m](C& c, const json& v, const std::string& what) { c.*m = as_bool(v, what); };
+  f.reset = [m](C& c) { c.*m = C{}.*m; };
+  f.apply = [m, inverted](const GivenFlags&, C& c) { c.*m = !inverted; };
+  f.text = [flag, inverted](const json& v) { return (v.get<bool>() != inverted ? "--" : "no --") + flag; };
+  return f;
+}
+
+// A member with no flag: set by the tool (pretrain_bert, finetune) or the importer.
+template <class T>
+ArchField plain_row(std::string key, FieldKind kind, T C::*m, std::string meaning, bool required = false) {
+  ArchField f;
+  f.key = key;
+  f.kind = kind;
+  f.scope = FlagScope::None;
+  f.meaning = std::move(meaning);
+  f.inference = "from the checkpoint";
+  f.get = [m](const C& c) { return json(c.*m); };
+  f.set = [m, key](C& c, const json& v, const std::string& what) {
+    if constexpr (std::is_same_v<T, bool>) c.*m = as_bool(v, what);
+    else c.*m = as_int(v, what, 0, kBig);
+  };
+  f.reset = [m](C& c) { c.*m = C{}.*m; };
+  f.apply = [](const GivenFlags&, C&) {};
+  f.text = [key](const json& v) { return str(key, " ", v.dump()); };
+  f.required = required;
+  return f;
+}
+
+std::vector<ArchField> build() {
+  std::vector<ArchField> v;
+  const std::string checked = "must equal the checkpoint's when given";
+  v.push_back(int_row("num_layers", FieldKind::Shape, "num-layers", "transformer blocks", &C::num_layers, 1,
+                      "transformer blocks", checked));
+  v.push_back(int_row("hidden_size", FieldKind::Shape, "hidden-size", "residual stream width C", &C::hidden_size, 1,
+                      "C, the residual stream width", checked));
+  v.push_back(int_row("num_attention_heads", FieldKind::Shape, "num-attention-heads", "attention heads NH",
+                      &C::num_attention_heads, 1, "NH query heads", checked));
+  {
+    ArchField f = int_row("kv_channels", FieldKind::Shape, "kv-channels",
+                          "each attention head's width HD (default hidden / heads; Gemma 7B: 256)", &C::kv_channels, 1,
+                          "HD, each head's width (default C / NH)", checked);
+    f.get = [](const C& c) { return json(c.head_dim()); };
+    f.required = false;
+    v.push_back(f);
+  }
+  {
+    ArchField f = int_row("num_query_groups", FieldKind::Shape, "num-query-groups",
+                          "key/value heads with --group-query-attention (default 1: multi-query)", &C::num_query_groups,
+                          1, "G key/value heads (default NH: multi-head attention)", checked);
+    f.flags.insert(f.flags.begin(), {"group-query-attention", FlagType::Switch,
+                                     "grouped-query attention (with --num-query-groups)"});
+    f.get = [](const C& c) { return json(c.query_groups()); };
+    f.apply = [](const GivenFlags& g, C& c) {
+      const json* n = given(g, "num-query-groups");
+      MPT_CHECK(on(g, "group-query-attention") || !n, "--num-query-groups is given without --group-query-attention",
+                "add --group-query-attention (Megatron ignores the groups without it)");
+      if (!on(g, "group-query-attention")) return;
+      const int64_t groups = n ? as_int(*n, "--num-query-groups", 1, kBig) : 1;
+      MPT_CHECK(c.num_attention_heads % groups == 0,
+                str("--num-query-groups ", groups, " must divide --num-attention-heads ", c.num_attention_heads),
+                "each group serves heads / groups query heads, e.g. 32 heads with 8 groups");
+      c.num_query_groups = groups;
+    };
+    f.text = [](const json& v) { return str("--num-query-groups ", v.dump()); };
+    f.required = true;
+    v.push_back(f);
+  }
+  {
+    ArchField f = int_row("ffn_hidden_size", FieldKind::Shape, "ffn-hidden-size", "MLP width F (default 4 x hidden)",
+                          &C::ffn_hidden_size, 1, "F, the MLP width (default 4·C)", checked);
+    f.get = [](const C& c) { return json(c.ffn()); };
+    v.push_back(f);
+  }
+  v.push_back(int_row("seq_length", FieldKind::Run, "seq-length", "tokens per sample T", &C::seq_length, 1,
+                      "T, tokens per training sample",
+                      "must equal the checkpoint's when given (evaluate's --seq-length is its window)"));
+  {
+    ArchField f = int_row("max_position_embeddings", FieldKind::Shape, "max-position-embeddings",
+                          "position table rows (default seq-length); the longest sequence",
+                          &C::max_position_embeddings, 1,
+                          "P, rows of wpe with learned positions; the longest sequence the model takes", checked);
+    f.sizes_weights = [](const C& c) { return c.learned_positions(); };
+    v.push_back(f);
+  }
+  {
+    ArchField f = plain_row("vocab_size", FieldKind::Run, &C::vocab_size, "the tokenizer's vocabulary", true);
+    v.push_back(f);
+  }
+  {
+    ArchField f = plain_row("padded_vocab_size", FieldKind::Shape, &C::padded_vocab_size,
+                            "V, the vocabulary padded to --make-vocab-size-divisible-by x TP (wte's rows)", true);
+    f.hint = "the padded vocabulary depends on --make-vocab-size-divisible-by x --tensor-model-parallel-size: pick a "
+             "--make-vocab-size-divisible-by that gives the saved size";
+    v.push_back(f);
+  }
+  {
+    ArchField f;
+    f.key = "layernorm_epsilon";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    f.flags = {{"layernorm-epsilon", FlagType::Float, "epsilon of either norm (default 1e-5; = --norm-epsilon)"},
+               {"norm-epsilon", FlagType::Float, "epsilon of either norm (= --layernorm-epsilon)"}};
+    f.meaning = "the epsilon of every norm";
+    f.inference = checked;
+    f.get = [](const C& c) { return json(static_cast<double>(c.layernorm_epsilon)); };
+    f.set = [](C& c, const json& v, const std::string& what) {
+      c.layernorm_epsilon = static_cast<float>(as_num(v, what, 0, 1, true, false));
+      MPT_CHECK(c.layernorm_epsilon > 0, str(what, " must be > 0 in float, got ", v.dump()), "");
+    };
+    f.reset = [](C& c) { c.layernorm_epsilon = C{}.layernorm_epsilon; };
+    f.apply = [f](const GivenFlags& g, C& c) {
+      const json *a = given(g, "layernorm-epsilon"), *b = given(g, "norm-epsilon");
+      MPT_CHECK(!a || !b || static_cast<float>(a->get<double>()) == static_cast<float>(b->get<double>()),
+                str("--norm-epsilon ", dump(*b), " and --layernorm-epsilon ", a ? dump(*a) : "", " disagree"),
+                "they are one setting: give one of them");
+      f.set(c, a ? *a : *b, a ? "--layernorm-epsilon" : "--norm-epsilon");
+    };
+    f.text = [](const json& v) { return str("--layernorm-epsilon ", static_cast<float>(v.get<double>())); };
+    f.required = true;
+    v.push_back(f);
+  }
+  {
+    ArchField f;
+    f.key = "normalization";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    f.flags = {{"normalization", FlagType::Text, "LayerNorm (default) or RMSNorm"}};
+    f.meaning = "LayerNorm or RMSNorm, in every block and the final norm";
+    f.inference = checked;
+    f.get = [](const C& c) { return json(to_string(c.normalization)); };
+    f.set = [](C& c, const json& v, const std::string& what) {
+      const std::string s = as_text(v, what);
+      MPT_CHECK(s == "LayerNorm" || s == "RMSNorm", str(what, " ", s, " is not known"), "use LayerNorm or RMSNorm");
+      c.normalization = parse_normalization(s);
+    };
+    f.reset = [](C& c) { c.normalization = C{}.normalization; };
+    f.apply = [f](const GivenFlags& g, C& c) { f.set(c, *given(g, "normalization"), "--normalization"); };
+    f.text = [](const json& v) { return "--normalization " + dump(v); };
+    v.push_back(f);
+  }
+  {
+    ArchField f;
+    f.key = "mlp";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    f.flags = {{"swiglu", FlagType::Switch, "SwiGLU MLP: fc is (2F, C) = [gate | up], silu(gate)·up"},
+               {"geglu", FlagType::Switch, "GeGLU MLP (Gemma): fc is (2F, C) = [gate | up], gelu(gate)·up with the tanh GELU"},
+               {"exact-gelu", FlagType::Switch,
+                "GELU is x·Φ(x) with erf (HF BERT's \"gelu\", torch's F.gelu; Megatron's unfused path) instead of "
+                "the tanh approximation (the default: GPT-2, Megatron's fused bias_gelu)"},
+               {"openai-gelu", FlagType::Switch, "the tanh-approximation GELU (Megatron's name; the default here)"}};
+    f.meaning = "the MLP: gelu (tanh), gelu_erf, swiglu or geglu";
+    f.inference = checked;
+    f.get = [](const C& c) { return json(to_string(c.mlp)); };
+    f.set = [](C& c, const json& v, const std::string& what) {
+      try {
+        c.mlp = parse_mlp_kind(as_text(v, what));
+      } catch (const Error& e) {
+        MPT_THROW(str(what, ": ", e.what()), "");
+      }
+    };
+    f.reset = [](C& c) { c.mlp = C{}.mlp; };
+    f.apply = [](const GivenFlags& g, C& c) {
+      const bool sw = on(g, "swiglu"), ge = on(g, "geglu"), erf = on(g, "exact-gelu"), tanh = on(g, "openai-gelu");
+      MPT_CHECK(!(erf && tanh), "--exact-gelu and --openai-gelu both given",
+                "--openai-gelu is the tanh approximation, --exact-gelu the erf form: give one");
+      MPT_CHECK(!(sw && ge), "--swiglu and --geglu both given", "a gated MLP has one activation: give one");
+      MPT_CHECK(!(sw && (erf || tanh)), "--exact-gelu / --openai-gelu with --swiglu: the SwiGLU MLP has no GELU",
+                "drop the GELU flag");
+      MPT_CHECK(!(ge && erf), "--exact-gelu with --geglu: the GeGLU MLP's GELU is the tanh approximation",
+                "drop --exact-gelu");
+      c.mlp = sw ? MlpKind::SwiGLU : ge ? MlpKind::GeGLU : erf ? MlpKind::GeluErf : MlpKind::GeluTanh;
+    };
+    f.text = [](const json& v) {
+      const MlpKind k = parse_mlp_kind(v.get<std::string>());
+      return std::string(k == MlpKind::SwiGLU   ? "--swiglu"
+                         : k == MlpKind::GeGLU   ? "--geglu"
+                         : k == MlpKind::GeluErf ? "--exact-gelu"
+                                                 : "--openai-gelu (the tanh GELU MLP)");
+    };
+    // Before the key: "swiglu" true, "gelu_exact" true, or the tanh GELU.
+    f.legacy = [](const json& j) {
+      if (j.value("swiglu", false)) return json("swiglu");
+      return json(j.value("gelu_exact", false) ? "gelu_erf" : "gelu");
+    };
+    v.push_back(f);
+  }
+  {
+    ArchField f;
+    f.key = "position_embedding";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    f.flags = {{"position-embedding-type", FlagType::Text, "learned_absolute (default), rope or none"},
+               {"use-rotary-position-embeddings", FlagType::Switch, "= --position-embedding-type rope"},
+               {"no-position-embedding", FlagType::Switch,
+                "no learned position table (with learned_absolute: position type none)"}};
+    f.meaning = "learned_absolute (wpe), rope or none";
+    f.inference = checked;
+    f.get = [](const C& c) { return json(to_string(c.position_embedding)); };
+    f.set = [](C& c, const json& v, const std::string& what) {
+      const std::string s = as_text(v, what);
+      MPT_CHECK(s == "learned_absolute" || s == "rope" || s == "none", str(what, " ", s, " is not known"),
+                "use learned_absolute, rope or none");
+      c.position_embedding = parse_position_embedding(s);
+    };
+    f.reset = [](C& c) { c.position_embedding = C{}.position_embedding; };
+    f.apply = [](const GivenFlags& g, C& c) {
+      const json* type = given(g, "position-embedding-type");
+      PositionEmbedding pe =
+          type ? parse_position_embedding(as_text(*type, "--position-embedding-type")) : c.position_embedding;
+      if (on(g, "use-rotary-position-embeddings")) {
+        MPT_CHECK(!type || pe == PositionEmbedding::Rope,
+                  str("--use-rotary-position-embeddings with --position-embedding-type ", dump(*type)),
+                  "rope replaces learned positions: drop one of the two");
+        pe = PositionEmbedding::Rope;
+      }
+      if (on(g, "no-position-embedding") && pe == PositionEmbedding::Learned) pe = PositionEmbedding::None;
+      c.position_embedding = pe;
+    };
+    f.text = [](const json& v) { return "--position-embedding-type " + dump(v); };
+    v.push_back(f);
+  }
+  for (const bool base : {true, false}) {
+    ArchField f;
+    f.key = base ? "rotary_base" : "rotary_percent";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    const std::string flag = base ? "rotary-base" : "rotary-percent";
+    f.flags = {{flag, FlagType::Float,
+                base ? "rope's base θ (default 10000; Llama 3: 500000)"
+                     : "fraction of each head's dims that rope rotates (default 1)"}};
+    f.meaning = base ? "rope's θ base" : "the fraction of each head's dims rope rotates (rotate-half convention)";
+    f.inference = checked;
+    double C::*m = base ? &C::rotary_base : &C::rotary_percent;
+    f.get = [m](const C& c) { return json(c.*m); };
+    f.set = [m, base](C& c, const json& v, const std::string& what) {
+      c.*m = base ? as_num(v, what, 0, 1e12, true, false) : as_num(v, what, 0, 1, true, false);
+    };
+    f.reset = [m](C& c) { c.*m = C{}.*m; };
+    f.apply = [f, flag](const GivenFlags& g, C& c) {
+      MPT_CHECK(c.position_embedding == PositionEmbedding::Rope,
+                str("--", flag, " applies to rotary positions, but the position type is ", to_string(c.position_embedding)),
+                "add --position-embedding-type rope, or drop the flag");
+      f.set(c, *given(g, flag), "--" + flag);
+    };
+    f.text = [flag](const json& v) { return str("--", flag, " ", v.get<double>()); };
+    v.push_back(f);
+  }
+  v.push_back(switch_row("untie_embeddings", FlagScope::Model, "untie-embeddings-and-output-weights",
+                         "an output layer of its own (head.weight)", &C::untie_embeddings, false,
+                         "an output layer head.weight of its own instead of the tied wte", checked));
+  v.push_back(switch_row("add_bias_linear", FlagScope::Model, "disable-bias-linear",
+                         "no biases in the attention and MLP linears", &C::add_bias_linear, true,
+                         "biases on the qkv, attention output and both MLP linears", checked));
+  v.push_back(switch_row("add_qkv_bias", FlagScope::Model, "add-qkv-bias",
+                         "a bias on the qkv projection even with --disable-bias-linear (Qwen2)", &C::add_qkv_bias, false,
+                         "a qkv bias when the other linears have none (Qwen2)", checked));
+  v.push_back(switch_row("layernorm_1p", FlagScope::Model, "apply-layernorm-1p",
+                         "every norm scales by (1 + w), w initialised to 0 (Gemma's RMSNorm)", &C::layernorm_1p, false,
+                         "norms scale by (1 + w) (Megatron's --apply-layernorm-1p; Gemma)", checked));
+  v.push_back(switch_row("scale_embeddings", FlagScope::Model, "scale-embeddings",
+                         "multiply the word embeddings by sqrt(hidden) (Gemma; the tied head is unscaled)",
+                         &C::scale_embeddings, false, "the word embeddings times sqrt(C) (Gemma)", checked));
+  {
+    // Megatron's --window-size is the (left, right) pair of flash attention's window; mpitron's
+    // decoders are causal, so right is 0: "W", "W,0" and "(W, 0)" all give W.
+    ArchField f;
+    f.key = "window_size";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    f.flags = {{"window-size", FlagType::Text,
+                "sliding-window attention: W or W,0 (Megatron's (left, right)); query i sees keys i-W..i (Mistral)"}};
+    f.meaning = "sliding-window attention: query i sees keys i − W … i (0: every earlier key)";
+    f.inference = checked;
+    f.get = [](const C& c) { return json(c.window_size); };
+    f.set = [](C& c, const json& v, const std::string& what) { c.window_size = as_int(v, what, 0, kBig); };
+    f.reset = [](C& c) { c.window_size = 0; };
+    f.apply = [](const GivenFlags& g, C& c) {
+      std::string s = as_text(*given(g, "window-size"), "--window-size");
+      std::string t;
+      for (char ch : s)
+        if (ch != ' ' && ch != '(' && ch != ')') t += ch;
+      const size_t comma = t.find(',');
+      const std::string left = t.substr(0, comma), right = comma == std::string::npos ? "0" : t.substr(comma + 1);
+      const auto number = [&](const std::string& x) {
+        MPT_CHECK(!x.empty() && x.find_first_not_of("-0123456789") == std::string::npos && x.size() < 12,
+                  str("--window-size ", s, " is not W or W,0"), "give the window as a count of earlier keys, e.g. 4096");
+        return std::stoll(x);
+      };
+      const int64_t l = number(left), r = number(right);
+      MPT_CHECK(r == 0, str("--window-size ", s, ": the right bound must be 0"),
+                "mpitron's decoders are causal: a query sees no later key");
+      MPT_CHECK(l >= 1, str("--window-size ", s, ": the left bound must be >= 1 (give no --window-size for none)"), "");
+      c.window_size = l;
+    };
+    f.text = [](const json& v) { return v.get<int64_t>() > 0 ? str("--window-size ", v.get<int64_t>()) : std::string("no --window-size"); };
+    v.push_back(f);
+  }
+  // BERT (model/bert.h): set by pretrain_bert / finetune and their own flags.
+  v.push_back(plain_row("bert", FieldKind::Choice, &C::bert, "a BERT encoder with its heads"));
+  v.push_back(plain_row("causal", FieldKind::Choice, &C::causal, "causal attention (false: BERT's bidirectional)"));
+  v.push_back(switch_row("post_ln", FlagScope::Bert, "bert-post-ln",
+                         "the original BERT's post-LN blocks and embedding LayerNorm (Hugging Face checkpoints); "
+                         "default pre-LN with a final LayerNorm, as Megatron's BERT",
+                         &C::post_ln, false, "post-LN blocks and an embedding LayerNorm (the original BERT)",
+                         "from the checkpoint"));
+  v.push_back(switch_row("binary_head", FlagScope::Bert, "bert-no-binary-head",
+                         "no pooler and sentence-order head (one segment per sample, no token types)", &C::binary_head,
+                         true, "BERT's pooler and sentence-order head", "from the checkpoint"));
+  v.push_back(plain_row("num_tokentypes", FieldKind::Shape, &C::num_tokentypes, "token-type embedding rows (BERT)"));
+  v.push_back(plain_row("num_classes", FieldKind::Shape, &C::num_classes, "classes of a fine-tuned BERT classifier"));
+  return v;
+}
+
+// "--hidden-size 64 (checkpoint: 32)", "--swiglu (checkpoint: --openai-gelu …)".
+std::string difference(const ArchField& f, const json& run, const json& saved) {
+  const std::string a = f.text(run);
+  std::string b = f.text(saved);
+  const size_t sp = a.find(' ');
+  if (a.rfind("--", 0) == 0 && sp != std::string::npos && b.rfind(a.substr(0, sp + 1), 0) == 0) b = b.substr(sp + 1);
+  return str(a, " (checkpoint: ", b, ")");
+}
+
+}  // namespace
+
+bool ArchField::flag_given(const GivenFlags& g) const {
+  for (const ArchFlag& f : flags)
+    if (on(g, f.name)) return true;
+  return false;
+}
+
+const std::vector<ArchField>& arch_fields() {
+  static const std::vector<ArchField> rows = build();
+  return rows;
+}
+
+const ArchField& arch_field(const std::string& key) {
+  for (const ArchField& f : arch_fields())
+    if (f.key == key) return f;
+  MPT_THROW(str("internal: no architecture field ", key), "");
+}
+
+json config_to_json(const TransformerConfig& c) {
+  json j = json::object();
+  for (const ArchField& f : arch_fields()) j[f.key] = f.get(c);
+  j["family"] = c.family();
+  return j;
+}
+
+TransformerConfig config_from_json(const json& j, const std::string& where) {
+  TransformerConfig c;
+  MPT_CHECK(j.is_object(), str(where, ": model_config ", j.dump(), " is not a JSON object"), "");
+  for (const ArchField& f : arch_fields()) {
+    const std::string what = str(where, ": model_config key ", f.key);
+    try {
+      if (j.contains(f.key)) f.set(c, j.at(f.key), what);
+      else if (f.legacy) f.set(c, f.legacy(j), what + " (from the older keys)");
+      else MPT_CHECK(!f.required, str(where, ": model_config ", j.dump(), " is incomplete: no ", f.key), "");
+    } catch (const Error& e) {
+      MPT_THROW(e.what(), "was it written by a newer mpitron?");
+    }
+  }
+  // Written as the effective values: the defaults read back as their implicit form.
+  if (c.kv_channels * c.num_attention_heads == c.hidden_size) c.kv_channels = 0;
+  if (c.num_query_groups == c.num_attention_heads) c.num_query_groups = 0;
+  c.hidden_dropout = 0.0f;
+  c.attention_dropout = 0.0f;
+  return c;
+}
+
+void apply_model_flags(const GivenFlags& given, TransformerConfig& c, const std::set<FlagScope>& scopes) {
+  for (const ArchField& f : arch_fields())
+    if (scopes.count(f.scope) && f.flag_given(given)) f.apply(given, c);
+}
+
+std::string field_differences(const TransformerConfig& run, const TransformerConfig& saved,
+                              const std::set<FieldKind>& kinds, const std::set<std::string>& skip) {
+  std::string out;
+  for (const ArchField& f : arch_fields()) {
+    if (!kinds.count(f.kind_for(saved)) || skip.count(f.key)) continue;
+    const json a = f.get(run), b = f.get(saved);
+    if (a != b) out += str(out.empty() ? "" : ", ", difference(f, a, b));
+  }
+  return out;
+}
+
+void reconcile_with_checkpoint(const GivenFlags& given, const TransformerConfig& saved, TransformerConfig& m,
+                               bool fill, const std::string& where, const std::set<std::string>& skip) {
+  MPT_CHECK(saved.bert == m.bert,
+            str("checkpoint ", where, " holds a ", saved.bert ? "BERT (pretrain_bert)" : "decoder (pretrain_gpt)",
+                " but this run builds a ", m.bert ? "BERT" : "decoder"),
+            saved.bert ? "load it with pretrain_bert" : "load it with pretrain_gpt");
+  std::string wrong, hint;
+  for (const ArchField& f : arch_fields()) {
+    if (f.scope == FlagScope::None || skip.count(f.key)) continue;
+    if (!f.flag_given(given)) {
+      if (fill) f.set(m, f.get(saved), str("checkpoint ", where, " ", f.key));
+      continue;
+    }
+    if (fill && f.kind_for(saved) == FieldKind::Run) continue;  // the run's own: the given flag wins
+    const json a = f.get(m), b = f.get(saved);
+    if (a == b) continue;
+    wrong += str(wrong.empty() ? "" : ", ", difference(f, a, b));
+    if (hint.empty()) hint = f.hint;
+  }
+  if (fill) {  // the implicit forms, as config_from_json
+    if (m.kv_channels * m.num_attention_heads == m.hidden_size) m.kv_channels = 0;
+    if (m.num_query_groups == m.num_attention_heads) m.num_query_groups = 0;
+  }
+  MPT_CHECK(wrong.empty(), str("the model flags disagree with the checkpoint ", where, ": ", wrong),
+            hint.empty() ? "give the values the checkpoint was trained with, or drop them (--use-checkpoint-args fills them)"
+                         : hint);
+}
+
+}  // namespace mpitron

@@ -1,0 +1,580 @@
+#include "model/families.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "model/arch_fields.h"
+
+namespace mpitron {
+
+namespace {
+
+using json = nlohmann::json;
+using C = TransformerConfig;
+
+// The field equals `value`.
+FamilyPin is(const std::string& key, const json& value) {
+  const ArchField& f = arch_field(key);
+  return {key, [&f, value](const C& c) { return f.get(c) == value; }, f.text(value)};
+}
+
+// The field has its default for this configuration (kv_channels: C / NH; groups: NH).
+FamilyPin plain(const std::string& key, std::string need) {
+  const ArchField& f = arch_field(key);
+  return {key,
+          [&f](const C& c) {
+            C d = c;
+            f.reset(d);
+            return f.get(d) == f.get(c);
+          },
+          std::move(need)};
+}
+
+FamilyPin when(const std::string& key, std::function<bool(const C&)> ok, std::string need) {
+  return {key, std::move(ok), std::move(need)};
+}
+
+std::vector<FamilyPin> join(std::vector<FamilyPin> a, const std::vector<FamilyPin>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// ---- config.json keys
+
+[[noreturn]] void refuse(const std::string& key, const json& v, const std::string& why, const std::string& hint = "") {
+  MPT_THROW(str("HF config.json key ", key, " = ", v.dump(), " is not supported: ", why), hint);
+}
+
+// A key that does not change the model's function (token ids, dtype, dropout, …).
+HfKey harmless(const std::string& key, const std::string& note) { return {key, false, nullptr, nullptr, note}; }
+
+// A key that sets an architecture field through its row (type and bounds are the row's).
+HfKey field(const std::string& key, const std::string& field_key, bool required = true) {
+  const ArchField& f = arch_field(field_key);
+  return {key, required,
+          [&f, key](const json& v, const json&, C& c) { f.set(c, v, "HF config.json key " + key); },
+          [&f](const C& c) { return f.get(c); }, ""};
+}
+
+// A key whose value must satisfy ok (else refused with why); export writes `written`.
+HfKey must(const std::string& key, std::function<bool(const json&)> ok, const std::string& why,
+           const json& written = json()) {
+  return {key, false,
+          [key, ok, why](const json& v, const json&, C&) {
+            if (!ok(v)) refuse(key, v, why);
+          },
+          written.is_null() ? std::function<json(const C&)>() : [written](const C&) { return written; }, ""};
+}
+
+HfKey bool_key(const std::string& key, std::function<void(bool, C&)> set, std::function<json(const C&)> write) {
+  return {key, false,
+          [key, set](const json& v, const json&, C& c) {
+            MPT_CHECK(v.is_boolean(), str("HF config.json key ", key, " must be true or false, got ", v.dump()), "");
+            set(v.get<bool>(), c);
+          },
+          std::move(write), ""};
+}
+
+// Keys of every PretrainedConfig that do not change the function.
+std::vector<HfKey> common_keys() {
+  std::vector<HfKey> v;
+  for (const char* k : {"_name_or_path", "architectures", "model_type", "transformers_version"})
+    v.push_back(harmless(k, "names the checkpoint, not the function"));
+  v.push_back(harmless("torch_dtype", "the storage dtype: every tensor is widened exactly to f32"));
+  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id", "tokenizer_class"})
+    v.push_back(harmless(k, "the tokenizer's, not the model's"));
+  for (const char* k : {"use_cache", "output_attentions", "output_hidden_states", "return_dict", "_attn_implementation",
+                        "gradient_checkpointing", "chunk_size_feed_forward"})
+    v.push_back(harmless(k, "how transformers runs, not what it computes"));
+  v.push_back(harmless("initializer_range", "the init of a fresh model; the weights are read"));
+  return v;
+}
+
+// max_position_embeddings: the positions, and the training length of an imported model.
+HfKey positions_key(const std::string& key, bool required) {
+  HfKey k = field(key, "max_position_embeddings", required);
+  const auto read = k.read;
+  k.read = [read, key](const json& v, const json& config, C& c) {
+    read(v, config, c);
+    MPT_CHECK(c.max_position_embeddings <= (int64_t{1} << 31),
+              str("HF config.json key ", key, " must be in [1, 2147483648], got ", v.dump()), "");
+    c.seq_length = c.max_position_embeddings;
+  };
+  return k;
+}
+
+HfKey eps_key(const std::string& key) {
+  HfKey k = field(key, "layernorm_epsilon", false);
+  k.write = [](const C& c) { return json(hf_short_float(c.layernorm_epsilon)); };
+  return k;
+}
+
+std::vector<HfKey> gpt2_keys() {
+  std::vector<HfKey> v = common_keys();
+  v.push_back(field("n_embd", "hidden_size"));
+  v.push_back(field("n_layer", "num_layers"));
+  v.push_back(field("n_head", "num_attention_heads"));
+  v.push_back(positions_key("n_positions", true));
+  v.push_back(harmless("n_ctx", "GPT-2's older name of n_positions; transformers reads n_positions"));
+  v.back().write = [](const C& c) { return json(c.max_position_embeddings); };
+  HfKey inner = field("n_inner", "ffn_hidden_size", false);  // null: 4·n_embd
+  v.push_back(inner);
+  v.push_back(field("vocab_size", "vocab_size"));
+  v.push_back(eps_key("layer_norm_epsilon"));
+  v.push_back({"activation_function", false,
+               [](const json& v, const json&, C& c) {
+                 const std::string a = v.is_string() ? v.get<std::string>() : "";
+                 if (a == "gelu_new" || a == "gelu_pytorch_tanh") c.mlp = MlpKind::GeluTanh;
+                 else if (a == "gelu") c.mlp = MlpKind::GeluErf;
+                 else refuse("activation_function", v, "mpitron's GPT-2 MLP is the tanh GELU (gelu_new) or the erf GELU (gelu)");
+               },
+               [](const C& c) { return json(c.gelu_erf() ? "gelu" : "gelu_new"); }, ""});
+  v.push_back(must("scale_attn_weights", [](const json& x) { return x == true; },
+                   "the attention scores are always scaled by 1/sqrt(head dim)"));
+  v.push_back(must("scale_attn_by_inverse_layer_idx", [](const json& x) { return x == false; },
+                   "mpitron does not divide layer l's attention scores by l + 1"));
+  v.push_back(harmless("reorder_and_upcast_attn", "the scores in f32 (mpitron's are f32 in any dtype)"));
+  v.push_back(must("add_cross_attention", [](const json& x) { return x == false; }, "GPT-2 has no cross-attention here"));
+  v.push_back(must("tie_word_embeddings", [](const json& x) { return x == true; }, "GPT-2's LM head is the tied wte",
+                   true));
+  for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout"})
+    v.push_back(harmless(k, "a dropout probability: training only"));
+  for (const char* k : {"summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+                        "task_specific_params"})
+    v.push_back(harmless(k, "GPT2DoubleHeadsModel's and pipelines' settings, not GPT2LMHeadModel's"));
+  for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"})
+    for (HfKey& h : v)
+      if (h.key == k) h.write = [](const C&) { return json(0.0); };
+  return v;
+}
+
+// pretraining_tp: 4.40's Llama then computes its linears in slices of out_features / tp and
+// uses only the first tp slices: the same function when tp divides every sliced size, a
+// model that drops rows when it does not.
+void check_pretraining_tp(const json& v, const json& config) {
+  MPT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1,
+            str("HF config.json key pretraining_tp must be an integer >= 1, got ", v.dump()), "");
+  const int64_t tp = v.get<int64_t>();
+  const auto num = [&](const char* k, int64_t def) {
+    return config.contains(k) && config[k].is_number_integer() ? config[k].get<int64_t>() : def;
+  };
+  const int64_t C = num("hidden_size", 0), NH = num("num_attention_heads", 1), G = num("num_key_value_heads", NH);
+  const int64_t HD = NH > 0 ? C / NH : 0;
+  for (const auto& [name, size] : std::vector<std::pair<std::string, int64_t>>{
+           {"intermediate_size", num("intermediate_size", 0)}, {"hidden_size", C},
+           {"num_key_value_heads x head dim", G * HD}, {"vocab_size", num("vocab_size", 0)}})
+    MPT_CHECK(size % tp == 0,
+              str("HF config.json key pretraining_tp = ", tp, " does not divide ", name, " = ", size,
+                  ": transformers then computes with the first ", tp, " slices of ", size / tp, " and drops the rest"),
+              "a checkpoint trained that way is not one mpitron can reproduce; set pretraining_tp 1 if the weights "
+              "are whole");
+}
+
+// The keys of Llama's config.json that the families built on it share.
+std::vector<HfKey> llama_core_keys() {
+  std::vector<HfKey> v = common_keys();
+  v.push_back(field("hidden_size", "hidden_size"));
+  v.push_back(field("intermediate_size", "ffn_hidden_size"));
+  v.push_back(field("num_attention_heads", "num_attention_heads"));
+  v.push_back(field("num_hidden_layers", "num_layers"));
+  v.push_back(field("vocab_size", "vocab_size"));
+  v.push_back(field("num_key_value_heads", "num_query_groups", false));
+  v.push_back(positions_key("max_position_embeddings", false));
+  v.push_back(eps_key("rms_norm_eps"));
+  v.push_back(field("rope_theta", "rotary_base", false));
+  v.push_back(must("hidden_act", [](const json& x) { return x == "silu" || x == "swish"; }, "the SwiGLU MLP gates with silu",
+                   "silu"));
+  v.push_back(bool_key("tie_word_embeddings", [](bool t, C& c) { c.untie_embeddings = !t; },
+                       [](const C& c) { return json(!c.untie_embeddings); }));
+  v.push_back(harmless("attention_dropout", "a dropout probability: training only"));
+  v.back().write = [](const C&) { return json(0.0); };
+  return v;
+}
+
+// The keys Llama (4.40's LlamaConfig, and mlp_bias of later versions) has.
+std::vector<HfKey> llama_keys() {
+  std::vector<HfKey> v = llama_core_keys();
+  v.push_back(must("rope_scaling", [](const json&) { return false; },
+                   "mpitron's rope has no scaling (linear, dynamic, yarn, llama3); only rope_scaling null converts"));
+  v.back().write = [](const C&) { return json(nullptr); };
+  // attention_bias: q, k, v and o; mlp_bias (transformers >= 4.41): the MLP's. mpitron's
+  // --disable-bias-linear is all or nothing, so they must agree.
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    v.push_back({key, false,
+                 [key](const json& x, const json& config, C& c) {
+                   MPT_CHECK(x.is_boolean(), str("HF config.json key ", key, " must be true or false, got ", x.dump()), "");
+                   const bool a = config.value("attention_bias", false), m = config.value("mlp_bias", false);
+                   MPT_CHECK(a == m, str("HF config.json attention_bias = ", a, " but mlp_bias = ", m),
+                             "mpitron has biases on every linear or on none (--disable-bias-linear)");
+                   c.add_bias_linear = x.get<bool>();
+                 },
+                 [](const C& c) { return json(c.add_bias_linear); }, ""});
+  v.push_back({"pretraining_tp", false, [](const json& x, const json& config, C&) { check_pretraining_tp(x, config); },
+               nullptr, ""});
+  v.push_back({"head_dim", false,
+               [](const json& x, const json& config, C&) {
+                 const int64_t C = config.value("hidden_size", int64_t{0}), NH = config.value("num_attention_heads", int64_t{1});
+                 if (!(x.is_number_integer() && NH > 0 && x.get<int64_t>() * NH == C))
+                   refuse("head_dim", x, str("transformers 4.40's Llama has heads of hidden_size / num_attention_heads = ",
+                                             NH > 0 ? C / NH : 0));
+               },
+               nullptr, ""});
+  v.push_back(must("partial_rotary_factor", [](const json& x) { return x.is_number() && x.get<double>() == 1.0; },
+                   "transformers 4.40's Llama rotates every head dim and later versions honour the factor: the "
+                   "function depends on the version"));
+  // Qwen2's and Mistral's window keys, as older conversions leave them in Llama configs.
+  v.push_back({"sliding_window", false,
+               [](const json& x, const json& config, C& c) {
+                 MPT_CHECK(x.is_number_integer(), str("HF config.json key sliding_window must be an integer, got ", x.dump()), "");
+                 if (config.value("use_sliding_window", true) && x.get<int64_t>() < c.max_position_embeddings)
+                   MPT_THROW(str("HF config.json sliding_window = ", x.dump(), " (below max_position_embeddings ",
+                                 c.max_position_embeddings, ") is not supported for a ", config.value("model_type", "llama")),
+                             "LlamaForCausalLM attends to every earlier position");
+               },
+               nullptr, ""});
+  v.push_back(harmless("use_sliding_window", "read with sliding_window"));
+  v.push_back(harmless("max_window_layers", "read with sliding_window"));
+  return v;
+}
+
+// Qwen2 (4.40's Qwen2Config): Llama's core keys and a sliding window that 4.40 applies in its
+// eager and sdpa attention whatever use_sliding_window says, but in flash attention only with
+// use_sliding_window (and below max_window_layers): refused unless it reaches past every position.
+std::vector<HfKey> qwen2_keys() {
+  std::vector<HfKey> v = llama_core_keys();
+  v.push_back({"sliding_window", true,
+               [](const json& x, const json&, C& c) {
+                 MPT_CHECK(x.is_number_integer(), str("HF config.json key sliding_window must be an integer, got ", x.dump()), "");
+                 if (x.get<int64_t>() < c.max_position_embeddings)
+                   refuse("sliding_window", x,
+                          str("below max_position_embeddings ", c.max_position_embeddings,
+                              ", transformers 4.40's Qwen2 windows its eager/sdpa attention but not its flash attention "
+                              "(use_sliding_window false): the function depends on the attention implementation"));
+               },
+               [](const C& c) { return json(c.max_position_embeddings); }, ""});
+  v.push_back(must("use_sliding_window", [](const json& x) { return x.is_boolean(); }, "it is true or false", false));
+  v.push_back(must("rope_scaling", [](const json&) { return false; },
+                   "4.40's Qwen2 ignores rope scaling and later versions apply it: only rope_scaling null converts"));
+  v.push_back(harmless("max_window_layers", "read with sliding_window"));
+  v.back().write = [](const C& c) { return json(c.num_layers); };
+  return v;
+}
+
+// Gemma (4.40's GemmaConfig): Llama's core keys with the GeGLU MLP and a head width of its own.
+// Mistral (4.40's MistralConfig): Llama's core keys and the sliding window its eager, sdpa and
+// flash attention all apply (query i sees keys i − W … i); null: every earlier key.
+std::vector<HfKey> mistral_keys() {
+  std::vector<HfKey> v = llama_core_keys();
+  v.push_back({"sliding_window", false,
+               [](const json& x, const json&, C& c) {
+                 arch_field("window_size").set(c, x, "HF config.json key sliding_window");
+                 MPT_CHECK(c.window_size >= 1, "HF config.json key sliding_window must be >= 1 or null", "");
+               },
+               [](const C& c) { return c.window_size > 0 ? json(c.window_size) : json(nullptr); }, ""});
+  v.back().absent = [](C& c) { c.window_size = 4096; };  // MistralConfig's default; null: no window
+  v.push_back({"head_dim", false,
+               [](const json& x, const json& config, C&) {
+                 const int64_t C = config.value("hidden_size", int64_t{0}), NH = config.value("num_attention_heads", int64_t{1});
+                 if (!(x.is_null() || (x.is_number_integer() && NH > 0 && x.get<int64_t>() * NH == C)))
+                   refuse("head_dim", x, str("transformers 4.40's Mistral has heads of hidden_size / num_attention_heads = ",
+                                             NH > 0 ? C / NH : 0));
+               },
+               nullptr, ""});
+  return v;
+}
+
+std::vector<HfKey> gemma_keys() {
+  std::vector<HfKey> v;
+  for (HfKey& k : llama_core_keys())
+    if (k.key != "hidden_act") v.push_back(k);
+  for (HfKey& k : v)
+    if (k.key == "num_key_value_heads") k.required = true;  // GemmaConfig's default (16) is no function of the rest
+  v.push_back(field("head_dim", "kv_channels", false));       // absent: GemmaConfig's 256 (hf_defaults)
+  const auto tanh_gelu = [](const json& x) { return x == "gelu_pytorch_tanh" || x == "gelu_new"; };
+  // 4.40 gates with hidden_activation, or with the tanh GELU when it is null whatever hidden_act
+  // says (4.38 used hidden_act: "gelu" was the erf GELU there).
+  v.push_back(must("hidden_activation", tanh_gelu, "mpitron's GeGLU gates with the tanh GELU (gelu_pytorch_tanh)",
+                   "gelu_pytorch_tanh"));
+  v.push_back({"hidden_act", false,
+               [tanh_gelu](const json& x, const json& config, C&) {
+                 if (config.contains("hidden_activation") && !config["hidden_activation"].is_null()) return;
+                 if (!tanh_gelu(x))
+                   refuse("hidden_act", x,
+                          "without hidden_activation, transformers 4.40 gates with the tanh GELU and 4.38 with "
+                          "hidden_act: the function depends on the version",
+                          "set hidden_activation to the activation the model was trained with (gelu_pytorch_tanh)");
+               },
+               [](const C&) { return json("gelu_pytorch_tanh"); }, ""});
+  v.push_back(must("attention_bias", [](const json& x) { return x == false; },
+                   "mpitron's Gemma has no biases (attention_bias puts them on q, k, v and o, not on the MLP)", false));
+  return v;
+}
+
+std::vector<HfKey> bert_keys() {
+  std::vector<HfKey> v = common_keys();
+  v.push_back(field("hidden_size", "hidden_size"));
+  v.push_back(field("num_hidden_layers", "num_layers"));
+  v.push_back(field("num_attention_heads", "num_attention_heads"));
+  v.push_back(field("intermediate_size", "ffn_hidden_size"));
+  v.push_back(field("vocab_size", "vocab_size"));
+  v.push_back(positions_key("max_position_embeddings", false));
+  HfKey types = field("type_vocab_size", "num_tokentypes", false);
+  const auto read = types.read;
+  types.read = [read](const json& x, const json& config, C& c) {
+    read(x, config, c);
+    MPT_CHECK(c.num_tokentypes >= 1, str("HF config.json type_vocab_size = ", c.num_tokentypes, " must be >= 1"), "");
+  };
+  v.push_back(types);
+  v.push_back(eps_key("layer_norm_eps"));
+  v.push_back({"hidden_act", false,
+               [](const json& x, const json&, C& c) {
+                 if (x == "gelu") c.mlp = MlpKind::GeluErf;
+                 else if (x == "gelu_new" || x == "gelu_pytorch_tanh") c.mlp = MlpKind::GeluTanh;
+                 else refuse("hidden_act", x, "mpitron's BERT has \"gelu\" (exact, erf) and \"gelu_new\" / "
+                                              "\"gelu_pytorch_tanh\" (tanh approximation)");
+               },
+               [](const C& c) { return json(c.gelu_erf() ? "gelu" : "gelu_new"); }, ""});
+  v.push_back(must("position_embedding_type", [](const json& x) { return x == "absolute"; },
+                   "mpitron's BERT has learned absolute positions only (relative_key attention is not implemented)",
+                   "absolute"));
+  v.push_back(must("is_decoder", [](const json& x) { return x == false; }, "mpitron's BERT is the bidirectional encoder"));
+  v.push_back(must("add_cross_attention", [](const json& x) { return x == false; }, "mpitron's BERT has no cross-attention"));
+  v.push_back(must("tie_word_embeddings", [](const json& x) { return x == true; },
+                   "mpitron's BERT decoder is the word embedding matrix (tied)", true));
+  for (const char* k : {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"})
+    v.push_back(harmless(k, "a dropout probability: training only"));
+  for (const char* k : {"directionality", "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
+                        "pooler_size_per_head", "pooler_type"})
+    v.push_back(harmless(k, "Google's BERT export settings transformers does not read"));
+  return v;
+}
+
+std::vector<Family> build() {
+  // Every decoder: causal, pre-LN, no BERT heads.
+  const std::vector<FamilyPin> any_window = {is("bert", false), is("causal", true), is("post_ln", false),
+                                             is("num_tokentypes", 0), is("num_classes", 0)};
+  // ... attending to every earlier key (all but Mistral).
+  const std::vector<FamilyPin> decoder = join(any_window, {is("window_size", 0)});
+  // Llama and the families built on it: RMSNorm, SwiGLU, rope over every dim, heads of C / NH.
+  const std::vector<FamilyPin> llama_like = {
+      is("normalization", "RMSNorm"), is("mlp", "swiglu"), is("position_embedding", "rope"),
+      is("rotary_percent", 1.0), plain("kv_channels", "no --kv-channels")};
+  const std::vector<FamilyPin> no_qkv_bias = {is("add_qkv_bias", false)};
+  // Gemma's choices, which the other decoders lack.
+  const std::vector<FamilyPin> plain_ends = {is("layernorm_1p", false), is("scale_embeddings", false)};
+  const std::vector<std::string> llama_buffers = {"rotary_emb.inv_freq"};  // a buffer older checkpoints saved
+  std::vector<Family> v;
+  {
+    Family f;
+    f.name = "bert";
+    f.hf_class = "BertForPreTraining";
+    f.hf_model_types = {"bert"};
+    f.hf_classes_read = {"BertForPreTraining", "BertForMaskedLM"};
+    f.scheme = HfScheme::Bert;
+    f.pins = {when("bert", [](const C& c) { return c.bert; }, "a BERT model"), is("causal", false),
+              is("normalization", "LayerNorm"),
+              when("mlp", [](const C& c) { return c.mlp == MlpKind::GeluTanh || c.mlp == MlpKind::GeluErf; },
+                   "a GELU MLP (no --swiglu)"),
+              is("position_embedding", "learned_absolute"), is("untie_embeddings", false), is("add_bias_linear", true),
+              plain("num_query_groups", "no --group-query-attention"), plain("kv_channels", "no --kv-channels")};
+    f.hf_pins = {when("post_ln", [](const C& c) { return c.post_ln; }, "the post-LN block order (--bert-post-ln)"),
+                 when("binary_head", [](const C& c) { return c.binary_head; }, "the binary head (no --bert-no-binary-head)"),
+                 is("num_classes", 0),
+                 when("num_tokentypes", [](const C& c) { return c.num_tokentypes >= 1; }, "token types")};
+    f.hf_defaults = [](C& c) {  // BertConfig's defaults where a key is absent
+      c.bert = true, c.causal = false, c.post_ln = true, c.binary_head = true, c.num_tokentypes = 2;
+      c.max_position_embeddings = c.seq_length = 512;
+      c.layernorm_epsilon = 1e-12f;
+      c.mlp = MlpKind::GeluErf;
+    };
+    f.hf_keys = bert_keys();
+    f.hf_buffers = {"bert.embeddings.position_ids", "bert.embeddings.token_type_ids"};
+    f.hf_aliases = {{"LayerNorm.weight", "LayerNorm.gamma"}, {"LayerNorm.bias", "LayerNorm.beta"}};  // TF-era names
+    v.push_back(f);
+  }
+  {
+    Family f;
+    f.name = "gpt2";
+    f.hf_class = "GPT2LMHeadModel";
+    f.hf_model_types = {"gpt2"};
+    f.hf_classes_read = {"GPT2LMHeadModel", "GPT2Model"};
+    f.scheme = HfScheme::Gpt2;
+    f.pins = join(decoder, {is("normalization", "LayerNorm"),
+                            when("mlp", [](const C& c) { return c.mlp == MlpKind::GeluTanh || c.mlp == MlpKind::GeluErf; },
+                                 "a GELU MLP (no --swiglu)"),
+                            is("position_embedding", "learned_absolute"), is("untie_embeddings", false),
+                            is("add_bias_linear", true), plain("num_query_groups", "no --group-query-attention"),
+                            plain("kv_channels", "no --kv-channels"), plain_ends[0], plain_ends[1]});
+    f.hf_defaults = [](C&) {};  // TransformerConfig's defaults are GPT-2's
+    f.hf_keys = gpt2_keys();
+    f.hf_prefixes = {"transformer.", ""};  // GPT2LMHeadModel's, and GPT2Model's / the hub's gpt2 file
+    f.hf_buffers = {".attn.bias", ".attn.masked_bias"};  // the causal mask buffers
+    f.hf_lm_head_copy = true;
+    f.hf_single_file = true;
+    v.push_back(f);
+  }
+  {
+    Family f;
+    f.name = "llama";
+    f.hf_class = "LlamaForCausalLM";
+    f.hf_model_types = {"llama"};
+    f.hf_classes_read = {"LlamaForCausalLM"};
+    f.scheme = HfScheme::Llama;
+    f.pins = join(join(join(decoder, llama_like), no_qkv_bias), plain_ends);
+    f.hf_defaults = [](C& c) {  // LlamaConfig's defaults where a key is absent
+      c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::SwiGLU, c.position_embedding = PositionEmbedding::Rope;
+      c.untie_embeddings = true, c.add_bias_linear = false, c.layernorm_epsilon = 1e-6f;
+      c.max_position_embeddings = c.seq_length = 2048;
+    };
+    f.hf_keys = llama_keys();
+    f.hf_buffers = llama_buffers;
+    v.push_back(f);
+  }
+  {
+    Family f;
+    f.name = "qwen2";
+    f.hf_class = "Qwen2ForCausalLM";
+    f.hf_model_types = {"qwen2"};
+    f.hf_classes_read = {"Qwen2ForCausalLM"};
+    f.scheme = HfScheme::Llama;
+    f.pins = join(join(join(decoder, llama_like), plain_ends), {is("add_bias_linear", false), is("add_qkv_bias", true)});
+    f.hf_defaults = [](C& c) {  // Qwen2Config's defaults where a key is absent
+      c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::SwiGLU, c.position_embedding = PositionEmbedding::Rope;
+      c.untie_embeddings = true, c.add_bias_linear = false, c.add_qkv_bias = true, c.layernorm_epsilon = 1e-6f;
+      c.max_position_embeddings = c.seq_length = 32768;
+    };
+    f.hf_keys = qwen2_keys();
+    f.hf_buffers = llama_buffers;
+    v.push_back(f);
+  }
+  {
+    // Llama with a sliding window. A Mistral without one (sliding_window null, as v0.2+) imports
+    // here and trains as a Llama: family_of() tries llama first, so it exports as LlamaForCausalLM,
+    // the same function.
+    Family f;
+    f.name = "mistral";
+    f.hf_class = "MistralForCausalLM";
+    f.hf_model_types = {"mistral"};
+    f.hf_classes_read = {"MistralForCausalLM"};
+    f.scheme = HfScheme::Llama;
+    f.pins = join(join(join(any_window, llama_like), plain_ends),
+                  {is("add_bias_linear", false), is("add_qkv_bias", false),
+                   when("window_size", [](const C& c) { return c.window_size > 0; }, "--window-size")});
+    f.hf_defaults = [](C& c) {  // MistralConfig's defaults where a key is absent
+      c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::SwiGLU, c.position_embedding = PositionEmbedding::Rope;
+      c.untie_embeddings = true, c.add_bias_linear = false, c.layernorm_epsilon = 1e-6f;
+      c.num_query_groups = 8;  // (sliding_window: its key's `absent`)
+      c.max_position_embeddings = c.seq_length = 4096 * 32;
+    };
+    f.hf_keys = mistral_keys();
+    f.hf_buffers = llama_buffers;
+    v.push_back(f);
+  }
+  {
+    Family f;
+    f.name = "gemma";
+    f.hf_class = "GemmaForCausalLM";
+    f.hf_model_types = {"gemma"};
+    f.hf_classes_read = {"GemmaForCausalLM"};
+    f.scheme = HfScheme::Llama;
+    f.pins = join(decoder, {is("normalization", "RMSNorm"), is("mlp", "geglu"), is("position_embedding", "rope"),
+                            is("rotary_percent", 1.0), is("layernorm_1p", true), is("scale_embeddings", true),
+                            is("add_bias_linear", false), is("add_qkv_bias", false)});
+    f.hf_defaults = [](C& c) {  // GemmaConfig's defaults where a key is absent
+      c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::GeGLU, c.position_embedding = PositionEmbedding::Rope;
+      c.layernorm_1p = true, c.scale_embeddings = true, c.add_bias_linear = false, c.layernorm_epsilon = 1e-6f;
+      c.kv_channels = 256;
+      c.max_position_embeddings = c.seq_length = 8192;
+    };
+    f.hf_keys = gemma_keys();
+    f.hf_buffers = llama_buffers;
+    v.push_back(f);
+  }
+  return v;
+}
+
+}  // namespace
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> rows = build();
+  return rows;
+}
+
+const Family& find_family(const std::string& name) {
+  std::string names;
+  for (const Family& f : families()) {
+    if (f.name == name) return f;
+    names += (names.empty() ? "" : ", ") + f.name;
+  }
+  MPT_THROW(str("model family ", name, " is not known"), str("the families are ", names));
+}
+
+const Family* family_of(const TransformerConfig& c) {
+  for (const Family& f : families())
+    if (family_misses(f, c).empty()) return &f;
+  return nullptr;
+}
+
+std::string family_misses(const Family& f, const TransformerConfig& c, bool hf) {
+  std::string out;
+  for (const std::vector<FamilyPin>* pins : {&f.pins, &f.hf_pins}) {
+    if (pins == &f.hf_pins && !hf) break;
+    for (const FamilyPin& p : *pins)
+      if (!p.ok(c)) out += (out.empty() ? "" : " ") + p.need;
+  }
+  return out;
+}
+
+const Family& closest_family(const TransformerConfig& c) {
+  const Family* best = nullptr;
+  size_t fewest = 0;
+  for (const Family& f : families()) {
+    size_t n = 0;
+    for (const std::vector<FamilyPin>* pins : {&f.pins, &f.hf_pins})
+      for (const FamilyPin& p : *pins) n += p.ok(c) ? 0 : 1;
+    if (!best || n < fewest) best = &f, fewest = n;
+  }
+  return *best;
+}
+
+}  // namespace mpitron
+
+namespace mpitron {
+
+const Family& hf_family(const nlohmann::json& config) {
+  if (config.contains("model_type") && config["model_type"].is_string()) {
+    const std::string t = config["model_type"].get<std::string>();
+    for (const Family& f : families())
+      for (const std::string& m : f.hf_model_types)
+        if (m == t) return f;
+    std::string known;
+    for (const Family& f : families()) known += (known.empty() ? "" : ", ") + f.hf_model_types[0];
+    MPT_THROW(str("HF config.json model_type ", t, " is not a family mpitron converts"),
+              str("the model types it converts: ", known, " (docs/model-families.md)"));
+  }
+  if (config.contains("architectures") && config["architectures"].is_array() && !config["architectures"].empty() &&
+      config["architectures"][0].is_string()) {
+    const std::string a = config["architectures"][0].get<std::string>();
+    for (const Family& f : families())
+      for (const std::string& k : f.hf_classes_read)
+        if (k == a) return f;
+    std::string known;
+    for (const Family& f : families())
+      for (const std::string& k : f.hf_classes_read) known += (known.empty() ? "" : ", ") + k;
+    MPT_THROW(str("HF config.json has no model_type and architecture ", a, " is not known"),
+              str("mpitron converts ", known));
+  }
+  MPT_THROW("HF config.json has neither model_type nor architectures", "is it a Hugging Face config.json?");
+}
+
+double hf_short_float(float f) {
+  for (int p = 6; p < 10; ++p) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.*g", p, static_cast<double>(f));
+    if (std::strtof(b, nullptr) == f) return std::strtod(b, nullptr);
+  }
+  return f;
+}
+
+}  // namespace mpitron

@@ -1,0 +1,96 @@
+// model/families.h — the model families as rows: the one place that tells a GPT-2 from a
+// Llama or a BERT.
+//
+// A family is the values it pins among the architecture fields (model/arch_fields.h),
+// its Hugging Face class and model_type, and its column of Hugging Face tensor names in
+// the parameter table (model/param_table.h, ParamSpec::hf). Fields a family does not pin
+// are free (a Llama may have grouped queries, a tied head, biases). family_of() is the
+// first row whose pins a configuration meets; the refusals (pretrain_bert's GPT-family
+// flags, what an HF export lacks) are the pins a configuration misses.
+//
+//   family   HF class                  model_type  pins (besides the defaults of every other field)
+//   gpt2     GPT2LMHeadModel           gpt2        LayerNorm, tanh GELU, learned positions, tied, biases, MHA
+//   llama    LlamaForCausalLM          llama       RMSNorm, SwiGLU, rope (all dims)
+//   qwen2    Qwen2ForCausalLM          qwen2       Llama's, biases on q, k, v only (--add-qkv-bias)
+//   mistral  MistralForCausalLM        mistral     Llama's, no biases, a sliding window (--window-size)
+//   gemma    GemmaForCausalLM          gemma       RMSNorm (1 + w), GeGLU (tanh), rope, embeddings × √C, no biases
+//   bert     BertForPreTraining        bert        encoder: LayerNorm, GELU, learned positions, tied, biases, MHA
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+
+namespace mpitron {
+
+// The Hugging Face naming schemes of the parameter table's HF column.
+enum class HfScheme : uint8_t { Gpt2, Llama, Bert };
+
+// One key of a family's Hugging Face config.json: what it sets (through the architecture
+// table's row, so its type and bounds are that row's), what it must be, or why it does not
+// change the model. A key of no row is refused by name: nothing that changes the maths is
+// silently ignored (docs/model-families.md "Hugging Face").
+struct HfKey {
+  std::string key;
+  bool required = false;  // the import refuses a config.json without it
+  // Reads a present, non-null value into c; throws naming the key. Null: the key is harmless.
+  std::function<void(const nlohmann::json& value, const nlohmann::json& config, TransformerConfig& c)> read;
+  // What the export writes (null: nothing).
+  std::function<nlohmann::json(const TransformerConfig& c)> write;
+  std::string note;       // harmless keys: why
+  // A key the config.json lacks (not one that is null): transformers' default when it differs from
+  // what null means (Mistral's sliding_window: absent 4096, null none). Null: nothing to do.
+  std::function<void(TransformerConfig& c)> absent;
+};
+
+// One value a family requires of a field.
+struct FamilyPin {
+  std::string key;                                  // the arch field (model/arch_fields.h)
+  std::function<bool(const TransformerConfig&)> ok;
+  std::string need;                                 // the flags that give it ("--swiglu")
+};
+
+struct Family {
+  std::string name;                 // "gpt2", "llama", "bert": TransformerConfig::family(), model_config "family"
+  std::string hf_class;             // the HF class written on export (config.json "architectures")
+  std::vector<std::string> hf_model_types;  // config.json "model_type" values it reads (the first is written)
+  std::vector<std::string> hf_classes_read;  // classes that mean this family when model_type is absent
+  HfScheme scheme;
+  std::vector<FamilyPin> pins;      // what the family is
+  std::vector<FamilyPin> hf_pins;   // what its HF class also needs (BERT: post-LN with the binary head)
+  // Its config.json: the values before any key is read (the fields the family fixes and
+  // transformers' defaults of absent keys), and every key it may hold.
+  std::function<void(TransformerConfig&)> hf_defaults;
+  std::vector<HfKey> hf_keys;
+  // Its tensors: name prefixes the import accepts (the first is the export's default),
+  // tensors that are buffers, not parameters (skipped), and older spellings of names.
+  std::vector<std::string> hf_prefixes{""};
+  std::vector<std::string> hf_buffers;
+  std::vector<std::pair<std::string, std::string>> hf_aliases;  // (suffix, older suffix)
+  bool hf_lm_head_copy = false;     // the export may also write the tied head's copy (GPT-2's --lm-head)
+  // Its weights alone (one .safetensors file, no config.json) give its sizes; the heads come from
+  // --num-attention-heads (GPT-2's hub files). Other families are read from their directory.
+  bool hf_single_file = false;
+};
+
+// Every family, in the order family_of() tries them.
+const std::vector<Family>& families();
+const Family& find_family(const std::string& name);  // throws naming the families
+// The first family whose pins `c` meets; nullptr: a mix no family has ("custom").
+const Family* family_of(const TransformerConfig& c);
+// The pins of f (and its HF class's with `hf`) that c misses, as the flags that would give
+// them, space-separated ("--swiglu --position-embedding-type rope"); "" when none.
+std::string family_misses(const Family& f, const TransformerConfig& c, bool hf = false);
+// The family that misses the fewest of its pins (what an export error names).
+const Family& closest_family(const TransformerConfig& c);
+// The family of an HF config.json: its model_type, else its architectures' first class.
+// Throws naming them when no family has them.
+const Family& hf_family(const nlohmann::json& config);
+// The shortest decimal that reads back as f (1e-05, not 9.999999747378752e-06): how the
+// export writes a float epsilon.
+double hf_short_float(float f);
+
+}  // namespace mpitron
