@@ -11,11 +11,12 @@
 // the tracker file are untouched, since a step that has not finished has not
 // renamed anything.
 //
-// One background thread serves every deadline of the process; deadlines may
-// nest (the earliest one counts).
+// It is a JobDeadline (parallel/job_exit.h): the one watchdog thread of the process
+// serves it with every other deadline; deadlines may nest (the earliest one counts).
 #pragma once
-#include <cstdint>
 #include <string>
+
+#include "parallel/job_exit.h"
 
 namespace mpitron::io {
 
@@ -23,12 +24,9 @@ class IoDeadline {
  public:
   // `what`: the step, for the message ("write dataset 'model/wte' of '<path>'").
   explicit IoDeadline(std::string what);
-  ~IoDeadline();
-  IoDeadline(const IoDeadline&) = delete;
-  IoDeadline& operator=(const IoDeadline&) = delete;
 
  private:
-  uint64_t token_ = 0;
+  JobDeadline deadline_;
 };
 
 // The seconds a step may take (MPITRON_COMM_TIMEOUT_S, else 300; 0 = never).
