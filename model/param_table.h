@@ -78,7 +78,7 @@ enum class ParamPlace : uint8_t {
 };
 
 struct ParamSpec {
-  std::string name;     // checkpoint dataset name under model/ (DESIGN.md)
+  std::string name;     // checkpoint dataset name under model/ (docs/checkpoint-format.md)
   ParamRole role;
   Shape global_shape;
   // Tensor-parallel split: axis -1 replicated, 0 rows, 1 columns. The axis is cut

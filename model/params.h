@@ -27,7 +27,7 @@ struct TPShard {
 };
 
 struct ParamInfo {
-  std::string name;  // e.g. "layers.3.attn.qkv.weight" (DESIGN.md checkpoint names)
+  std::string name;  // e.g. "layers.3.attn.qkv.weight" (docs/checkpoint-format.md)
   Shape shape;                // this rank's (local) shape
   int64_t offset = 0;         // in elements, into the flat buffers
   bool weight_decay = true;   // false for biases and layernorm parameters
