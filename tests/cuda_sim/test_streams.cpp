@@ -160,11 +160,16 @@ TEST_CASE("sim race check: a block the caching allocator hands out again is chec
     cudaEventCreate(&ev);
     cudaEventRecord(ev, nullptr);
     REQUIRE(cudaStreamWaitEvent(side, ev, 0) == cudaSuccess);
-    Gate gate(side);  // the side stream's read of t below is still queued when t goes
     REQUIRE(cudaMemcpyAsync(out.data_ptr(), t.data_ptr(), t.nbytes(), cudaMemcpyDeviceToDevice, side) == cudaSuccess);
     cudaEventDestroy(ev);
-    gate.open();
-  }  // t released on the host without waiting for the side stream
+    // The copy must have RUN before t goes (the release poisons the block under ASan, in the
+    // default stream's order, which nothing ties to the side stream: a copy still running would
+    // be a real use after free, and ASan would stop the test). A flag, not an event: the race
+    // check must still see the reuse as unordered.
+    auto ran = std::make_shared<std::atomic<bool>>(false);
+    REQUIRE(cuda::sim::enqueue(side, "test copy done", {}, [ran] { *ran = true; }) == cudaSuccess);
+    while (!*ran) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }  // t released on the host without a wait the race check knows of
   Tensor u = Tensor::empty({4096}, DType::F32, kDev);
   REQUIRE(u.data_ptr() == reused);  // the same block, for the default stream
   const std::string e = error_of([&] { u.fill(1.0); });
