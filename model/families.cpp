@@ -350,6 +350,15 @@ std::vector<HfKey> bert_keys() {
   return v;
 }
 
+// The defaults LlamaConfig and the configs built on it (Qwen2Config, MistralConfig) share where a
+// key is absent: RMSNorm, SwiGLU, rope, an untied head, no biases, epsilon 1e-6; `positions`
+// is each config's max_position_embeddings (also the sequence length of an import).
+void llama_config_defaults(C& c, int64_t positions) {
+  c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::SwiGLU, c.position_embedding = PositionEmbedding::Rope;
+  c.untie_embeddings = true, c.add_bias_linear = false, c.layernorm_epsilon = 1e-6f;
+  c.max_position_embeddings = c.seq_length = positions;
+}
+
 std::vector<Family> build() {
   // Every decoder: causal, pre-LN, no BERT heads.
   const std::vector<FamilyPin> any_window = {is("bert", false), is("causal", true), is("post_ln", false),
@@ -422,11 +431,7 @@ std::vector<Family> build() {
     f.hf_classes_read = {"LlamaForCausalLM"};
     f.scheme = HfScheme::Llama;
     f.pins = join(join(join(decoder, llama_like), no_qkv_bias), plain_ends);
-    f.hf_defaults = [](C& c) {  // LlamaConfig's defaults where a key is absent
-      c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::SwiGLU, c.position_embedding = PositionEmbedding::Rope;
-      c.untie_embeddings = true, c.add_bias_linear = false, c.layernorm_epsilon = 1e-6f;
-      c.max_position_embeddings = c.seq_length = 2048;
-    };
+    f.hf_defaults = [](C& c) { llama_config_defaults(c, 2048); };  // LlamaConfig's
     f.hf_keys = llama_keys();
     f.hf_buffers = llama_buffers;
     v.push_back(f);
@@ -439,10 +444,9 @@ std::vector<Family> build() {
     f.hf_classes_read = {"Qwen2ForCausalLM"};
     f.scheme = HfScheme::Llama;
     f.pins = join(join(join(decoder, llama_like), plain_ends), {is("add_bias_linear", false), is("add_qkv_bias", true)});
-    f.hf_defaults = [](C& c) {  // Qwen2Config's defaults where a key is absent
-      c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::SwiGLU, c.position_embedding = PositionEmbedding::Rope;
-      c.untie_embeddings = true, c.add_bias_linear = false, c.add_qkv_bias = true, c.layernorm_epsilon = 1e-6f;
-      c.max_position_embeddings = c.seq_length = 32768;
+    f.hf_defaults = [](C& c) {  // Qwen2Config's
+      llama_config_defaults(c, 32768);
+      c.add_qkv_bias = true;
     };
     f.hf_keys = qwen2_keys();
     f.hf_buffers = llama_buffers;
@@ -461,11 +465,9 @@ std::vector<Family> build() {
     f.pins = join(join(join(any_window, llama_like), plain_ends),
                   {is("add_bias_linear", false), is("add_qkv_bias", false),
                    when("window_size", [](const C& c) { return c.window_size > 0; }, "--window-size")});
-    f.hf_defaults = [](C& c) {  // MistralConfig's defaults where a key is absent
-      c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::SwiGLU, c.position_embedding = PositionEmbedding::Rope;
-      c.untie_embeddings = true, c.add_bias_linear = false, c.layernorm_epsilon = 1e-6f;
-      c.num_query_groups = 8;  // (sliding_window: its key's `absent`)
-      c.max_position_embeddings = c.seq_length = 4096 * 32;
+    f.hf_defaults = [](C& c) {  // MistralConfig's (sliding_window: its key's `absent`)
+      llama_config_defaults(c, 4096 * 32);
+      c.num_query_groups = 8;
     };
     f.hf_keys = mistral_keys();
     f.hf_buffers = llama_buffers;
