@@ -2,15 +2,19 @@
 #pragma once
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "tensor/tensor.h"
 
 namespace apps_test {
 
@@ -58,6 +62,30 @@ inline void check_hf_bf16_round_trip(const std::string& ckpt, const TempDir& tmp
   REQUIRE(run_app("convert_checkpoint", "--direction mpitron-to-hf --dtype BF16 --input " + tmp / "ckbf" + " --output " +
                       tmp / "bf16b", tmp / "bf3.log") == 0);
   CHECK(slurp(tmp / "bf16b/model.safetensors") == slurp(tmp / "bf16/model.safetensors"));
+}
+
+// The (B, T) token ids of a reference's "ids" rows (tests/reference/hf_*_ref.py).
+inline mpitron::Tensor ints(const nlohmann::json& rows) {
+  std::vector<int64_t> v;
+  for (const auto& r : rows)
+    for (const auto& x : r) v.push_back(x.get<int64_t>());
+  return mpitron::Tensor::from_ints(v, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
+}
+
+// Max |logit - reference| over the first V columns of (B·T, Vp) logits; want: (B, T, V) rows.
+inline double logit_err(const mpitron::Tensor& logits, const nlohmann::json& want, int64_t V) {
+  const std::vector<float> lg = logits.to_floats();
+  const int64_t Vp = logits.dim(1);
+  double worst = 0;
+  int64_t row = 0;
+  for (const auto& b : want)
+    for (const auto& t : b) {
+      for (int64_t v = 0; v < V; ++v)
+        worst = std::max(worst, std::abs(double(lg[static_cast<size_t>(row * Vp + v)]) -
+                                         t[static_cast<size_t>(v)].get<double>()));
+      ++row;
+    }
+  return worst;
 }
 
 }  // namespace apps_test

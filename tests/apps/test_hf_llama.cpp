@@ -34,6 +34,8 @@ using mpitron::testing_util::error_of;
 using apps_test::TempDir;
 using apps_test::run_app;
 using apps_test::slurp;
+using apps_test::ints;
+using apps_test::logit_err;
 using nlohmann::json;
 
 namespace {
@@ -41,28 +43,6 @@ namespace {
 const std::string kDir = apps_test::kSource + "/tests/apps/ref/hf_llama";
 
 json ref_json() { return json::parse(slurp(kDir + "/ref.json")); }
-
-Tensor ints(const json& rows) {
-  std::vector<int64_t> v;
-  for (const auto& r : rows)
-    for (const auto& x : r) v.push_back(x.get<int64_t>());
-  return Tensor::from_ints(v, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
-}
-
-// Max |logit - reference| over the first V columns of (B·T, Vp) logits.
-double logit_err(const Tensor& logits, const json& want, int64_t V) {
-  const std::vector<float> lg = logits.to_floats();
-  const int64_t Vp = logits.dim(1);
-  double worst = 0;
-  int64_t row = 0;
-  for (const auto& b : want)
-    for (const auto& t : b) {
-      for (int64_t v = 0; v < V; ++v)
-        worst = std::max(worst, std::abs(double(lg[static_cast<size_t>(row * Vp + v)]) - t[static_cast<size_t>(v)].get<double>()));
-      ++row;
-    }
-  return worst;
-}
 
 bool has(const std::string& s, const std::string& t) { return s.find(t) != std::string::npos; }
 
