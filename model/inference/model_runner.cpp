@@ -109,6 +109,7 @@ ModelRunner::ModelRunner(MPI_Comm world, const std::string& load_dir, const Runn
   const auto make = [&](MPI_Comm c, const char* name) {
     CommOptions co;
     co.name = name;
+    co.force_mpi_for_device = o.force_mpi_for_device;
     return make_communicator(c, dev, co);
   };
   if (o.tp > 1) tp_comm_ = make(grid_->tp_comm(), "tp");

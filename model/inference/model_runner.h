@@ -60,6 +60,7 @@ struct RunnerOptions {
   DType dtype = DType::F32;    // compute dtype (--fp16 / --bf16 round the f32 checkpoint)
   std::string device = "auto"; // --device: auto (a GPU when there is one) | cpu | cuda
   bool force_ops_attention = false;  // tests: the tensor-ops paged attention on the CPU too
+  bool force_mpi_for_device = false; // --force-mpi-for-device: MPI (host-staged) for GPU tensors (ranks sharing a GPU)
 };
 
 // One step of the dynamic engine: rows = the tokens fed to the model now.

@@ -53,6 +53,7 @@ RunnerOptions InferenceFlags::runner() const {
   o.pp = static_cast<int>(pp);
   o.dtype = dtype();
   o.device = device;
+  o.force_mpi_for_device = force_mpi_for_device;
   return o;
 }
 
@@ -85,6 +86,8 @@ void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool 
       "tensor-parallel ranks (default 1); a checkpoint of any layout loads under any layout");
   add(par, "pipeline-model-parallel-size", po::value(&f.pp), "pipeline stages (default 1)");
   add(par, "device", po::value(&f.device), "auto (a GPU when there is one) | cpu | cuda");
+  add(par, "force-mpi-for-device", po::bool_switch(&f.force_mpi_for_device),
+      "MPI (host-staged) instead of NCCL for GPU tensors: ranks sharing one GPU");
   desc.add(par);
 
   DynamicBatchingFlags& b = f.batching;

@@ -47,6 +47,7 @@ struct InferenceFlags {
   bool fp16 = false, bf16 = false;       // --fp16 / --bf16
   int64_t tp = 1, pp = 1;                // --tensor-model-parallel-size / --pipeline-model-parallel-size
   std::string device = "auto";           // --device: auto | cpu | cuda
+  bool force_mpi_for_device = false;     // --force-mpi-for-device: MPI (host-staged) for GPU tensors
   DynamicBatchingFlags batching;
   std::vector<std::string> notes;        // start-up lines: flags accepted with no effect here
   std::vector<std::string> training_only;  // the pretraining flags added by add_inference_flags

@@ -65,6 +65,7 @@ TEST_CASE("TP and PP inference equal one process: tokens, losses and argmax (GPT
       RunnerOptions o;
       o.tp = l.tp;
       o.pp = l.pp;
+      o.force_mpi_for_device = cuda_available() && cuda_device_count() < world_size();  // NCCL: one GPU per rank
       ModelRunner mp(MPI_COMM_WORLD, (dir / "ckpt").string(), o);
       mp.init_kv_cache(64, bs);
       const std::string what = str(cfg.family(), " tp ", l.tp, " pp ", l.pp);
