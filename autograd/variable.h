@@ -25,6 +25,9 @@ class Var {
   const Shape& shape() const { return p_->value.shape(); }
 
   void set_grad(Tensor g);  // use `g` (e.g. a view into a flat buffer) as the gradient
+  // Point the value and gradient at other storage (ZeRO-3's gathered units); either
+  // may be undefined (released: nothing may read it until it is pointed again).
+  void set_storage(Tensor value, Tensor grad);
   // The gradient, allocated and zeroed on first use (same shape, dtype and device as value
   // unless set_grad chose otherwise).
   const Tensor& grad_or_zeros() const;

@@ -205,16 +205,18 @@ struct BlockNode final : Node {
   Var x, y;
   BlockActs acts;
   uint64_t seed = 0, offset = 0;
-  std::function<void()> grads_ready;
+  std::function<void()> grads_ready, before_backward;
   const char* name() const override { return "transformer_block"; }
   bool supports_recompute() const override { return true; }
   void release_saved() override { acts.release(); }
   void recompute() override {
+    if (before_backward) before_backward();
     Tensor scratch = Tensor::empty(y.value().shape(), y.value().dtype(), y.value().device());
     block_forward(shape, params, x.value(), scratch, acts, seed, offset);
   }
   void backward() override {
     WeightGradWork* defer = weight_grad_sink();
+    if (before_backward) before_backward();
     backward_impl(defer);
     if (!grads_ready) return;
     if (defer) defer->add(grads_ready);  // final once the deferred weight part ran
@@ -239,7 +241,7 @@ struct BlockNode final : Node {
 }  // namespace
 
 Var block(Tape& tape, const BlockShape& s, const BlockParams& p, const Var& x, uint64_t seed, uint64_t offset,
-          bool recompute, std::function<void()> grads_ready) {
+          bool recompute, std::function<void()> grads_ready, std::function<void()> before_backward) {
   const Tensor& xv = x.value();
   Var y(Tensor::empty(xv.shape(), xv.dtype(), xv.device()), true);
   auto node = std::make_unique<BlockNode>();
@@ -247,6 +249,7 @@ Var block(Tape& tape, const BlockShape& s, const BlockParams& p, const Var& x, u
   if (!tape.recording()) return y;
   node->shape = s, node->params = p, node->x = x, node->y = y, node->seed = seed, node->offset = offset;
   node->grads_ready = std::move(grads_ready);
+  node->before_backward = std::move(before_backward);
   tape.record(std::move(node), recompute);
   return y;
 }

@@ -91,8 +91,10 @@ BlockMemory block_memory(const BlockShape& s);
 // The block as one tape node; with recompute it keeps only x and replays the forward.
 // grads_ready (may be empty) is called once the block's parameter gradients are
 // final for this micro-batch: after its backward, or after its deferred weight
-// part when the tape defers weight gradients.
+// part when the tape defers weight gradients. before_backward (may be empty) is
+// called before the backward (and its recompute) reads the parameters (ZeRO-3
+// gathers them there).
 Var block(Tape& tape, const BlockShape& s, const BlockParams& p, const Var& x, uint64_t seed, uint64_t offset,
-          bool recompute, std::function<void()> grads_ready = {});
+          bool recompute, std::function<void()> grads_ready = {}, std::function<void()> before_backward = {});
 
 }  // namespace mpitron

@@ -180,11 +180,13 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
     if (opt.params_needed) opt.params_needed(first, end);
     std::function<void()> ready;
     if (opt.grads_ready) ready = [cb = opt.grads_ready, first, end] { cb(first, end); };
+    std::function<void()> before;
+    if (opt.params_needed_backward) before = [cb = opt.params_needed_backward, first, end] { cb(first, end); };
     const bool recompute = opt.recompute && (opt.recompute_num_layers == 0 || l - ch.first_layer < opt.recompute_num_layers);
     BlockShape s = block_shape(cfg_, batch, seq, mp_.tp, opt.train, l, mp_.cp);
     s.kv_lengths = opt.kv_lengths;
     x = block(tape, s, blocks_[i], x, opt.dropout_seed, nc * (1 + 2 * static_cast<uint64_t>(l)), recompute,
-              std::move(ready));
+              std::move(ready), std::move(before));
   }
   return x;
 }

@@ -46,6 +46,9 @@ struct ForwardOptions {
   // runs; the parameters outside blocks (embeddings, final norm, heads) at the
   // start of a chunk's forward (GPT::need_params_outside_blocks).
   std::function<void(size_t first, size_t end)> params_needed;
+  // Called before a block's backward (and its recompute) reads parameters [first, end):
+  // ZeRO-3 gathers them again there.
+  std::function<void(size_t first, size_t end)> params_needed_backward;
   Tensor kv_lengths;  // BERT: (B) i32 on the device, keys j >= len[b] masked (BlockShape::kv_lengths)
 };
 

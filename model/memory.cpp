@@ -28,7 +28,8 @@ void check_fits_memory(const GPTConfig& c, int64_t micro_batch, int tp, int pp, 
   const double params = static_cast<double>(c.num_parameters()) / (static_cast<double>(tp) * pp);
   const double e = static_cast<double>(dtype_size(c.compute_dtype));
   const double shard = zero_stage > 0 ? params / dp : params;
-  const double state = params * (e + 4) + shard * ((c.compute_dtype == DType::F32 ? 0 : 4) + 8);
+  const double whole = zero_stage == 3 ? shard : params;  // ZeRO-3 holds its shard of the values and gradients
+  const double state = whole * (e + 4) + shard * ((c.compute_dtype == DType::F32 ? 0 : 4) + 8);
   TensorParallel tpl;
   tpl.size = tp;
   const double block =
@@ -40,7 +41,7 @@ void check_fits_memory(const GPTConfig& c, int64_t micro_batch, int tp, int pp, 
                 " parameters x ", (state / std::max(params, 1.0)), " bytes of weights, gradients and optimizer state, + ",
                 block / 1e9, " GB of one block's activations) but ", device_name, " has ", cap / 1e9, " GB"),
             "lower --num-layers / --hidden-size / --ffn-hidden-size / --micro-batch-size / --seq-length, or use more "
-            "ranks (tensor / pipeline parallelism, --use-distributed-optimizer)");
+            "ranks (tensor / pipeline parallelism, --use-distributed-optimizer, --zero-stage 3)");
 }
 
 void check_estimate_fits(const MemoryEstimate& e, int64_t capacity, const std::string& device_name) {
@@ -80,6 +81,10 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   m.gradients = 4 * P;
   m.master_weights = c.compute_dtype == DType::F32 ? 0 : 4 * shard;
   m.moments = 8 * shard;
+  if (zero_stage == 3) {
+    m.weights = e * (shard + r.zero3_persistent + r.zero3_live * r.zero3_block);
+    m.gradients = 4 * (shard + r.zero3_persistent + r.zero3_block);
+  }
   TensorParallel tpl;
   tpl.size = static_cast<int>(t);
   tpl.sequence_parallel = r.sequence_parallel;

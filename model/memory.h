@@ -69,6 +69,11 @@ struct RankShard {
   // and their f32 gradients; a2a's head-sharded copies) add to the backward peak.
   int cp = 1;
   CpCommType cp_comm = CpCommType::P2P;
+  // ZeRO-3 (model/training/states_zero3.cpp): besides its shards a rank holds the
+  // persistent units whole (values and gradients), `zero3_live` gathered blocks of at
+  // most zero3_block elements, and one block's gradients.
+  int64_t zero3_block = 0, zero3_persistent = 0;
+  int zero3_live = 1;
 };
 // Before anything is allocated: a lower bound of one rank's bytes (its share of
 // the weights, f32 gradients, master weights and Adam moments, plus one block's

@@ -104,6 +104,7 @@ size_t ParamSet::index(const std::string& name) const {
 }
 
 void ParamSet::allocate(DType dtype, Device device) {
+  dtype_ = dtype, device_ = device;
   values_ = Tensor::zeros({total_}, dtype, device);
   grads_ = Tensor::zeros({total_}, DType::F32, device);
   vars_.clear();
@@ -112,6 +113,24 @@ void ParamSet::allocate(DType dtype, Device device) {
     v.set_grad(grads_.flat_range(p.offset, p.numel()).view(p.shape));
     vars_.push_back(v);
   }
+}
+
+void ParamSet::release_buffers() {
+  values_ = grads_ = Tensor();
+  for (Var& v : vars_) v.set_storage(Tensor(), Tensor());
+}
+
+void ParamSet::restore_values() {
+  MPT_CHECK(!vars_.empty(), "ParamSet::restore_values() before allocate()", "");
+  const DType dtype = dtype_;
+  values_ = Tensor::empty({total_}, dtype, device_);
+  for (size_t i = 0; i < infos_.size(); ++i)
+    vars_[i].set_storage(values_.flat_range(infos_[i].offset, infos_[i].numel()).view(infos_[i].shape), Tensor());
+}
+
+void ParamSet::point(size_t i, const Tensor& value, const Tensor& grad) {
+  const Shape& s = infos_.at(i).shape;
+  vars_[i].set_storage(value.defined() ? value.view(s) : Tensor(), grad.defined() ? grad.view(s) : Tensor());
 }
 
 const ParamInfo& ParamSet::info(const std::string& name) const {

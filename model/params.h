@@ -79,11 +79,22 @@ class ParamSet {
   const Tensor& grads() const { return grads_; }    // (numel) f32
   void zero_grad() const { grads_.zero(); }
 
+  // ZeRO-3 (model/training/states_zero3.cpp) holds the values and gradients itself:
+  // release_buffers() drops both flat buffers (values() and grads() undefined, every
+  // Var released); restore_values() allocates a whole value buffer again, every Var's
+  // value a view of it (gradients released); point() sets parameter i's value and
+  // gradient to (shape) tensors of the caller's (either may be undefined).
+  void release_buffers();
+  void restore_values();
+  void point(size_t i, const Tensor& value, const Tensor& grad);
+
  private:
   std::vector<ParamInfo> infos_;
   std::vector<Var> vars_;
   Tensor values_, grads_;
   int64_t total_ = 0;
+  DType dtype_ = DType::F32;
+  Device device_ = Device::cpu();
 };
 
 }  // namespace mpitron

@@ -142,10 +142,7 @@ void GradBuckets::launch(Bucket& b) {
     return;
   }
   // The bucket's pieces for ranks 0..size-1 lie back to back in [begin, end).
-  std::vector<int64_t> counts(static_cast<size_t>(dp_.size()));
-  for (int r = 0; r < dp_.size(); ++r)
-    counts[static_cast<size_t>(r)] =
-        std::max<int64_t>(0, std::min(b.end, shards_.end(r)) - std::max(b.begin, shards_.begin(r)));
+  const std::vector<int64_t> counts = shards_.pieces(b.begin, b.end);
   const int me = dp_.rank();
   const int64_t mine = counts[static_cast<size_t>(me)];
   Tensor dst = mine > 0 ? shard_grads_.flat_range(std::max(b.begin, shards_.begin(me)) - shards_.begin(me), mine)

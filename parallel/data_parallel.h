@@ -51,6 +51,13 @@ struct ShardLayout {
   int64_t begin(int r) const { return std::min<int64_t>(numel, r * shard()); }
   int64_t end(int r) const { return std::min<int64_t>(numel, (r + 1) * shard()); }
   int64_t size(int r) const { return end(r) - begin(r); }
+  // The elements of [lo, hi) each rank owns, in rank order (they lie back to back in
+  // [lo, hi)): the counts of a reduce-scatter or all-gather of that range.
+  std::vector<int64_t> pieces(int64_t lo, int64_t hi) const {
+    std::vector<int64_t> c(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) c[static_cast<size_t>(r)] = std::max<int64_t>(0, std::min(hi, end(r)) - std::max(lo, begin(r)));
+    return c;
+  }
 };
 
 enum class GradReduce { AllReduce, ReduceScatter };

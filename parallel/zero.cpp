@@ -24,20 +24,9 @@ ZeroOptimizer::ZeroOptimizer(const Tensor& values, const Tensor& grads, std::vec
             "");
   layout_ = ShardLayout(values.numel(), dp.size());
   const int64_t b = shard_begin(), n = shard_end() - shard_begin();
-  const Device dev = values.device();
-  separate_master_ = values.dtype() != DType::F32;
-  master_ = separate_master_ ? values.flat_range(b, n).to(DType::F32) : values.flat_range(b, n);
-  m_ = Tensor::zeros({n}, DType::F32, dev);
-  v_ = Tensor::zeros({n}, DType::F32, dev);
+  adam_ = FlatAdamW(values.flat_range(b, n), b, params_, cfg.optim);
   // Both stages reduce in place into the grad buffer's own slice (no extra memory).
   shard_grads_ = grads.flat_range(b, n);
-  for (const FlatParam& p : params_) {
-    const bool decay = p.weight_decay && cfg.weight_decay != 0.0f;
-    if (!segments_.empty() && segments_.back().decay == decay && segments_.back().end == p.offset)
-      segments_.back().end = p.offset + p.numel;
-    else
-      segments_.push_back({p.offset, p.offset + p.numel, decay});
-  }
   // Sums, not averages: with stage 2 the owned slice already holds the reduced
   // sum of earlier micro-batches, which a 1/dp pre-scale would shrink again.
   // The 1/dp is folded into AdamW's grad_scale (and the norm) instead.
@@ -78,16 +67,10 @@ void ZeroOptimizer::on_backward_done() {
   }
 }
 
-std::vector<int64_t> ZeroOptimizer::counts() const {
-  std::vector<int64_t> c(static_cast<size_t>(dp_.size()));
-  for (int r = 0; r < dp_.size(); ++r) c[static_cast<size_t>(r)] = layout_.size(r);
-  return c;
-}
-
 void ZeroOptimizer::all_gather_values() {
   finish_param_gather();
   const int64_t b = shard_begin(), n = shard_end() - shard_begin();
-  dp_.all_gather_v(values_.flat_range(b, n), values_, counts());
+  dp_.all_gather_v(values_.flat_range(b, n), values_, layout_.pieces(0, values_.numel()));
 }
 
 void ZeroOptimizer::start_param_gather() {
@@ -105,9 +88,7 @@ void ZeroOptimizer::start_param_gather() {
     Gather& g = gathers_[k];
     if (g.end <= g.begin) continue;
     // Each rank's piece of [begin, end): its shard's intersection, back to back in rank order.
-    std::vector<int64_t> c(static_cast<size_t>(dp_.size()));
-    for (int r = 0; r < dp_.size(); ++r)
-      c[static_cast<size_t>(r)] = std::max<int64_t>(0, std::min(g.end, layout_.end(r)) - std::max(g.begin, layout_.begin(r)));
+    const std::vector<int64_t> c = layout_.pieces(g.begin, g.end);
     const int64_t mine_at = std::max(g.begin, shard_begin());
     Tensor out = values_.flat_range(g.begin, g.end - g.begin);
     Tensor in = values_.flat_range(std::min(mine_at, g.end), c[static_cast<size_t>(me)]);
@@ -140,7 +121,7 @@ void ZeroOptimizer::finish_param_gather() {
     }
 }
 
-ZeroStepResult ZeroOptimizer::step(float lr, float loss_scale, const std::function<bool(double)>& veto) {
+StepResult ZeroOptimizer::step(float lr, float loss_scale, const std::function<bool(double)>& veto) {
   finish_param_gather();  // the update writes the values the last gathers read and wrote
   if (!reduced_) {
     buckets_->begin_backward(true);
@@ -148,58 +129,22 @@ ZeroStepResult ZeroOptimizer::step(float lr, float loss_scale, const std::functi
   }
   buckets_->wait_all();
   reduced_ = false;
-  ZeroStepResult r;
   // Global norm: every element is owned by exactly one dp rank.
   Tensor sq = Tensor::zeros({1}, DType::F32, shard_grads_.device());
-  bool all_counted = true;
-  for (const FlatParam& p : params_) all_counted = all_counted && p.in_norm;
-  if (all_counted) {
-    if (shard_grads_.numel() > 0) sum_squares(shard_grads_, sq);
-  } else {
-    for (const FlatParam& p : params_) {  // model-parallel duplicates count on one rank only
-      const int64_t lo = std::max(shard_begin(), p.offset), hi = std::min(shard_end(), p.offset + p.numel);
-      if (p.in_norm && hi > lo) sum_squares(shard_grads_.flat_range(lo - shard_begin(), hi - lo), sq);
-    }
-  }
+  adam_.add_sum_squares(shard_grads_, sq);
   dp_.all_reduce(sq, ReduceOp::Sum);
   if (norm_group_) norm_group_->all_reduce(sq, ReduceOp::Sum);
-  const double scaled_norm = std::sqrt(static_cast<double>(sq.item()));
-  const double unscale = static_cast<double>(loss_scale) * dp_.size();  // the shard holds dp-summed gradients
-  r.grad_norm = scaled_norm / unscale;
-  const bool vetoed = veto && veto(r.grad_norm);
-  if (!std::isfinite(scaled_norm) || vetoed) {
-    r.skipped = true;
-    return r;
-  }
-  double grad_scale = 1.0 / unscale;
-  if (cfg_.clip_grad > 0) {
-    const double coef = cfg_.clip_grad / (r.grad_norm + 1e-6);
-    if (coef < 1.0) grad_scale *= coef;
-  }
-  ++step_;
-  AdamWArgs a;
-  a.lr = lr;
-  a.beta1 = cfg_.beta1;
-  a.beta2 = cfg_.beta2;
-  a.eps = cfg_.eps;
-  a.grad_scale = static_cast<float>(grad_scale);
-  a.step = step_;
-  const int64_t sb = shard_begin(), se = shard_end();
-  for (const Segment& s : segments_) {
-    const int64_t lo = std::max(s.begin, sb), hi = std::min(s.end, se);
-    if (hi <= lo) continue;
-    a.weight_decay = s.decay ? cfg_.weight_decay : 0.0f;
-    const int64_t off = lo - sb, n = hi - lo;
-    adamw_step(master_.flat_range(off, n), shard_grads_.flat_range(off, n), m_.flat_range(off, n),
-               v_.flat_range(off, n), separate_master_ ? values_.flat_range(lo, n) : Tensor(), a);
-  }
+  // The shard holds dp-summed gradients: the 1/dp of the average is folded in here.
+  const StepResult r = adam_.step(shard_grads_, static_cast<double>(sq.item()),
+                                  static_cast<double>(loss_scale) * dp_.size(), lr, veto);
+  if (r.skipped) return r;
   if (cfg_.overlap_param_gather) start_param_gather();
   else all_gather_values();
   return r;
 }
 
 void ZeroOptimizer::sync_values_from_master() {
-  if (separate_master_) cast(master_, values_.flat_range(shard_begin(), shard_end() - shard_begin()));
+  adam_.sync_values_from_master();
   all_gather_values();
 }
 

@@ -12,8 +12,8 @@
 //   2. the global grad norm = sqrt(all-reduce over dp [and the model-parallel
 //      group, when given] of each shard's Σg²); non-finite → step skipped on
 //      every rank; clipping as torch.nn.utils.clip_grad_norm_;
-//   3. AdamW (tensor/adamw.h adamw_step) on each weight-decay segment
-//      intersecting the shard, writing the new master and compute-dtype copy;
+//   3. AdamW (parallel/flat_adamw.h, the one every way of holding states uses) on the
+//      shard, writing the new master and compute-dtype copy;
 //   4. the values are all-gathered in place (all_gather_v: the shards are uneven).
 //      With overlap_param_gather (--overlap-param-gather, Megatron's) step() only
 //      starts them, one all-gather per bucket (the gradient buckets' ranges), and
@@ -44,25 +44,25 @@
 #include <vector>
 
 #include "parallel/data_parallel.h"
+#include "parallel/flat_adamw.h"
 
 namespace mpitron {
 
+// ZeRO-3's knobs (DeepSpeed's names; its units are the model's blocks,
+// model/training/states_zero3.cpp).
+struct Zero3Config {
+  bool prefetch = true;               // stage3_prefetch_bucket_size > 0: gather the next block while one runs
+  int64_t persistence_threshold = 0;  // stage3_param_persistence_threshold: blocks this small stay gathered
+  int64_t max_live_parameters = 0;    // stage3_max_live_parameters: at most this many gathered block elements
+                                      // (0: no limit; below two blocks the prefetch is off, below one refused)
+};
+
 struct ZeroConfig {
   int stage = 1;                      // --zero-stage: 1 (= --use-distributed-optimizer) or 2
-  float beta1 = 0.9f;                 // --adam-beta1
-  float beta2 = 0.999f;               // --adam-beta2
-  float eps = 1e-8f;                  // --adam-eps
-  float weight_decay = 0.01f;         // --weight-decay (only parameters with FlatParam::weight_decay)
-  float clip_grad = 1.0f;             // --clip-grad: max global L2 norm; 0 disables
+  OptimizerConfig optim;              // AdamW's hyper-parameters and --clip-grad
   DDPConfig ddp;                      // bucket size, overlap (averaging is always on)
   bool overlap_param_gather = false;  // --overlap-param-gather: step() leaves the all-gathers in flight
 };
-
-struct ZeroStepResult {
-  double grad_norm = 0;  // global L2 norm of the unscaled, dp-averaged gradients, before clipping
-  bool skipped = false;  // gradients were not finite: parameters unchanged on every rank
-};
-
 
 class ZeroOptimizer {
  public:
@@ -90,7 +90,7 @@ class ZeroOptimizer {
   // overlapped), then one AdamW update with learning rate
   // lr (gradients divided by loss_scale), then all-gathers the values.
   // veto: as AdamWOptimizer::step (given the unscaled grad norm; true skips the update).
-  ZeroStepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto = {});
+  StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto = {});
 
   // ---- the parameter all-gather (overlap_param_gather) ----
   // The forward is about to read parameters [first, end) (ParamSet order): waits for
@@ -106,25 +106,20 @@ class ZeroOptimizer {
   const ShardLayout& layout() const { return layout_; }
   int64_t shard_begin() const { return layout_.begin(dp_.rank()); }
   int64_t shard_end() const { return layout_.end(dp_.rank()); }
-  const Tensor& master_shard() const { return master_; }      // (shard) f32
-  const Tensor& exp_avg_shard() const { return m_; }          // (shard) f32
-  const Tensor& exp_avg_sq_shard() const { return v_; }       // (shard) f32
-  const Tensor& grad_shard() const { return shard_grads_; }   // (shard) f32 dp-SUM, valid after step()
-  int64_t steps_taken() const { return step_; }
-  void set_steps_taken(int64_t s) { step_ = s; }
+  const Tensor& master_shard() const { return adam_.master(); }         // (shard) f32
+  const Tensor& exp_avg_shard() const { return adam_.exp_avg(); }        // (shard) f32
+  const Tensor& exp_avg_sq_shard() const { return adam_.exp_avg_sq(); }  // (shard) f32
+  const Tensor& grad_shard() const { return shard_grads_; }  // (shard) f32 dp-SUM, valid after step()
+  int64_t steps_taken() const { return adam_.steps_taken(); }
+  void set_steps_taken(int64_t s) { adam_.set_steps_taken(s); }
   // After loading master shards: round them into the values and all-gather.
   void sync_values_from_master();
   const ZeroConfig& config() const { return cfg_; }
   GradBuckets& buckets() { return *buckets_; }
 
  private:
-  struct Segment {
-    int64_t begin, end;  // flat-buffer elements
-    bool decay;
-  };
   void all_gather_values();
   void start_param_gather();
-  std::vector<int64_t> counts() const;
 
   Tensor values_, grads_;
   std::vector<FlatParam> params_;
@@ -132,11 +127,9 @@ class ZeroOptimizer {
   Communicator* norm_group_;
   ZeroConfig cfg_;
   ShardLayout layout_;
-  bool separate_master_ = false;
-  Tensor master_, m_, v_, shard_grads_;
-  std::vector<Segment> segments_;
+  FlatAdamW adam_;  // the shard's master weights and moments
+  Tensor shard_grads_;
   std::unique_ptr<GradBuckets> buckets_;
-  int64_t step_ = 0;
   bool reduced_ = false;  // a reduction ran since zero_grad() (else step() reduces the buffer itself)
   struct Gather {
     int64_t begin = 0, end = 0;  // elements of the flat value buffer (a gradient bucket's range)

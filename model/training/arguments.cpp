@@ -2,6 +2,7 @@
 #include "model/training/flag_given.h"
 
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -128,7 +129,15 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
   misc.add_options()
       ("device", po::value(&a.device)->default_value("auto"), "auto | cpu | cuda")
       ("use-distributed-optimizer", po::bool_switch(), "shard optimizer state over data-parallel ranks (ZeRO-1)")
-      ("zero-stage", po::value(&a.zero_stage)->default_value(0), "0: replicated, 1: shard optimizer state, 2: also gradients")
+      ("zero-stage", po::value(&a.zero_stage)->default_value(0),
+       "0: replicated, 1: shard optimizer state, 2: also gradients, 3: also parameters (gathered block by block)")
+      ("use-megatron-fsdp", po::bool_switch(), "Megatron-FSDP: shard over data-parallel ranks as "
+       "--data-parallel-sharding-strategy says")
+      ("data-parallel-sharding-strategy", po::value<std::string>(),
+       "with --use-megatron-fsdp: no_shard | optim | optim_grads | optim_grads_params (= --zero-stage 0..3)")
+      ("use-torch-fsdp2", po::bool_switch(), "refused: mpitron has no PyTorch FSDP2 (use --zero-stage 3)")
+      ("optimizer-cpu-offload", po::bool_switch(), "refused: CPU optimizer offload is not built")
+      ("optimizer-offload-fraction", po::value<double>(), "refused: CPU optimizer offload is not built")
       ("ddp-bucket-size", po::value(&a.ddp_bucket_size)->default_value(40000000), "gradient bucket size (elements)")
       ("overlap-grad-reduce", po::bool_switch(), "reduce gradient buckets during backward (the default; Megatron's spelling)")
       ("no-overlap-grad-reduce", po::bool_switch(), "reduce gradients after backward instead of during it")
@@ -438,7 +447,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
          {"pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1, 1 << 20, ""},
          {"context-parallel-size", a.context_parallel_size, 1, 1 << 20, ""},
          {"num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage, 1, big, ""},
-         {"zero-stage", a.zero_stage, 0, 2, ""},
+         {"zero-stage", a.zero_stage, 0, 3, ""},
          {"ddp-bucket-size", a.ddp_bucket_size, 0, huge, "0 means one bucket"},
          {"spike-window", a.spike_window, 2, big, ""},
          {"spike-max-consecutive-skips", a.spike_max_skips, 1, big, ""}});
@@ -458,14 +467,38 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   if (vm.count("use-distributed-optimizer") && vm["use-distributed-optimizer"].as<bool>()) {
     if (a.zero_stage == 0) a.zero_stage = 1;
   }
-  need(a.zero_stage >= 0 && a.zero_stage <= 2, str("--zero-stage must be 0, 1 or 2, got ", a.zero_stage));
+  need(!vm["use-torch-fsdp2"].as<bool>(), "--use-torch-fsdp2: mpitron has no PyTorch FSDP2",
+       "use --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params, or --zero-stage 3 (the same "
+       "sharding of parameters, gradients and optimizer state)");
+  need(!vm["optimizer-cpu-offload"].as<bool>() && !vm.count("optimizer-offload-fraction"),
+       "--optimizer-cpu-offload / --optimizer-offload-fraction: CPU optimizer offload is not built in mpitron",
+       "drop them; --zero-stage 3 shards the optimizer state (and parameters and gradients) over the data-parallel "
+       "ranks instead");
+  if (vm.count("data-parallel-sharding-strategy")) {
+    const std::string st = vm["data-parallel-sharding-strategy"].as<std::string>();
+    const std::vector<std::string> names = {"no_shard", "optim", "optim_grads", "optim_grads_params"};
+    const auto it = std::find(names.begin(), names.end(), st);
+    need(it != names.end(), str("--data-parallel-sharding-strategy ", st, " is not one of no_shard, optim, optim_grads, "
+                                "optim_grads_params"), "");
+    need(vm["use-megatron-fsdp"].as<bool>(), str("--data-parallel-sharding-strategy ", st, " needs --use-megatron-fsdp"),
+         "add --use-megatron-fsdp (or use --zero-stage 0..3)");
+    const int64_t stage = it - names.begin();
+    need(!flag_given(vm, "zero-stage") || a.zero_stage == stage,
+         str("--data-parallel-sharding-strategy ", st, " is ZeRO stage ", stage, " but --zero-stage ", a.zero_stage,
+             " was given"), "drop one of them");
+    need(!vm["use-distributed-optimizer"].as<bool>() || stage >= 1,
+         "--use-distributed-optimizer shards the optimizer state but --data-parallel-sharding-strategy no_shard does not",
+         "drop one of them");
+    a.zero_stage = stage;
+  }  // --use-megatron-fsdp alone: Megatron's default strategy, no_shard (the stage given, or 0)
+  need(a.zero_stage >= 0 && a.zero_stage <= 3, str("--zero-stage must be 0, 1, 2 or 3, got ", a.zero_stage));
   const bool overlap_on = vm.count("overlap-grad-reduce") && vm["overlap-grad-reduce"].as<bool>();
   const bool overlap_off = vm.count("no-overlap-grad-reduce") && vm["no-overlap-grad-reduce"].as<bool>();
   need(!(overlap_on && overlap_off), "--overlap-grad-reduce and --no-overlap-grad-reduce were both given", "pick one");
   if (overlap_off) a.overlap_grad_reduce = false;
   need(!a.overlap_param_gather || a.zero_stage > 0,
        "--overlap-param-gather overlaps the distributed optimizer's parameter all-gather, but there is none",
-       "add --use-distributed-optimizer (or --zero-stage 1|2), or drop --overlap-param-gather");
+       "add --use-distributed-optimizer (or --zero-stage 1|2|3), or drop --overlap-param-gather");
   need(a.ddp_bucket_size >= 0, str("--ddp-bucket-size must be >= 0, got ", a.ddp_bucket_size));
 
   GPTConfig& m = a.model;
@@ -564,9 +597,12 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
        str("add --num-layers-per-virtual-pipeline-stage ", std::max<int64_t>(1, m.num_layers / (2 * pp))));
   need(a.profile_pipeline.empty() || pp > 1, "--profile-pipeline needs --pipeline-model-parallel-size > 1",
        "it measures the pipeline schedule's actions");
-  need(a.zero_stage < 2 || pp == 1, "--zero-stage 2 reduce-scatters gradients per micro-batch, which pipeline "
+  need(a.zero_stage != 2 || pp == 1, "--zero-stage 2 reduce-scatters gradients per micro-batch, which pipeline "
                                     "schedules interleave: it is not available with --pipeline-model-parallel-size > 1",
        "use --zero-stage 1 (--use-distributed-optimizer) with pipeline parallelism");
+  need(a.zero_stage < 3 || pp == 1, "--zero-stage 3 gathers each block before its forward and backward and reduces "
+                                    "its gradients every micro-batch; that is not built for pipeline schedules",
+       "use --zero-stage 1 with --pipeline-model-parallel-size > 1, or --zero-stage 3 with tensor and data parallelism");
   need(a.lr_decay_style == "constant" || a.lr_decay_style == "linear" || a.lr_decay_style == "cosine",
        str("--lr-decay-style ", a.lr_decay_style, " is not supported"), "use constant, linear or cosine");
   need(a.device == "auto" || a.device == "cpu" || a.device == "cuda", str("--device ", a.device, " unknown"),

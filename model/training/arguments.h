@@ -10,6 +10,7 @@
 
 #include "model/config.h"
 #include "model/training/optimizer.h"
+#include "parallel/zero.h"
 #include "model/training/lr_schedule.h"
 
 namespace mpitron {
@@ -103,7 +104,8 @@ struct TrainArgs {
   }
 
   // data parallelism (dp = MPI ranks / (tp · pp))
-  int64_t zero_stage = 0;                  // --zero-stage 1|2 (--use-distributed-optimizer = 1)
+  int64_t zero_stage = 0;                  // --zero-stage 1|2|3 (--use-distributed-optimizer = 1)
+  Zero3Config zero3;                       // ZeRO-3's prefetch and persistence (DeepSpeed's stage3_* keys)
   int64_t ddp_bucket_size = 40000000;      // --ddp-bucket-size: elements per gradient bucket
   bool overlap_grad_reduce = true;         // --no-overlap-grad-reduce turns it off
   bool overlap_param_gather = false;       // --overlap-param-gather: ZeRO's all-gather overlaps the next forward

@@ -78,7 +78,7 @@ DeepSpeedConfig read_deepspeed_config(const std::string& path) {
   if (!root.is_object()) bad(path, "the top level must be a JSON object");
   DeepSpeedConfig c;
   c.file = path;
-  std::vector<std::string> unsupported;
+  std::vector<std::string> unsupported, offload;
   const int64_t big = int64_t{1} << 40;
   for (const auto& [key, v] : root.items()) {
     if (key == "train_micro_batch_size_per_gpu") c.micro_batch = get_int(path, v, key, 1, big);
@@ -91,10 +91,12 @@ DeepSpeedConfig read_deepspeed_config(const std::string& path) {
         const std::string name = "zero_optimization." + zk;
         if (zk == "stage") {
           c.zero_stage = get_int(path, zv, name, 0, 3);
-          if (*c.zero_stage == 3)
-            bad(path, "zero_optimization.stage 3 (sharded parameters) is not supported",
-                "use stage 1 or 2 (sharded optimizer state, and gradients)");
         } else if (zk == "overlap_comm") c.overlap_comm = get_bool(path, zv, name);
+        else if (zk == "stage3_prefetch_bucket_size") c.prefetch_bucket_size = get_int(path, zv, name, 0, big);
+        else if (zk == "stage3_param_persistence_threshold") c.persistence_threshold = get_int(path, zv, name, 0, big);
+        else if (zk == "stage3_max_live_parameters") c.max_live_parameters = get_int(path, zv, name, 1, big);
+        else if (zk == "offload_optimizer" || zk == "offload_param")
+          offload.push_back(name);
         else if (zk == "reduce_bucket_size") c.reduce_bucket_size = get_int(path, zv, name, 1, big);
         else if (auto it = zero_tuning().find(zk); it != zero_tuning().end())
           c.notes.push_back(str("DeepSpeed ", name, ": ", it->second));
@@ -124,12 +126,19 @@ DeepSpeedConfig read_deepspeed_config(const std::string& path) {
       unsupported.push_back(key);
     }
   }
+  if (!offload.empty()) {
+    std::string list;
+    for (const auto& k : offload) list += (list.empty() ? "" : " and ") + k;
+    bad(path, str(list, ": offloading to CPU or NVMe is not built in mpitron"),
+        "remove the key: ZeRO-3 (zero_optimization.stage 3) shards parameters, gradients and optimizer state "
+        "over the data-parallel ranks instead");
+  }
   if (!unsupported.empty()) {
     std::string list;
     for (const auto& k : unsupported) list += (list.empty() ? "" : ", ") + k;
     bad(path, str("mpitron cannot honour these keys: ", list),
         "remove them (docs/megatron-compat.md lists the keys mpitron reads: batch sizes, gradient_clipping, "
-        "zero_optimization.stage 0-2, fp16, bf16)");
+        "zero_optimization.stage 0-3 and its stage3_* keys, fp16, bf16)");
   }
   if (c.fp16.value_or(false) && c.bf16.value_or(false)) bad(path, "fp16.enabled and bf16.enabled are both true");
   return c;
@@ -169,6 +178,18 @@ void apply_deepspeed_config(const DeepSpeedConfig& ds, const boost::program_opti
     a.overlap_grad_reduce = *ds.overlap_comm;
   }
   take(ds, vm, ds.reduce_bucket_size, "zero_optimization.reduce_bucket_size", "ddp-bucket-size", a.ddp_bucket_size);
+  const bool stage3 = ds.zero_stage && *ds.zero_stage == 3;
+  for (const char* k : {"stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters"}) {
+    const bool given = std::string(k) == "stage3_prefetch_bucket_size" ? ds.prefetch_bucket_size.has_value()
+                       : std::string(k) == "stage3_max_live_parameters" ? ds.max_live_parameters.has_value()
+                                                                         : ds.persistence_threshold.has_value();
+    if (given && !stage3)
+      MPT_THROW(str("--deepspeed_config ", ds.file, " sets zero_optimization.", k, " but not stage 3"),
+                "set zero_optimization.stage to 3, or remove the key");
+  }
+  if (ds.prefetch_bucket_size) a.zero3.prefetch = *ds.prefetch_bucket_size > 0;
+  if (ds.persistence_threshold) a.zero3.persistence_threshold = *ds.persistence_threshold;
+  if (ds.max_live_parameters) a.zero3.max_live_parameters = *ds.max_live_parameters;
   if (ds.fp16) {
     if (*ds.fp16 && a.bf16 && !ds.bf16)
       MPT_THROW(str("--deepspeed_config ", ds.file, " enables fp16 but the command line gives --bf16"),

@@ -5,8 +5,10 @@
 //   train_batch_size                → --global-batch-size
 //   gradient_accumulation_steps     → checked: global = micro × accumulation × dp
 //   gradient_clipping               → --clip-grad
-//   zero_optimization.stage 0–2     → --zero-stage (also overlap_comm → --[no-]overlap-grad-reduce,
-//                                     reduce_bucket_size → --ddp-bucket-size)
+//   zero_optimization.stage 0–3     → --zero-stage (also overlap_comm → --[no-]overlap-grad-reduce,
+//                                     reduce_bucket_size → --ddp-bucket-size; stage 3's
+//                                     stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
+//                                     stage3_max_live_parameters → Zero3Config; offload_* refused by name)
 //   fp16.enabled, loss_scale (0: dynamic), initial_scale_power, loss_scale_window,
 //   hysteresis, min_loss_scale      → --fp16, --loss-scale, --initial-loss-scale 2^p, …
 //   bf16.enabled                    → --bf16
@@ -29,6 +31,9 @@ struct DeepSpeedConfig {
   std::optional<int64_t> zero_stage;
   std::optional<bool> overlap_comm;
   std::optional<int64_t> reduce_bucket_size;
+  // stage 3: prefetch (> 0: the next block is gathered ahead), blocks this small kept
+  // whole, the most parameters gathered at once (at least one block)
+  std::optional<int64_t> prefetch_bucket_size, persistence_threshold, max_live_parameters;
   std::optional<bool> fp16, bf16;
   std::optional<double> loss_scale;           // 0: dynamic
   std::optional<int64_t> initial_scale_power;  // initial dynamic scale 2^p

@@ -1,5 +1,6 @@
-// model/training/optimizer.h — AdamW over the flat parameter buffer, with f32 master
-// weights, global-norm clipping and overflow detection.
+// model/training/optimizer.h — AdamW over the whole flat parameter buffer (one
+// process, or replicated over data parallelism): parallel/flat_adamw.h over [0, N),
+// with the grad norm summed over the model-parallel group; and fp16's loss scaler.
 //
 // With f32 compute the master weights ARE the parameter values; with bf16/f16
 // compute a separate f32 master copy is updated and rounded into the values.
@@ -10,24 +11,14 @@
 #include <vector>
 
 #include "model/params.h"
-#include "tensor/adamw.h"
+#include "parallel/flat_adamw.h"
 
 namespace mpitron {
 
-struct OptimizerConfig {
-  float beta1 = 0.9f;          // --adam-beta1
-  float beta2 = 0.999f;        // --adam-beta2
-  float eps = 1e-8f;           // --adam-eps
-  float weight_decay = 0.01f;  // --weight-decay (not applied to biases and layernorm parameters)
-  float clip_grad = 1.0f;      // --clip-grad: max global L2 norm; 0 disables clipping
-};
-
-struct StepResult {
-  double grad_norm = 0;  // global L2 norm of the unscaled gradients, before clipping
-  bool skipped = false;  // gradients were not finite: parameters unchanged
-};
-
 class Communicator;
+
+// Every parameter's slice of the flat buffers (parallel/data_parallel.h's view of a ParamSet).
+std::vector<FlatParam> flat_params(const ParamSet& params);
 
 class AdamWOptimizer {
  public:
@@ -43,27 +34,19 @@ class AdamWOptimizer {
   // same on every rank).
   StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto = {});
 
-  int64_t steps_taken() const { return step_; }
-  void set_steps_taken(int64_t s) { step_ = s; }
-  const Tensor& master() const { return master_; }  // (numel) f32
-  const Tensor& exp_avg() const { return m_; }      // (numel) f32
-  const Tensor& exp_avg_sq() const { return v_; }   // (numel) f32
+  int64_t steps_taken() const { return adam_.steps_taken(); }
+  void set_steps_taken(int64_t s) { adam_.set_steps_taken(s); }
+  const Tensor& master() const { return adam_.master(); }  // (numel) f32
+  const Tensor& exp_avg() const { return adam_.exp_avg(); }      // (numel) f32
+  const Tensor& exp_avg_sq() const { return adam_.exp_avg_sq(); }  // (numel) f32
   // After loading master weights: round them into the compute-dtype values.
-  void sync_values_from_master();
-  const OptimizerConfig& config() const { return cfg_; }
+  void sync_values_from_master() { adam_.sync_values_from_master(); }
+  const OptimizerConfig& config() const { return adam_.config(); }
 
  private:
-  struct Segment {
-    int64_t begin, end;
-    bool decay;
-  };
   ParamSet& params_;
-  OptimizerConfig cfg_;
   Communicator* norm_group_ = nullptr;
-  Tensor master_, m_, v_;
-  bool separate_master_;
-  std::vector<Segment> segments_;
-  int64_t step_ = 0;
+  FlatAdamW adam_;  // the state of the whole buffer [0, numel)
 };
 
 // Megatron's dynamic loss scaler for --fp16 (DynamicGradScaler), or a constant.

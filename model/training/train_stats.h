@@ -18,9 +18,11 @@ namespace mpitron {
 double params_l2_norm(const ParamSet& ps, Communicator* mp);
 
 // Zero elements among the reduced gradients of canonical parameters in
-// [begin, end) of the flat buffer (the whole buffer, or this rank's ZeRO shard,
-// whose slice holds the reduced sums), summed over `mp` and, when the gradients
-// are sharded, over the data-parallel group `dp_comm` (MPI_COMM_NULL otherwise).
-int64_t count_zero_grads(const ParamSet& ps, int64_t begin, int64_t end, Communicator* mp, MPI_Comm dp_comm);
+// [begin, end) of the flat buffer; grads: (end - begin) f32, those gradients (the
+// whole buffer, or this rank's ZeRO shard holding the reduced sums), summed over `mp`
+// and, when the gradients are sharded, over the data-parallel group `dp_comm`
+// (MPI_COMM_NULL otherwise).
+int64_t count_zero_grads(const ParamSet& ps, const Tensor& grads, int64_t begin, int64_t end, Communicator* mp,
+                         MPI_Comm dp_comm);
 
 }  // namespace mpitron

@@ -25,6 +25,7 @@
 #include "model/training/train_stats.h"
 #include "model/gpt.h"
 #include "model/memory.h"
+#include "model/training/model_states.h"
 #include "model/training/optimizer.h"
 #include "model/training/lr_schedule.h"
 #include "model/training/step_guard.h"
@@ -32,7 +33,6 @@
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_exec.h"
 #include "parallel/schedule_check.h"
-#include "parallel/zero.h"
 
 namespace mpitron {
 
@@ -103,9 +103,7 @@ struct Trainer::Impl {
   std::unique_ptr<TrainModel> task;  // the GPT or BERT being trained
   GPT* model = nullptr;              // its core: parameters, chunks, blocks
   ParallelContext par;
-  std::unique_ptr<AdamWOptimizer> opt;       // replicated optimizer (no ZeRO)
-  std::unique_ptr<GradBuckets> buckets;      // dp > 1 without ZeRO: all-reduce buckets
-  std::unique_ptr<ZeroOptimizer> zero;       // --use-distributed-optimizer / --zero-stage
+  std::unique_ptr<ModelStates> states;       // replicated or ZeRO-1/2/3 (model/training/model_states.h)
   LossScaler scaler;
   std::unique_ptr<LRSchedule> lr;
   std::unique_ptr<BatchRampup> rampup;
@@ -179,11 +177,12 @@ struct Trainer::Impl {
     OptimState loaded;
     SaveInfo li;
     const auto [sb, se] = state_range();
+    states->whole();  // the load writes every value
     const bool found = load_checkpoint(args.save, *model, loaded, sb, se, scaler, st, lo, &li, world_comm());
     MPT_CHECK(found, str("--spike-rerun: a spike at iteration ", keep.iteration, " but no checkpoint in --save ",
                          args.save, " to go back to"),
               "give --save-interval so a checkpoint exists before spikes can happen");
-    install_state(loaded, true);
+    states->install(loaded, true);
     log_warn("--spike-rerun: back to checkpoint ", li.dir, " (iteration ", st.iteration, "); the data goes on at sample ",
              keep.consumed_train_samples);
     st.consumed_train_samples = keep.consumed_train_samples;
@@ -263,48 +262,9 @@ struct Trainer::Impl {
     return consumed + (k * par.dp_size + par.dp_rank) * args.micro_batch_size;
   }
 
-  std::vector<FlatParam> flat_params() const {
-    std::vector<FlatParam> v;
-    for (const ParamInfo& p : model->params().infos()) v.push_back({p.offset, p.numel(), p.weight_decay, p.canonical});
-    return v;
-  }
-
-  // The optimizer state this rank holds (ZeRO: its shard).
-  OptimState local_state() const {
-    if (!zero) return {opt->master(), opt->exp_avg(), opt->exp_avg_sq(), 0, opt->steps_taken()};
-    return {zero->master_shard(), zero->exp_avg_shard(), zero->exp_avg_sq_shard(), zero->shard_begin(),
-            zero->steps_taken()};
-  }
-  // The slice [begin, end) of the flat buffer whose optimizer state this rank holds.
-  std::pair<int64_t, int64_t> state_range() const {
-    if (!zero) return {0, model->params().numel()};
-    return {zero->shard_begin(), zero->shard_end()};
-  }
-
-  // After load_checkpoint (which set the model's values): install this rank's optimizer slice.
-  void install_state(const OptimState& s, bool with_optim) {
-    if (!zero) {
-      opt->master().copy_from(s.master.to(opt->master().device()));
-      if (with_optim) {
-        opt->exp_avg().copy_from(s.exp_avg.to(opt->exp_avg().device()));
-        opt->exp_avg_sq().copy_from(s.exp_avg_sq.to(opt->exp_avg_sq().device()));
-        opt->set_steps_taken(s.steps);
-      }
-      opt->sync_values_from_master();
-      return;
-    }
-    const int64_t n = zero->shard_end() - zero->shard_begin();
-    auto take = [&](const Tensor& from, const Tensor& shard) {
-      if (n > 0) shard.copy_from(from.to(shard.device()));
-    };
-    take(s.master, zero->master_shard());
-    if (with_optim) {
-      take(s.exp_avg, zero->exp_avg_shard());
-      take(s.exp_avg_sq, zero->exp_avg_sq_shard());
-      zero->set_steps_taken(s.steps);
-    }
-    zero->sync_values_from_master();
-  }
+  // The optimizer state this rank holds (ZeRO: its shard), and its slice [begin, end) of the flat buffer.
+  OptimState local_state() const { return states->local_state(); }
+  std::pair<int64_t, int64_t> state_range() const { return states->state_range(); }
 
   // The micro-batch that starts at sample `first` of `split`.
   MicroBatch micro_batch(int split, int64_t first) const {
@@ -344,7 +304,6 @@ struct Trainer::Impl {
   // The mean loss over `iters` global batches of `split`: the trained loss, then its
   // parts (BERT: lm, sop).
   std::vector<double> evaluate(int split, int64_t iters, int64_t* consumed) {
-    if (zero) zero->finish_param_gather();  // (--overlap-param-gather) the values, whole
     Tape tape;
     NoGradGuard guard(tape);
     double sum = 0;
@@ -359,6 +318,7 @@ struct Trainer::Impl {
         } else {
           ForwardOptions o;
           o.train = false;
+          states->add_forward_hooks(o);  // (--overlap-param-gather, ZeRO-3) parameters as they are read
           sum += task->chunk_forward(tape, 0, mb, Var(), o).value().item();
         }
         ++count;
@@ -438,19 +398,9 @@ struct Trainer::Impl {
       o.recompute = m.args.recompute_activations;
       o.recompute_num_layers = m.args.recompute_num_layers;
       o.dropout_seed = m.dropout_seed(m.st.iteration, mb * m.par.dp_size + m.par.dp_rank);
-      if (m.zero) o.params_needed = m.zero->params_hook();  // --overlap-param-gather
       // The chunk's last backward makes its blocks' gradients final: the data-parallel
       // buckets start reducing them while the schedule goes on.
-      if (last_backward.at(chunk) == mb) {
-        if (m.zero)
-          o.grads_ready = [&z = *m.zero](size_t first, size_t end) {
-            for (size_t i = first; i < end; ++i) z.mark_ready(i);
-          };
-        else if (m.buckets)
-          o.grads_ready = [&b = *m.buckets](size_t first, size_t end) {
-            for (size_t i = first; i < end; ++i) b.mark_ready(i);
-          };
-      }
+      m.states->add_hooks(o, last_backward.at(chunk) == mb);
       l.output = m.task->chunk_forward(*l.tape, chunk, batch(mb), l.input, o);
       if (!ch.last_stage) return l.output.value();
       loss_sum += l.output.value().item();
@@ -528,8 +478,7 @@ struct Trainer::Impl {
     const parallel::Op final_op = parallel::has_weight_actions(sched) ? parallel::Op::Weight : parallel::Op::Backward;
     for (const parallel::Action& a : sched.ranks[static_cast<size_t>(par.pp_rank)])
       if (a.op == final_op) runner.last_backward[a.chunk] = a.mb;
-    if (zero) zero->begin_micro_batch(true);
-    else if (buckets) buckets->begin_backward(true);
+    states->begin_backward(true);
     // --profile-pipeline: every step but the first (allocator and caches warming up).
     parallel::PipelineProfile* prof = profile && st.iteration > 0 ? profile.get() : nullptr;
     if (prof && prof->sync) prof->sync();
@@ -540,8 +489,7 @@ struct Trainer::Impl {
       schedule_ms.push_back(schedule_timer.seconds() * 1e3);
     }
     reduce_embedding_grads();
-    if (zero) zero->on_backward_done();
-    else if (buckets) buckets->on_backward_done();
+    states->end_backward();
     return runner.loss_sum;
   }
 
@@ -569,6 +517,7 @@ struct Trainer::Impl {
       }
       ForwardOptions o;
       o.train = false;
+      states->add_forward_hooks(o);
       Var out = task->chunk_forward(tape, sched.chunk_of_stage(s), mb, input, o);
       if (s == stages - 1) loss = out.value().item();
       else if (sched.rank_of_stage(s + 1) == me) carried = out;
@@ -593,18 +542,17 @@ struct Trainer::Impl {
 
   // final: the save at exit, waited for also with --async-save.
   SaveInfo save(bool final = false) {
-    if (zero) zero->finish_param_gather();
-    check_state_finite();
+    check_state_finite();  // a save reads only this rank's optimizer state
     if (async) {
       SaveInfo s;
       s.dir = async->start(args.save, *model, local_state(), scaler, st, args.flags_json, lr_json(),
-                           static_cast<int>(args.keep_last), zero || writes_replicas());
+                           static_cast<int>(args.keep_last), states->sharded() || writes_replicas());
       if (final) async->wait();
       return s;
     }
     // Every rank writes its own hyperslabs; data-parallel replicas (no ZeRO) write nothing twice.
     const SaveInfo s = save_checkpoint(args.save, *model, local_state(), scaler, st, args.flags_json, lr_json(),
-                                       static_cast<int>(args.keep_last), world_comm(), zero || writes_replicas());
+                                       static_cast<int>(args.keep_last), world_comm(), states->sharded() || writes_replicas());
     log_info("saved checkpoint at iteration ", st.iteration, " to ", s.dir, " (", sci(s.bytes / 1e9, 3), " GB in ",
              sci(s.seconds, 3), " s, ", sci(s.bytes / 1e9 / std::max(s.seconds, 1e-9), 3), " GB/s)");
     return s;
@@ -667,31 +615,14 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   m.task = std::make_unique<TrainModel>(a.model, m.device, mp);
   m.model = &m.task->core();
   m.model->init_weights(a.seed);
-  // One data-parallel rank has nothing to shard: the distributed optimizer is then
-  // the plain one (Megatron accepts --use-distributed-optimizer at dp = 1 too).
-  if (a.zero_stage > 0 && m.grad_ranks() > 1) {
-    ZeroConfig zc;
-    zc.stage = static_cast<int>(a.zero_stage);
-    zc.beta1 = a.optim.beta1;
-    zc.beta2 = a.optim.beta2;
-    zc.eps = a.optim.eps;
-    zc.weight_decay = a.optim.weight_decay;
-    zc.clip_grad = a.optim.clip_grad;
-    zc.ddp.bucket_size = a.ddp_bucket_size;
-    zc.ddp.overlap_grad_reduce = a.overlap_grad_reduce;
-    zc.overlap_param_gather = a.overlap_param_gather;
-    MPT_CHECK(m.grad_comm(), "--use-distributed-optimizer / --zero-stage need the data-parallel runtime (pretrain_gpt sets it up)", "");
-    m.zero = std::make_unique<ZeroOptimizer>(m.model->params().values(), m.model->params().grads(), m.flat_params(),
-                                             *m.grad_comm(), zc, par.mp);
-  } else {
-    m.opt = std::make_unique<AdamWOptimizer>(m.model->params(), a.optim, par.mp);
-    if (m.grad_ranks() > 1) {
-      DDPConfig dc;
-      dc.bucket_size = a.ddp_bucket_size;
-      dc.overlap_grad_reduce = a.overlap_grad_reduce;
-      m.buckets = std::make_unique<GradBuckets>(m.model->params().grads(), m.flat_params(), *m.grad_comm(), dc);
-    }
-  }
+  StatesConfig sc;
+  sc.stage = static_cast<int>(a.zero_stage);
+  sc.optim = a.optim;
+  sc.ddp.bucket_size = a.ddp_bucket_size;
+  sc.ddp.overlap_grad_reduce = a.overlap_grad_reduce;
+  sc.overlap_param_gather = a.overlap_param_gather;
+  sc.zero3 = a.zero3;
+  m.states = make_model_states(sc, *m.model, m.grad_comm(), par.mp);
   if (a.fp16) m.scaler = LossScaler(a.scaler);
   m.guard = std::make_unique<StepGuard>(a.spike_zscore, a.spike_window);
   m.total_iters = a.uses_samples() ? (a.train_samples + a.global_batch_size - 1) / a.global_batch_size : a.train_iters;
@@ -758,7 +689,7 @@ TrainSummary Trainer::run() {
   shard.sequence_parallel = a.sequence_parallel;
   shard.layers_per_chunk = m.model->chunk(0).end_layer - m.model->chunk(0).first_layer;
   shard.num_chunks = m.model->num_chunks();
-  shard.mpi_zero_staging = m.zero && m.grad_comm() && std::string(m.grad_comm()->backend()) == "mpi";
+  shard.mpi_zero_staging = m.states->sharded() && m.grad_comm() && std::string(m.grad_comm()->backend()) == "mpi";
   shard.recompute_layers = a.recompute_num_layers;
   shard.first_stage = m.model->chunk(0).first_stage;
   shard.last_stage = m.model->chunk(m.model->num_chunks() - 1).last_stage;
@@ -770,8 +701,15 @@ TrainSummary Trainer::run() {
         shard.compute_order.push_back(
             {act.chunk, act.op == parallel::Op::Forward ? 'F' : act.op == parallel::Op::Backward ? 'B' : 'W'});
   }
-  MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.grad_ranks(), static_cast<int>(a.zero_stage),
-                                       a.recompute_activations, shard);
+  const int stage = m.grad_ranks() > 1 ? static_cast<int>(a.zero_stage) : 0;  // one rank: replicated
+  if (stage == 3) {
+    const Zero3Footprint f = zero3_footprint(m.model->params(), a.zero3);
+    shard.zero3_block = f.largest_block;
+    shard.zero3_persistent = f.persistent;
+    shard.zero3_live = f.live_blocks;
+  }
+  MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.grad_ranks(), stage, a.recompute_activations, shard);
+  log_info("model states: ", m.states->describe());
   if (m.device.is_cuda()) est.device_workspace = int64_t{32} << 20;  // cuBLASLt's, tensor/cuda/common.cu
   log_info("memory per rank (estimate): ", est.to_string());
   check_estimate_fits(est, device_memory_bytes(m.device), m.device.name());
@@ -786,8 +724,9 @@ TrainSummary Trainer::run() {
     SaveInfo li;
     OptimState loaded;
     const auto [sb, se] = m.state_range();
+    m.states->whole();  // the load writes every value
     const bool found = load_checkpoint(a.load, *m.model, loaded, sb, se, m.scaler, m.st, lo, &li, m.world_comm());
-    if (found) m.install_state(loaded, lo.load_optim && !lo.finetune);
+    if (found) m.states->install(loaded, lo.load_optim && !lo.finetune);
     if (found && !a.finetune) {  // a resume continues the lineage it loaded (the one keep_last may prune)
       const std::string loaded_run = io::CheckpointReader::run_of(a.load, m.st.iteration);
       if (!loaded_run.empty()) m.st.run_id = loaded_run;
@@ -852,8 +791,7 @@ TrainSummary Trainer::run() {
       if (a.log_timers_to_tensorboard) device_synchronize();
     };
     Timer phase;
-    if (m.zero) m.zero->zero_grad();
-    else m.model->params().zero_grad();
+    m.states->zero_grad();
     double loss_sum = 0;
     m.task->parts().v.clear();
     if (m.pipelined()) {
@@ -868,24 +806,12 @@ TrainSummary Trainer::run() {
       o.recompute_num_layers = a.recompute_num_layers;
       // Each dp rank's masks differ (different samples), as Megatron's per-rank seeds.
       o.dropout_seed = m.dropout_seed(m.st.iteration, k * m.par.dp_size + m.par.dp_rank);
-      if (m.zero) {
-        m.zero->begin_micro_batch(last);
-        o.params_needed = m.zero->params_hook();  // --overlap-param-gather
-        o.grads_ready = [&m](size_t first, size_t end) {
-          for (size_t i = first; i < end; ++i) m.zero->mark_ready(i);
-        };
-      } else if (m.buckets) {
-        m.buckets->begin_backward(last);  // earlier micro-batches only accumulate (no_sync)
-        if (last)
-          o.grads_ready = [&m](size_t first, size_t end) {
-            for (size_t i = first; i < end; ++i) m.buckets->mark_ready(i);
-          };
-      }
+      m.states->begin_backward(last);
+      m.states->add_hooks(o, true);
       Var loss = m.task->chunk_forward(tape, 0, mb, Var(), o);
       loss_sum += loss.value().item();
       tape.backward(loss, scale / static_cast<float>(n_micro));
-      if (m.zero) m.zero->on_backward_done();
-      else if (m.buckets && last) m.buckets->on_backward_done();
+      m.states->end_backward();
     }
     // BERT's two losses, averaged like the loss (GPT's one part is the loss itself).
     const std::vector<double> step_parts =
@@ -902,18 +828,10 @@ TrainSummary Trainer::run() {
       if (verdict.nonfinite()) return a.check_for_nan || a.fp16;
       return verdict.spike();
     };
-    StepResult r;
     phase_mark();
     interval_fwd_bwd_s += phase.seconds();
     phase.reset();
-    if (m.zero) {
-      const ZeroStepResult zr = m.zero->step(lr, scale, veto);
-      r.grad_norm = zr.grad_norm;
-      r.skipped = zr.skipped;
-    } else {
-      if (m.buckets) m.buckets->wait_all();
-      r = m.opt->step(lr, scale, veto);
-    }
+    const StepResult r = m.states->step(lr, scale, veto);
     MPT_CHECK(judged, "the optimizer step did not judge the loss and grad norm", "this is a bug in the optimizer");
     phase_mark();
     interval_optim_s += phase.seconds();
@@ -1032,6 +950,7 @@ TrainSummary Trainer::run() {
       double params_norm = NAN;
       int64_t zeros = -1;
       if (a.log_params_norm) {
+        m.states->whole();
         params_norm = params_l2_norm(m.model->params(), m.par.mp);
         char buf[64];
         std::snprintf(buf, sizeof buf, " params norm: %.3f |", params_norm);
@@ -1039,7 +958,8 @@ TrainSummary Trainer::run() {
       }
       if (a.log_num_zeros_in_grad) {
         const auto [zb, ze] = m.state_range();
-        zeros = count_zero_grads(m.model->params(), zb, ze, m.par.mp, m.zero ? m.grad_mpi_comm() : MPI_COMM_NULL);
+        zeros = count_zero_grads(m.model->params(), m.states->grad_slice(), zb, ze, m.par.mp,
+                                 m.states->sharded() ? m.grad_mpi_comm() : MPI_COMM_NULL);
         extra += str(" number of zeros in grad: ", zeros, " |");
       }
       log_info(line, extra);
@@ -1128,7 +1048,7 @@ TrainSummary Trainer::run() {
     sum.valid_loss = vl;
     sum.valid_ppl = std::exp(std::min(vl, 20.0));
   }
-  if (m.zero) m.zero->finish_param_gather();  // the model's values are whole when run() returns
+  m.states->whole();  // the model's values are whole when run() returns
   sum.iterations = m.st.iteration;
   return sum;
 }

@@ -104,11 +104,7 @@ void run_case(const Case& cs) {
   auto dp = make_communicator(MPI_COMM_WORLD, cs.device, co);
   ZeroConfig zc;
   zc.stage = cs.stage;
-  zc.beta1 = oc.beta1;
-  zc.beta2 = oc.beta2;
-  zc.eps = oc.eps;
-  zc.weight_decay = oc.weight_decay;
-  zc.clip_grad = oc.clip_grad;
+  zc.optim = oc;
   zc.ddp.bucket_size = cs.bucket_size;
   zc.overlap_param_gather = cs.overlap_gather;
   ZeroOptimizer zopt(mine.values(), mine.grads(), flat(mine), *dp, zc);
@@ -139,7 +135,7 @@ void run_case(const Case& cs) {
         zopt.on_backward_done();
       }
     }
-    const ZeroStepResult got = zopt.step(lrs[s], loss_scale);
+    const StepResult got = zopt.step(lrs[s], loss_scale);
     INFO("stage ", cs.stage, " dtype ", dtype_name(cs.dtype), " hooks ", cs.hooks, " bucket ", cs.bucket_size,
          " overlap ", cs.overlap_gather, " step ", s, " rank ", r, " np ", n);
     if (cs.overlap_gather) {
@@ -223,7 +219,7 @@ TEST_CASE("zero: a non-finite gradient on one rank skips the step on every rank"
   std::vector<float> g(static_cast<size_t>(N), 0.25f);
   if (r == n - 1) g[3] = std::numeric_limits<float>::infinity();  // owned by rank 0
   p.grads().copy_from(Tensor::from_vector(g, {N}));
-  const ZeroStepResult res = z.step(1e-2f, 1.0f);
+  const StepResult res = z.step(1e-2f, 1.0f);
   CHECK(res.skipped);
   CHECK(p.values().to_floats() == init_values(N));
   CHECK(z.steps_taken() == 0);

@@ -1,0 +1,344 @@
+// ZeRO-3 model states (--zero-stage 3, DeepSpeed's stage 3, Megatron-FSDP's
+// optim_grads_params): parameters, gradients and optimizer state sharded over the
+// data-parallel group.
+//
+// The flat buffer [0, N) is sharded as ZeRO-1/2 shard it (ShardLayout: rank r owns
+// [r·S, (r+1)·S), S = ceil(N / dp)), so checkpoints are the same hyperslabs and load
+// under every other layout. A rank holds, persistently:
+//   values shard (S) compute dtype, master / m / v (S) f32 (parallel/flat_adamw.h),
+//   gradient shard (S) f32 (the dp sums of the step so far).
+// The ParamSet's flat buffers are released. Units:
+//   - a block (its parameters are contiguous in the flat buffer): all-gathered from
+//     the shards before its forward and again before its backward (or recompute),
+//     the next block's gather started while one runs (prefetch); released when the
+//     forward moves on and after its backward. Its gradients live in a unit buffer
+//     (f32) from before its backward until they are reduce-scattered into the
+//     owners' gradient shards (every micro-batch, as ZeRO-2), then freed;
+//   - the parameters outside blocks (embeddings, final norm, heads) and blocks of at
+//     most stage3_param_persistence_threshold elements: persistent (whole values and
+//     gradients; the gradients reduce-scattered at the end of each backward, the
+//     values all-gathered after each update).
+// Outside steps whole() gathers the whole model into the ParamSet (evaluation,
+// checkpoints, statistics), released again at the next zero_grad().
+// Not built: pipeline parallelism (refused by name in model/training/arguments.cpp),
+// sharding the persistent units, initialising without the whole model (the model is
+// built and initialised whole, then sharded).
+#include <algorithm>
+#include <cstdio>
+
+#include "model/training/model_states.h"
+#include "model/training/optimizer.h"
+#include "model/training/states_table.h"
+#include "tensor/elementwise.h"
+
+namespace mpitron {
+namespace {
+
+class Zero3States final : public ModelStates {
+ public:
+  Zero3States(const StatesConfig& cfg, GPT& model, Communicator& dp, Communicator* norm_group)
+      : ps_(model.params()), dp_(dp), norm_(norm_group), cfg_(cfg), layout_(ps_.numel(), dp.size()) {
+    sb_ = layout_.begin(dp.rank());
+    const int64_t n = layout_.size(dp.rank());
+    const Tensor& all = ps_.values();
+    values_shard_ = all.flat_range(sb_, n).clone();
+    adam_ = FlatAdamW(values_shard_, sb_, flat_params(ps_), cfg.optim);
+    grad_shard_ = Tensor::zeros({n}, DType::F32, all.device());
+    build_units();
+    for (Unit& u : units_)
+      if (!u.block) {
+        u.values = all.flat_range(u.begin, u.size()).clone();
+        u.grads = Tensor::zeros({u.size()}, DType::F32, all.device());
+      }
+    ps_.release_buffers();
+    for (size_t k = 0; k < units_.size(); ++k) point(k);
+  }
+  ~Zero3States() override {
+    if (dp_.broken()) return;
+    try {
+      drain();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ZeRO-3: %s\n", e.what());
+    }
+  }
+
+  std::string describe() const override {
+    int64_t blocks = 0, kept = 0, largest = 0;
+    for (const Unit& u : units_) {
+      (u.block ? blocks : kept) += u.block ? 1 : u.size();
+      if (u.block) largest = std::max(largest, u.size());
+    }
+    return str("ZeRO-3 (parameters, gradients and optimizer state sharded over ", dp_.size(), " ranks: ", blocks,
+               " blocks gathered on demand, the largest ", largest, " elements; ", kept,
+               " elements outside them kept whole", prefetch_ ? "; the next block prefetched" : "", ")");
+  }
+
+  void zero_grad() override {
+    drain();
+    if (whole_) {
+      ps_.release_buffers();
+      for (size_t k = 0; k < units_.size(); ++k) point(k);
+      whole_ = false;
+    }
+    grad_shard_.zero();
+    for (Unit& u : units_)
+      if (!u.block) u.grads.zero();
+  }
+  void begin_backward(bool) override {}
+  void add_hooks(ForwardOptions& o, bool grads_final) override {
+    MPT_CHECK(grads_final, "ZeRO-3 reduces every micro-batch's gradients; a pipeline schedule is not built for it",
+              "this is a bug: --zero-stage 3 with pipeline parallelism is refused at start-up");
+    o.params_needed = [this](size_t first, size_t) { forward_needs(unit_of_[first]); };
+    o.params_needed_backward = [this](size_t first, size_t) { backward_needs(unit_of_[first]); };
+    o.grads_ready = [this](size_t first, size_t) { reduce_unit(unit_of_[first]); };
+  }
+  void end_backward() override {
+    for (size_t k = 0; k < units_.size(); ++k) {
+      Unit& u = units_[k];
+      if (u.block && u.grads.defined()) reduce_unit(k);  // a block whose backward reported nothing
+      if (!u.block) reduce(u, u.grads);
+    }
+    finish_reductions();
+    for (Unit& u : units_)
+      if (!u.block) u.grads.zero();  // reduced into the shards: this micro-batch's part is counted
+  }
+  StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto) override {
+    finish_reductions();
+    release_blocks();
+    Tensor sq = Tensor::zeros({1}, DType::F32, grad_shard_.device());
+    adam_.add_sum_squares(grad_shard_, sq);
+    dp_.all_reduce(sq, ReduceOp::Sum);
+    if (norm_) norm_->all_reduce(sq, ReduceOp::Sum);
+    const StepResult r = adam_.step(grad_shard_, static_cast<double>(sq.item()),
+                                    static_cast<double>(loss_scale) * dp_.size(), lr, veto);
+    if (!r.skipped) refresh_persistent();
+    return r;
+  }
+
+  void add_forward_hooks(ForwardOptions& o) override {
+    o.params_needed = [this](size_t first, size_t) { forward_needs(unit_of_[first]); };
+  }
+  void whole() override {
+    if (whole_) return;
+    drain();
+    release_blocks();
+    ps_.restore_values();
+    dp_.all_gather_v(mine(0, ps_.numel()), ps_.values(), layout_.pieces(0, ps_.numel()));
+    whole_ = true;
+  }
+
+  OptimState local_state() const override {
+    return {adam_.master(), adam_.exp_avg(), adam_.exp_avg_sq(), sb_, adam_.steps_taken()};
+  }
+  std::pair<int64_t, int64_t> state_range() const override { return {sb_, sb_ + values_shard_.numel()}; }
+  void install(const OptimState& s, bool with_optim) override {
+    if (values_shard_.numel() > 0) {
+      adam_.master().copy_from(s.master.to(adam_.master().device()));
+      if (with_optim) {
+        adam_.exp_avg().copy_from(s.exp_avg.to(adam_.exp_avg().device()));
+        adam_.exp_avg_sq().copy_from(s.exp_avg_sq.to(adam_.exp_avg_sq().device()));
+      }
+    }
+    if (with_optim) adam_.set_steps_taken(s.steps);
+    adam_.sync_values_from_master();
+    release_blocks();
+    if (whole_) {  // the load wrote the whole values; the shards hold them now
+      ps_.release_buffers();
+      whole_ = false;
+    }
+    for (size_t k = 0; k < units_.size(); ++k) point(k);
+    refresh_persistent();
+  }
+  bool sharded() const override { return true; }
+  Tensor grad_slice() const override { return grad_shard_; }
+
+ private:
+  struct Unit : StateUnit {      // block: gathered on demand (else persistent)
+    Tensor values, grads;        // (size) compute dtype / f32, undefined when released
+    WorkPtr gather;              // an all-gather into values still in flight
+  };
+  struct Reduction {
+    WorkPtr work;
+    Tensor in, out;  // the unit's gradients (kept alive), this rank's piece
+    int64_t at = 0;  // the piece's offset in the gradient shard
+  };
+
+  void build_units() {
+    for (const StateUnit& su : zero3_units(ps_, cfg_.zero3.persistence_threshold)) {
+      Unit u;
+      static_cast<StateUnit&>(u) = su;
+      for (size_t i = su.first; i < su.end; ++i) unit_of_.push_back(units_.size());
+      units_.push_back(std::move(u));
+    }
+    const Zero3Footprint f = zero3_footprint(ps_, cfg_.zero3);
+    MPT_CHECK(cfg_.zero3.max_live_parameters == 0 || cfg_.zero3.max_live_parameters >= f.largest_block,
+              str("stage3_max_live_parameters ", cfg_.zero3.max_live_parameters, " is below the largest block's ",
+                  f.largest_block, " parameters (this rank's part), which ZeRO-3 gathers whole"),
+              str("raise it to at least ", f.largest_block, " (", 2 * f.largest_block, " keeps the prefetch)"));
+    prefetch_ = f.live_blocks == 2;
+  }
+  // This rank's elements of [lo, hi) in the values shard (empty when it owns none).
+  Tensor mine(int64_t lo, int64_t hi) const {
+    const int64_t c = layout_.pieces(lo, hi)[static_cast<size_t>(dp_.rank())];
+    return values_shard_.flat_range(c > 0 ? std::max(lo, sb_) - sb_ : 0, c);
+  }
+  void point(size_t k) {
+    const Unit& u = units_[k];
+    for (size_t i = u.first; i < u.end; ++i) {
+      const ParamInfo& p = ps_.infos()[i];
+      const int64_t at = p.offset - u.begin;
+      ps_.point(i, u.values.defined() && !u.gather ? u.values.flat_range(at, p.numel()) : Tensor(),
+                u.grads.defined() ? u.grads.flat_range(at, p.numel()) : Tensor());
+    }
+  }
+  void start_gather(size_t k) {
+    Unit& u = units_[k];
+    if (u.values.defined()) return;
+    u.values = Tensor::empty({u.size()}, values_shard_.dtype(), values_shard_.device());
+    u.gather = dp_.all_gather_v_async(mine(u.begin, u.stop), u.values, layout_.pieces(u.begin, u.stop));
+  }
+  void gathered(size_t k) {
+    start_gather(k);
+    Unit& u = units_[k];
+    if (u.gather) {
+      u.gather->wait();
+      u.gather.reset();
+    }
+    point(k);
+  }
+  void release(size_t k) {
+    Unit& u = units_[k];
+    if (!u.block) return;
+    if (u.gather) {
+      u.gather->wait();
+      u.gather.reset();
+    }
+    u.values = Tensor();
+    u.grads = Tensor();
+    point(k);
+  }
+  void release_blocks() {
+    for (size_t k = 0; k < units_.size(); ++k) release(k);
+  }
+  // The next / previous block in ParamSet (= layer) order, or units_.size().
+  size_t neighbour(size_t k, int dir) const {
+    for (size_t j = k + dir; j < units_.size(); j += dir)
+      if (units_[j].block) return j;
+    return units_.size();
+  }
+  void forward_needs(size_t k) {
+    if (whole_ || !units_[k].block) return;
+    for (size_t j = 0; j < units_.size(); ++j)  // the forward has moved on from every other block
+      if (j != k && units_[j].block && !units_[j].gather && !units_[j].grads.defined()) release(j);
+    gathered(k);
+    if (prefetch_ && neighbour(k, 1) < units_.size()) start_gather(neighbour(k, 1));
+  }
+  void backward_needs(size_t k) {
+    Unit& u = units_[k];
+    if (!u.block) return;
+    MPT_CHECK(!whole_, "ZeRO-3: a backward after whole() without zero_grad()", "this is a bug in the trainer");
+    if (!u.grads.defined()) u.grads = Tensor::zeros({u.size()}, DType::F32, values_shard_.device());
+    gathered(k);
+    if (prefetch_ && neighbour(k, -1) < units_.size()) start_gather(neighbour(k, -1));
+  }
+  // A block's gradients are final for this micro-batch: to their owners, then freed.
+  void reduce_unit(size_t k) {
+    Unit& u = units_[k];
+    if (!u.block) return;
+    MPT_CHECK(u.grads.defined(), str("ZeRO-3: the gradients of parameters ", u.first, "..", u.end,
+                                     " were reported final but the block's backward never asked for them"),
+              "this is a bug in the model's hooks");
+    reduce(u, u.grads);
+    release(k);
+  }
+  void reduce(const Unit& u, const Tensor& grads) {
+    const std::vector<int64_t> counts = layout_.pieces(u.begin, u.stop);
+    const int64_t c = counts[static_cast<size_t>(dp_.rank())];
+    Reduction r;
+    r.in = grads;
+    r.out = Tensor::empty({c}, DType::F32, grads.device());
+    r.at = c > 0 ? std::max(u.begin, sb_) - sb_ : 0;
+    r.work = dp_.reduce_scatter_v_async(grads, r.out, counts, ReduceOp::Sum);
+    pending_.push_back(std::move(r));
+  }
+  void finish_reductions() {
+    for (Reduction& r : pending_) {
+      r.work->wait();
+      if (r.out.numel() > 0) axpby(1.0f, r.out, 1.0f, grad_shard_.flat_range(r.at, r.out.numel()));
+    }
+    pending_.clear();
+  }
+  void drain() {
+    finish_reductions();
+    for (Unit& u : units_)
+      if (u.gather) {
+        u.gather->wait();
+        u.gather.reset();
+      }
+  }
+  // After an update or a load: the persistent units from the new shards.
+  void refresh_persistent() {
+    for (size_t k = 0; k < units_.size(); ++k) {
+      Unit& u = units_[k];
+      if (u.block) continue;
+      dp_.all_gather_v(mine(u.begin, u.stop), u.values, layout_.pieces(u.begin, u.stop));
+    }
+  }
+
+  ParamSet& ps_;
+  Communicator& dp_;
+  Communicator* norm_;
+  StatesConfig cfg_;
+  ShardLayout layout_;
+  int64_t sb_ = 0;
+  Tensor values_shard_, grad_shard_;
+  FlatAdamW adam_;
+  std::vector<Unit> units_;
+  std::vector<size_t> unit_of_;  // parameter → unit
+  std::vector<Reduction> pending_;
+  bool whole_ = false;
+  bool prefetch_ = true;
+};
+
+}  // namespace
+
+std::vector<StateUnit> zero3_units(const ParamSet& ps, int64_t persistence_threshold) {
+  const std::vector<ParamInfo>& infos = ps.infos();
+  auto key = [&](size_t i) {  // "layers.<l>." for a block's parameters, "" outside blocks
+    const std::string& n = infos[i].name;
+    return n.rfind("layers.", 0) == 0 ? n.substr(0, n.find('.', 7) + 1) : std::string();
+  };
+  std::vector<StateUnit> units;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const std::string k = key(i);
+    if (units.empty() || key(units.back().first) != k) {
+      StateUnit u;
+      u.first = i, u.begin = infos[i].offset, u.block = !k.empty();
+      units.push_back(u);
+    }
+    units.back().end = i + 1;
+    units.back().stop = infos[i].offset + infos[i].numel();
+  }
+  for (StateUnit& u : units)
+    if (u.block && u.size() <= persistence_threshold) u.block = false;
+  return units;
+}
+
+Zero3Footprint zero3_footprint(const ParamSet& ps, const Zero3Config& cfg) {
+  Zero3Footprint f;
+  for (const StateUnit& u : zero3_units(ps, cfg.persistence_threshold)) {
+    if (u.block) f.largest_block = std::max(f.largest_block, u.size());
+    else f.persistent += u.size();
+  }
+  const bool room = cfg.max_live_parameters == 0 || cfg.max_live_parameters >= 2 * f.largest_block;
+  f.live_blocks = cfg.prefetch && room ? 2 : 1;
+  return f;
+}
+
+std::unique_ptr<ModelStates> make_zero3_states(const StatesConfig& cfg, GPT& model, Communicator* grad_comm,
+                                               Communicator* norm_group) {
+  MPT_CHECK(grad_comm, "--zero-stage 3 needs the data-parallel runtime (pretrain_gpt sets it up)", "");
+  return std::make_unique<Zero3States>(cfg, model, *grad_comm, norm_group);
+}
+
+}  // namespace mpitron

@@ -1,0 +1,78 @@
+#include "parallel/flat_adamw.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tensor/elementwise.h"
+#include "tensor/norm.h"
+
+namespace mpitron {
+
+FlatAdamW::FlatAdamW(const Tensor& values, int64_t begin, const std::vector<FlatParam>& params,
+                     const OptimizerConfig& cfg)
+    : cfg_(cfg), begin_(begin), values_(values) {
+  const int64_t n = values.numel(), end = begin + n;
+  separate_master_ = values.dtype() != DType::F32;
+  master_ = separate_master_ ? values.to(DType::F32) : values;
+  m_ = Tensor::zeros({n}, DType::F32, values.device());
+  v_ = Tensor::zeros({n}, DType::F32, values.device());
+  for (const FlatParam& p : params) {
+    const int64_t lo = std::max(begin, p.offset) - begin, hi = std::min(end, p.offset + p.numel) - begin;
+    if (hi <= lo) continue;
+    const bool decay = p.weight_decay && cfg.weight_decay != 0.0f;
+    all_in_norm_ = all_in_norm_ && p.in_norm;
+    Segment& b = segments_.empty() ? segments_.emplace_back(Segment{lo, lo, decay, p.in_norm}) : segments_.back();
+    if (b.end == lo && b.decay == decay && b.in_norm == p.in_norm) b.end = hi;
+    else segments_.push_back({lo, hi, decay, p.in_norm});
+  }
+}
+
+void FlatAdamW::add_sum_squares(const Tensor& grads, const Tensor& sq) const {
+  if (grads.numel() == 0) return;
+  if (all_in_norm_) {
+    sum_squares(grads, sq);
+    return;
+  }
+  for (const Segment& s : segments_)  // model-parallel duplicates count on one rank only
+    if (s.in_norm && s.end > s.begin) sum_squares(grads.flat_range(s.begin, s.end - s.begin), sq);
+}
+
+StepResult FlatAdamW::step(const Tensor& grads, double scaled_sq_norm, double unscale, float lr,
+                           const std::function<bool(double)>& veto) {
+  StepResult r;
+  const double scaled_norm = std::sqrt(scaled_sq_norm);
+  r.grad_norm = scaled_norm / unscale;
+  const bool vetoed = veto && veto(r.grad_norm);
+  if (!std::isfinite(scaled_norm) || vetoed) {
+    r.skipped = true;
+    return r;
+  }
+  // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1.
+  double grad_scale = 1.0 / unscale;
+  if (cfg_.clip_grad > 0) {
+    const double coef = cfg_.clip_grad / (r.grad_norm + 1e-6);
+    if (coef < 1.0) grad_scale *= coef;
+  }
+  ++step_;
+  AdamWArgs a;
+  a.lr = lr;
+  a.beta1 = cfg_.beta1;
+  a.beta2 = cfg_.beta2;
+  a.eps = cfg_.eps;
+  a.grad_scale = static_cast<float>(grad_scale);
+  a.step = step_;
+  for (const Segment& s : segments_) {
+    const int64_t n = s.end - s.begin;
+    if (n <= 0) continue;
+    a.weight_decay = s.decay ? cfg_.weight_decay : 0.0f;
+    adamw_step(master_.flat_range(s.begin, n), grads.flat_range(s.begin, n), m_.flat_range(s.begin, n),
+               v_.flat_range(s.begin, n), separate_master_ ? values_.flat_range(s.begin, n) : Tensor(), a);
+  }
+  return r;
+}
+
+void FlatAdamW::sync_values_from_master() {
+  if (separate_master_ && master_.numel() > 0) cast(master_, values_);
+}
+
+}  // namespace mpitron

@@ -1,0 +1,81 @@
+// parallel/flat_adamw.h — the one AdamW of every way model states are held
+// (model/training/model_states.h): the optimizer state of a slice [begin, end)
+// of the flat parameter buffer, and the step's norm / clip / skip decision.
+//
+// Replicated training holds the slice [0, N); ZeRO-1/2/3 the rank's shard
+// (parallel/zero.h, ShardLayout). Per slice:
+//   master (n) f32 — a view of the compute-dtype values when they are f32, else a copy
+//   m, v   (n) f32
+// and the weight-decay segments of the parameters crossing it. One step:
+//   1. the caller sums Σg² of the gradients it owns (add_sum_squares: only the
+//      parameters counted in the norm) and reduces it over its groups;
+//   2. step(): the unscaled norm, the veto, non-finite → skipped, clipping as
+//      torch.nn.utils.clip_grad_norm_, then tensor/adamw.h's fused kernel once
+//      per segment, writing the new master and the compute-dtype copy.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "parallel/data_parallel.h"
+#include "tensor/adamw.h"
+
+namespace mpitron {
+
+struct OptimizerConfig {
+  float beta1 = 0.9f;          // --adam-beta1
+  float beta2 = 0.999f;        // --adam-beta2
+  float eps = 1e-8f;           // --adam-eps
+  float weight_decay = 0.01f;  // --weight-decay (not applied to biases and layernorm parameters)
+  float clip_grad = 1.0f;      // --clip-grad: max global L2 norm; 0 disables clipping
+};
+
+struct StepResult {
+  double grad_norm = 0;  // global L2 norm of the unscaled gradients, before clipping
+  bool skipped = false;  // gradients were not finite (or vetoed): parameters unchanged
+};
+
+class FlatAdamW {
+ public:
+  FlatAdamW() = default;
+  // values: (end - begin) compute dtype, the slice's values (the master is a view of
+  // them when f32); params: every parameter of the flat buffer, in order.
+  FlatAdamW(const Tensor& values, int64_t begin, const std::vector<FlatParam>& params, const OptimizerConfig& cfg);
+
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return begin_ + master_.numel(); }
+  // sq (1) f32 += Σg² over the slice's gradients (end - begin) of the parameters counted
+  // in the norm (FlatParam::in_norm).
+  void add_sum_squares(const Tensor& grads, const Tensor& sq) const;
+  // One update from the slice's gradients (scaled by `unscale`: the loss scale, times
+  // dp when they are dp sums) given the reduced squared norm of all of them.
+  // veto(grad_norm) true skips the update (every rank must decide alike).
+  StepResult step(const Tensor& grads, double scaled_sq_norm, double unscale, float lr,
+                  const std::function<bool(double)>& veto = {});
+  // After loading master weights: round them into the compute-dtype values.
+  void sync_values_from_master();
+
+  const Tensor& master() const { return master_; }      // (n) f32
+  const Tensor& exp_avg() const { return m_; }          // (n) f32
+  const Tensor& exp_avg_sq() const { return v_; }       // (n) f32
+  const Tensor& values() const { return values_; }      // (n) compute dtype
+  int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t s) { step_ = s; }
+  const OptimizerConfig& config() const { return cfg_; }
+
+ private:
+  struct Segment {
+    int64_t begin, end;  // slice elements
+    bool decay;
+    bool in_norm;
+  };
+  OptimizerConfig cfg_;
+  int64_t begin_ = 0;
+  Tensor values_, master_, m_, v_;
+  bool separate_master_ = false;
+  bool all_in_norm_ = true;
+  std::vector<Segment> segments_;
+  int64_t step_ = 0;
+};
+
+}  // namespace mpitron

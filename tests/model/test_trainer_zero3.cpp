@@ -1,0 +1,150 @@
+// ZeRO-3 (--zero-stage 3, model/training/states_zero3.cpp) end to end with real MPI
+// ranks: parameters, gradients and optimizer state sharded over the data-parallel
+// ranks must train the small GPT (and a GQA Llama) to the single-process losses and
+// grad norms within 1e-5 relative (f32), in both flag dialects (DeepSpeed's JSON,
+// Megatron-FSDP's); resume is bitwise; checkpoints cross to and from other layouts;
+// the start-up estimate agrees with the measured peak (trainer_test_util.h's run()).
+// mpitron-test: np=2,4
+// mpitron-test: timeout=900
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/model/mpi_test_util.h"
+#include "tests/model/trainer_test_util.h"
+
+using namespace mpitron;
+using namespace mpitron::testing::trainer;
+namespace fs = std::filesystem;
+using testing::world_rank;
+using testing::world_size;
+
+namespace {
+
+fs::path shared_dir() { return testing::shared_dir("zero3"); }
+
+std::string make_dataset(const fs::path& dir) { return testing::make_shared_dataset(dir, 13, 300); }
+
+std::vector<std::string> plus(std::vector<std::string> f, const std::vector<std::string>& extra) {
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-3 trains to the single-process losses under every data-parallel layout") {
+  const int world = world_size();
+  const fs::path dir = shared_dir();
+  const std::string data = make_dataset(dir);
+  const Result single = single_process(flags(data));
+  REQUIRE(single.losses.size() == 10);
+  const std::string ds = (dir / "ds_zero3.json").string();
+  if (world_rank() == 0) {
+    std::ofstream f(ds);
+    f << R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
+             "zero_optimization": {"stage": 3, "overlap_comm": true, "reduce_bucket_size": 3000,
+                                   "stage3_prefetch_bucket_size": 0, "stage3_param_persistence_threshold": 100,
+                                   "stage3_max_live_parameters": 1000000}})";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  struct Layout {
+    int ranks;
+    std::vector<std::string> extra;
+  };
+  const std::vector<Layout> layouts = {
+      {2, {"--zero-stage", "3"}},
+      {2, {"--zero-stage", "3", "--recompute-activations"}},
+      {2, {"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params", "--overlap-param-gather"}},
+      {2, {"--deepspeed", "--deepspeed_config", ds}},  // no prefetch, small blocks kept whole
+      {4, {"--zero-stage", "3"}},
+      {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", "3"}},  // TP2 x DP2
+      {4, {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--recompute-activations"}},
+  };
+  int ran = 0;
+  for (const Layout& l : layouts) {
+    if (l.ranks != world) continue;
+    std::string what;
+    for (const std::string& e : l.extra) what += e + " ";
+    check_close(run(plus(flags(data), l.extra), MPI_COMM_WORLD), single, 1e-5, what);
+    ++ran;
+  }
+  if (world == 2) {  // a GQA Llama (RMSNorm, SwiGLU, rope, untied head) at DP2
+    const Result llama = single_process(llama_flags(data));
+    check_close(run(plus(llama_flags(data), {"--zero-stage", "3"}), MPI_COMM_WORLD), llama, 1e-5, "Llama ZeRO-3");
+    ++ran;
+  }
+  CHECK(ran > 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("ZeRO-3 resumes bitwise, and its checkpoints cross layouts both ways") {
+  const int world = world_size();
+  const fs::path dir = shared_dir();
+  const std::string data = make_dataset(dir);
+  const std::vector<std::string> z3 = {"--zero-stage", "3"};
+  // Bitwise resume: 5 steps, save, resume for 5 more = the uninterrupted ZeRO-3 run.
+  const Result whole = run(plus(flags(data), z3), MPI_COMM_WORLD);
+  const std::string ck = (dir / "ck_z3").string();
+  run(plus(flags(data), plus(z3, {"--save", ck, "--exit-interval", "5"})), MPI_COMM_WORLD);
+  const Result resumed = run(plus(flags(data), plus(z3, {"--load", ck})), MPI_COMM_WORLD);
+  REQUIRE(resumed.losses.size() == 5);
+  for (size_t i = 0; i < 5; ++i) {
+    CHECK_MESSAGE(resumed.losses[i] == whole.losses[i + 5], "step ", i + 6, ": ", resumed.losses[i], " vs ",
+                  whole.losses[i + 5]);
+    CHECK(resumed.grad_norms[i] == whole.grad_norms[i + 5]);
+  }
+  const std::vector<double> second(whole.losses.begin() + 5, whole.losses.end());
+  // The ZeRO-3 checkpoint on one process (every rank alone) ...
+  check_part(run(plus(flags(data), {"--load", ck}), MPI_COMM_SELF).losses, second, "ZeRO-3 -> one process");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world == 4) {
+    // ... at TP2 x DP2 with ZeRO-1, and back: TP2 x DP2 ZeRO-1 saved, resumed at DP4 ZeRO-3.
+    const std::vector<std::string> tp2z1 = {"--tensor-model-parallel-size", "2", "--use-distributed-optimizer"};
+    check_part(run(plus(flags(data), plus(tp2z1, {"--load", ck})), MPI_COMM_WORLD).losses, second,
+               "ZeRO-3 DP4 -> TP2 x DP2 ZeRO-1");
+    const std::string ck2 = (dir / "ck_tp2").string();
+    run(plus(flags(data), plus(tp2z1, {"--save", ck2, "--exit-interval", "5"})), MPI_COMM_WORLD);
+    check_part(run(plus(flags(data), plus(z3, {"--load", ck2})), MPI_COMM_WORLD).losses, second,
+               "TP2 x DP2 ZeRO-1 -> ZeRO-3 DP4");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("ZeRO-3 flags: what is not built is refused by name") {
+  if (world_size() != 2) return;
+  const fs::path dir = shared_dir();
+  const std::string data = make_dataset(dir);
+  auto parse = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> f = plus(flags(data), extra);
+    TrainArgs a;
+    a.world_size = 2;
+    std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
+    for (auto& s : f) argv.push_back(s.data());
+    parse_train_args(static_cast<int>(argv.size()), argv.data(), a);
+    return a;
+  };
+  CHECK(parse({"--zero-stage", "3"}).zero_stage == 3);
+  CHECK(parse({"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"}).zero_stage == 2);
+  CHECK(parse({"--use-megatron-fsdp"}).zero_stage == 0);  // Megatron's default strategy: no_shard
+  CHECK_THROWS_WITH_AS(parse({"--zero-stage", "3", "--pipeline-model-parallel-size", "2"}),
+                       doctest::Contains("--zero-stage 3"), Error);
+  CHECK_THROWS_WITH_AS(parse({"--use-torch-fsdp2"}), doctest::Contains("--use-torch-fsdp2"), Error);
+  CHECK_THROWS_WITH_AS(parse({"--optimizer-cpu-offload"}), doctest::Contains("--optimizer-cpu-offload"), Error);
+  CHECK_THROWS_WITH_AS(parse({"--data-parallel-sharding-strategy", "optim"}), doctest::Contains("--use-megatron-fsdp"),
+                       Error);
+  CHECK_THROWS_WITH_AS(parse({"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim", "--zero-stage", "3"}),
+                       doctest::Contains("--zero-stage 3"), Error);
+  const std::string ds = (dir / ("ds_offload" + std::to_string(world_rank()) + ".json")).string();
+  {
+    std::ofstream f(ds);
+    f << R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme"}}})";
+  }
+  CHECK_THROWS_WITH_AS(parse({"--deepspeed", "--deepspeed_config", ds}),
+                       doctest::Contains("zero_optimization.offload_optimizer and zero_optimization.offload_param"), Error);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir);
+}
