@@ -17,7 +17,8 @@
 #   torch       the PyTorch peer (torch.compile + SDPA flash attention + bf16 autocast) on 124M
 #   bench_mfu   GPT-2 124M/350M/774M/1.5B, bf16, seq 1024, with the GEMM ceiling
 #   profile     ncu times every kernel of two 124M steps: launches, kernel time, gaps (bench/kernel_profile.py)
-#   mp_cuda     the parallel-layout equivalence tests (GPT and BERT) on the GPU, 2 and 4 ranks
+#   mp_cuda     the parallel-layout equivalence tests (GPT, BERT, ZeRO-3) on the GPU, 2 and 4 ranks
+#   zero3       bench/zero_states.sh on the GPU: per-rank peak memory vs the estimate, ZeRO 0-3 at dp 1, 2, 4 (bf16)
 #   dp_overlap  bench_comm --dp-step: the data-parallel step (dp and ZeRO-2) with and without overlap, dp 2 and 4
 #   cp          context parallelism on the GPU: the CP trainer equivalence (2 and 4 ranks, quick set),
 #               then bench_cp (bf16, T = 16384, CP 1/2/4 x p2p/all_gather/a2a: per-rank activation
@@ -33,7 +34,8 @@
 # Everything goes under $OUT (at most 8 files come back): gpu_check.log (all
 # output), ctest.log, bench_ops.json, bench_train.json, bench_mfu.json,
 # torch_peer.json, llmc.json, summary.txt. The summary table is printed last.
-# Environment: OUT, RUN (build-gpu-run), BUNDLE (build-gpu-bundle), DEADLINE (570), PARTS (all | tests | bench).
+# Environment: OUT, RUN (build-gpu-run), BUNDLE (build-gpu-bundle), DEADLINE (570), PARTS (all | tests | bench),
+# STEPS (only these steps), CUDA_RERUN (ctest_cuda's regex), MP_TESTS (mp_cuda's test binaries).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -217,12 +219,17 @@ want bench && step profile 90 40 bash -c "[ -n '$NCU' ] || { echo 'no ncu on thi
   '$RUN/bench/bench_train' --device cuda --config $PROFILE_CONFIG --batch 8 --seq 1024 --warmup 2 --steps $PROFILE_STEPS --recompute off \
   --profile >/tmp/ncu_run.log 2>&1; rc=\$?; tail -3 /tmp/ncu_run.log; python3 bench/kernel_profile.py /tmp/ncu_124M.csv \
   --steps $PROFILE_STEPS --bench-json '$OUT/bench_train.json' --config $PROFILE_CONFIG | tee '$PROFILE_TXT'; exit \$rc"
-# Tensor/pipeline/data-parallel equivalence with device tensors: 2 and 4 ranks share the one GPU,
-# communicating through MPI (host-staged, --force-mpi-for-device).
-want tests && step mp_cuda 120 50 bash -c "set -o pipefail; cd '$RUN' && { fail=0; for np in 2 4; do for t in model_test_trainer_mp model_test_bert_train_mp; do \
+# Tensor/pipeline/data-parallel equivalence with device tensors (ZeRO-3 included): 2 and 4 ranks
+# share the one GPU, communicating through MPI (host-staged, --force-mpi-for-device).
+want tests && step mp_cuda 120 50 bash -c "set -o pipefail; cd '$RUN' && { fail=0; for np in 2 4; do for t in ${MP_TESTS:-model_test_trainer_mp model_test_bert_train_mp model_test_trainer_zero3}; do \
   echo \"--- \$t np \$np\"; MPITRON_TEST_DEVICE=cuda OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np \$np tests/\$t \
   >/tmp/mp_cuda.log 2>&1 || { fail=1; echo \"FAILED \$t np \$np\"; grep -m 5 -E 'ERROR|error:|hint:' /tmp/mp_cuda.log; }; \
   grep -E '(test cases|assertions):' /tmp/mp_cuda.log | tail -2; done; done; exit \$fail; } 2>&1 | tee -a '$OUT/ctest.log'"
+# Per-rank memory of every way of holding the model states on the GPU (ranks sharing it, MPI
+# collectives): ZeRO 0-3 at dp 1, 2, 4, the estimate beside the measured peak (its table goes into summary.txt).
+ZERO_TABLE=${TMPDIR:-/tmp}/mpitron_zero_states.txt
+rm -f "$ZERO_TABLE"
+want bench && step zero3 100 40 bash -c "set -o pipefail; BUILD='$RUN' DTYPE=--bf16 OMP_NUM_THREADS=2 bench/zero_states.sh cuda | tee '$ZERO_TABLE'"
 # The data-parallel step with and without overlap (bucket reduce during backward, ZeRO-2's
 # reduce-scatter and parameter all-gather), dp 2 (bench/dp_step_bench.h). The ranks share the one
 # GPU, so the dp communicator is MPI staged through host memory here (4 ranks of 124M took over 90 s,
@@ -372,6 +379,7 @@ EOF
   if [ -s "$SERVE_TXT" ]; then echo; echo "=== serving (bench_serve step: tokens/s, latency, KV peak of pool)"; cat "$SERVE_TXT"; fi
   if [ -s "$PROFILE_TXT" ]; then echo; echo "=== where the $PROFILE_CONFIG step's time goes (profile step)"; cat "$PROFILE_TXT"; fi
   if [ -s "$CP_TABLE" ]; then echo; echo "=== context parallelism (cp step: bench_cp, per-rank activation memory and step time)"; cat "$CP_TABLE"; fi
+  if [ -s "$ZERO_TABLE" ]; then echo; echo "=== model states (zero3 step: bench/zero_states.sh, per-rank memory, ZeRO 0-3)"; cat "$ZERO_TABLE"; fi
   echo
   echo "=== steps (total $(($(date +%s) - START)) s of the ${DEADLINE} s budget)"
   cat "$SUMMARY"

@@ -25,8 +25,8 @@ start=$(date +%s)
 TESTS=($(for f in tests/tensor/test_*.cpp; do f=${f##*/}; echo "tensor_${f%.cpp}"; done)
        $(for f in tests/cuda_sim/test_*.cpp; do f=${f##*/}; echo "cuda_sim_${f%.cpp}"; done)
        parallel_test_comm parallel_test_zero model_test_gpt_reference model_test_trainer model_test_trainer_mp model_test_bert_train_mp
-       parallel_test_context_parallel model_test_trainer_cp)
-REGEX=${SIM_TESTS:-'^(tensor_test_.*|cuda_sim_test_.*|parallel_test_(comm|zero)_np2|model_test_gpt_reference|model_test_trainer_mp_np(2|4)|model_test_bert_train_mp_np2|parallel_test_context_parallel_np2|model_test_trainer_cp_np2)$'}
+       parallel_test_context_parallel model_test_trainer_cp model_test_trainer_zero3)
+REGEX=${SIM_TESTS:-'^(tensor_test_.*|cuda_sim_test_.*|parallel_test_(comm|zero)_np2|model_test_gpt_reference|model_test_trainer_mp_np(2|4)|model_test_bert_train_mp_np2|parallel_test_context_parallel_np2|model_test_trainer_cp_np2|model_test_trainer_zero3_np2)$'}
 
 [ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -G Ninja -DMPITRON_CUDA_SIM=ON ${SIM_CMAKE_FLAGS:-}
 cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}"
@@ -43,6 +43,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:detect_stack
 # single-process reference then that layout, 10 steps each (~5-6 s a step here,
 # mostly the vocab-wide GEMMs and cross-entropy kernels): ~125 s on a quiet 2-core VM
 # (the cross-layout checkpoint case, ~450 s more, stays out of the quick set).
+# ZeRO-3 at 2 ranks: DP2 against the one-process run (tests/model/test_trainer_zero3.cpp's quick set).
 # BERT at 2 ranks: PP2 zb-h1 (padded bidirectional attention, both heads, the tied
 # decoder over stages, split backward; MPITRON_BERT_TEST_LAYOUTS, tests/model/test_bert_train_mp.cpp).
 export MPITRON_CUDA_SIM_COUNTS="$counts" MPITRON_TEST_DEVICE=cuda MPITRON_TEST_LAYOUTS=${MPITRON_TEST_LAYOUTS:-1,3,6,8}

@@ -9,6 +9,8 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -58,19 +60,30 @@ TEST_CASE("ZeRO-3 trains to the single-process losses under every data-parallel 
       {2, {"--zero-stage", "3", "--recompute-activations"}},
       {2, {"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params", "--overlap-param-gather"}},
       {2, {"--deepspeed", "--deepspeed_config", ds}},  // no prefetch, small blocks kept whole
+      {2, {"--zero-stage", "3", "--bf16"}},  // against the one-process bf16 run below
       {4, {"--zero-stage", "3"}},
-      {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", "3"}},  // TP2 x DP2
-      {4, {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--recompute-activations"}},
+      {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", "3", "--recompute-activations"}},
   };
+  // The simulated device's quick set (MPITRON_TEST_LAYOUTS given, tests/cuda_sim/run.sh): the
+  // first layout of the world size only.
+  const bool quick = std::getenv("MPITRON_TEST_LAYOUTS") && *std::getenv("MPITRON_TEST_LAYOUTS");
   int ran = 0;
   for (const Layout& l : layouts) {
-    if (l.ranks != world) continue;
+    if (l.ranks != world || (quick && ran > 0)) continue;
+    if (std::find(l.extra.begin(), l.extra.end(), "--bf16") != l.extra.end()) {
+      // bf16: the same rounding of the same f32 master weights; the sums' order differs,
+      // which bf16 activations amplify: 1e-3 relative.
+      const Result single16 = single_process(plus(flags(data), {"--bf16"}));
+      check_close(run(plus(flags(data), l.extra), MPI_COMM_WORLD), single16, 1e-3, "--bf16 ZeRO-3");
+      ++ran;
+      continue;
+    }
     std::string what;
     for (const std::string& e : l.extra) what += e + " ";
     check_close(run(plus(flags(data), l.extra), MPI_COMM_WORLD), single, 1e-5, what);
     ++ran;
   }
-  if (world == 2) {  // a GQA Llama (RMSNorm, SwiGLU, rope, untied head) at DP2
+  if (world == 2 && !quick) {  // a GQA Llama (RMSNorm, SwiGLU, rope, untied head) at DP2
     const Result llama = single_process(llama_flags(data));
     check_close(run(plus(llama_flags(data), {"--zero-stage", "3"}), MPI_COMM_WORLD), llama, 1e-5, "Llama ZeRO-3");
     ++ran;
@@ -82,6 +95,7 @@ TEST_CASE("ZeRO-3 trains to the single-process losses under every data-parallel 
 
 TEST_CASE("ZeRO-3 resumes bitwise, and its checkpoints cross layouts both ways") {
   const int world = world_size();
+  if (const char* e = std::getenv("MPITRON_TEST_LAYOUTS"); e && *e) return;  // not in the quick set
   const fs::path dir = shared_dir();
   const std::string data = make_dataset(dir);
   const std::vector<std::string> z3 = {"--zero-stage", "3"};
@@ -97,9 +111,10 @@ TEST_CASE("ZeRO-3 resumes bitwise, and its checkpoints cross layouts both ways")
     CHECK(resumed.grad_norms[i] == whole.grad_norms[i + 5]);
   }
   const std::vector<double> second(whole.losses.begin() + 5, whole.losses.end());
-  // The ZeRO-3 checkpoint on one process (every rank alone) ...
-  check_part(run(plus(flags(data), {"--load", ck}), MPI_COMM_SELF).losses, second, "ZeRO-3 -> one process");
-  MPI_Barrier(MPI_COMM_WORLD);
+  if (world == 2) {  // the ZeRO-3 checkpoint on one process (every rank alone)
+    check_part(run(plus(flags(data), {"--load", ck}), MPI_COMM_SELF).losses, second, "ZeRO-3 -> one process");
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
   if (world == 4) {
     // ... at TP2 x DP2 with ZeRO-1, and back: TP2 x DP2 ZeRO-1 saved, resumed at DP4 ZeRO-3.
     const std::vector<std::string> tp2z1 = {"--tensor-model-parallel-size", "2", "--use-distributed-optimizer"};
