@@ -83,7 +83,7 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   m.moments = 8 * shard;
   if (zero_stage == 3) {
     m.weights = e * (shard + r.zero3_persistent + r.zero3_live * r.zero3_block);
-    m.gradients = 4 * (shard + r.zero3_persistent + r.zero3_block);
+    m.gradients = 4 * (shard + r.zero3_persistent + 2 * r.zero3_block);  // one block computing, one reducing
   }
   TensorParallel tpl;
   tpl.size = static_cast<int>(t);

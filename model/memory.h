@@ -71,7 +71,7 @@ struct RankShard {
   CpCommType cp_comm = CpCommType::P2P;
   // ZeRO-3 (model/training/states_zero3.cpp): besides its shards a rank holds the
   // persistent units whole (values and gradients), `zero3_live` gathered blocks of at
-  // most zero3_block elements, and one block's gradients.
+  // most zero3_block elements, and two blocks' gradients (one computing, one reducing).
   int64_t zero3_block = 0, zero3_persistent = 0;
   int zero3_live = 1;
 };

@@ -13,7 +13,8 @@
 //     the next block's gather started while one runs (prefetch); released when the
 //     forward moves on and after its backward. Its gradients live in a unit buffer
 //     (f32) from before its backward until they are reduce-scattered into the
-//     owners' gradient shards (every micro-batch, as ZeRO-2), then freed;
+//     owners' gradient shards (every micro-batch, as ZeRO-2), then freed once the
+//     next block's reduction is launched (at most two blocks' gradients alive);
 //   - the parameters outside blocks (embeddings, final norm, heads) and blocks of at
 //     most stage3_param_persistence_threshold elements: persistent (whole values and
 //     gradients; the gradients reduce-scattered at the end of each backward, the
@@ -250,6 +251,7 @@ class Zero3States final : public ModelStates {
               "this is a bug in the model's hooks");
     reduce(u, u.grads);
     release(k);
+    finish_reductions(1);  // the previous block's reduction: at most two blocks' gradients alive
   }
   void reduce(const Unit& u, const Tensor& grads) {
     const std::vector<int64_t> counts = layout_.pieces(u.begin, u.stop);
@@ -261,12 +263,15 @@ class Zero3States final : public ModelStates {
     r.work = dp_.reduce_scatter_v_async(grads, r.out, counts, ReduceOp::Sum);
     pending_.push_back(std::move(r));
   }
-  void finish_reductions() {
-    for (Reduction& r : pending_) {
+  // Completes every reduction in flight but the newest `keep`, in launch order.
+  void finish_reductions(size_t keep = 0) {
+    const size_t n = pending_.size() > keep ? pending_.size() - keep : 0;
+    for (size_t i = 0; i < n; ++i) {
+      Reduction& r = pending_[i];
       r.work->wait();
       if (r.out.numel() > 0) axpby(1.0f, r.out, 1.0f, grad_shard_.flat_range(r.at, r.out.numel()));
     }
-    pending_.clear();
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
   }
   void drain() {
     finish_reductions();
