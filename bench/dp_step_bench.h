@@ -3,8 +3,8 @@
 //
 // For each dp in {2, 4} that fits the world, the world is cut into groups of dp
 // consecutive ranks (ranks beyond the last whole group idle) and each group
-// trains a GPT of the preset (train_step_bench.h) through the library, one step as
-// the trainer does it:
+// trains a GPT of the preset (train_step_bench.h) through the trainer's own model
+// states (model/training/model_states.h), one step as the trainer drives it:
 //   dp    plain data parallelism: gradient buckets all-reduced (GradBuckets) then
 //         AdamW; overlap on = each bucket's all-reduce starts during backward as
 //         soon as its gradients are final (--overlap-grad-reduce), off = all of
@@ -12,7 +12,10 @@
 //   zero2 ZeRO-2 (ZeroOptimizer stage 2): buckets reduce-scattered during
 //         backward, and --overlap-param-gather: the updated parameters'
 //         all-gather left in flight after the step and waited for bucket by
-//         bucket by the next forward; off = both after backward / in the step.
+//         bucket by the next forward; off = both after backward / in the step;
+//   zero3 ZeRO-3: each block all-gathered before its forward and backward and its
+//         gradients reduce-scattered after it; overlap on = the next block's
+//         gather prefetched (stage3_prefetch_bucket_size > 0), off = none.
 // Row: ms per step = the median over the timed steps of the slowest rank's step
 // (a barrier before each step, the device synchronised at its end), and the
 // saving of overlap. Buckets: --dp-bucket elements (default: an eighth of the
@@ -34,6 +37,7 @@
 #include "bench/train_step_bench.h"
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
+#include "model/training/model_states.h"
 #include "parallel/zero.h"
 
 namespace mpitron::bench {
@@ -57,25 +61,15 @@ inline double dp_step_ms(const DpStepOptions& o, const GPTConfig& cfg, Device de
                          const std::string& mode, bool overlap, int64_t bucket) {
   GPT model(cfg, dev);
   fast_init(model, 1234);
-  ParamSet& ps = model.params();
-  std::vector<FlatParam> flat;
-  for (const ParamInfo& p : ps.infos()) flat.push_back({p.offset, p.numel(), p.weight_decay, true});
-  DDPConfig dc;
-  dc.bucket_size = bucket;
-  dc.overlap_grad_reduce = overlap;
-  std::unique_ptr<AdamWOptimizer> adam;
-  std::unique_ptr<GradBuckets> buckets;
-  std::unique_ptr<ZeroOptimizer> zero;
-  if (mode == "dp") {
-    adam = std::make_unique<AdamWOptimizer>(ps, OptimizerConfig{});
-    buckets = std::make_unique<GradBuckets>(ps.grads(), flat, dp, dc);
-  } else {
-    ZeroConfig zc;
-    zc.stage = 2;
-    zc.ddp = dc;
-    zc.overlap_param_gather = overlap;
-    zero = std::make_unique<ZeroOptimizer>(ps.values(), ps.grads(), flat, dp, zc);
-  }
+  // The trainer's own model states (model/training/model_states.h): dp = replicated with
+  // gradient buckets, zero2 = ZeRO-2, zero3 = ZeRO-3 (blocks gathered on demand).
+  StatesConfig sc;
+  sc.stage = mode == "dp" ? 0 : mode == "zero2" ? 2 : 3;
+  sc.ddp.bucket_size = bucket;
+  sc.ddp.overlap_grad_reduce = overlap;
+  sc.overlap_param_gather = overlap && sc.stage == 2;
+  sc.zero3.prefetch = overlap;
+  std::unique_ptr<ModelStates> states = make_model_states(sc, model, &dp, nullptr);
   std::mt19937 rng(static_cast<uint32_t>(7 + dp.rank()));
   std::uniform_int_distribution<int> tok(0, static_cast<int>(cfg.vocab_size) - 1);
   std::vector<int64_t> in(static_cast<size_t>(o.batch * o.seq)), tg(in.size());
@@ -86,38 +80,21 @@ inline double dp_step_ms(const DpStepOptions& o, const GPTConfig& cfg, Device de
     device_synchronize();
     MPI_Barrier(dp.mpi_comm());
     const auto t0 = std::chrono::steady_clock::now();
+    states->zero_grad();
+    states->begin_backward(true);
     ForwardOptions f;
-    if (zero) {
-      zero->zero_grad();
-      zero->begin_micro_batch(true);
-      f.grads_ready = [&](size_t a, size_t b) {
-        for (size_t i = a; i < b; ++i) zero->mark_ready(i);
-      };
-      f.params_needed = zero->params_hook();
-    } else {
-      ps.zero_grad();
-      buckets->begin_backward(true);
-      f.grads_ready = [&](size_t a, size_t b) {
-        for (size_t i = a; i < b; ++i) buckets->mark_ready(i);
-      };
-    }
+    states->add_hooks(f, true);
     Tape tape;
     Var loss = model.forward(tape, tokens, targets, f);
     tape.backward(loss, 1.0f);
-    if (zero) {
-      zero->on_backward_done();
-      zero->step(1e-4f, 1.0f);
-    } else {
-      buckets->on_backward_done();
-      buckets->wait_all();
-      adam->step(1e-4f, 1.0f);
-    }
+    states->end_backward();
+    states->step(1e-4f, 1.0f, {});
     device_synchronize();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), worst = 0;
     MPI_Allreduce(&ms, &worst, 1, MPI_DOUBLE, MPI_MAX, dp.mpi_comm());
     if (it >= o.warmup) times.push_back(worst);
   }
-  if (zero) zero->finish_param_gather();
+  states->whole();
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
@@ -142,7 +119,7 @@ inline std::vector<DpStepRow> run_dp_step_bench(const DpStepOptions& o, Device d
     const int color = rank < groups * dp ? rank / dp : MPI_UNDEFINED;
     MPI_Comm sub = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, color, rank, &sub);
-    DpStepRow rr[2];
+    DpStepRow rr[3];
     if (sub != MPI_COMM_NULL) {
       CommOptions co;
       co.name = "dp";
@@ -155,8 +132,8 @@ inline std::vector<DpStepRow> run_dp_step_bench(const DpStepOptions& o, Device d
       co.force_mpi_for_device = dev.is_cuda() && local > cuda_device_count();
       {
         auto comm = make_communicator(sub, dev, co);
-        const char* modes[2] = {"dp", "zero2"};
-        for (int m = 0; m < 2; ++m) {
+        const char* modes[3] = {"dp", "zero2", "zero3"};
+        for (int m = 0; m < 3; ++m) {
           rr[m].dp = dp;
           rr[m].mode = modes[m];
           rr[m].backend = comm->backend();
@@ -167,7 +144,7 @@ inline std::vector<DpStepRow> run_dp_step_bench(const DpStepOptions& o, Device d
       MPI_Comm_free(&sub);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0) rows.insert(rows.end(), {rr[0], rr[1]});
+    if (rank == 0) rows.insert(rows.end(), {rr[0], rr[1], rr[2]});
   }
   return rows;
 }

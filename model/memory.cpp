@@ -126,7 +126,10 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   // Backward of one block at a time: its gradient temporaries (model/block.h).
   const int64_t block_bwd = bm.backward_act * e + cp_attention_bytes(c, micro_batch, r);
   m.activations = peak + (recompute ? per_block : 0) + (L > 0 ? block_bwd : 0);
-  if (r.mpi_zero_staging && zero_stage > 0) m.comm_staging = 4 * shard;
+  // ZeRO-1/2 reduce in place into the gradient buffer's own slice, which MPI cannot do
+  // (MPI_IN_PLACE puts the result at the buffer's start): a shard-sized receive buffer.
+  // ZeRO-3 reduces each block into a buffer of its own: nothing staged.
+  if (r.mpi_zero_staging && (zero_stage == 1 || zero_stage == 2)) m.comm_staging = 4 * shard;
   return m;
 }
 

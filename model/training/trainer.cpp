@@ -689,7 +689,9 @@ TrainSummary Trainer::run() {
   shard.sequence_parallel = a.sequence_parallel;
   shard.layers_per_chunk = m.model->chunk(0).end_layer - m.model->chunk(0).first_layer;
   shard.num_chunks = m.model->num_chunks();
-  shard.mpi_zero_staging = m.states->sharded() && m.grad_comm() && std::string(m.grad_comm()->backend()) == "mpi";
+  // MPI's staging buffers are host memory: on the device's only when the device is the CPU.
+  shard.mpi_zero_staging = m.states->sharded() && m.grad_comm() && std::string(m.grad_comm()->backend()) == "mpi" &&
+                           m.device.is_cpu();
   shard.recompute_layers = a.recompute_num_layers;
   shard.first_stage = m.model->chunk(0).first_stage;
   shard.last_stage = m.model->chunk(m.model->num_chunks() - 1).last_stage;
