@@ -10,15 +10,16 @@ namespace mpitron {
 
 std::string MemoryEstimate::to_string() const {
   auto mb = [](int64_t b) { return static_cast<double>(b) / 1e6; };
-  char buf[384];
+  char buf[512];
   std::snprintf(buf, sizeof buf,
                 "weights %.1f MB | gradients %.1f MB | master weights %.1f MB | moments %.1f MB | "
-                "activations %.1f MB%s%s | total %.1f MB",
+                "activations %.1f MB%s%s | total %.1f MB%s",
                 mb(weights), mb(gradients), mb(master_weights), mb(moments), mb(activations),
                 comm_staging ? str(" | MPI reduce-scatter staging ", static_cast<double>(comm_staging) / 1e6, " MB").c_str()
                              : "",
                 device_workspace ? str(" | cuBLASLt workspace ", mb(device_workspace), " MB").c_str() : "",
-                mb(total()));
+                mb(total()),
+                host_optimizer ? str(" (+ optimizer state in host memory ", mb(host_optimizer), " MB)").c_str() : "");
   return buf;
 }
 
@@ -84,6 +85,10 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   if (zero_stage == 3) {
     m.weights = e * (shard + r.zero3_persistent + r.zero3_live * r.zero3_block);
     m.gradients = 4 * (shard + r.zero3_persistent + 2 * r.zero3_block);  // one block computing, one reducing
+  }
+  if (r.optimizer_offload) {  // master + moments, the gradients' and (16-bit) the values' host copies
+    m.host_optimizer = 4 * shard + m.moments + 4 * shard + (e < 4 ? e * shard : 0);
+    m.master_weights = m.moments = 0;
   }
   TensorParallel tpl;
   tpl.size = static_cast<int>(t);

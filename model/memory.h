@@ -27,6 +27,9 @@ struct MemoryEstimate {
   // CUDA: the cuBLASLt workspace (32 MiB per stream, tensor/cuda/common.cu), held
   // from the first matmul for the process lifetime. 0 on the CPU.
   int64_t device_workspace = 0;
+  // --optimizer-cpu-offload: master weights and moments in host memory (not in total()),
+  // and the update's host copies of the gradients (and 16-bit values).
+  int64_t host_optimizer = 0;
   int64_t total() const {
     return weights + gradients + master_weights + moments + std::max(activations, comm_staging) + device_workspace;
   }
@@ -74,6 +77,8 @@ struct RankShard {
   // most zero3_block elements, and two blocks' gradients (one computing, one reducing).
   int64_t zero3_block = 0, zero3_persistent = 0;
   int zero3_live = 1;
+  // --optimizer-cpu-offload on a device: the master weights and moments are host memory.
+  bool optimizer_offload = false;
 };
 // Before anything is allocated: a lower bound of one rank's bytes (its share of
 // the weights, f32 gradients, master weights and Adam moments, plus one block's

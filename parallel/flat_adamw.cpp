@@ -12,10 +12,13 @@ FlatAdamW::FlatAdamW(const Tensor& values, int64_t begin, const std::vector<Flat
                      const OptimizerConfig& cfg)
     : cfg_(cfg), begin_(begin), values_(values) {
   const int64_t n = values.numel(), end = begin + n;
-  separate_master_ = values.dtype() != DType::F32;
-  master_ = separate_master_ ? values.to(DType::F32) : values;
-  m_ = Tensor::zeros({n}, DType::F32, values.device());
-  v_ = Tensor::zeros({n}, DType::F32, values.device());
+  offload_ = cfg.cpu_offload && !values.device().is_cpu();
+  const Device state = offload_ ? Device::cpu() : values.device();
+  separate_master_ = offload_ || values.dtype() != DType::F32;
+  master_ = separate_master_ ? values.to(DType::F32).to(state) : values;
+  m_ = Tensor::zeros({n}, DType::F32, state);
+  v_ = Tensor::zeros({n}, DType::F32, state);
+  if (offload_ && values.dtype() != DType::F32) host_values_ = Tensor::empty({n}, values.dtype(), state);
   for (const FlatParam& p : params) {
     const int64_t lo = std::max(begin, p.offset) - begin, hi = std::min(end, p.offset + p.numel) - begin;
     if (hi <= lo) continue;
@@ -61,18 +64,28 @@ StepResult FlatAdamW::step(const Tensor& grads, double scaled_sq_norm, double un
   a.eps = cfg_.eps;
   a.grad_scale = static_cast<float>(grad_scale);
   a.step = step_;
+  // Offload: the gradients to the host, the update there, the values back.
+  const Tensor g = offload_ ? grads.to(Device::cpu()) : grads;
+  const Tensor copy = offload_ ? host_values_ : separate_master_ ? values_ : Tensor();
   for (const Segment& s : segments_) {
     const int64_t n = s.end - s.begin;
     if (n <= 0) continue;
     a.weight_decay = s.decay ? cfg_.weight_decay : 0.0f;
-    adamw_step(master_.flat_range(s.begin, n), grads.flat_range(s.begin, n), m_.flat_range(s.begin, n),
-               v_.flat_range(s.begin, n), separate_master_ ? values_.flat_range(s.begin, n) : Tensor(), a);
+    adamw_step(master_.flat_range(s.begin, n), g.flat_range(s.begin, n), m_.flat_range(s.begin, n),
+               v_.flat_range(s.begin, n), copy.defined() ? copy.flat_range(s.begin, n) : Tensor(), a);
   }
+  if (offload_ && values_.numel() > 0) values_.copy_from(host_values_.defined() ? host_values_ : master_);
   return r;
 }
 
 void FlatAdamW::sync_values_from_master() {
-  if (separate_master_ && master_.numel() > 0) cast(master_, values_);
+  if (!separate_master_ || master_.numel() == 0) return;
+  if (!offload_) {
+    cast(master_, values_);
+    return;
+  }
+  if (host_values_.defined()) cast(master_, host_values_);
+  values_.copy_from(host_values_.defined() ? host_values_ : master_);
 }
 
 }  // namespace mpitron

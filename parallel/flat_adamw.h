@@ -12,6 +12,10 @@
 //   2. step(): the unscaled norm, the veto, non-finite → skipped, clipping as
 //      torch.nn.utils.clip_grad_norm_, then tensor/adamw.h's fused kernel once
 //      per segment, writing the new master and the compute-dtype copy.
+// With cpu_offload and device values, master / m / v live in host memory: step()
+// copies the slice's gradients to the host (one device-to-host copy), runs the CPU
+// kernel (OpenMP over all cores) and copies the compute-dtype values back (one
+// host-to-device copy); the copies are not overlapped with the update yet.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -28,6 +32,10 @@ struct OptimizerConfig {
   float eps = 1e-8f;           // --adam-eps
   float weight_decay = 0.01f;  // --weight-decay (not applied to biases and layernorm parameters)
   float clip_grad = 1.0f;      // --clip-grad: max global L2 norm; 0 disables clipping
+  // --optimizer-cpu-offload (DeepSpeed's offload_optimizer: {device: cpu}): the master
+  // weights and moments in host memory, the update on the CPU (all cores), the gradients
+  // copied there and the new values back. Nothing moves when the values are on the CPU.
+  bool cpu_offload = false;
 };
 
 struct StepResult {
@@ -74,6 +82,8 @@ class FlatAdamW {
   Tensor values_, master_, m_, v_;
   bool separate_master_ = false;
   bool all_in_norm_ = true;
+  bool offload_ = false;  // master / m / v on the host, the values on a device
+  Tensor host_values_;    // (n) compute dtype on the host: the update's rounded copy (offload, 16-bit)
   std::vector<Segment> segments_;
   int64_t step_ = 0;
 };

@@ -136,8 +136,9 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("data-parallel-sharding-strategy", po::value<std::string>(),
        "with --use-megatron-fsdp: no_shard | optim | optim_grads | optim_grads_params (= --zero-stage 0..3)")
       ("use-torch-fsdp2", po::bool_switch(), "refused: mpitron has no PyTorch FSDP2 (use --zero-stage 3)")
-      ("optimizer-cpu-offload", po::bool_switch(), "refused: CPU optimizer offload is not built")
-      ("optimizer-offload-fraction", po::value<double>(), "refused: CPU optimizer offload is not built")
+      ("optimizer-cpu-offload", po::bool_switch(), "master weights and Adam moments in host memory, the update on the CPU")
+      ("optimizer-offload-fraction", po::value<double>(), "with --optimizer-cpu-offload: the share offloaded (1.0, the "
+       "only one built)")
       ("ddp-bucket-size", po::value(&a.ddp_bucket_size)->default_value(40000000), "gradient bucket size (elements)")
       ("overlap-grad-reduce", po::bool_switch(), "reduce gradient buckets during backward (the default; Megatron's spelling)")
       ("no-overlap-grad-reduce", po::bool_switch(), "reduce gradients after backward instead of during it")
@@ -470,10 +471,14 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(!vm["use-torch-fsdp2"].as<bool>(), "--use-torch-fsdp2: mpitron has no PyTorch FSDP2",
        "use --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params, or --zero-stage 3 (the same "
        "sharding of parameters, gradients and optimizer state)");
-  need(!vm["optimizer-cpu-offload"].as<bool>() && !vm.count("optimizer-offload-fraction"),
-       "--optimizer-cpu-offload / --optimizer-offload-fraction: CPU optimizer offload is not built in mpitron",
-       "drop them; --zero-stage 3 shards the optimizer state (and parameters and gradients) over the data-parallel "
-       "ranks instead");
+  if (vm["optimizer-cpu-offload"].as<bool>()) a.optim.cpu_offload = true;
+  if (vm.count("optimizer-offload-fraction")) {
+    const double f = vm["optimizer-offload-fraction"].as<double>();
+    need(a.optim.cpu_offload, "--optimizer-offload-fraction needs --optimizer-cpu-offload", "add --optimizer-cpu-offload");
+    need(f == 1.0, str("--optimizer-offload-fraction ", f, ": only 1.0 is built (every rank's whole optimizer state in "
+                       "host memory)"),
+         "use 1.0, or drop --optimizer-cpu-offload");
+  }
   if (vm.count("data-parallel-sharding-strategy")) {
     const std::string st = vm["data-parallel-sharding-strategy"].as<std::string>();
     const std::vector<std::string> names = {"no_shard", "optim", "optim_grads", "optim_grads_params"};

@@ -95,8 +95,27 @@ DeepSpeedConfig read_deepspeed_config(const std::string& path) {
         else if (zk == "stage3_prefetch_bucket_size") c.prefetch_bucket_size = get_int(path, zv, name, 0, big);
         else if (zk == "stage3_param_persistence_threshold") c.persistence_threshold = get_int(path, zv, name, 0, big);
         else if (zk == "stage3_max_live_parameters") c.max_live_parameters = get_int(path, zv, name, 1, big);
-        else if (zk == "offload_optimizer" || zk == "offload_param")
+        else if (zk == "offload_optimizer") {
+          if (!zv.is_object()) bad(path, name + " must be an object");
+          for (const auto& [ok, ov] : zv.items()) {
+            const std::string oname = name + "." + ok;
+            if (ok == "device") {
+              const std::string d = ov.is_string() ? ov.get<std::string>() : "";
+              if (d == "cpu") c.offload_optimizer = true;
+              else if (d == "none") c.offload_optimizer = false;
+              else offload.push_back(str(oname, " ", json_excerpt(ov)));
+            } else if (ok == "pin_memory") {
+              get_bool(path, ov, oname);
+              c.notes.push_back(str("DeepSpeed ", oname, ": the host copies use pageable memory"));
+            } else if (ok == "ratio") {
+              if (get_num(path, ov, oname, 0, 1) != 1.0) offload.push_back(str(oname, " below 1"));
+            } else {
+              unsupported.push_back(oname);
+            }
+          }
+        } else if (zk == "offload_param") {
           offload.push_back(name);
+        }
         else if (zk == "reduce_bucket_size") c.reduce_bucket_size = get_int(path, zv, name, 1, big);
         else if (auto it = zero_tuning().find(zk); it != zero_tuning().end())
           c.notes.push_back(str("DeepSpeed ", name, ": ", it->second));
@@ -126,16 +145,13 @@ DeepSpeedConfig read_deepspeed_config(const std::string& path) {
       unsupported.push_back(key);
     }
   }
-  if (!offload.empty()) {
-    std::string list;
-    for (const auto& k : offload) list += (list.empty() ? "" : " and ") + k;
-    bad(path, str(list, ": offloading to CPU or NVMe is not built in mpitron"),
-        "remove the key: ZeRO-3 (zero_optimization.stage 3) shards parameters, gradients and optimizer state "
-        "over the data-parallel ranks instead");
-  }
-  if (!unsupported.empty()) {
-    std::string list;
+  if (!offload.empty() || !unsupported.empty()) {  // every key mpitron cannot honour, in one error
+    std::string list, off;
     for (const auto& k : unsupported) list += (list.empty() ? "" : ", ") + k;
+    for (const auto& k : offload) off += (off.empty() ? "" : " and ") + k;
+    if (!off.empty())
+      list += str(list.empty() ? "" : "; ", off, " (offloading is built only for the whole optimizer state, to the "
+                  "CPU: offload_optimizer: {\"device\": \"cpu\"})");
     bad(path, str("mpitron cannot honour these keys: ", list),
         "remove them (docs/megatron-compat.md lists the keys mpitron reads: batch sizes, gradient_clipping, "
         "zero_optimization.stage 0-3 and its stage3_* keys, fp16, bf16)");
@@ -186,6 +202,13 @@ void apply_deepspeed_config(const DeepSpeedConfig& ds, const boost::program_opti
     if (given && !stage3)
       MPT_THROW(str("--deepspeed_config ", ds.file, " sets zero_optimization.", k, " but not stage 3"),
                 "set zero_optimization.stage to 3, or remove the key");
+  }
+  if (ds.offload_optimizer) {
+    if (!*ds.offload_optimizer && flag_given(vm, "optimizer-cpu-offload"))
+      MPT_THROW(str("--deepspeed_config ", ds.file, " sets zero_optimization.offload_optimizer.device = none but the "
+                    "command line gives --optimizer-cpu-offload"),
+                "make the two agree, or drop one of them");
+    a.optim.cpu_offload = a.optim.cpu_offload || *ds.offload_optimizer;
   }
   if (ds.prefetch_bucket_size) a.zero3.prefetch = *ds.prefetch_bucket_size > 0;
   if (ds.persistence_threshold) a.zero3.persistence_threshold = *ds.persistence_threshold;

@@ -8,7 +8,8 @@
 //   zero_optimization.stage 0–3     → --zero-stage (also overlap_comm → --[no-]overlap-grad-reduce,
 //                                     reduce_bucket_size → --ddp-bucket-size; stage 3's
 //                                     stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
-//                                     stage3_max_live_parameters → Zero3Config; offload_* refused by name)
+//                                     stage3_max_live_parameters → Zero3Config; offload_optimizer
+//                                     {device: cpu} → --optimizer-cpu-offload; nvme, offload_param refused)
 //   fp16.enabled, loss_scale (0: dynamic), initial_scale_power, loss_scale_window,
 //   hysteresis, min_loss_scale      → --fp16, --loss-scale, --initial-loss-scale 2^p, …
 //   bf16.enabled                    → --bf16
@@ -34,6 +35,7 @@ struct DeepSpeedConfig {
   // stage 3: prefetch (> 0: the next block is gathered ahead), blocks this small kept
   // whole, the most parameters gathered at once (at least one block)
   std::optional<int64_t> prefetch_bucket_size, persistence_threshold, max_live_parameters;
+  std::optional<bool> offload_optimizer;  // offload_optimizer.device: cpu (true) or none
   std::optional<bool> fp16, bf16;
   std::optional<double> loss_scale;           // 0: dynamic
   std::optional<int64_t> initial_scale_power;  // initial dynamic scale 2^p

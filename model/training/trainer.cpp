@@ -704,6 +704,9 @@ TrainSummary Trainer::run() {
             {act.chunk, act.op == parallel::Op::Forward ? 'F' : act.op == parallel::Op::Backward ? 'B' : 'W'});
   }
   const int stage = m.grad_ranks() > 1 ? static_cast<int>(a.zero_stage) : 0;  // one rank: replicated
+  shard.optimizer_offload = a.optim.cpu_offload && !m.device.is_cpu();
+  if (a.optim.cpu_offload && m.device.is_cpu())
+    log_info("--optimizer-cpu-offload on the CPU: the optimizer state is in host memory already (nothing moves)");
   if (stage == 3) {
     const Zero3Footprint f = zero3_footprint(m.model->params(), a.zero3);
     shard.zero3_block = f.largest_block;

@@ -148,14 +148,22 @@ TEST_CASE("DeepSpeed JSON (BigScience style) maps onto the options; conflicts an
             .find("gradient_accumulation_steps 3") != std::string::npos);
   // Keys mpitron cannot honour are listed together.
   const std::string unk = write_file(dir / "unk.json", R"({"optimizer": {"type": "Adam"},
-      "zero_optimization": {"stage": 2, "offload_optimizer": {}}, "fp16": {"enabled": true, "auto_cast": true}})");
+      "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}, "fp16": {"enabled": true, "auto_cast": true}})");
   const std::string e = error_of(with(model_flags(), {"--mock-data", "--deepspeed", "--deepspeed_config", unk}));
   CHECK(e.find("optimizer") != std::string::npos);
-  CHECK(e.find("zero_optimization.offload_optimizer") != std::string::npos);
+  CHECK(e.find("zero_optimization.offload_param") != std::string::npos);
   CHECK(e.find("fp16.auto_cast") != std::string::npos);
-  const std::string z3 = write_file(dir / "z3.json", R"({"zero_optimization": {"stage": 3}})");
-  CHECK(error_of(with(model_flags(), {"--mock-data", "--deepspeed", "--deepspeed_config", z3})).find("stage 3") !=
-        std::string::npos);
+  // Stage 3 and its keys (tests/model/test_trainer_zero3.cpp trains with them).
+  const std::string z3 = write_file(dir / "z3.json", R"({"zero_optimization": {"stage": 3,
+      "stage3_param_persistence_threshold": 10, "offload_optimizer": {"device": "cpu"}}})");
+  const TrainArgs a3 = parse(with(model_flags(), {"--mock-data", "--deepspeed", "--deepspeed_config", z3}), 2);
+  CHECK(a3.zero_stage == 3);
+  CHECK(a3.zero3.persistence_threshold == 10);
+  CHECK(a3.optim.cpu_offload);
+  const std::string z2p = write_file(dir / "z2p.json", R"({"zero_optimization": {"stage": 2,
+      "stage3_prefetch_bucket_size": 0}})");
+  CHECK(error_of(with(model_flags(), {"--mock-data", "--deepspeed", "--deepspeed_config", z2p}), 2)
+            .find("stage3_prefetch_bucket_size but not stage 3") != std::string::npos);
   CHECK(error_of(with(model_flags(), {"--mock-data", "--deepspeed"})).find("--deepspeed needs --deepspeed_config") !=
         std::string::npos);
   CHECK(error_of(with(model_flags(), {"--mock-data", "--deepspeed", "--deepspeed_config", (dir / "nope.json").string()}))

@@ -48,7 +48,8 @@ TEST_CASE("ZeRO-3 trains to the single-process losses under every data-parallel 
     f << R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
              "zero_optimization": {"stage": 3, "overlap_comm": true, "reduce_bucket_size": 3000,
                                    "stage3_prefetch_bucket_size": 0, "stage3_param_persistence_threshold": 100,
-                                   "stage3_max_live_parameters": 1000000}})";
+                                   "stage3_max_live_parameters": 1000000,
+                                   "offload_optimizer": {"device": "cpu", "pin_memory": true}}})";
   }
   MPI_Barrier(MPI_COMM_WORLD);
   struct Layout {
@@ -56,8 +57,13 @@ TEST_CASE("ZeRO-3 trains to the single-process losses under every data-parallel 
     std::vector<std::string> extra;
   };
   const std::vector<Layout> layouts = {
+      // First: the simulated device's quick set (and the GPU's): ZeRO-3 with the optimizer
+      // state in host memory (on the CPU the offload moves nothing; the next layouts
+      // cover plain ZeRO-3 there).
+      {2, {"--zero-stage", "3", "--optimizer-cpu-offload"}},
       {2, {"--zero-stage", "3"}},
       {2, {"--zero-stage", "3", "--recompute-activations"}},
+      {2, {"--use-distributed-optimizer", "--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"}},
       {2, {"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params", "--overlap-param-gather"}},
       {2, {"--deepspeed", "--deepspeed_config", ds}},  // no prefetch, small blocks kept whole
       {2, {"--zero-stage", "3", "--bf16"}},  // against the one-process bf16 run below
@@ -148,7 +154,10 @@ TEST_CASE("ZeRO-3 flags: what is not built is refused by name") {
   CHECK_THROWS_WITH_AS(parse({"--zero-stage", "3", "--pipeline-model-parallel-size", "2"}),
                        doctest::Contains("--zero-stage 3"), Error);
   CHECK_THROWS_WITH_AS(parse({"--use-torch-fsdp2"}), doctest::Contains("--use-torch-fsdp2"), Error);
-  CHECK_THROWS_WITH_AS(parse({"--optimizer-cpu-offload"}), doctest::Contains("--optimizer-cpu-offload"), Error);
+  CHECK(parse({"--zero-stage", "3", "--optimizer-cpu-offload"}).optim.cpu_offload);
+  CHECK_THROWS_WITH_AS(parse({"--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"}),
+                       doctest::Contains("--optimizer-offload-fraction 0.5"), Error);
+  CHECK_THROWS_WITH_AS(parse({"--optimizer-offload-fraction", "1.0"}), doctest::Contains("--optimizer-cpu-offload"), Error);
   CHECK_THROWS_WITH_AS(parse({"--data-parallel-sharding-strategy", "optim"}), doctest::Contains("--use-megatron-fsdp"),
                        Error);
   CHECK_THROWS_WITH_AS(parse({"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim", "--zero-stage", "3"}),
@@ -156,10 +165,11 @@ TEST_CASE("ZeRO-3 flags: what is not built is refused by name") {
   const std::string ds = (dir / ("ds_offload" + std::to_string(world_rank()) + ".json")).string();
   {
     std::ofstream f(ds);
-    f << R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme"}}})";
+    f << R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "cpu"}}})";
   }
   CHECK_THROWS_WITH_AS(parse({"--deepspeed", "--deepspeed_config", ds}),
-                       doctest::Contains("zero_optimization.offload_optimizer and zero_optimization.offload_param"), Error);
+                       doctest::Contains("zero_optimization.offload_optimizer.device \"nvme\" and zero_optimization.offload_param"),
+                       Error);
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) fs::remove_all(dir);
 }
