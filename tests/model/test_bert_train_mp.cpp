@@ -146,6 +146,7 @@ TEST_CASE("pretrain_bert: every kind of layout gives the single-process lm and s
       {4, true, {"--tensor-model-parallel-size", "2", "--use-distributed-optimizer", "--recompute-activations"}},
       {4, true, {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
                  "--use-distributed-optimizer"}},                                   // interleaved PP2 x DP2
+      {2, true, {"--zero-stage", "3"}},  // DP2 + ZeRO-3 (last: the simulated device's index 3 stays zb-h1)
   };
   // MPITRON_BERT_TEST_LAYOUTS=i,j,… runs only those layouts of this world size (0-based, in
   // the order above): the simulated device's quick set (tests/cuda_sim/run.sh).

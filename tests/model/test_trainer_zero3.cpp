@@ -67,6 +67,7 @@ TEST_CASE("ZeRO-3 trains to the single-process losses under every data-parallel 
       {2, {"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params", "--overlap-param-gather"}},
       {2, {"--deepspeed", "--deepspeed_config", ds}},  // no prefetch, small blocks kept whole
       {2, {"--zero-stage", "3", "--bf16"}},  // against the one-process bf16 run below
+      {2, {"--zero-stage", "3", "--initial-loss-scale", "4096", "--fp16"}},  // fp16, dynamic loss scaling
       {4, {"--zero-stage", "3"}},
       {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", "3", "--recompute-activations"}},
   };
@@ -76,11 +77,12 @@ TEST_CASE("ZeRO-3 trains to the single-process losses under every data-parallel 
   int ran = 0;
   for (const Layout& l : layouts) {
     if (l.ranks != world || (quick && ran > 0)) continue;
-    if (std::find(l.extra.begin(), l.extra.end(), "--bf16") != l.extra.end()) {
-      // bf16: the same rounding of the same f32 master weights; the sums' order differs,
-      // which bf16 activations amplify: 1e-3 relative.
-      const Result single16 = single_process(plus(flags(data), {"--bf16"}));
-      check_close(run(plus(flags(data), l.extra), MPI_COMM_WORLD), single16, 1e-3, "--bf16 ZeRO-3");
+    const std::string half = l.extra.back();
+    if (half == "--bf16" || half == "--fp16") {
+      // 16-bit: the same rounding of the same f32 master weights; the sums' order differs,
+      // which 16-bit activations amplify: 1e-3 relative.
+      const Result single16 = single_process(plus(flags(data), {l.extra.begin() + 2, l.extra.end()}));  // no --zero-stage
+      check_close(run(plus(flags(data), l.extra), MPI_COMM_WORLD), single16, 1e-3, half + " ZeRO-3");
       ++ran;
       continue;
     }
