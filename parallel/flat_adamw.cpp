@@ -1,5 +1,7 @@
 #include "parallel/flat_adamw.h"
 
+#include "parallel/communicator.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -76,6 +78,16 @@ StepResult FlatAdamW::step(const Tensor& grads, double scaled_sq_norm, double un
   }
   if (offload_ && values_.numel() > 0) values_.copy_from(host_values_.defined() ? host_values_ : master_);
   return r;
+}
+
+StepResult FlatAdamW::reduced_step(const Tensor& grads, Communicator* dp, Communicator* norm_group, float loss_scale,
+                                   float lr, const std::function<bool(double)>& veto) {
+  Tensor sq = Tensor::zeros({1}, DType::F32, grads.device());
+  add_sum_squares(grads, sq);
+  if (dp) dp->all_reduce(sq, ReduceOp::Sum);
+  if (norm_group) norm_group->all_reduce(sq, ReduceOp::Sum);
+  const double unscale = static_cast<double>(loss_scale) * (dp ? dp->size() : 1);
+  return step(grads, static_cast<double>(sq.item()), unscale, lr, veto);
 }
 
 void FlatAdamW::sync_values_from_master() {

@@ -7,8 +7,8 @@
 //   master (n) f32 — a view of the compute-dtype values when they are f32, else a copy
 //   m, v   (n) f32
 // and the weight-decay segments of the parameters crossing it. One step:
-//   1. the caller sums Σg² of the gradients it owns (add_sum_squares: only the
-//      parameters counted in the norm) and reduces it over its groups;
+//   1. Σg² of the gradients the slice owns (add_sum_squares: only the parameters
+//      counted in the norm), summed over the rank's groups (reduced_step does both);
 //   2. step(): the unscaled norm, the veto, non-finite → skipped, clipping as
 //      torch.nn.utils.clip_grad_norm_, then tensor/adamw.h's fused kernel once
 //      per segment, writing the new master and the compute-dtype copy.
@@ -60,6 +60,11 @@ class FlatAdamW {
   // veto(grad_norm) true skips the update (every rank must decide alike).
   StepResult step(const Tensor& grads, double scaled_sq_norm, double unscale, float lr,
                   const std::function<bool(double)>& veto = {});
+  // The whole step of a rank's slice: Σg² summed over `dp` (the slice holds dp sums of
+  // gradients: the 1/dp of the average is folded in; null: replicated gradients) and over
+  // `norm_group` (model-parallel ranks; may be null), then step().
+  StepResult reduced_step(const Tensor& grads, Communicator* dp, Communicator* norm_group, float loss_scale,
+                          float lr, const std::function<bool(double)>& veto = {});
   // After loading master weights: round them into the compute-dtype values.
   void sync_values_from_master();
 

@@ -129,14 +129,8 @@ StepResult ZeroOptimizer::step(float lr, float loss_scale, const std::function<b
   }
   buckets_->wait_all();
   reduced_ = false;
-  // Global norm: every element is owned by exactly one dp rank.
-  Tensor sq = Tensor::zeros({1}, DType::F32, shard_grads_.device());
-  adam_.add_sum_squares(shard_grads_, sq);
-  dp_.all_reduce(sq, ReduceOp::Sum);
-  if (norm_group_) norm_group_->all_reduce(sq, ReduceOp::Sum);
-  // The shard holds dp-summed gradients: the 1/dp of the average is folded in here.
-  const StepResult r = adam_.step(shard_grads_, static_cast<double>(sq.item()),
-                                  static_cast<double>(loss_scale) * dp_.size(), lr, veto);
+  // Global norm: every element is owned by exactly one dp rank; the shard holds dp sums.
+  const StepResult r = adam_.reduced_step(shard_grads_, &dp_, norm_group_, loss_scale, lr, veto);
   if (r.skipped) return r;
   if (cfg_.overlap_param_gather) start_param_gather();
   else all_gather_values();

@@ -19,10 +19,7 @@ AdamWOptimizer::AdamWOptimizer(ParamSet& params, const OptimizerConfig& cfg, Com
     : params_(params), norm_group_(norm_group), adam_(params.values(), 0, flat_params(params), cfg) {}
 
 StepResult AdamWOptimizer::step(float lr, float loss_scale, const std::function<bool(double)>& veto) {
-  Tensor sq = Tensor::zeros({1}, DType::F32, params_.grads().device());
-  adam_.add_sum_squares(params_.grads(), sq);
-  if (norm_group_) norm_group_->all_reduce(sq, ReduceOp::Sum);
-  return adam_.step(params_.grads(), static_cast<double>(sq.item()), loss_scale, lr, veto);
+  return adam_.reduced_step(params_.grads(), nullptr, norm_group_, loss_scale, lr, veto);
 }
 
 LossScaler::LossScaler(const LossScalerConfig& c) : cfg_(c) {

@@ -106,12 +106,7 @@ class Zero3States final : public ModelStates {
   StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto) override {
     finish_reductions();
     release_blocks();
-    Tensor sq = Tensor::zeros({1}, DType::F32, grad_shard_.device());
-    adam_.add_sum_squares(grad_shard_, sq);
-    dp_.all_reduce(sq, ReduceOp::Sum);
-    if (norm_) norm_->all_reduce(sq, ReduceOp::Sum);
-    const StepResult r = adam_.step(grad_shard_, static_cast<double>(sq.item()),
-                                    static_cast<double>(loss_scale) * dp_.size(), lr, veto);
+    const StepResult r = adam_.reduced_step(grad_shard_, &dp_, norm_, loss_scale, lr, veto);
     if (!r.skipped) refresh_persistent();
     return r;
   }
