@@ -15,6 +15,7 @@
 #include "model/training/arguments.h"
 #include "model/training/gpt_data.h"
 #include "model/training/trainer.h"
+#include "tests/model/trainer_test_util.h"
 #include "tests/model/mpi_test_util.h"
 #include "parallel/communicator.h"
 
@@ -42,16 +43,8 @@ std::vector<std::string> flags(const std::string& data, int iters) {
 std::vector<double> run(std::vector<std::string> f, int dp) {
   TrainArgs a;
   a.data_parallel_size = dp;
-  std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
-  for (auto& s : f) argv.push_back(s.data());
-  REQUIRE(parse_train_args(static_cast<int>(argv.size()), argv.data(), a));
-  a.model.vocab_size = 50257;
-  a.model.padded_vocab_size = 50304;
-  // Index caches: rank 0 builds, then the others load.
-  std::shared_ptr<SampleSource> data;
-  if (world_rank() == 0) data = make_gpt_data(a, 50257);
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (world_rank() != 0) data = make_gpt_data(a, 50257);
+  testing::trainer::parse_test_flags(std::move(f), a);
+  const std::shared_ptr<SampleSource> data = testing::trainer::test_gpt_data(a);
   ParallelContext par;
   std::unique_ptr<Communicator> comm;
   if (dp > 1) {

@@ -47,21 +47,34 @@ struct Result {
   double valid_loss = 0;
 };
 
+// The flags parsed into `a` (which may carry the world or dp size already), with GPT-2's
+// vocabulary.
+inline void parse_test_flags(std::vector<std::string> f, TrainArgs& a) {
+  std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
+  for (auto& s : f) argv.push_back(s.data());
+  REQUIRE(parse_train_args(static_cast<int>(argv.size()), argv.data(), a));
+  a.model.vocab_size = 50257;
+  a.model.padded_vocab_size = 50304;
+}
+
+// The flags' dataset on every rank of the world: rank 0 builds the index caches first,
+// the others then load them.
+inline std::shared_ptr<SampleSource> test_gpt_data(const TrainArgs& a) {
+  std::shared_ptr<SampleSource> data;
+  if (world_rank() == 0) data = make_gpt_data(a, 50257);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() != 0) data = make_gpt_data(a, 50257);
+  return data;
+}
+
 // Trains on `comm` (MPI_COMM_SELF: one process) with the layout the flags give.
 inline Result run(std::vector<std::string> f, MPI_Comm comm) {
   int size = 1;
   MPI_Comm_size(comm, &size);
   TrainArgs a;
   a.world_size = size;
-  std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
-  for (auto& s : f) argv.push_back(s.data());
-  REQUIRE(parse_train_args(static_cast<int>(argv.size()), argv.data(), a));
-  a.model.vocab_size = 50257;
-  a.model.padded_vocab_size = 50304;
-  std::shared_ptr<SampleSource> data;
-  if (world_rank() == 0) data = make_gpt_data(a, 50257);  // index caches: rank 0 first
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (world_rank() != 0) data = make_gpt_data(a, 50257);
+  parse_test_flags(std::move(f), a);
+  const std::shared_ptr<SampleSource> data = test_gpt_data(a);
   ParallelRuntime rt(comm, a);
 #if defined(MPITRON_CUDA_SIM)
   if (test_device() == "cuda") {  // through parallel/comm_nccl.cpp
