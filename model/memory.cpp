@@ -83,8 +83,15 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   m.master_weights = c.compute_dtype == DType::F32 ? 0 : 4 * shard;
   m.moments = 8 * shard;
   if (zero_stage == 3) {
-    m.weights = e * (shard + r.zero3_persistent + r.zero3_live * r.zero3_block);
-    m.gradients = 4 * (shard + r.zero3_persistent + 2 * r.zero3_block);  // one block computing, one reducing
+    // Blocks whose gradients are being computed: one, or under a split backward every
+    // block of this rank (each may await its W); plus the block being reduced and
+    // this rank's piece of its sum.
+    bool split_bw = false;
+    for (const auto& a : r.compute_order) split_bw |= a.second == 'W';
+    const int64_t computing = split_bw ? std::max<int64_t>(1, r.layers_per_chunk * r.num_chunks) : 1;
+    const int64_t live = std::max<int64_t>(r.zero3_live, split_bw ? computing : 0);
+    m.weights = e * (shard + r.zero3_persistent + live * r.zero3_block);
+    m.gradients = 4 * (shard + r.zero3_persistent + (computing + 1) * r.zero3_block + (r.zero3_block + dp - 1) / dp);
   }
   if (r.optimizer_offload) {  // master + moments, the gradients' and (16-bit) the values' host copies
     m.host_optimizer = 4 * shard + m.moments + 4 * shard + (e < 4 ? e * shard : 0);

@@ -605,9 +605,6 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(a.zero_stage != 2 || pp == 1, "--zero-stage 2 reduce-scatters gradients per micro-batch, which pipeline "
                                     "schedules interleave: it is not available with --pipeline-model-parallel-size > 1",
        "use --zero-stage 1 (--use-distributed-optimizer) with pipeline parallelism");
-  need(a.zero_stage < 3 || pp == 1, "--zero-stage 3 gathers each block before its forward and backward and reduces "
-                                    "its gradients every micro-batch; that is not built for pipeline schedules",
-       "use --zero-stage 1 with --pipeline-model-parallel-size > 1, or --zero-stage 3 with tensor and data parallelism");
   need(a.lr_decay_style == "constant" || a.lr_decay_style == "linear" || a.lr_decay_style == "cosine",
        str("--lr-decay-style ", a.lr_decay_style, " is not supported"), "use constant, linear or cosine");
   need(a.device == "auto" || a.device == "cpu" || a.device == "cuda", str("--device ", a.device, " unknown"),

@@ -17,12 +17,15 @@
 //     next block's reduction is launched (at most two blocks' gradients alive);
 //   - the parameters outside blocks (embeddings, final norm, heads) and blocks of at
 //     most stage3_param_persistence_threshold elements: persistent (whole values and
-//     gradients; the gradients reduce-scattered at the end of each backward, the
+//     gradients; the gradients summed over the step's micro-batches and
+//     reduce-scattered once, after the last, straight into the gradient shard; the
 //     values all-gathered after each update).
 // Outside steps whole() gathers the whole model into the ParamSet (evaluation,
 // checkpoints, statistics), released again at the next zero_grad().
-// Not built: pipeline parallelism (refused by name in model/training/arguments.cpp),
-// sharding the persistent units, initialising without the whole model (the model is
+// Pipeline schedules: each stage shards its own parameters over its dp group; a block
+// in backward for one micro-batch while another's B or deferred W is still due keeps its
+// gradient buffer until the last of them (Unit::outstanding), then reduces the sum.
+// Not built: sharding the persistent units, initialising without the whole model (the model is
 // built and initialised whole, then sharded).
 #include <algorithm>
 #include <cstdio>
@@ -85,10 +88,11 @@ class Zero3States final : public ModelStates {
     for (Unit& u : units_)
       if (!u.block) u.grads.zero();
   }
-  void begin_backward(bool) override {}
-  void add_hooks(ForwardOptions& o, bool grads_final) override {
-    MPT_CHECK(grads_final, "ZeRO-3 reduces every micro-batch's gradients; a pipeline schedule is not built for it",
-              "this is a bug: --zero-stage 3 with pipeline parallelism is refused at start-up");
+  void begin_backward(bool last) override { last_ = last; }
+  // grads_final is not needed: a block's gradients are reduced whenever no backward of
+  // it is outstanding (every micro-batch without a pipeline; under a schedule, when its
+  // last started backward, or deferred W, has finished).
+  void add_hooks(ForwardOptions& o, bool) override {
     o.params_needed = [this](size_t first, size_t) { forward_needs(unit_of_[first]); };
     o.params_needed_backward = [this](size_t first, size_t) { backward_needs(unit_of_[first]); };
     o.grads_ready = [this](size_t first, size_t) { reduce_unit(unit_of_[first]); };
@@ -96,12 +100,16 @@ class Zero3States final : public ModelStates {
   void end_backward() override {
     for (size_t k = 0; k < units_.size(); ++k) {
       Unit& u = units_[k];
-      if (u.block && u.grads.defined()) reduce_unit(k);  // a block whose backward reported nothing
-      if (!u.block) reduce(u, u.grads);
+      if (u.block && u.grads.defined()) {  // a block whose backward reported nothing
+        u.outstanding = 1;
+        reduce_unit(k);
+      }
+      // The persistent units' gradients add up over the step's micro-batches and are
+      // reduced once, after the last, straight into the gradient shard (nothing else
+      // writes their slice of it).
+      if (!u.block && last_) reduce(u, u.grads, /*direct=*/true);
     }
     finish_reductions();
-    for (Unit& u : units_)
-      if (!u.block) u.grads.zero();  // reduced into the shards: this micro-batch's part is counted
   }
   StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto) override {
     finish_reductions();
@@ -152,11 +160,13 @@ class Zero3States final : public ModelStates {
   struct Unit : StateUnit {      // block: gathered on demand (else persistent)
     Tensor values, grads;        // (size) compute dtype / f32, undefined when released
     WorkPtr gather;              // an all-gather into values still in flight
+    int outstanding = 0;         // backwards started (B) whose gradients are not final yet (W)
   };
   struct Reduction {
     WorkPtr work;
     Tensor in, out;  // the unit's gradients (kept alive), this rank's piece
     int64_t at = 0;  // the piece's offset in the gradient shard
+    bool direct = false;  // out is that slice of the shard itself
   };
 
   void build_units() {
@@ -211,6 +221,7 @@ class Zero3States final : public ModelStates {
     }
     u.values = Tensor();
     u.grads = Tensor();
+    u.outstanding = 0;
     point(k);
   }
   void release_blocks() {
@@ -234,27 +245,35 @@ class Zero3States final : public ModelStates {
     if (!u.block) return;
     MPT_CHECK(!whole_, "ZeRO-3: a backward after whole() without zero_grad()", "this is a bug in the trainer");
     if (!u.grads.defined()) u.grads = Tensor::zeros({u.size()}, DType::F32, values_shard_.device());
+    ++u.outstanding;
     gathered(k);
     if (prefetch_ && neighbour(k, -1) < units_.size()) start_gather(neighbour(k, -1));
   }
-  // A block's gradients are final for this micro-batch: to their owners, then freed.
+  // A backward of a block has finished (its deferred W included). When none is
+  // outstanding (a pipeline schedule may have started the next micro-batch's B before
+  // this one's W), the gradients summed so far go to their owners and are freed.
   void reduce_unit(size_t k) {
     Unit& u = units_[k];
     if (!u.block) return;
-    MPT_CHECK(u.grads.defined(), str("ZeRO-3: the gradients of parameters ", u.first, "..", u.end,
-                                     " were reported final but the block's backward never asked for them"),
+    MPT_CHECK(u.grads.defined() && u.outstanding > 0,
+              str("ZeRO-3: the gradients of parameters ", u.first, "..", u.end,
+                  " were reported final but the block's backward never asked for them"),
               "this is a bug in the model's hooks");
+    if (--u.outstanding > 0) return;
     reduce(u, u.grads);
     release(k);
     finish_reductions(1);  // the previous block's reduction: at most two blocks' gradients alive
   }
-  void reduce(const Unit& u, const Tensor& grads) {
+  // direct: into the gradient shard itself (its slice holds nothing yet this step),
+  // else into a piece added to it when the reduction completes.
+  void reduce(const Unit& u, const Tensor& grads, bool direct = false) {
     const std::vector<int64_t> counts = layout_.pieces(u.begin, u.stop);
     const int64_t c = counts[static_cast<size_t>(dp_.rank())];
     Reduction r;
     r.in = grads;
-    r.out = Tensor::empty({c}, DType::F32, grads.device());
     r.at = c > 0 ? std::max(u.begin, sb_) - sb_ : 0;
+    r.direct = direct;
+    r.out = direct ? grad_shard_.flat_range(r.at, c) : Tensor::empty({c}, DType::F32, grads.device());
     r.work = dp_.reduce_scatter_v_async(grads, r.out, counts, ReduceOp::Sum);
     pending_.push_back(std::move(r));
   }
@@ -264,7 +283,7 @@ class Zero3States final : public ModelStates {
     for (size_t i = 0; i < n; ++i) {
       Reduction& r = pending_[i];
       r.work->wait();
-      if (r.out.numel() > 0) axpby(1.0f, r.out, 1.0f, grad_shard_.flat_range(r.at, r.out.numel()));
+      if (!r.direct && r.out.numel() > 0) axpby(1.0f, r.out, 1.0f, grad_shard_.flat_range(r.at, r.out.numel()));
     }
     pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
   }
@@ -298,6 +317,7 @@ class Zero3States final : public ModelStates {
   std::vector<Reduction> pending_;
   bool whole_ = false;
   bool prefetch_ = true;
+  bool last_ = true;  // the step's last micro-batch is in backward
 };
 
 }  // namespace

@@ -534,8 +534,12 @@ struct Trainer::Impl {
     const parallel::Schedule& sched = schedules.begin()->second;
     if (sched.rank_of_stage(0) == sched.rank_of_stage(sched.stages() - 1)) return;  // V: both ends on one rank, one copy
     const ParamSet& ps = model->params();
-    for (const ParamInfo& w : ps.infos())
-      if (w.role == ParamRole::WordEmbedding) par.embedding->all_reduce(ps.grads().flat_range(w.offset, w.numel()), ReduceOp::Sum);
+    // Each parameter's own gradient (ZeRO-3 keeps them outside the flat buffer).
+    for (size_t i = 0; i < ps.infos().size(); ++i)
+      if (ps.infos()[i].role == ParamRole::WordEmbedding) {
+        Tensor g = ps.var(i).grad().view({ps.infos()[i].numel()});
+        par.embedding->all_reduce(g, ReduceOp::Sum);
+      }
   }
 
   std::unique_ptr<AsyncSaver> async;  // --async-save
