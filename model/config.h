@@ -100,7 +100,10 @@ struct TransformerConfig {
   bool learned_positions() const { return position_embedding == PositionEmbedding::Learned; }
   bool norm_has_bias() const { return normalization == Normalization::LayerNorm; }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
-  bool gelu_erf() const { return mlp == MlpKind::GeluErf; }  // BERT's MLM head transform uses the same GELU
+  bool gelu_erf() const { return mlp == MlpKind::GeluErf; }
+  // The output layer reads the word embedding (a copy on the last pipeline stage too);
+  // untied heads and sequence classifiers (no LM head) do not.
+  bool tied_output() const { return !untie_embeddings && !(bert && num_classes > 0); }  // BERT's MLM head transform uses the same GELU
   AttentionMaskKind attention_mask() const {
     return !causal ? AttentionMaskKind::Padding : window_size > 0 ? AttentionMaskKind::SlidingWindow : AttentionMaskKind::Causal;
   }

@@ -173,11 +173,10 @@ std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
   using I = ParamInit;
   using S = HfScheme;
   std::vector<ParamSpec> v;
-  const bool classifier = c.bert && c.num_classes > 0;  // no LM head: wte is only the embedding
   ParamSpec wte = split(row("wte", R::WordEmbedding, {V, C}, I::Normal,
-                            c.untie_embeddings || classifier ? ParamPlace::FirstStage : ParamPlace::FirstAndLast),
+                            c.tied_output() ? ParamPlace::FirstAndLast : ParamPlace::FirstStage),
                         0);
-  wte.matmul = !c.untie_embeddings && !classifier;  // the tied head's matmul
+  wte.matmul = c.tied_output();  // the tied head's matmul
   const std::vector<std::string> tied_head = c.untie_embeddings ? std::vector<std::string>{}
                                                                 : std::vector<std::string>{"lm_head.weight"};
   v.push_back(hf(vocab(wte), fam, 0,
@@ -203,7 +202,7 @@ std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
     if (c.norm_has_bias())
       v.push_back(hf(row("lnf.bias", R::FinalNormBias, {C}, I::Zeros, last), fam, 0, {{S::Gpt2, {"ln_f.bias"}}}));
   }
-  if (classifier) {  // Megatron's Classification: pooler tanh(dense([CLS])), then dropout and a K-way linear
+  if (c.bert && c.num_classes > 0) {  // Megatron's Classification: pooler tanh(dense([CLS])), then dropout and a K-way linear
     v.push_back(matmul(row("pooler.dense.weight", R::PoolerWeight, {C, C}, I::Normal, last)));
     v.push_back(row("pooler.dense.bias", R::PoolerBias, {C}, I::Zeros, last));
     v.push_back(matmul(row("classification_head.weight", R::ClassificationHeadWeight, {c.num_classes, C}, I::Normal, last)));

@@ -71,6 +71,8 @@ struct TrainArgs {
   int64_t eval_interval = 1000;            // --eval-interval
   int64_t eval_iters = 100;                // --eval-iters
   int64_t exit_interval = 0;               // --exit-interval: stop after an iteration divisible by it
+  int64_t epoch_iters = 0;                 // finetune: iterations per epoch; after each, an evaluation
+                                           //   (and with --save a checkpoint); 0: no epochs
   bool log_params_norm = false;            // --log-params-norm: L2 norm of the weights on the log line
   bool log_num_zeros_in_grad = false;      // --log-num-zeros-in-grad: zero gradient elements on the log line
   bool log_timers_to_tensorboard = false;  // --log-timers-to-tensorboard: forward-backward and optimizer ms

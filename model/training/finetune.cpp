@@ -22,6 +22,7 @@
 #include "model/training/checkpointing.h"
 #include "model/training/lr_schedule.h"
 #include "model/training/parallel_runtime.h"
+#include "model/training/trainer.h"
 #include "parallel/communicator.h"
 #include "parallel/job_exit.h"
 
@@ -252,8 +253,8 @@ PretrainedLoad load_pretrained_encoder(const std::string& dir, GPT& model, MPI_C
 
 bool parse_finetune_args(int argc, char** argv, FinetuneArgs& a) {
   namespace po = boost::program_options;
-  int64_t pp = 1, vpp = 0;
-  bool sequence_parallel = false;
+  int64_t vpp = 0;
+  bool sequence_parallel = false, distributed_optimizer = false;
   GPTConfig& m = a.model;
   m = GPTConfig{};
   m.num_layers = 2, m.hidden_size = 64, m.num_attention_heads = 4, m.seq_length = 128, m.max_position_embeddings = 512;
@@ -293,8 +294,14 @@ bool parse_finetune_args(int argc, char** argv, FinetuneArgs& a) {
       ("eval-interval", po::value(&a.eval_interval)->default_value(0), "steps between accuracy evaluations (0: per epoch only)")
       ("seed", po::value(&a.seed)->default_value(1234), "init, shuffling and dropout seed")
       ("tensor-model-parallel-size", po::value(&a.tensor_model_parallel_size)->default_value(1), "tensor parallel ranks")
-      ("pipeline-model-parallel-size", po::value(&pp)->default_value(1), "must be 1: finetune has no pipeline")
+      ("pipeline-model-parallel-size", po::value(&a.pipeline_model_parallel_size)->default_value(1),
+       "pipeline stages (1f1b; the pooler and classifier on the last)")
       ("num-layers-per-virtual-pipeline-stage", po::value(&vpp), "not supported by finetune")
+      ("zero-stage", po::value(&a.zero_stage)->default_value(0), "0 | 1 | 2 | 3: how the model states are sharded over "
+       "the data-parallel ranks (as pretrain_gpt)")
+      ("use-distributed-optimizer", po::bool_switch(&distributed_optimizer), "= --zero-stage 1")
+      ("bf16", po::bool_switch(&a.bf16), "bf16 compute, fp32 master weights")
+      ("recompute-activations", po::bool_switch(&a.recompute_activations), "recompute each block in backward")
       ("sequence-parallel", po::bool_switch(&sequence_parallel), "not supported by finetune (the pooler reads [CLS] rows)")
       ("device", po::value(&a.device)->default_value("auto"), "auto | cpu | cuda")
       ("force-mpi-for-device", po::bool_switch(&a.force_mpi_for_device), "MPI (host-staged) collectives for GPU tensors");
@@ -320,8 +327,17 @@ bool parse_finetune_args(int argc, char** argv, FinetuneArgs& a) {
     MPT_THROW(str("finetune: ", e.what()), "run finetune --help for the flags it supports");
   }
   apply_model_flags(given_model_flags(vm), m, {FlagScope::Model, FlagScope::Bert});
-  MPT_CHECK(pp == 1, str("--pipeline-model-parallel-size ", pp, " is not supported by finetune"),
-            "fine-tune with data and tensor parallelism (--pipeline-model-parallel-size 1)");
+  MPT_CHECK(a.pipeline_model_parallel_size >= 1 && a.pipeline_model_parallel_size <= m.num_layers &&
+                m.num_layers % a.pipeline_model_parallel_size == 0,
+            str("--pipeline-model-parallel-size ", a.pipeline_model_parallel_size, " does not divide --num-layers ",
+                m.num_layers), "pick a divisor of the layer count");
+  MPT_CHECK(a.zero_stage >= 0 && a.zero_stage <= 3, str("--zero-stage ", a.zero_stage, " is not 0, 1, 2 or 3"), "");
+  MPT_CHECK(!distributed_optimizer || a.zero_stage <= 1,
+            str("--use-distributed-optimizer (ZeRO-1) and --zero-stage ", a.zero_stage, " were both given"), "pick one");
+  if (distributed_optimizer) a.zero_stage = 1;
+  MPT_CHECK(a.zero_stage != 2 || a.pipeline_model_parallel_size == 1,
+            "--zero-stage 2 is not available with --pipeline-model-parallel-size > 1",
+            "use --zero-stage 1 or 3 with pipeline parallelism");
   MPT_CHECK(vpp == 0, "--num-layers-per-virtual-pipeline-stage is not supported by finetune", "leave it out");
   MPT_CHECK(!sequence_parallel, "--sequence-parallel is not supported by finetune (the pooler reads the [CLS] rows)",
             "leave it out");
@@ -360,29 +376,83 @@ Dataset load_dataset(const ClassificationTask& task, const std::vector<std::stri
   return d;
 }
 
-// Mixes (seed, step, micro-batch) into one dropout seed: the same masks whatever rank runs it.
-uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(step) << 20) ^ static_cast<uint64_t>(micro);
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  return x;
-}
+// The trainer's view of a task's files. Split 0: the epochs one after another, each
+// the train samples in that epoch's order (a shuffle seeded seed + epoch, Megatron's),
+// cut to whole global batches (drop_last); split 1: the --valid-data files one after
+// another, each an evaluation set counted for accuracy.
+class ClassificationSource final : public SampleSource {
+ public:
+  ClassificationSource(Dataset train, std::vector<Dataset> valid, int64_t epoch_samples, int64_t epochs, uint64_t seed)
+      : train_(std::move(train)), valid_(std::move(valid)), epoch_samples_(epoch_samples) {
+    const int64_t n = static_cast<int64_t>(train_.samples.size());
+    for (int64_t e = 0; e < epochs; ++e) {
+      std::vector<int64_t> order(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+      std::mt19937_64 rng(seed + static_cast<uint64_t>(e));
+      for (int64_t i = n - 1; i > 0; --i)
+        std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(rng() % static_cast<uint64_t>(i + 1))]);
+      orders_.push_back(std::move(order));
+    }
+    for (const Dataset& d : valid_) {
+      sets_.push_back({d.name, valid_total_, static_cast<int64_t>(d.samples.size())});
+      valid_total_ += static_cast<int64_t>(d.samples.size());
+    }
+  }
+  int64_t num_samples(int split) const override {
+    return split == 0 ? epoch_samples_ * static_cast<int64_t>(orders_.size()) : split == 1 ? valid_total_ : 0;
+  }
+  void sample(int, int64_t, int32_t*) const override {
+    MPT_THROW("finetune's data are classification samples, not token runs", "this is a bug in the caller");
+  }
+  bool classification() const override { return true; }
+  void classification_sample(int split, int64_t index, ClassificationSample& out) const override {
+    if (split == 0) {
+      const std::vector<int64_t>& order = orders_.at(static_cast<size_t>(index / epoch_samples_));
+      out = train_.samples[static_cast<size_t>(order[static_cast<size_t>(index % epoch_samples_)])];
+      return;
+    }
+    MPT_CHECK(split == 1, "finetune has no test split", "");
+    for (const Dataset& d : valid_) {
+      if (index < static_cast<int64_t>(d.samples.size())) {
+        out = d.samples[static_cast<size_t>(index)];
+        return;
+      }
+      index -= static_cast<int64_t>(d.samples.size());
+    }
+    MPT_THROW(str("validation sample ", index, " is past the end"), "this is a bug in the caller");
+  }
+  std::vector<EvalSet> eval_sets() const override { return sets_; }
+
+ private:
+  Dataset train_;
+  std::vector<Dataset> valid_;
+  int64_t epoch_samples_;
+  std::vector<std::vector<int64_t>> orders_;
+  std::vector<EvalSet> sets_;
+  int64_t valid_total_ = 0;
+};
 
 }  // namespace
 
 FinetuneResult run_finetune(const FinetuneArgs& args, MPI_Comm world) {
   const ClassificationTask& task = find_classification_task(args.task);
-  TrainArgs ta;  // the layout ParallelRuntime reads
+  int world_size = 1;
+  MPI_Comm_size(world, &world_size);
+  TrainArgs ta;  // the trainer's flags: this run's layout, batch, schedule, precision
   ta.tensor_model_parallel_size = args.tensor_model_parallel_size;
+  ta.pipeline_model_parallel_size = args.pipeline_model_parallel_size;
+  const int64_t mp = ta.tensor_model_parallel_size * ta.pipeline_model_parallel_size;
+  MPT_CHECK(world_size % mp == 0,
+            str("the world of ", world_size, " ranks is not a multiple of --tensor-model-parallel-size x "
+                "--pipeline-model-parallel-size = ", mp), "launch a multiple of that many ranks");
+  ta.world_size = world_size;
+  ta.data_parallel_size = world_size / mp;
   ta.device = args.device;
   ta.force_mpi_for_device = args.force_mpi_for_device;
   ParallelRuntime rt(world, ta);
-  const ParallelContext par = rt.context();
   int world_rank = 0;
   MPI_Comm_rank(world, &world_rank);
   const bool printer = world_rank == 0;
-  const Device dev = rt.device();
 
   data::TokenizerSpec spec;
   spec.type = args.tokenizer_type;
@@ -391,161 +461,72 @@ FinetuneResult run_finetune(const FinetuneArgs& args, MPI_Comm world) {
   const std::string tokenizer_identity = data::tokenizer_identity(spec, *tok).dump();
   GPTConfig cfg = args.model;
   cfg.vocab_size = tok->vocab_size();
-  const int64_t mult = args.make_vocab_size_divisible_by * par.tp_size;
+  const int64_t mult = args.make_vocab_size_divisible_by * ta.tensor_model_parallel_size;
   cfg.padded_vocab_size = (cfg.vocab_size + mult - 1) / mult * mult;
+  if (args.bf16) cfg.compute_dtype = DType::BF16;
   cfg.validate();
 
-  const Dataset train = load_dataset(task, args.train_data, *tok, cfg.seq_length, "train");
+  Dataset train = load_dataset(task, args.train_data, *tok, cfg.seq_length, "train");
   std::vector<Dataset> valid;
   for (const std::string& f : args.valid_data)
     valid.push_back(load_dataset(task, {f}, *tok, cfg.seq_length, std::filesystem::path(f).filename().string()));
 
-  const int64_t dp = par.dp_size, mbs = args.micro_batch_size;
+  const int64_t dp = ta.data_parallel_size, mbs = args.micro_batch_size;
   const int64_t gbs = args.global_batch_size > 0 ? args.global_batch_size : mbs * dp;
   MPT_CHECK(gbs % (mbs * dp) == 0,
             str("--global-batch-size ", gbs, " is not a multiple of --micro-batch-size ", mbs, " x data-parallel size ", dp), "");
-  const int64_t micros = gbs / mbs;  // micro-batches per step, over all dp ranks
   const int64_t n_train = static_cast<int64_t>(train.samples.size());
-  const int64_t steps_per_epoch = n_train / gbs;
+  const int64_t steps_per_epoch = n_train / gbs;  // drop_last
   MPT_CHECK(steps_per_epoch >= 1, str("--train-data has ", n_train, " samples, fewer than a global batch of ", gbs), "");
   const int64_t total_steps = steps_per_epoch * args.epochs;
 
-  ModelParallel mp;
-  mp.tp = TensorParallel{par.tp, par.tp_size, par.tp_rank, false};
-  Bert model(cfg, dev, mp);
-  model.init_weights(args.seed);
-  if (!args.pretrained_checkpoint.empty()) {
-    const PretrainedLoad l = load_pretrained_encoder(args.pretrained_checkpoint, model.core(),
-                                                     rt.grid().world_size() > 1 ? world : MPI_COMM_NULL,
-                                                     tokenizer_identity, args.allow_tokenizer_change);
-    std::string fresh;
-    for (const std::string& n : l.fresh) fresh += " " + n;
-    log_info("loaded the encoder from ", l.path, " (", l.loaded.size(), " tensors); initialised fresh:", fresh);
-  }
-  ParamSet& ps = model.params();
-  AdamWOptimizer opt(ps, args.optim, par.mp);
-  LRScheduleConfig lc;
-  lc.lr = args.lr;
-  lc.min_lr = args.min_lr;
-  lc.style = args.lr_decay_style;
-  lc.warmup_steps = static_cast<int64_t>(args.lr_warmup_fraction * static_cast<double>(total_steps));
-  lc.decay_steps = total_steps;
-  const LRSchedule sched(lc);
+  ta.model = cfg;
+  ta.optim = args.optim;
+  ta.micro_batch_size = mbs;
+  ta.global_batch_size = gbs;
+  ta.train_iters = total_steps;
+  ta.epoch_iters = steps_per_epoch;
+  ta.lr = args.lr;
+  ta.min_lr = args.min_lr;
+  ta.lr_decay_style = args.lr_decay_style;
+  ta.lr_warmup_fraction = args.lr_warmup_fraction;
+  ta.bf16 = args.bf16;
+  ta.recompute_activations = args.recompute_activations;
+  ta.zero_stage = args.zero_stage;
+  ta.seed = args.seed;
+  ta.log_interval = args.log_interval;
+  ta.eval_interval = args.eval_interval;
+  ta.eval_iters = 0;  // evaluation is accuracy over the whole --valid-data files
+  ta.save = args.save;
+  ta.save_interval = args.save_interval;
+  ta.tokenizer_identity = tokenizer_identity;
+  ta.allow_tokenizer_change = args.allow_tokenizer_change;
+  ta.flags_json = args.flags_json;
   if (printer)
     std::printf(" > finetune %s: %s; %lld train samples, %lld steps per epoch x %lld epochs (global batch %lld), "
                 "%lld parameters\n",
                 task.name.c_str(), rt.describe().c_str(), static_cast<long long>(n_train),
                 static_cast<long long>(steps_per_epoch), static_cast<long long>(args.epochs),
                 static_cast<long long>(gbs), static_cast<long long>(cfg.num_parameters()));
+  std::fflush(stdout);
 
+  auto source = std::make_shared<ClassificationSource>(std::move(train), std::move(valid), steps_per_epoch * gbs,
+                                                       args.epochs, args.seed);
+  // --pretrained-checkpoint: the encoder's weights over the init, before any sharding.
+  auto pretrained = [&](GPT& core) {
+    if (args.pretrained_checkpoint.empty()) return;
+    const PretrainedLoad l = load_pretrained_encoder(args.pretrained_checkpoint, core, world_size > 1 ? world : MPI_COMM_NULL,
+                                                     tokenizer_identity, args.allow_tokenizer_change);
+    std::string fresh;
+    for (const std::string& n : l.fresh) fresh += " " + n;
+    log_info("loaded the encoder from ", l.path, " (", l.loaded.size(), " tensors); initialised fresh:", fresh);
+  };
+  Trainer trainer(ta, source, rt.context(), pretrained);
+  const TrainSummary sum = trainer.run();
   FinetuneResult res;
-  const int64_t B_eval = mbs;
-  // Accuracy on every validation file: each dp rank takes samples r, r + dp, ...
-  auto evaluate = [&](int64_t epoch) {
-    int64_t all_correct = 0, all_total = 0;
-    for (const Dataset& d : valid) {
-      Timer t;
-      std::vector<const ClassificationSample*> mine;
-      for (size_t i = static_cast<size_t>(par.dp_rank); i < d.samples.size(); i += static_cast<size_t>(dp))
-        mine.push_back(&d.samples[i]);
-      int64_t counts[2] = {0, static_cast<int64_t>(mine.size())};
-      for (size_t i = 0; i < mine.size(); i += static_cast<size_t>(B_eval)) {
-        const std::vector<const ClassificationSample*> part(mine.begin() + static_cast<std::ptrdiff_t>(i),
-                                                            mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), i + static_cast<size_t>(B_eval))));
-        Tape tape;
-        tape.set_recording(false);
-        ForwardOptions o;
-        o.train = false;
-        model.forward(tape, classification_batch(part), o);
-        const std::vector<float> logits = model.last_losses().class_logits.to_floats();
-        const size_t K = static_cast<size_t>(cfg.num_classes);
-        for (size_t b = 0; b < part.size(); ++b) {
-          const auto row = logits.begin() + static_cast<std::ptrdiff_t>(b * K);
-          counts[0] += std::max_element(row, row + static_cast<std::ptrdiff_t>(K)) - row == part[b]->label;
-        }
-      }
-      if (par.dp_comm != MPI_COMM_NULL) allreduce_bounded(counts, 2, MPI_INT64_T, MPI_SUM, par.dp_comm, "accuracy counts over dp");
-      all_correct += counts[0], all_total += counts[1];
-      if (printer)
-        std::printf(" > |epoch: %lld| metrics for %s: correct / total = %lld / %lld = %.4f %%, elapsed time (sec): %.3f\n",
-                    static_cast<long long>(epoch), d.name.c_str(), static_cast<long long>(counts[0]),
-                    static_cast<long long>(counts[1]), counts[1] ? 100.0 * counts[0] / counts[1] : 0.0, t.seconds());
-    }
-    if (printer)
-      std::printf(" >> |epoch: %lld| overall: correct / total = %lld / %lld = %.4f %%\n", static_cast<long long>(epoch),
-                  static_cast<long long>(all_correct), static_cast<long long>(all_total),
-                  all_total ? 100.0 * all_correct / all_total : 0.0);
-    std::fflush(stdout);
-    return all_total ? static_cast<double>(all_correct) / static_cast<double>(all_total) : 0.0;
-  };
-  auto save = [&](int64_t step) {
-    TrainState st;
-    st.iteration = step;
-    st.consumed_train_samples = step * gbs;
-    st.seed = args.seed;
-    st.tokenizer = tokenizer_identity;
-    nlohmann::json lr_json = {{"lr", lc.lr}, {"min_lr", lc.min_lr}, {"style", lc.style},
-                              {"warmup_steps", lc.warmup_steps}, {"decay_steps", lc.decay_steps}};
-    const SaveInfo info = save_checkpoint(args.save, model.core(),
-                                          OptimState{opt.master(), opt.exp_avg(), opt.exp_avg_sq(), 0, opt.steps_taken()},
-                                          LossScaler(), st, args.flags_json, lr_json.dump(), 0,
-                                          rt.grid().world_size() > 1 ? world : MPI_COMM_NULL, par.dp_rank == 0);
-    if (printer) std::printf(" saved checkpoint %s at step %lld\n", info.dir.c_str(), static_cast<long long>(step));
-  };
-
-  Timer interval;
-  double interval_loss = 0;
-  int64_t interval_steps = 0, step = 0;
-  for (int64_t epoch = 0; epoch < args.epochs; ++epoch) {
-    std::vector<int64_t> order(static_cast<size_t>(n_train));
-    for (int64_t i = 0; i < n_train; ++i) order[static_cast<size_t>(i)] = i;
-    std::mt19937_64 rng(args.seed + static_cast<uint64_t>(epoch));  // the epoch's shuffle (Megatron: seed + epoch)
-    for (int64_t i = n_train - 1; i > 0; --i)
-      std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(rng() % static_cast<uint64_t>(i + 1))]);
-    for (int64_t s = 0; s < steps_per_epoch; ++s) {
-      ps.zero_grad();
-      double loss_sum = 0;
-      for (int64_t k = par.dp_rank; k < micros; k += dp) {  // this rank's micro-batches of the step
-        std::vector<const ClassificationSample*> part;
-        for (int64_t j = 0; j < mbs; ++j)
-          part.push_back(&train.samples[static_cast<size_t>(order[static_cast<size_t>(s * gbs + k * mbs + j)])]);
-        Tape tape;
-        ForwardOptions o;
-        o.train = true;
-        o.dropout_seed = dropout_seed(args.seed, step, k);
-        Var loss = model.forward(tape, classification_batch(part), o);
-        loss_sum += model.last_losses().cls;
-        tape.backward(loss, 1.0f / static_cast<float>(micros));  // the step's loss is the mean over micro-batches
-      }
-      if (par.dp) par.dp->all_reduce(ps.grads());
-      if (par.dp_comm != MPI_COMM_NULL) allreduce_bounded(&loss_sum, 1, MPI_DOUBLE, MPI_SUM, par.dp_comm, "loss over dp");
-      const double loss = loss_sum / static_cast<double>(micros);
-      const float lr = sched.lr_at(step);
-      const StepResult sr = opt.step(lr, 1.0f);
-      ++step;
-      res.losses.push_back(loss);
-      interval_loss += loss;
-      ++interval_steps;
-      if (step % args.log_interval == 0 || step == total_steps) {
-        const int64_t n = interval_steps;
-        if (printer)
-        std::printf(" iteration %8lld/%8lld | epoch %lld | consumed samples: %10lld | elapsed time per iteration (ms): "
-                    "%.1f | learning rate: %.6E | global batch size: %5lld | lm loss: %.6E | grad norm: %.3f |%s\n",
-                    static_cast<long long>(step), static_cast<long long>(total_steps), static_cast<long long>(epoch),
-                    static_cast<long long>(step * gbs), 1000.0 * interval.seconds() / static_cast<double>(n), lr,
-                    static_cast<long long>(gbs), interval_loss / static_cast<double>(n), sr.grad_norm,
-                    sr.skipped ? " skipped (non-finite gradients) |" : "");
-        std::fflush(stdout);
-        interval_loss = 0, interval_steps = 0;
-        interval.reset();
-      }
-      if (args.eval_interval > 0 && step % args.eval_interval == 0 && !valid.empty()) evaluate(epoch);
-      if (!args.save.empty() && args.save_interval > 0 && step % args.save_interval == 0) save(step);
-    }
-    if (!valid.empty()) res.accuracies.push_back(evaluate(epoch));
-    if (!args.save.empty() && !(args.save_interval > 0 && step % args.save_interval == 0)) save(step);
-  }
-  res.steps = step;
+  res.losses = sum.losses;
+  res.accuracies = sum.accuracies;
+  res.steps = sum.iterations;
   return res;
 }
 

@@ -10,16 +10,18 @@
 //   start:  init_weights(--seed), then --pretrained-checkpoint's encoder weights (embeddings,
 //           blocks, final norm, the pooler when it has one); the classification head stays
 //           fresh, and neither the optimizer state nor the iteration is loaded (Megatron)
-//   train:  --epochs over the train files, shuffled per epoch (seed + epoch); a step is a
-//           global batch (--global-batch-size, default micro x dp) of consecutive samples of
-//           the epoch's order, cut into micro-batches of --micro-batch-size; micro-batch k of a
-//           step runs on data-parallel rank k % dp; gradients are summed over the dp ranks
-//           (each micro-batch's loss weighted 1 / micro-batches per step); the last partial
-//           global batch of an epoch is dropped (Megatron's drop_last). AdamW, linear warmup
-//           over --lr-warmup-fraction of the steps, then --lr-decay-style down to --min-lr.
+//   train:  the trainer's loop (model/training/trainer.h: the same steps, model states,
+//           logging and checkpoints as pretrain_gpt). --epochs over the train files,
+//           shuffled per epoch (seed + epoch); a step is a global batch (--global-batch-size,
+//           default micro x dp) of consecutive samples of the epoch's order, cut into
+//           micro-batches of --micro-batch-size; micro-batch k of a step runs on
+//           data-parallel rank k % dp; the last partial global batch of an epoch is dropped
+//           (Megatron's drop_last). AdamW, linear warmup over --lr-warmup-fraction of the
+//           steps, then --lr-decay-style down to --min-lr.
 //   eval:   accuracy (argmax of the logits) on each --valid-data file, after every epoch and
 //           every --eval-interval steps, the samples dealt to the dp ranks
-// Layouts: data parallel x tensor parallel (no pipeline, no sequence parallelism).
+// Layouts: data x tensor x pipeline parallel, ZeRO 0-3 (--zero-stage), bf16; no sequence
+// parallelism (the pooler reads the [CLS] rows) and no virtual pipeline stages.
 #pragma once
 #include <mpi.h>
 
@@ -128,6 +130,10 @@ struct FinetuneArgs {
   int64_t eval_interval = 0;               // --eval-interval (0: only after each epoch)
   uint64_t seed = 1234;                    // --seed
   int64_t tensor_model_parallel_size = 1;  // --tensor-model-parallel-size
+  int64_t pipeline_model_parallel_size = 1;  // --pipeline-model-parallel-size
+  int64_t zero_stage = 0;                  // --zero-stage 0..3 (--use-distributed-optimizer = 1)
+  bool bf16 = false;                       // --bf16
+  bool recompute_activations = false;      // --recompute-activations
   std::string device = "auto";             // --device auto|cpu|cuda
   bool force_mpi_for_device = false;       // --force-mpi-for-device
   std::string flags_json;                  // the command line, for checkpoints

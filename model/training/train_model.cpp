@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "data/bert_dataset.h"
+#include "model/training/finetune.h"
 #include "model/training/trainer.h"
 
 namespace mpitron {
@@ -11,6 +12,10 @@ namespace mpitron {
 void SampleSource::bert_sample(int, int64_t, data::BertSample&) const {
   MPT_THROW("this data source has no BERT samples", "pretrain_bert reads a sentence-level dataset "
                                                     "(preprocess_data --split-sentences)");
+}
+
+void SampleSource::classification_sample(int, int64_t, ClassificationSample&) const {
+  MPT_THROW("this data source has no classification samples", "finetune reads a task's files (--task, --train-data)");
 }
 
 void LossParts::add(const std::vector<double>& x) {
@@ -21,19 +26,33 @@ void LossParts::add(const std::vector<double>& x) {
 TrainModel::TrainModel(const GPTConfig& cfg, Device device, const ModelParallel& mp) {
   if (cfg.bert) {
     bert_ = std::make_unique<Bert>(cfg, device, mp);
-    names_ = {"lm loss"};
-    if (cfg.binary_head) names_.push_back("sop loss");
+    names_ = {"lm loss"};  // a classifier's loss too, under Megatron's key (tasks/finetune_utils.py)
+    if (cfg.binary_head && cfg.num_classes == 0) names_.push_back("sop loss");
   } else {
     gpt_ = std::make_unique<GPT>(cfg, device, mp);
     names_ = {"lm loss"};
   }
 }
 
-MicroBatch TrainModel::micro_batch(const SampleSource& data, int split, int64_t first, int64_t mbs) const {
+MicroBatch TrainModel::micro_batch(const SampleSource& data, int split, int64_t first, int64_t mbs,
+                                   int64_t counted) const {
   const int64_t n = data.num_samples(split);
   MPT_CHECK(n > 0, str("the ", split == 0 ? "train" : split == 1 ? "valid" : "test", " split has no samples"),
             "check --split and --data-path");
   MicroBatch mb;
+  mb.counted = counted;
+  if (is_classifier()) {
+    MPT_CHECK(data.classification(), "a classifier trains on labelled task samples, but the data source has none",
+              "this is a bug in the caller of Trainer (finetune builds the task's data)");
+    std::vector<ClassificationSample> s(static_cast<size_t>(mbs));
+    std::vector<const ClassificationSample*> ptrs;
+    for (int64_t b = 0; b < mbs; ++b) {
+      data.classification_sample(split, (first + b) % n, s[static_cast<size_t>(b)]);
+      ptrs.push_back(&s[static_cast<size_t>(b)]);
+    }
+    mb.bert = classification_batch(ptrs);
+    return mb;
+  }
   if (bert_) {
     MPT_CHECK(data.masked_lm(), "BERT trains on masked samples, but the data source gives token runs",
               "this is a bug in the caller of Trainer (pretrain_bert builds the BERT data)");
@@ -69,7 +88,20 @@ Var TrainModel::chunk_forward(Tape& tape, int c, const MicroBatch& batch, const 
     return out;
   }
   Var out = bert_->chunk_forward(tape, c, batch.bert, input, opt);
-  if (last) {
+  if (last && is_classifier()) {
+    const BertLosses& l = bert_->last_losses();
+    parts_.add({l.cls});
+    if (batch.counted > 0) {  // argmax of each counted row against its label
+      const std::vector<float> logits = l.class_logits.to_floats();
+      const Tensor labels = batch.bert.class_labels.to(Device::cpu());
+      const int64_t K = bert_->config().num_classes;
+      for (int64_t b = 0; b < batch.counted; ++b) {
+        const auto row = logits.begin() + static_cast<std::ptrdiff_t>(b * K);
+        accuracy_.correct += std::max_element(row, row + K) - row == labels.data<int32_t>()[b];
+      }
+      accuracy_.total += batch.counted;
+    }
+  } else if (last) {
     const BertLosses& l = bert_->last_losses();
     if (bert_->config().binary_head) parts_.add({l.lm, l.sop});
     else parts_.add({l.lm});

@@ -331,6 +331,51 @@ struct Trainer::Impl {
     return out;
   }
 
+  // eval_sets() sources (finetune): accuracy over every sample of each set, the sets'
+  // micro-batches dealt to the dp ranks in turn (every rank runs every round: ZeRO-3
+  // gathers are collective; samples past a set's end are run but not counted), with
+  // Megatron's tasks/eval_utils.py lines. Returns correct / total over all sets.
+  double evaluate_accuracy(int64_t epoch) {
+    Tape tape;
+    NoGradGuard guard(tape);
+    const int64_t mbs = args.micro_batch_size, dp = par.dp_size;
+    double all_correct = 0, all_total = 0;
+    for (const SampleSource::EvalSet& set : data->eval_sets()) {
+      Timer t;
+      task->accuracy() = {};
+      for (int64_t round = 0; round * mbs * dp < set.count; ++round) {
+        const int64_t at = (round * dp + par.dp_rank) * mbs;
+        const MicroBatch mb = task->micro_batch(*data, 1, set.first + at, mbs, std::clamp<int64_t>(set.count - at, 0, mbs));
+        if (pipelined()) {
+          pipeline_eval(mb);
+        } else {
+          ForwardOptions o;
+          o.train = false;
+          states->add_forward_hooks(o);
+          task->chunk_forward(tape, 0, mb, Var(), o);
+        }
+      }
+      task->parts().v.clear();
+      const double correct = dp_sum(pp_sum(static_cast<double>(task->accuracy().correct)));
+      const double total = dp_sum(pp_sum(static_cast<double>(task->accuracy().total)));
+      all_correct += correct, all_total += total;
+      char line[512];
+      std::snprintf(line, sizeof line,
+                    " > |epoch: %lld| metrics for %s: correct / total = %.0f / %.0f = %.4f %%, elapsed time (sec): %.3f",
+                    static_cast<long long>(epoch), set.name.c_str(), correct, total,
+                    total > 0 ? 100.0 * correct / total : 0.0, t.seconds());
+      log_info(line);
+    }
+    const double acc = all_total > 0 ? all_correct / all_total : 0.0;
+    char line[256];
+    std::snprintf(line, sizeof line, " >> |epoch: %lld| overall: correct / total = %.0f / %.0f = %.4f %%",
+                  static_cast<long long>(epoch), all_correct, all_total, 100.0 * acc);
+    log_info(line);
+    tb_scalar("lm-loss-validation", "accuracy validation", acc);
+    if (metrics) metrics->log_json(st.iteration, {{"epoch", epoch}, {"valid_accuracy", acc}});
+    return acc;
+  }
+
   // A TensorBoard scalar under Megatron-LM's tag ("lm loss"), or with --deepspeed
   // under Megatron-DeepSpeed's ("lm-loss-training/lm loss"); `vs_samples` also
   // writes "<tag> vs samples" against the consumed samples, as both do.
@@ -530,7 +575,7 @@ struct Trainer::Impl {
   // (first and last pipeline stage) get the sum of their gradients (an untied
   // output layer has a single copy).
   void reduce_embedding_grads() {
-    if (!par.embedding || model->config().untie_embeddings) return;
+    if (!par.embedding || !model->config().tied_output()) return;
     const parallel::Schedule& sched = schedules.begin()->second;
     if (sched.rank_of_stage(0) == sched.rank_of_stage(sched.stages() - 1)) return;  // V: both ends on one rank, one copy
     const ParamSet& ps = model->params();
@@ -563,7 +608,8 @@ struct Trainer::Impl {
   }
 };
 
-Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, ParallelContext par)
+Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, ParallelContext par,
+                 const std::function<void(GPT&)>& after_init)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.args = args;
@@ -619,6 +665,7 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   m.task = std::make_unique<TrainModel>(a.model, m.device, mp);
   m.model = &m.task->core();
   m.model->init_weights(a.seed);
+  if (after_init) after_init(*m.model);  // before the model states shard the parameters
   StatesConfig sc;
   sc.stage = static_cast<int>(a.zero_stage);
   sc.optim = a.optim;
@@ -670,7 +717,7 @@ TrainSummary Trainer::run() {
   const TrainArgs& a = m.args;
   TrainSummary sum;
   const GPTConfig& c = a.model;
-  log_info(c.bert ? "mpitron pretrain_bert: " : "mpitron pretrain_gpt: ", c.num_layers, " layers, hidden ", c.hidden_size, ", heads ", c.num_attention_heads,
+  log_info(m.task->is_classifier() ? "mpitron finetune: " : c.bert ? "mpitron pretrain_bert: " : "mpitron pretrain_gpt: ", c.num_layers, " layers, hidden ", c.hidden_size, ", heads ", c.num_attention_heads,
            ", seq ", c.seq_length, ", vocab ", c.padded_vocab_size, " (padded from ", c.vocab_size, "), ",
            c.num_parameters(), " parameters, ", dtype_name(c.compute_dtype), " on ", m.device.name(),
            a.recompute_activations
@@ -788,6 +835,8 @@ TrainSummary Trainer::run() {
   bool first_logged = false;
   double interval_fwd_bwd_s = 0, interval_optim_s = 0;  // --log-timers-to-tensorboard
   int64_t consecutive_spikes = 0, consecutive_overflows_at_min = 0;
+  int64_t saved_at = -1;  // the iteration of this run's newest save
+  const bool by_accuracy = !m.data->eval_sets().empty();  // finetune: evaluation is accuracy
   constexpr int64_t kMaxOverflowsAtMinimum = 10;
   while (m.st.iteration < m.total_iters) {
     if (m.async) m.async->poll();  // a background save that failed stops the run here, on every rank
@@ -1016,13 +1065,28 @@ TrainSummary Trainer::run() {
       interval_fwd_bwd_s = interval_optim_s = 0;
       interval_timer.reset();
     }
-    if (a.eval_iters > 0 && m.st.iteration % a.eval_interval == 0 && m.st.iteration != m.total_iters) {
+    // The epoch this iteration belongs to (finetune; 0 without epochs).
+    const int64_t epoch = a.epoch_iters > 0 ? (m.st.iteration - 1) / a.epoch_iters : 0;
+    if (by_accuracy && a.eval_interval > 0 && m.st.iteration % a.eval_interval == 0) {
+      m.evaluate_accuracy(epoch);
+      interval_timer.reset();
+    } else if (!by_accuracy && a.eval_iters > 0 && m.st.iteration % a.eval_interval == 0 &&
+               m.st.iteration != m.total_iters) {
       m.report_eval(str("validation loss at iteration ", m.st.iteration).c_str(),
                     m.evaluate(1, a.eval_iters, &m.st.consumed_valid_samples));
       interval_timer.reset();
     }
     if (a.save_interval > 0 && m.st.iteration % a.save_interval == 0) {
       sum.checkpoint_dir = m.save().dir;
+      saved_at = m.st.iteration;
+      interval_timer.reset();
+    }
+    if (a.epoch_iters > 0 && m.st.iteration % a.epoch_iters == 0) {  // an epoch's end: evaluated and saved
+      if (by_accuracy) sum.accuracies.push_back(m.evaluate_accuracy(epoch));
+      if (!a.save.empty() && saved_at != m.st.iteration) {
+        sum.checkpoint_dir = m.save().dir;
+        saved_at = m.st.iteration;
+      }
       interval_timer.reset();
     }
     if (a.exit_interval > 0 && m.st.iteration % a.exit_interval == 0) {
@@ -1045,8 +1109,7 @@ TrainSummary Trainer::run() {
       break;
     }
   }
-  if (!a.save.empty() && sum.steps_run > 0 &&
-      (sum.checkpoint_dir.empty() || a.save_interval == 0 || m.st.iteration % a.save_interval != 0))
+  if (!a.save.empty() && sum.steps_run > 0 && saved_at != m.st.iteration)
     sum.checkpoint_dir = m.save(/*final=*/true).dir;
   if (m.async) m.async->wait();  // the last interval's save, when it was also the last step
   m.write_pipeline_profile();

@@ -7,6 +7,7 @@
 // Megatron's intervals and line shapes.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,8 @@ namespace mpitron {
 namespace data {
 struct BertSample;
 }
+class GPT;
+struct ClassificationSample;  // model/training/finetune.h
 
 // Where samples come from: split 0 train, 1 valid, 2 test; each sample is
 // seq_length + 1 tokens (inputs [:-1], targets [1:]). A masked-LM source
@@ -35,6 +38,18 @@ class SampleSource {
   // have none refuse.
   virtual bool masked_lm() const { return false; }
   virtual void bert_sample(int split, int64_t index, data::BertSample& out) const;
+  // Sequence-classification samples (finetune, model/training/finetune.h); sources that
+  // have none refuse.
+  virtual bool classification() const { return false; }
+  virtual void classification_sample(int split, int64_t index, ClassificationSample& out) const;
+  // Evaluation by accuracy over whole sets (finetune's --valid-data files): each a run
+  // [first, first + count) of split 1, every sample counted once. Empty: evaluation is
+  // the mean loss of --eval-iters global batches.
+  struct EvalSet {
+    std::string name;
+    int64_t first = 0, count = 0;
+  };
+  virtual std::vector<EvalSet> eval_sets() const { return {}; }
 };
 
 struct TrainSummary {
@@ -50,6 +65,7 @@ struct TrainSummary {
   std::vector<double> lm_losses, sop_losses;  // BERT: per iteration, the two parts of `losses`
   std::vector<double> grad_norms;  // per iteration (before clipping)
   bool signalled = false;      // stopped by SIGTERM/SIGUSR1 (--exit-signal-handler)
+  std::vector<double> accuracies;  // eval_sets() sources: after each evaluation, correct / total over every set
   int64_t peak_memory_bytes = 0;       // measured tensor memory peak (as of the last log line)
   int64_t estimated_memory_bytes = 0;  // model/memory.h's estimate printed at start-up
 };
@@ -84,7 +100,10 @@ struct ParallelContext {
 
 class Trainer {
  public:
-  Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, ParallelContext par = {});
+  // after_init: runs on the model's whole parameters after init_weights and before the
+  // model states shard them (finetune's --pretrained-checkpoint); collective when it is.
+  Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, ParallelContext par = {},
+          const std::function<void(GPT&)>& after_init = {});
   ~Trainer();
   TrainSummary run();
   GPT& model();  // the decoder, or BERT's encoder core (its parameters, chunks and blocks)

@@ -104,7 +104,7 @@ TEST_CASE("finetune: pretrained checkpoints load across TP layouts") {
   if (rank == 0) fs::remove_all(dir);
 }
 
-TEST_CASE("finetune: tensor parallel 2 logs the one-process losses within 1e-5") {
+TEST_CASE("finetune: TP2, DP2 ZeRO-3 and PP2 log the one-process losses within 1e-5") {
   const int rank = testing::world_rank();
   const fs::path dir = testing::shared_dir("ft_mp_run");
   if (rank == 0) {
@@ -139,17 +139,27 @@ TEST_CASE("finetune: tensor parallel 2 logs the one-process losses within 1e-5")
     b.make_vocab_size_divisible_by = 128;
     one = run_finetune(b, MPI_COMM_SELF);
   }
-  a.tensor_model_parallel_size = 2;
-  const FinetuneResult tp = run_finetune(a, MPI_COMM_WORLD);
-  if (rank == 0) {
-    REQUIRE(tp.losses.size() == one.losses.size());
-    REQUIRE(tp.losses.size() == 1200 / 16);
+  // The trainer's layouts (finetune runs on its loop): TP2, DP2 under ZeRO-3, PP2.
+  struct Layout {
+    std::string name;
+    int64_t tp, pp, zero;
+  };
+  for (const Layout& l : {Layout{"TP2", 2, 1, 0}, Layout{"DP2 ZeRO-3", 1, 1, 3}, Layout{"PP2", 1, 2, 0}}) {
+    FinetuneArgs b = a;
+    b.tensor_model_parallel_size = l.tp;
+    b.pipeline_model_parallel_size = l.pp;
+    b.zero_stage = l.zero;
+    if (l.tp == 1) b.make_vocab_size_divisible_by = 128;
+    const FinetuneResult r = run_finetune(b, MPI_COMM_WORLD);
+    if (rank != 0) continue;
+    REQUIRE(r.losses.size() == one.losses.size());
+    REQUIRE(r.losses.size() == 1200 / 16);
     double worst = 0;
-    for (size_t i = 0; i < tp.losses.size(); ++i) worst = std::max(worst, std::fabs(tp.losses[i] - one.losses[i]));
-    MESSAGE("TP2 vs one process: largest loss difference ", worst, " over ", tp.losses.size(), " steps; accuracy ",
-            tp.accuracies.back(), " vs ", one.accuracies.back());
+    for (size_t i = 0; i < r.losses.size(); ++i) worst = std::max(worst, std::fabs(r.losses[i] - one.losses[i]));
+    MESSAGE(l.name, " vs one process: largest loss difference ", worst, " over ", r.losses.size(), " steps; accuracy ",
+            r.accuracies.back(), " vs ", one.accuracies.back());
     CHECK(worst < 1e-5);
-    CHECK(tp.accuracies == one.accuracies);
+    CHECK(r.accuracies == one.accuracies);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) fs::remove_all(dir);
