@@ -28,6 +28,7 @@
 #include <mpi.h>
 
 #include "model/gpt.h"
+#include "model/memory.h"
 #include "model/training/checkpointing.h"
 #include "parallel/data_parallel.h"
 #include "parallel/flat_adamw.h"
@@ -81,6 +82,12 @@ class ModelStates {
   virtual bool sharded() const = 0;
   // The gradients of state_range() after step() (statistics; f32).
   virtual Tensor grad_slice() const = 0;
+
+  // ---- the start-up memory estimate (model/memory.h) ----
+  // The ZeRO stage whose terms estimate_memory() applies (0: replicated), and this
+  // strategy's own terms written into the rank's shard description.
+  virtual int memory_stage() const = 0;
+  virtual void account(RankShard&) const {}
 };
 
 // ZeRO-3's units, in ParamSet order: each block (its parameters layers.<l>.*, contiguous

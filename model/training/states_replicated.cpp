@@ -52,6 +52,7 @@ class ReplicatedStates final : public ModelStates {
     opt_.sync_values_from_master();
   }
   bool sharded() const override { return false; }
+  int memory_stage() const override { return 0; }
   Tensor grad_slice() const override { return params_.grads(); }
 
  private:

@@ -58,6 +58,7 @@ class ZeroStates final : public ModelStates {
     zero_->sync_values_from_master();
   }
   bool sharded() const override { return true; }
+  int memory_stage() const override { return zero_->config().stage; }
   Tensor grad_slice() const override { return zero_->grad_shard(); }
 
  private:

@@ -154,6 +154,13 @@ class Zero3States final : public ModelStates {
     refresh_persistent();
   }
   bool sharded() const override { return true; }
+  int memory_stage() const override { return 3; }
+  void account(RankShard& r) const override {
+    const Zero3Footprint f = zero3_footprint(ps_, cfg_.zero3);
+    r.zero3_block = f.largest_block;
+    r.zero3_persistent = f.persistent;
+    r.zero3_live = f.live_blocks;
+  }
   Tensor grad_slice() const override { return grad_shard_; }
 
  private:

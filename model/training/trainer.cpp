@@ -754,17 +754,12 @@ TrainSummary Trainer::run() {
         shard.compute_order.push_back(
             {act.chunk, act.op == parallel::Op::Forward ? 'F' : act.op == parallel::Op::Backward ? 'B' : 'W'});
   }
-  const int stage = m.grad_ranks() > 1 ? static_cast<int>(a.zero_stage) : 0;  // one rank: replicated
   shard.optimizer_offload = a.optim.cpu_offload && !m.device.is_cpu();
   if (a.optim.cpu_offload && m.device.is_cpu())
     log_info("--optimizer-cpu-offload on the CPU: the optimizer state is in host memory already (nothing moves)");
-  if (stage == 3) {
-    const Zero3Footprint f = zero3_footprint(m.model->params(), a.zero3);
-    shard.zero3_block = f.largest_block;
-    shard.zero3_persistent = f.persistent;
-    shard.zero3_live = f.live_blocks;
-  }
-  MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.grad_ranks(), stage, a.recompute_activations, shard);
+  m.states->account(shard);  // the strategy's own terms (ZeRO-3: its unit buffers)
+  MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.grad_ranks(), m.states->memory_stage(),
+                                       a.recompute_activations, shard);
   log_info("model states: ", m.states->describe());
   if (m.device.is_cuda()) est.device_workspace = int64_t{32} << 20;  // cuBLASLt's, tensor/cuda/common.cu
   log_info("memory per rank (estimate): ", est.to_string());
