@@ -101,6 +101,8 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("eval-interval", po::value(&a.eval_interval)->default_value(1000), "iterations between evaluations")
       ("eval-iters", po::value(&a.eval_iters)->default_value(100), "batches per evaluation")
       ("exit-interval", po::value(&a.exit_interval), "exit after an iteration divisible by this")
+      ("memory-cap", po::value(&a.memory_cap_mb), "MB per rank the run may use (below the device's memory: a shared "
+       "GPU, a budget); a start-up estimate above it is refused")
       ("tensorboard-dir", po::value(&a.tensorboard_dir), "write TensorBoard events here")
       ("log-params-norm", po::bool_switch(&a.log_params_norm), "add the weights' L2 norm to the log line (params-norm)")
       ("log-num-zeros-in-grad", po::bool_switch(&a.log_num_zeros_in_grad),
@@ -442,6 +444,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
          {"eval-interval", a.eval_interval, 1, huge, ""},
          {"eval-iters", a.eval_iters, 0, big, "0 turns evaluation off"},
          {"exit-interval", a.exit_interval, 1, huge, ""},
+         {"memory-cap", a.memory_cap_mb, 1, huge, "MB per rank; leave it out to use the device's memory"},
          {"save-interval", a.save_interval, 1, huge, "leave it out to save only at the end"},
          {"keep-last", a.keep_last, 0, huge, "0 keeps every checkpoint"},
          {"tensor-model-parallel-size", a.tensor_model_parallel_size, 1, 1 << 20, ""},

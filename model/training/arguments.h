@@ -89,6 +89,7 @@ struct TrainArgs {
   double exit_duration_in_mins = 0;        // --exit-duration-in-mins: save and exit after this long
   // placement
   std::string device = "auto";             // --device: auto | cpu | cuda
+  int64_t memory_cap_mb = 0;               // --memory-cap MB: the memory a rank may use (0: the device's)
   // parallel layout: world = tp · cp · dp · pp (rank order tp fastest, then cp, then dp, then pp)
   int64_t tensor_model_parallel_size = 1;   // --tensor-model-parallel-size
   int64_t pipeline_model_parallel_size = 1; // --pipeline-model-parallel-size

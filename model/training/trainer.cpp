@@ -191,6 +191,17 @@ struct Trainer::Impl {
     st.skipped_samples = keep.skipped_samples;
   }
 
+  // The memory a rank may use: the device's, or --memory-cap below it.
+  int64_t capacity() const {
+    const int64_t dev = device_memory_bytes(device);
+    return args.memory_cap_mb > 0 ? std::min(dev, args.memory_cap_mb * int64_t{1000000}) : dev;
+  }
+  std::string capacity_name() const {
+    return args.memory_cap_mb > 0 && capacity() < device_memory_bytes(device)
+               ? str("--memory-cap ", args.memory_cap_mb, " (on ", device.name(), ")")
+               : device.name();
+  }
+
   MPI_Comm world_comm() const { return par.world != MPI_COMM_NULL ? par.world : par.dp_comm; }
   // Sum of v over every rank (stop decisions).
   double world_sum(double v) const { return sum_over(world_comm(), v); }
@@ -661,7 +672,7 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   }
   // Refuse what cannot fit before allocating any of it.
   check_fits_memory(a.model, a.micro_batch_size, par.tp_size, par.pp_size, m.grad_ranks(), static_cast<int>(a.zero_stage),
-                    device_memory_bytes(m.device), m.device.name(), par.cp_size);
+                    m.capacity(), m.capacity_name(), par.cp_size);
   m.task = std::make_unique<TrainModel>(a.model, m.device, mp);
   m.model = &m.task->core();
   m.model->init_weights(a.seed);
@@ -763,7 +774,7 @@ TrainSummary Trainer::run() {
   log_info("model states: ", m.states->describe());
   if (m.device.is_cuda()) est.device_workspace = int64_t{32} << 20;  // cuBLASLt's, tensor/cuda/common.cu
   log_info("memory per rank (estimate): ", est.to_string());
-  check_estimate_fits(est, device_memory_bytes(m.device), m.device.name());
+  check_estimate_fits(est, m.capacity(), m.capacity_name());
 
   if (!a.load.empty()) {
     LoadOptions lo;

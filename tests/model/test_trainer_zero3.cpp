@@ -171,6 +171,11 @@ TEST_CASE("ZeRO-3 flags: what is not built is refused by name") {
   CHECK(parse({"--use-megatron-fsdp"}).zero_stage == 0);  // Megatron's default strategy: no_shard
   CHECK(parse({"--zero-stage", "3", "--pipeline-model-parallel-size", "2"}).zero_stage == 3);
   CHECK_THROWS_WITH_AS(parse({"--use-torch-fsdp2"}), doctest::Contains("--use-torch-fsdp2"), Error);
+  // --memory-cap: an estimate above it is refused at start-up, naming the cap.
+  CHECK(parse({"--memory-cap", "30"}).memory_cap_mb == 30);
+  CHECK_THROWS_WITH_AS(parse({"--memory-cap", "0"}), doctest::Contains("--memory-cap"), Error);
+  CHECK_THROWS_WITH_AS(run(plus(flags(data), {"--zero-stage", "3", "--memory-cap", "5"}), MPI_COMM_WORLD),
+                       doctest::Contains("--memory-cap 5"), Error);
   CHECK(parse({"--zero-stage", "3", "--optimizer-cpu-offload"}).optim.cpu_offload);
   CHECK_THROWS_WITH_AS(parse({"--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"}),
                        doctest::Contains("--optimizer-offload-fraction 0.5"), Error);
