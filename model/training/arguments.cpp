@@ -607,7 +607,8 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
        "it measures the pipeline schedule's actions");
   need(a.zero_stage != 2 || pp == 1, "--zero-stage 2 reduce-scatters gradients per micro-batch, which pipeline "
                                     "schedules interleave: it is not available with --pipeline-model-parallel-size > 1",
-       "use --zero-stage 1 (--use-distributed-optimizer) with pipeline parallelism");
+       "use --zero-stage 1 (--use-distributed-optimizer) or --zero-stage 3 with pipeline parallelism (DeepSpeed's "
+       "pipeline engine refuses stage 2 too)");
   need(a.lr_decay_style == "constant" || a.lr_decay_style == "linear" || a.lr_decay_style == "cosine",
        str("--lr-decay-style ", a.lr_decay_style, " is not supported"), "use constant, linear or cosine");
   need(a.device == "auto" || a.device == "cpu" || a.device == "cuda", str("--device ", a.device, " unknown"),

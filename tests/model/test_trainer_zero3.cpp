@@ -140,6 +140,16 @@ TEST_CASE("ZeRO-3 resumes bitwise, and its checkpoints cross layouts both ways")
     run(plus(flags(data), plus(tp2z1, {"--save", ck2, "--exit-interval", "5"})), MPI_COMM_WORLD);
     check_part(run(plus(flags(data), plus(z3, {"--load", ck2})), MPI_COMM_WORLD).losses, second,
                "TP2 x DP2 ZeRO-1 -> ZeRO-3 DP4");
+    // ... on one process (every rank alone), and a one-process checkpoint resumed at DP4 ZeRO-3.
+    check_part(run(plus(flags(data), {"--load", ck}), MPI_COMM_SELF).losses, second, "ZeRO-3 DP4 -> one process");
+    MPI_Barrier(MPI_COMM_WORLD);
+    const std::string ck1 = (dir / "ck_one").string();
+    // (run()'s dataset barrier: the other ranks pass it with rank 0's, and wait at the next
+    // run()'s until rank 0 has saved.)
+    if (world_rank() == 0) run(plus(flags(data), {"--save", ck1, "--exit-interval", "5"}), MPI_COMM_SELF);
+    else MPI_Barrier(MPI_COMM_WORLD);
+    check_part(run(plus(flags(data), plus(z3, {"--load", ck1})), MPI_COMM_WORLD).losses, second,
+               "one process -> ZeRO-3 DP4");
     // ... and through a pipeline: PP2 x DP2 ZeRO-3 from the DP4 checkpoint, saved, back at DP4.
     const std::vector<std::string> pp2z3 = {"--pipeline-model-parallel-size", "2", "--zero-stage", "3"};
     check_part(run(plus(flags(data), plus(pp2z3, {"--load", ck})), MPI_COMM_WORLD).losses, second,
