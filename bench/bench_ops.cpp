@@ -216,6 +216,23 @@ class Bench {
         const Tensor acc = Tensor::zeros({1}, DType::F32, dev);
         mem(dev, "sum_squares", sh, dt, bytes(s, dt), [&] { sum_squares(x, acc); });
       }
+      {  // MoE token permutation (Mixtral-like top-2 of 8 experts): rows moved by expert and back
+        const int64_t k = 2, E = 8;
+        std::vector<int64_t> idx;
+        for (int64_t n = 0; n < tok; ++n) idx.push_back(n % E), idx.push_back((n % E + 1 + (n / E) % (E - 1)) % E);
+        const MoeRouting r = moe_routing(Tensor::from_ints(idx, {tok, k}, DType::I64), E);
+        const Tensor dest = Tensor::from_ints(std::vector<int64_t>(r.dest.begin(), r.dest.end()), {tok * k}, DType::I32).to(dev);
+        const Tensor x = randn({tok, c}, dt, dev, 18), rows = Tensor::empty({tok * k, c}, dt, dev);
+        const Tensor probs = Tensor::from_vector(std::vector<float>(static_cast<size_t>(tok * k), 0.5f), {tok, k}).to(dev);
+        const Tensor y = Tensor::empty({tok, c}, dt, dev), din = Tensor::empty({tok * k, c}, dt, dev),
+                     dp = Tensor::empty({tok, k}, DType::F32, dev);
+        const std::string sh = str(tok, "x", c, " top", k, "/", E);
+        const size_t moved = bytes({tok * k, c}, dt);
+        mem(dev, "moe permute", sh, dt, bytes({tok, c}, dt) + moved, [&] { moe_permute(x, dest, rows); });
+        mem(dev, "moe unpermute", sh, dt, moved + bytes({tok, c}, dt), [&] { moe_unpermute(rows, dest, probs, y); });
+        mem(dev, "moe unpermute bwd", sh, dt, 2 * moved + bytes({tok, c}, dt),
+            [&] { moe_unpermute_backward(y, rows, dest, probs, din, dp); });
+      }
       {
         const Shape s{bsz * nh * t, t};
         const Tensor x = randn(s, dt, dev, 8, 4), y = Tensor::empty(s, dt, dev), dx = Tensor::empty(s, dt, dev);

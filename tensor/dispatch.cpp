@@ -701,4 +701,99 @@ double global_l2_norm(const std::vector<Tensor>& ts, Stream s) {
   return std::sqrt(static_cast<double>(acc.item()));
 }
 
+// ---- moe_permute -------------------------------------------------------------------------
+namespace {
+// x (N, C) and rows (R, C) of one float dtype, dest (N·k) i32, all on one device; returns k.
+int64_t check_moe(const char* op, const Tensor& x, const char* xn, const Tensor& rows, const char* rn,
+                  const Tensor& dest) {
+  need_float(op, x, xn);
+  need_float(op, rows, rn);
+  need(x.ndim() == 2 && rows.ndim() == 2 && rows.dim(1) == x.dim(1) && rows.dtype() == x.dtype(),
+       str(op, ": ", xn, " ", x.describe(), " and ", rn, " ", rows.describe(), " must be (N, C) and (R, C) of one dtype"));
+  need(dest.defined() && dest.dtype() == DType::I32 && dest.ndim() == 1,
+       str(op, ": dest must be (N·k) i32 (moe_routing), got ", dest.describe()));
+  const int64_t N = x.dim(0);
+  need(N == 0 ? dest.numel() == 0 : dest.numel() % N == 0,
+       str(op, ": dest has ", dest.numel(), " entries, not a multiple of the ", N, " tokens"));
+  const int64_t k = N == 0 ? 1 : dest.numel() / N;
+  need(rows.dim(0) <= N * k, str(op, ": ", rn, " has ", rows.dim(0), " rows, more than the ", N * k, " choices"));
+  check_same_device(op, {&x, &rows, &dest});
+  check_contiguous(op, {{&x, xn}, {&rows, rn}, {&dest, "dest"}});
+  return k;
+}
+void check_probs(const char* op, const Tensor& probs, const char* name, int64_t N, int64_t k, const Tensor& x) {
+  need(probs.defined() && probs.dtype() == DType::F32 && probs.numel() == N * k,
+       str(op, ": ", name, " must be (N, k) = (", N, ", ", k, ") f32, got ", probs.describe()));
+  check_same_device(op, {&x, &probs});
+  check_contiguous(op, {{&probs, name}});
+}
+}  // namespace
+
+MoeRouting moe_routing(const Tensor& indices, int64_t num_experts, int64_t capacity) {
+  const char* op = "moe_routing";
+  need(indices.defined() && (indices.dtype() == DType::I32 || indices.dtype() == DType::I64) && indices.ndim() == 2,
+       str(op, ": indices must be (N, k) i32 or i64, got ", indices.describe()));
+  need(num_experts >= 1, str(op, ": num_experts must be >= 1, got ", num_experts));
+  need(capacity >= 0, str(op, ": capacity must be >= 0, got ", capacity));
+  const Tensor h = indices.to(Device::cpu()).contiguous();
+  const int64_t n = h.numel();
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    idx[static_cast<size_t>(i)] = h.dtype() == DType::I32 ? h.data<int32_t>()[i] : h.data<int64_t>()[i];
+  MoeRouting r;
+  r.counts.assign(static_cast<size_t>(num_experts), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t e = idx[static_cast<size_t>(i)];
+    need(e >= 0 && e < num_experts, str(op, ": token ", i / h.dim(1), " choice ", i % h.dim(1), " names expert ", e,
+                                        ", outside [0, ", num_experts, ")"));
+    if (capacity == 0 || r.counts[static_cast<size_t>(e)] < capacity) ++r.counts[static_cast<size_t>(e)];
+  }
+  std::vector<int64_t> next(static_cast<size_t>(num_experts), 0), kept(static_cast<size_t>(num_experts), 0);
+  for (int64_t e = 1; e < num_experts; ++e)
+    next[static_cast<size_t>(e)] = next[static_cast<size_t>(e - 1)] + r.counts[static_cast<size_t>(e - 1)];
+  r.dest.assign(static_cast<size_t>(n), -1);
+  for (int64_t i = 0; i < n; ++i) {  // flat order n·k + j: a stable sort by expert
+    const size_t e = static_cast<size_t>(idx[static_cast<size_t>(i)]);
+    if (capacity > 0 && kept[e] >= capacity) continue;  // over capacity: dropped (position policy)
+    ++kept[e];
+    r.dest[static_cast<size_t>(i)] = static_cast<int32_t>(next[e]++);
+  }
+  return r;
+}
+
+int64_t MoeRouting::rows() const {
+  int64_t t = 0;
+  for (int64_t c : counts) t += c;
+  return t;
+}
+
+void moe_permute(const Tensor& x, const Tensor& dest, const Tensor& out, Stream s) {
+  check_moe("moe_permute", x, "x", out, "out", dest);
+  MPT_BACKEND(x, moe_permute, x, dest, out, s);
+}
+
+void moe_permute_backward(const Tensor& dout, const Tensor& dest, const Tensor& dx, Stream s) {
+  check_moe("moe_permute_backward", dx, "dx", dout, "dout", dest);
+  MPT_BACKEND(dx, moe_permute_backward, dout, dest, dx, s);
+}
+
+void moe_unpermute(const Tensor& in, const Tensor& dest, const Tensor& probs, const Tensor& y, Stream s) {
+  const char* op = "moe_unpermute";
+  const int64_t k = check_moe(op, y, "y", in, "in", dest);
+  check_probs(op, probs, "probs", y.dim(0), k, y);
+  MPT_BACKEND(y, moe_unpermute, in, dest, probs, y, s);
+}
+
+void moe_unpermute_backward(const Tensor& dy, const Tensor& in, const Tensor& dest, const Tensor& probs,
+                            const Tensor& din, const Tensor& dprobs, Stream s) {
+  const char* op = "moe_unpermute_backward";
+  const int64_t k = check_moe(op, dy, "dy", in, "in", dest);
+  need_like(op, in, "in", din, "din");
+  check_probs(op, probs, "probs", dy.dim(0), k, dy);
+  check_probs(op, dprobs, "dprobs", dy.dim(0), k, dy);
+  check_same_device(op, {&dy, &din});
+  check_contiguous(op, {{&din, "din"}});
+  MPT_BACKEND(dy, moe_unpermute_backward, dy, in, dest, probs, din, dprobs, s);
+}
+
 }  // namespace mpitron

@@ -10,6 +10,7 @@
 #include "tensor/gelu.h"
 #include "tensor/gemm.h"
 #include "tensor/layernorm.h"
+#include "tensor/moe_permute.h"
 #include "tensor/norm.h"
 #include "tensor/rmsnorm.h"
 #include "tensor/rope.h"
