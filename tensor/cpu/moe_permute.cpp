@@ -35,33 +35,15 @@ void moe_permute(const Tensor& x, const Tensor& dest, const Tensor& out, Stream)
   });
 }
 
-void moe_permute_backward(const Tensor& dout, const Tensor& dest, const Tensor& dx, Stream) {
-  const int64_t N = dx.dim(0), C = dx.dim(1), R = dout.dim(0), k = N ? dest.numel() / N : 1;
+namespace {
+// y[n] = Σ_j w_j · rows[dest[n·k + j]], w_j = probs[n·k + j] (1 without probs): the permute
+// backward (rows = dout) and the unpermute (rows = the experts' outputs).
+void gather_sum(const Tensor& rows, const Tensor& dest, const float* probs, const Tensor& y, const char* what) {
+  const int64_t N = y.dim(0), C = y.dim(1), R = rows.dim(0), k = N ? dest.numel() / N : 1;
   const int32_t* d = dest.data<int32_t>();
-  dispatch_float(dx.dtype(), "moe_permute_backward", [&](auto tag) {
+  dispatch_float(y.dtype(), what, [&](auto tag) {
     using T = decltype(tag);
-    const T* pd = static_cast<const T*>(dout.data_ptr());
-    T* px = static_cast<T*>(dx.data_ptr());
-#pragma omp parallel for schedule(static) if (N * C > 65536)
-    for (int64_t n = 0; n < N; ++n) {
-      std::vector<float> acc(static_cast<size_t>(C), 0.0f);
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t r = row_of(d, n * k + j, R);
-        if (r < 0) continue;
-        for (int64_t c = 0; c < C; ++c) acc[static_cast<size_t>(c)] += to_f32(pd[r * C + c]);
-      }
-      for (int64_t c = 0; c < C; ++c) px[n * C + c] = from_f32<T>(acc[static_cast<size_t>(c)]);
-    }
-  });
-}
-
-void moe_unpermute(const Tensor& in, const Tensor& dest, const Tensor& probs, const Tensor& y, Stream) {
-  const int64_t N = y.dim(0), C = y.dim(1), R = in.dim(0), k = N ? dest.numel() / N : 1;
-  const int32_t* d = dest.data<int32_t>();
-  const float* p = probs.data<float>();
-  dispatch_float(y.dtype(), "moe_unpermute", [&](auto tag) {
-    using T = decltype(tag);
-    const T* pi = static_cast<const T*>(in.data_ptr());
+    const T* pr = static_cast<const T*>(rows.data_ptr());
     T* py = static_cast<T*>(y.data_ptr());
 #pragma omp parallel for schedule(static) if (N * C > 65536)
     for (int64_t n = 0; n < N; ++n) {
@@ -69,12 +51,21 @@ void moe_unpermute(const Tensor& in, const Tensor& dest, const Tensor& probs, co
       for (int64_t j = 0; j < k; ++j) {
         const int64_t r = row_of(d, n * k + j, R);
         if (r < 0) continue;
-        const float w = p[n * k + j];
-        for (int64_t c = 0; c < C; ++c) acc[static_cast<size_t>(c)] += w * to_f32(pi[r * C + c]);
+        const float w = probs ? probs[n * k + j] : 1.0f;
+        for (int64_t c = 0; c < C; ++c) acc[static_cast<size_t>(c)] += w * to_f32(pr[r * C + c]);
       }
       for (int64_t c = 0; c < C; ++c) py[n * C + c] = from_f32<T>(acc[static_cast<size_t>(c)]);
     }
   });
+}
+}  // namespace
+
+void moe_permute_backward(const Tensor& dout, const Tensor& dest, const Tensor& dx, Stream) {
+  gather_sum(dout, dest, nullptr, dx, "moe_permute_backward");
+}
+
+void moe_unpermute(const Tensor& in, const Tensor& dest, const Tensor& probs, const Tensor& y, Stream) {
+  gather_sum(in, dest, probs.data<float>(), y, "moe_unpermute");
 }
 
 void moe_unpermute_backward(const Tensor& dy, const Tensor& in, const Tensor& dest, const Tensor& probs,
