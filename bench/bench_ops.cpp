@@ -232,6 +232,12 @@ class Bench {
         mem(dev, "moe unpermute", sh, dt, moved + bytes({tok, c}, dt), [&] { moe_unpermute(rows, dest, probs, y); });
         mem(dev, "moe unpermute bwd", sh, dt, 2 * moved + bytes({tok, c}, dt),
             [&] { moe_unpermute_backward(y, rows, dest, probs, din, dp); });
+        if (!lowp) {  // the router's top-k (f32 scores; DeepSeek-like 64 experts, top 6)
+          const Tensor scores = randn({tok, 64}, DType::F32, dev, 19), tv = Tensor::empty({tok, 6}, DType::F32, dev);
+          const Tensor ti = Tensor::empty({tok, 6}, DType::I32, dev);
+          mem(dev, "moe topk", str(tok, "x64 top6"), DType::F32, bytes({tok, 64}, DType::F32) + 2 * bytes({tok, 6}, DType::F32),
+              [&] { moe_topk(scores, 6, tv, ti); });
+        }
       }
       {
         const Shape s{bsz * nh * t, t};

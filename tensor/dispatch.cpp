@@ -796,4 +796,32 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& in, const Tensor& de
   MPT_BACKEND(dy, moe_unpermute_backward, dy, in, dest, probs, din, dprobs, s);
 }
 
+// ---- moe_topk ------------------------------------------------------------------------------
+namespace {
+void check_topk(const char* op, const Tensor& scores, int64_t k, const Tensor& values, const Tensor& indices) {
+  need(scores.defined() && scores.dtype() == DType::F32 && scores.ndim() == 2,
+       str(op, ": scores must be (N, E) f32, got ", scores.describe()));
+  const int64_t N = scores.dim(0), E = scores.dim(1);
+  need(k >= 1 && k <= E, str(op, ": k = ", k, " must be in [1, E = ", E, "] (top-k of the experts)"));
+  need(values.defined() && values.dtype() == DType::F32 && values.numel() == N * k,
+       str(op, ": values must be (N, k) = (", N, ", ", k, ") f32, got ", values.describe()));
+  need(indices.defined() && indices.dtype() == DType::I32 && indices.numel() == N * k,
+       str(op, ": indices must be (N, k) = (", N, ", ", k, ") i32, got ", indices.describe()));
+  check_same_device(op, {&scores, &values, &indices});
+  check_contiguous(op, {{&scores, "scores"}, {&values, "values"}, {&indices, "indices"}});
+}
+}  // namespace
+
+void moe_topk(const Tensor& scores, int64_t k, const Tensor& values, const Tensor& indices, Stream s) {
+  check_topk("moe_topk", scores, k, values, indices);
+  MPT_BACKEND(scores, moe_topk, scores, k, values, indices, s);
+}
+
+void moe_topk_backward(const Tensor& dvalues, const Tensor& indices, const Tensor& dscores, Stream s) {
+  const char* op = "moe_topk_backward";
+  need(dvalues.defined() && dvalues.ndim() == 2, str(op, ": dvalues must be (N, k), got ", dvalues.describe()));
+  check_topk(op, dscores, dvalues.dim(1), dvalues, indices);
+  MPT_BACKEND(dscores, moe_topk_backward, dvalues, indices, dscores, s);
+}
+
 }  // namespace mpitron
