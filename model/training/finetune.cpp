@@ -13,18 +13,14 @@
 
 #include "core/files.h"
 #include "core/log.h"
-#include "core/timer.h"
 #include "data/tokenizer.h"
 #include "io/checkpoint.h"
 #include "model/training/flag_given.h"
 #include "model/training/model_flags.h"
 #include "model/arch_fields.h"
 #include "model/training/checkpointing.h"
-#include "model/training/lr_schedule.h"
 #include "model/training/parallel_runtime.h"
 #include "model/training/trainer.h"
-#include "parallel/communicator.h"
-#include "parallel/job_exit.h"
 
 namespace mpitron {
 

@@ -312,6 +312,16 @@ struct Trainer::Impl {
         .dump();
   }
 
+  // One evaluation micro-batch through the model (the pipeline's stages, or the one
+  // chunk): its loss on the last stage, 0 elsewhere.
+  double eval_forward(Tape& tape, const MicroBatch& mb) {
+    if (pipelined()) return pipeline_eval(mb);
+    ForwardOptions o;
+    o.train = false;
+    states->add_forward_hooks(o);  // (--overlap-param-gather, ZeRO-3) parameters as they are read
+    return task->chunk_forward(tape, 0, mb, Var(), o).value().item();
+  }
+
   // The mean loss over `iters` global batches of `split`: the trained loss, then its
   // parts (BERT: lm, sop).
   std::vector<double> evaluate(int split, int64_t iters, int64_t* consumed) {
@@ -323,15 +333,7 @@ struct Trainer::Impl {
     task->parts().v.clear();
     for (int64_t it = 0; it < iters; ++it) {
       for (int64_t k = 0; k < gbs / (mbs * par.dp_size); ++k) {
-        const MicroBatch mb = micro_batch(split, micro_first(*consumed, k));
-        if (pipelined()) {
-          sum += pipeline_eval(mb);
-        } else {
-          ForwardOptions o;
-          o.train = false;
-          states->add_forward_hooks(o);  // (--overlap-param-gather, ZeRO-3) parameters as they are read
-          sum += task->chunk_forward(tape, 0, mb, Var(), o).value().item();
-        }
+        sum += eval_forward(tape, micro_batch(split, micro_first(*consumed, k)));
         ++count;
       }
       *consumed += gbs;
@@ -356,15 +358,7 @@ struct Trainer::Impl {
       task->accuracy() = {};
       for (int64_t round = 0; round * mbs * dp < set.count; ++round) {
         const int64_t at = (round * dp + par.dp_rank) * mbs;
-        const MicroBatch mb = task->micro_batch(*data, 1, set.first + at, mbs, std::clamp<int64_t>(set.count - at, 0, mbs));
-        if (pipelined()) {
-          pipeline_eval(mb);
-        } else {
-          ForwardOptions o;
-          o.train = false;
-          states->add_forward_hooks(o);
-          task->chunk_forward(tape, 0, mb, Var(), o);
-        }
+        eval_forward(tape, task->micro_batch(*data, 1, set.first + at, mbs, std::clamp<int64_t>(set.count - at, 0, mbs)));
       }
       task->parts().v.clear();
       const double correct = dp_sum(pp_sum(static_cast<double>(task->accuracy().correct)));
