@@ -383,6 +383,136 @@ std::vector<ArchField> build() {
     f.text = [](const json& v) { return v.get<int64_t>() > 0 ? str("--window-size ", v.get<int64_t>()) : std::string("no --window-size"); };
     v.push_back(f);
   }
+  // Mixture of Experts (model/layers/moe_layer.h). Checkpoints from before these keys are dense.
+  {
+    ArchField f = int_row("num_experts", FieldKind::Shape, "num-experts",
+                          "Mixture of Experts: routed experts per MoE layer (default: dense MLPs)", &C::num_experts, 0,
+                          "E routed experts in each MoE layer (0: dense MLPs)", checked);
+    f.apply = [](const GivenFlags& g, C& c) { c.num_experts = as_int(*given(g, "num-experts"), "--num-experts", 1, kBig); };
+    f.text = [](const json& v) { return v.get<int64_t>() > 0 ? str("--num-experts ", v.get<int64_t>()) : std::string("no --num-experts"); };
+    f.required = false;
+    v.push_back(f);
+  }
+  {
+    ArchField f = int_row("moe_router_topk", FieldKind::Choice, "moe-router-topk", "experts per token (default 2)",
+                          &C::moe_router_topk, 1, "k, the experts each token is routed to", checked);
+    f.required = false;
+    v.push_back(f);
+  }
+  {
+    ArchField f = int_row("moe_ffn_hidden_size", FieldKind::Shape, "moe-ffn-hidden-size",
+                          "each routed expert's MLP width (default --ffn-hidden-size)", &C::moe_ffn_hidden_size, 1,
+                          "Fe, each expert's MLP width (default F)", checked);
+    f.get = [](const C& c) { return json(c.moe_ffn()); };
+    f.sizes_weights = [](const C& c) { return c.moe(); };
+    f.required = false;
+    v.push_back(f);
+  }
+  {
+    // Megatron's --moe-layer-freq: an integer N (every N-th layer, from layer 0) or a list "[1,1,0,0]".
+    ArchField f;
+    f.key = "moe_layer_freq";
+    f.kind = FieldKind::Shape;
+    f.scope = FlagScope::Model;
+    f.flags = {{"moe-layer-freq", FlagType::Text,
+                "which layers are MoE: N (layers 0, N, 2N, …; default 1: all) or a list of 0/1 per layer, e.g. [1,1,0,0]"}};
+    f.meaning = "the MoE layers: every N-th from layer 0, or a 0/1 pattern per layer";
+    f.inference = checked;
+    f.get = [](const C& c) {
+      if (c.moe_layer_pattern.empty()) return json(c.moe_layer_freq);
+      json a = json::array();
+      for (const uint8_t b : c.moe_layer_pattern) a.push_back(static_cast<int>(b));
+      return a;
+    };
+    f.set = [](C& c, const json& v, const std::string& what) {
+      if (v.is_array()) {
+        c.moe_layer_pattern.clear();
+        for (const json& e : v) c.moe_layer_pattern.push_back(static_cast<uint8_t>(as_int(e, what + " entry", 0, 1)));
+        c.moe_layer_freq = 1;
+      } else {
+        c.moe_layer_freq = as_int(v, what, 1, kBig);
+        c.moe_layer_pattern.clear();
+      }
+    };
+    f.reset = [](C& c) {
+      c.moe_layer_freq = 1;
+      c.moe_layer_pattern.clear();
+    };
+    f.apply = [f](const GivenFlags& g, C& c) {
+      std::string t;
+      for (const char ch : as_text(*given(g, "moe-layer-freq"), "--moe-layer-freq"))
+        if (ch != ' ') t += ch;
+      json parsed;
+      if (!t.empty() && t.front() == '[') {
+        parsed = json::parse(t, nullptr, false);
+        MPT_CHECK(parsed.is_array(), str("--moe-layer-freq ", t, " is not a list of 0 and 1"),
+                  "give an integer N or a list such as [1,1,0,0] (one entry per layer)");
+      } else {
+        MPT_CHECK(!t.empty() && t.size() < 12 && t.find_first_not_of("0123456789") == std::string::npos,
+                  str("--moe-layer-freq ", t, " is neither an integer nor a list"),
+                  "give an integer N or a list such as [1,1,0,0] (Megatron's Python expressions are not read)");
+        parsed = std::stoll(t);
+      }
+      f.set(c, parsed, "--moe-layer-freq");
+    };
+    f.text = [](const json& v) { return str("--moe-layer-freq ", v.dump()); };
+    f.sizes_weights = [](const C& c) { return c.moe(); };
+    v.push_back(f);
+  }
+  {
+    ArchField f;
+    f.key = "moe_router_score_function";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    f.flags = {{"moe-router-score-function", FlagType::Text, "softmax (default) or sigmoid"}};
+    f.meaning = "the router's scores: softmax or sigmoid";
+    f.inference = checked;
+    f.get = [](const C& c) { return json(to_string(c.moe_router_score_function)); };
+    f.set = [](C& c, const json& v, const std::string& what) {
+      const std::string s = as_text(v, what);
+      MPT_CHECK(s == "softmax" || s == "sigmoid", str(what, " ", s, " is not known"), "use softmax or sigmoid");
+      c.moe_router_score_function = parse_moe_score(s);
+    };
+    f.reset = [](C& c) { c.moe_router_score_function = C{}.moe_router_score_function; };
+    f.apply = [f](const GivenFlags& g, C& c) {
+      f.set(c, *given(g, "moe-router-score-function"), "--moe-router-score-function");
+    };
+    f.text = [](const json& v) { return "--moe-router-score-function " + dump(v); };
+    v.push_back(f);
+  }
+  v.push_back(switch_row("moe_router_pre_softmax", FlagScope::Model, "moe-router-pre-softmax",
+                         "the top-k of the softmax over all experts, unnormalised (Qwen2-MoE); default: the softmax "
+                         "of the k chosen logits (Mixtral)",
+                         &C::moe_router_pre_softmax, false, "top-k after the softmax over all experts", checked));
+  {
+    ArchField f;
+    f.key = "moe_router_topk_scaling_factor";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    f.flags = {{"moe-router-topk-scaling-factor", FlagType::Float, "the routing probabilities times this (default 1)"}};
+    f.meaning = "the routing probabilities' factor";
+    f.inference = checked;
+    f.get = [](const C& c) { return json(static_cast<double>(c.moe_router_topk_scaling_factor)); };
+    f.set = [](C& c, const json& v, const std::string& what) {
+      c.moe_router_topk_scaling_factor = static_cast<float>(as_num(v, what, 0, 1e6, true, false));
+    };
+    f.reset = [](C& c) { c.moe_router_topk_scaling_factor = 1.0f; };
+    f.apply = [f](const GivenFlags& g, C& c) {
+      f.set(c, *given(g, "moe-router-topk-scaling-factor"), "--moe-router-topk-scaling-factor");
+    };
+    f.text = [](const json& v) { return str("--moe-router-topk-scaling-factor ", v.get<double>()); };
+    v.push_back(f);
+  }
+  {
+    ArchField f = int_row("moe_shared_expert_intermediate_size", FieldKind::Shape, "moe-shared-expert-intermediate-size",
+                          "the shared experts' total MLP width (default: no shared experts)",
+                          &C::moe_shared_expert_intermediate_size, 0, "Fs, the shared experts' width (0: none)", checked);
+    f.required = false;
+    v.push_back(f);
+  }
+  v.push_back(switch_row("moe_shared_expert_gate", FlagScope::Model, "moe-shared-expert-gate",
+                         "the shared experts' output times sigmoid(x · wgᵀ) (Qwen2-MoE's shared_expert_gate)",
+                         &C::moe_shared_expert_gate, false, "a sigmoid gate on the shared experts", checked));
   // BERT (model/bert.h): set by pretrain_bert / finetune and their own flags.
   v.push_back(plain_row("bert", FieldKind::Choice, &C::bert, "a BERT encoder with its heads"));
   v.push_back(plain_row("causal", FieldKind::Choice, &C::causal, "causal attention (false: BERT's bidirectional)"));

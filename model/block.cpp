@@ -22,6 +22,16 @@ BlockShape block_shape(const GPTConfig& c, int64_t batch, int64_t seq, const Ten
   s.mask = c.attention_mask();
   s.window = c.window_size;
   s.post_ln = c.post_ln;
+  if (c.is_moe_layer(layer)) {
+    s.moe.experts = c.num_experts;
+    s.moe.topk = c.moe_router_topk;
+    s.moe.ffn = c.moe_ffn();
+    s.moe.shared_ffn = c.moe_shared_expert_intermediate_size;
+    s.moe.shared_gate = c.moe_shared_expert_gate;
+    s.moe.score = c.moe_router_score_function;
+    s.moe.pre_softmax = c.moe_router_pre_softmax;
+    s.moe.scaling = c.moe_router_topk_scaling_factor;
+  }
   return s;
 }
 
@@ -37,6 +47,13 @@ const Var& BlockParams::operator[](ParamRole r) const {
   for (const auto& [role, v] : rows)
     if (role == r) return v;
   return none;
+}
+
+std::vector<Var> BlockParams::all(ParamRole r) const {
+  std::vector<Var> v;
+  for (const auto& [role, var] : rows)
+    if (role == r) v.push_back(var);
+  return v;
 }
 
 std::vector<RowRun> activation_row_runs(int64_t batch, int64_t seq, const TensorParallel& tp,
@@ -195,6 +212,20 @@ BlockMemory block_memory(const BlockShape& s) {
   // copies with sequence parallelism), the norms' inputs and output gradients.
   const int64_t in_rows = sp ? N : Nl;
   m.deferred_act = (sp ? N : Nl) * C * 2 + N * Cl + N * QL + 2 * in_rows * C + N * Fl + N * FCl + 4 * Nl * C;
+  if (s.moe.active()) {
+    // The MoE MLP (model/layers/moe_layer.h) in place of the dense one's fc and g: R ≤ N·k rows
+    // (dropless: N·k), the router's logits (N, E), probabilities and choices (N, k) in f32,
+    // xp, fc, g and yp per row; the shared experts' fc and g (N, FCsl + Fsl). Its backward
+    // holds d(yp), d(g), d(fc) (gated), d(xp) and d(logits).
+    const int64_t R = N * s.moe.topk, E = s.moe.experts, k = s.moe.topk;
+    const int64_t FCel = s.local_expert_fc(), Fel = s.local_expert_ffn();
+    const int64_t Fsl = s.moe.shared_ffn / s.tp.size, FCsl = (mlp_gated(s.mlp) ? 2 : 1) * Fsl;
+    m.saved_act += R * (2 * C + FCel + Fel) + N * (FCsl + Fsl) - N * (FCl + Fl);
+    m.saved_f32 += N * (E + 3 * k) + (s.moe.shared_gate ? 2 * N : 0);
+    m.backward_act += R * (2 * C + Fel + (mlp_gated(s.mlp) ? FCel : 0)) + N * (Fsl + FCsl) + 2 * N * E -
+                      N * Fl - (mlp_gated(s.mlp) ? N * FCl : 0);
+    m.deferred_act += R * (2 * C + Fel + FCel) + N * (E + C) + N * (FCsl + Fsl) - N * Fl - N * FCl;
+  }
   return m;
 }
 
@@ -212,7 +243,9 @@ struct BlockNode final : Node {
   void recompute() override {
     if (before_backward) before_backward();
     Tensor scratch = Tensor::empty(y.value().shape(), y.value().dtype(), y.value().device());
-    block_forward(shape, params, x.value(), scratch, acts, seed, offset);
+    BlockShape again = shape;
+    again.moe.record = false;  // the MoE statistics were counted by the first forward
+    block_forward(again, params, x.value(), scratch, acts, seed, offset);
   }
   void backward() override {
     WeightGradWork* defer = weight_grad_sink();

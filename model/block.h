@@ -54,9 +54,14 @@ struct BlockParams {
     return {(*this)[ParamRole::QkvWeight], (*this)[ParamRole::QkvBias], (*this)[ParamRole::ProjWeight],
             (*this)[ParamRole::ProjBias]};
   }
+  std::vector<Var> all(ParamRole r) const;      // every row of a role, in table order (the experts')
   MlpParams mlp() const {
     return {(*this)[ParamRole::FcWeight], (*this)[ParamRole::FcBias], (*this)[ParamRole::MlpProjWeight],
-            (*this)[ParamRole::MlpProjBias]};
+            (*this)[ParamRole::MlpProjBias],
+            MoeParams{(*this)[ParamRole::RouterWeight], all(ParamRole::ExpertFcWeight), all(ParamRole::ExpertFcBias),
+                      all(ParamRole::ExpertProjWeight), all(ParamRole::ExpertProjBias),
+                      (*this)[ParamRole::SharedFcWeight], (*this)[ParamRole::SharedProjWeight],
+                      (*this)[ParamRole::SharedGateWeight]}};
   }
 };
 

@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "model/families.h"
@@ -43,6 +44,14 @@ MlpKind parse_mlp_kind(const std::string& s) {
   for (MlpKind k : {MlpKind::GeluTanh, MlpKind::GeluErf, MlpKind::SwiGLU, MlpKind::GeGLU})
     if (s == to_string(k)) return k;
   MPT_THROW(str("MLP kind ", s, " is not known"), "use gelu, gelu_erf, swiglu or geglu");
+}
+
+const char* to_string(MoeScore s) { return s == MoeScore::Sigmoid ? "sigmoid" : "softmax"; }
+
+MoeScore parse_moe_score(const std::string& s) {
+  if (s == "softmax") return MoeScore::Softmax;
+  if (s == "sigmoid") return MoeScore::Sigmoid;
+  MPT_THROW(str("--moe-router-score-function ", s, " is not known"), "use softmax or sigmoid");
 }
 
 bool mlp_gated(MlpKind k) { return k == MlpKind::SwiGLU || k == MlpKind::GeGLU; }
@@ -104,6 +113,22 @@ void TransformerConfig::validate() const {
   MPT_CHECK(!bert || !untie_embeddings,
             "--untie-embeddings-and-output-weights: BERT's MLM decoder is tied to the word embeddings", "");
 
+  if (num_experts != 0) {
+    validate_moe();
+  } else {
+    const TransformerConfig d;
+    const char* stray = moe_router_topk != d.moe_router_topk                      ? "--moe-router-topk"
+                        : moe_ffn_hidden_size != 0                               ? "--moe-ffn-hidden-size"
+                        : moe_layer_freq != 1 || !moe_layer_pattern.empty()      ? "--moe-layer-freq"
+                        : moe_router_score_function != d.moe_router_score_function ? "--moe-router-score-function"
+                        : moe_router_pre_softmax                                 ? "--moe-router-pre-softmax"
+                        : moe_router_topk_scaling_factor != 1.0f                 ? "--moe-router-topk-scaling-factor"
+                        : moe_shared_expert_intermediate_size != 0               ? "--moe-shared-expert-intermediate-size"
+                        : moe_shared_expert_gate                                 ? "--moe-shared-expert-gate"
+                                                                                 : nullptr;
+    MPT_CHECK(!stray, str(stray ? stray : "", " is given without --num-experts: the model has no experts"),
+              "add --num-experts E for a Mixture of Experts, or drop the flag");
+  }
   MPT_CHECK(init_method_std > 0, str("--init-method-std must be > 0, got ", init_method_std), "");
   MPT_CHECK(layernorm_epsilon > 0, str("--norm-epsilon must be > 0, got ", layernorm_epsilon), "");
   if (position_embedding == PositionEmbedding::Rope) {
@@ -114,11 +139,70 @@ void TransformerConfig::validate() const {
   }
 }
 
+void TransformerConfig::validate_moe() const {
+  const int64_t E = num_experts;
+  MPT_CHECK(E >= 1, str("--num-experts must be >= 1 (or not given for dense MLPs), got ", E), "");
+  MPT_CHECK(moe_router_topk >= 1 && moe_router_topk <= E,
+            str("--moe-router-topk ", moe_router_topk, " must be in [1, --num-experts ", E, "]"),
+            "each token goes to k distinct experts: give k <= the experts");
+  MPT_CHECK(moe_ffn_hidden_size >= 0, str("--moe-ffn-hidden-size must be >= 1, got ", moe_ffn_hidden_size), "");
+  MPT_CHECK(moe_layer_freq >= 1, str("--moe-layer-freq must be >= 1, got ", moe_layer_freq), "");
+  MPT_CHECK(moe_layer_pattern.empty() || static_cast<int64_t>(moe_layer_pattern.size()) == num_layers,
+            str("--moe-layer-freq gives a pattern of ", moe_layer_pattern.size(), " layers for --num-layers ", num_layers),
+            "give one 0 or 1 per layer, e.g. [1,0,1,0] for 4 layers");
+  MPT_CHECK(!moe_router_pre_softmax || moe_router_score_function == MoeScore::Softmax,
+            "--moe-router-pre-softmax with --moe-router-score-function sigmoid: pre-softmax is the softmax router's",
+            "drop one of them");
+  MPT_CHECK(moe_router_topk_scaling_factor > 0,
+            str("--moe-router-topk-scaling-factor must be > 0, got ", moe_router_topk_scaling_factor), "");
+  MPT_CHECK(moe_shared_expert_intermediate_size >= 0,
+            str("--moe-shared-expert-intermediate-size must be >= 0, got ", moe_shared_expert_intermediate_size), "");
+  MPT_CHECK(!moe_shared_expert_gate || moe_shared_expert_intermediate_size > 0,
+            "--moe-shared-expert-gate without --moe-shared-expert-intermediate-size: there is no shared expert to gate",
+            "give the shared experts' width");
+  MPT_CHECK(moe_shared_expert_intermediate_size == 0 || !add_bias_linear,
+            "--moe-shared-expert-intermediate-size with linear biases: the shared experts are built without biases",
+            "add --disable-bias-linear (Qwen2-MoE and DeepSeek have none)");
+  MPT_CHECK(!bert, "--num-experts: BERT's MLPs are dense (Mixture of Experts is built for the decoders)",
+            "drop --num-experts for pretrain_bert");
+}
+
+namespace {
+// Σ over the layers of a per-layer count: layers of one kind (dense or MoE) have the same rows,
+// so each kind's rows are built once (num_layers may be large).
+template <class F>
+double sum_layers(const TransformerConfig& c, F per_row) {
+  double dense = -1, moe = -1, total = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    double& kind = c.is_moe_layer(l) ? moe : dense;
+    if (kind < 0) {
+      kind = 0;
+      for (const ParamSpec& s : block_param_table(c, l)) kind += per_row(s);
+    }
+    total += kind;
+  }
+  return total;
+}
+// The share of a row one token runs through: k / E for a routed expert's, else 1.
+double active_share(const TransformerConfig& c, const ParamSpec& s) {
+  return s.expert >= 0 ? static_cast<double>(c.moe_router_topk) / static_cast<double>(c.num_experts) : 1.0;
+}
+}  // namespace
+
 int64_t TransformerConfig::num_parameters() const {
-  int64_t outer = 0, layer = 0;
+  int64_t outer = 0;
   for (const ParamSpec& s : outer_param_table(*this)) outer += shape_numel(s.global_shape);
-  for (const ParamSpec& s : block_param_table(*this, 0)) layer += shape_numel(s.global_shape);
-  return outer + num_layers * layer;
+  return outer + static_cast<int64_t>(sum_layers(*this, [](const ParamSpec& s) {
+           return static_cast<double>(shape_numel(s.global_shape));
+         }));
+}
+
+int64_t TransformerConfig::num_active_parameters() const {
+  int64_t outer = 0;
+  for (const ParamSpec& s : outer_param_table(*this)) outer += shape_numel(s.global_shape);
+  return outer + static_cast<int64_t>(std::llround(sum_layers(*this, [this](const ParamSpec& s) {
+           return active_share(*this, s) * static_cast<double>(shape_numel(s.global_shape));
+         })));
 }
 
 double TransformerConfig::attended_keys() const {
@@ -135,8 +219,9 @@ double TransformerConfig::flops_per_token() const {
   double matmul_params = 0;
   for (const ParamSpec& s : outer_param_table(*this))
     if (s.matmul) matmul_params += static_cast<double>(shape_numel(s.global_shape));
-  for (const ParamSpec& s : block_param_table(*this, 0))
-    if (s.matmul) matmul_params += static_cast<double>(num_layers) * static_cast<double>(shape_numel(s.global_shape));
+  matmul_params += sum_layers(*this, [this](const ParamSpec& s) {
+    return s.matmul ? active_share(*this, s) * static_cast<double>(shape_numel(s.global_shape)) : 0.0;
+  });
   // Attention scores and values: 2 matmuls of 2 FLOPs per (query, key, channel), × 3 with backward.
   return 6.0 * matmul_params +
          12.0 * static_cast<double>(num_layers) * static_cast<double>(attention_width()) * attended_keys();

@@ -11,7 +11,10 @@
 #include <cstdint>
 #include <string>
 
+#include <vector>
+
 #include "tensor/dtype.h"
+#include "tensor/moe_router.h"
 
 namespace mpitron {
 
@@ -41,6 +44,8 @@ const char* to_string(AttentionMaskKind k);
 Normalization parse_normalization(const std::string& s);           // throws naming --normalization
 PositionEmbedding parse_position_embedding(const std::string& s);  // throws naming --position-embedding-type
 MlpKind parse_mlp_kind(const std::string& s);                      // throws naming the kinds
+const char* to_string(MoeScore s);                                 // "softmax", "sigmoid"
+MoeScore parse_moe_score(const std::string& s);                    // throws naming --moe-router-score-function
 bool mlp_gated(MlpKind k);                                         // SwiGLU, GeGLU
 
 // The architecture of an encoder or decoder transformer (Megatron-Core's TransformerConfig).
@@ -76,6 +81,24 @@ struct TransformerConfig {
   int64_t window_size = 0;               // --window-size W (Megatron's "W,0"): sliding-window attention, query i
                                          //   sees keys i − W … i (W + 1 keys; HF Mistral's sliding_window);
                                          //   0: every earlier key
+  // Mixture of Experts (model/layers/moe_layer.h; docs/model-families.md "Mixture of Experts"): the MLP
+  // of an MoE layer is a router over num_experts expert MLPs of the MLP kind above, each token sent to
+  // moe_router_topk of them, plus optional shared experts that see every token.
+  int64_t num_experts = 0;               // --num-experts E; 0: every MLP dense
+  int64_t moe_router_topk = 2;           // --moe-router-topk k: experts per token
+  int64_t moe_ffn_hidden_size = 0;       // --moe-ffn-hidden-size: each expert's width Fe; 0 means F
+  // --moe-layer-freq: which layers are MoE. An integer N: layers l with l % N == 0; a pattern
+  // ("[1,1,0,0]", one entry per layer): the layers marked 1. Empty pattern and N = 1: every layer.
+  int64_t moe_layer_freq = 1;
+  std::vector<uint8_t> moe_layer_pattern;
+  MoeScore moe_router_score_function = MoeScore::Softmax;  // --moe-router-score-function softmax|sigmoid
+  bool moe_router_pre_softmax = false;   // --moe-router-pre-softmax: top-k of the softmax over all experts,
+                                         //   unnormalised (Qwen2-MoE); default softmax over the k chosen (Mixtral)
+  float moe_router_topk_scaling_factor = 1.0f;  // --moe-router-topk-scaling-factor: the k probabilities times it
+  int64_t moe_shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size: shared experts' total
+                                                    //   width Fs (0: none), a dense MLP beside the routed ones
+  bool moe_shared_expert_gate = false;   // --moe-shared-expert-gate: the shared output times sigmoid(x·wgᵀ), wg (1, C)
+                                         //   (Qwen2-MoE's shared_expert_gate)
   DType compute_dtype = DType::F32;      // f32, or bf16/f16 with --bf16/--fp16
   // BERT (model/bert.h; docs/model-families.md "BERT"; set by pretrain_bert and its flags):
   bool bert = false;                     // encoder with the MLM head (+ pooler and binary head)
@@ -97,6 +120,19 @@ struct TransformerConfig {
   int64_t qkv_rows() const { return (num_attention_heads + 2 * query_groups()) * head_dim(); }
   // Rows of the MLP's first projection: F, or 2F for a gated MLP ([gate | up]).
   int64_t fc_rows() const { return mlp_gated(mlp) ? 2 * ffn() : ffn(); }
+  bool moe() const { return num_experts > 0; }
+  // Layer l's MLP is a Mixture of Experts (--num-experts with --moe-layer-freq).
+  bool is_moe_layer(int64_t l) const {
+    if (num_experts <= 0) return false;
+    if (!moe_layer_pattern.empty()) return l < static_cast<int64_t>(moe_layer_pattern.size()) && moe_layer_pattern[static_cast<size_t>(l)];
+    return l % moe_layer_freq == 0;
+  }
+  int64_t moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn(); }
+  // Rows of an expert's first projection (Fe, or 2·Fe gated), and of the shared experts' (Fs or 2·Fs).
+  int64_t expert_fc_rows() const { return mlp_gated(mlp) ? 2 * moe_ffn() : moe_ffn(); }
+  int64_t shared_fc_rows() const {
+    return mlp_gated(mlp) ? 2 * moe_shared_expert_intermediate_size : moe_shared_expert_intermediate_size;
+  }
   bool learned_positions() const { return position_embedding == PositionEmbedding::Learned; }
   bool norm_has_bias() const { return normalization == Normalization::LayerNorm; }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
@@ -112,11 +148,15 @@ struct TransformerConfig {
   std::string family() const;
   // Validate; throws naming the flags that conflict.
   void validate() const;
-  // Parameters (the tied LM head counts once), from the parameter table.
+  void validate_moe() const;  // the Mixture-of-Experts fields (validate() calls it when num_experts != 0)
+  // Parameters (the tied LM head counts once), from the parameter table. With experts: every expert
+  // (total); num_active_parameters() counts k of the E routed experts (what one token runs through).
   int64_t num_parameters() const;
+  int64_t num_active_parameters() const;
   // Training FLOPs per token (forward + backward = 3 × forward), documented in docs/flops.md:
   //   6·N_matmul + 12·L·NH·HD·K
-  // where N_matmul counts every matmul weight including the (tied or untied) LM head and K the
+  // where N_matmul counts every matmul weight including the (tied or untied) LM head (an MoE layer's
+  // routed experts k/E of theirs: the active ones) and K the
   // keys a query attends on average less one half (the diagonal counted half): T/2 causal (the
   // convention of llm.c and current Megatron), T bidirectional (BERT), the mean of min(i, W) + 1/2
   // over the queries i with a sliding window W (Mistral: ≈ W + 1/2 when T ≫ W).

@@ -29,6 +29,11 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
                 cfg_.num_attention_heads, "), the FFN size (", cfg_.ffn(), ") and the padded vocabulary (",
                 cfg_.padded_vocab_size, ")"),
             "choose a tensor-parallel size that divides them");
+  MPT_CHECK(!cfg_.moe() || (cfg_.moe_ffn() % tp.size == 0 && cfg_.moe_shared_expert_intermediate_size % tp.size == 0),
+            str("--tensor-model-parallel-size ", tp.size, " must divide the experts' width --moe-ffn-hidden-size (",
+                cfg_.moe_ffn(), ") and the shared experts' --moe-shared-expert-intermediate-size (",
+                cfg_.moe_shared_expert_intermediate_size, ")"),
+            "each tensor-parallel rank holds an equal slice of every expert");
   MPT_CHECK(cfg_.num_layers % stages == 0,
             str("--num-layers ", cfg_.num_layers, " is not divisible by the ", stages,
                 " pipeline stages (--pipeline-model-parallel-size ", mp_.pp_size, " x ", mp_.virtual_stages,
@@ -185,6 +190,7 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
     const bool recompute = opt.recompute && (opt.recompute_num_layers == 0 || l - ch.first_layer < opt.recompute_num_layers);
     BlockShape s = block_shape(cfg_, batch, seq, mp_.tp, opt.train, l, mp_.cp);
     s.kv_lengths = opt.kv_lengths;
+    s.moe.run = opt.moe;
     x = block(tape, s, blocks_[i], x, opt.dropout_seed, nc * (1 + 2 * static_cast<uint64_t>(l)), recompute,
               std::move(ready), std::move(before));
   }

@@ -50,6 +50,9 @@ struct ForwardOptions {
   // ZeRO-3 gathers them again there.
   std::function<void(size_t first, size_t end)> params_needed_backward;
   Tensor kv_lengths;  // BERT: (B) i32 on the device, keys j >= len[b] masked (BlockShape::kv_lengths)
+  // The MoE layers' run settings, auxiliary-loss scale and statistics (model/layers/moe_shape.h);
+  // null: no auxiliary losses, dropless, nothing recorded (evaluation).
+  const MoeRun* moe = nullptr;
 };
 
 struct ModelParallel {

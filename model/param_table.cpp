@@ -38,6 +38,14 @@ const char* to_string(ParamRole r) {
     case ParamRole::BinaryHeadBias: return "binary_head.bias";
     case ParamRole::ClassificationHeadWeight: return "classification_head.weight";
     case ParamRole::ClassificationHeadBias: return "classification_head.bias";
+    case ParamRole::RouterWeight: return "router.weight";
+    case ParamRole::ExpertFcWeight: return "expert.fc.weight";
+    case ParamRole::ExpertFcBias: return "expert.fc.bias";
+    case ParamRole::ExpertProjWeight: return "expert.proj.weight";
+    case ParamRole::ExpertProjBias: return "expert.proj.bias";
+    case ParamRole::SharedFcWeight: return "shared.fc.weight";
+    case ParamRole::SharedProjWeight: return "shared.proj.weight";
+    case ParamRole::SharedGateWeight: return "shared.gate.weight";
   }
   return "?";
 }
@@ -96,6 +104,48 @@ ParamSpec hf(ParamSpec s, const Family* fam, int64_t layer, std::initializer_lis
   return s;
 }
 
+ParamSpec expert(ParamSpec s, int64_t e) {
+  s.expert = e;
+  return s;
+}
+
+// An MoE layer's MLP rows (model/layers/moe_layer.h): the router, the routed experts kind by kind
+// (each kind's E rows consecutive), the shared experts.
+std::vector<ParamSpec> moe_rows(const GPTConfig& c, int64_t l, const Family* fam) {
+  const int64_t C = c.hidden_size, E = c.num_experts, Fe = c.moe_ffn(), Fs = c.moe_shared_expert_intermediate_size;
+  const bool gated = mlp_gated(c.mlp), bias = c.add_bias_linear;
+  const std::vector<int64_t> fc_parts = gated ? std::vector<int64_t>{Fe, Fe} : std::vector<int64_t>{};
+  const std::string p = str("layers.", l, ".mlp.");
+  using R = ParamRole;
+  using I = ParamInit;
+  const ParamPlace L = ParamPlace::Layer;
+  (void)fam;  // the MoE families' HF names: model/families.h
+  std::vector<ParamSpec> v;
+  v.push_back(matmul(row(p + "router.weight", R::RouterWeight, {E, C}, I::Normal, L, l)));
+  for (int64_t e = 0; e < E; ++e)
+    v.push_back(expert(matmul(split(row(str(p, "experts.", e, ".fc.weight"), R::ExpertFcWeight, {c.expert_fc_rows(), C},
+                                        I::Normal, L, l), 0, fc_parts)), e));
+  if (bias)
+    for (int64_t e = 0; e < E; ++e)
+      v.push_back(expert(split(row(str(p, "experts.", e, ".fc.bias"), R::ExpertFcBias, {c.expert_fc_rows()}, I::Zeros, L, l),
+                               0, fc_parts), e));
+  for (int64_t e = 0; e < E; ++e)
+    v.push_back(expert(matmul(split(row(str(p, "experts.", e, ".proj.weight"), R::ExpertProjWeight, {C, Fe},
+                                        I::OutputNormal, L, l), 1)), e));
+  if (bias)
+    for (int64_t e = 0; e < E; ++e)
+      v.push_back(expert(row(str(p, "experts.", e, ".proj.bias"), R::ExpertProjBias, {C}, I::Zeros, L, l), e));
+  if (Fs > 0) {
+    const std::vector<int64_t> sparts = gated ? std::vector<int64_t>{Fs, Fs} : std::vector<int64_t>{};
+    v.push_back(matmul(split(row(p + "shared.fc.weight", R::SharedFcWeight, {c.shared_fc_rows(), C}, I::Normal, L, l), 0,
+                             sparts)));
+    v.push_back(matmul(split(row(p + "shared.proj.weight", R::SharedProjWeight, {C, Fs}, I::OutputNormal, L, l), 1)));
+    if (c.moe_shared_expert_gate)
+      v.push_back(matmul(row(p + "shared.gate.weight", R::SharedGateWeight, {1, C}, I::Normal, L, l)));
+  }
+  return v;
+}
+
 }  // namespace
 
 std::vector<ParamSpec> block_param_table(const GPTConfig& c, int64_t l) {
@@ -148,6 +198,10 @@ std::vector<ParamSpec> block_param_table(const GPTConfig& c, int64_t l) {
   if (ln_bias)
     v.push_back(hf(row(p + "ln2.bias", R::Norm2Bias, {C}, I::Zeros, L, l), fam, l,
                    {{S::Gpt2, {g + "ln_2.bias"}}, {S::Bert, {b + "output.LayerNorm.bias"}}}));
+  if (c.is_moe_layer(l)) {
+    for (ParamSpec& s : moe_rows(c, l, fam)) v.push_back(std::move(s));
+    return v;
+  }
   v.push_back(hf(matmul(split(row(p + "mlp.fc.weight", R::FcWeight, {c.fc_rows(), C}, I::Normal, L, l), 0, fc_parts)),
                  fam, l,
                  {{S::Gpt2, {g + "mlp.c_fc.weight"}, T}, {S::Llama, {m + "mlp.gate_proj.weight", m + "mlp.up_proj.weight"}},

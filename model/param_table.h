@@ -23,6 +23,15 @@
 //   layers.l.mlp.fc.bias (F or 2F)
 //   layers.l.mlp.proj.weight (C, F)     row-parallel, output init
 //   layers.l.mlp.proj.bias (C)
+// An MoE layer (cfg.is_moe_layer(l); E experts of width Fe, FCe = Fe or 2·Fe gated) has instead of the mlp rows:
+//   layers.l.mlp.router.weight (E, C)            replicated
+//   layers.l.mlp.experts.e.fc.weight (FCe, C)    e = 0 … E−1, column-parallel like mlp.fc (gate|up parts)
+//   layers.l.mlp.experts.e.fc.bias (FCe)         biases: unless --disable-bias-linear
+//   layers.l.mlp.experts.e.proj.weight (C, Fe)   row-parallel, output init
+//   layers.l.mlp.experts.e.proj.bias (C)
+//   layers.l.mlp.shared.fc.weight (FCs, C), layers.l.mlp.shared.proj.weight (C, Fs)   shared experts (Fs > 0)
+//   layers.l.mlp.shared.gate.weight (1, C)       replicated (--moe-shared-expert-gate)
+// Each kind's experts are consecutive (every fc weight, then every fc bias, …): the grouped GEMM's operands.
 //   lnf.weight / .bias (C)              last stage
 //   head.weight (V, C)                  vocab-parallel, last stage (untied only)
 // BERT (cfg.bert) adds, replicated unless said:
@@ -54,6 +63,10 @@ enum class ParamRole : uint8_t {
   LmHeadDenseWeight, LmHeadDenseBias, LmHeadNormWeight, LmHeadNormBias, LmHeadBias,
   PoolerWeight, PoolerBias, BinaryHeadWeight, BinaryHeadBias,
   ClassificationHeadWeight, ClassificationHeadBias,  // BERT with num_classes > 0
+  // A Mixture-of-Experts MLP (model/layers/moe_layer.h), instead of the dense Fc*/MlpProj* rows:
+  // the router, each routed expert's two linears (ParamSpec::expert), the shared experts and their gate.
+  RouterWeight, ExpertFcWeight, ExpertFcBias, ExpertProjWeight, ExpertProjBias,
+  SharedFcWeight, SharedProjWeight, SharedGateWeight,
 };
 const char* to_string(ParamRole r);
 
@@ -92,6 +105,7 @@ struct ParamSpec {
   ParamPlace place = ParamPlace::Layer;
   int64_t layer = -1;        // ParamPlace::Layer only
   bool matmul = false;       // a matmul weight (counted in FLOPs: 6 per element per token)
+  int64_t expert = -1;       // a routed expert's row: the expert (0 … E−1); a token runs through k of E
   bool vocab = false;        // axis 0 is the padded vocabulary (wte, head.weight, lm_head.bias): the
                              //   rows past vocab_size are padding, absent in Hugging Face
   // The Hugging Face column, for the configuration's family (empty for a mix no family

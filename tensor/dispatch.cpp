@@ -1,4 +1,5 @@
 // tensor/dispatch.cpp — the public op entry points: validate, then call the backend.
+#include <algorithm>
 #include <cmath>
 
 #include "tensor/cpu/ops.h"
@@ -729,35 +730,52 @@ void check_probs(const char* op, const Tensor& probs, const char* name, int64_t 
 }
 }  // namespace
 
-MoeRouting moe_routing(const Tensor& indices, int64_t num_experts, int64_t capacity) {
+MoeRouting moe_routing(const Tensor& indices, int64_t num_experts, int64_t capacity, const Tensor& probs) {
   const char* op = "moe_routing";
   need(indices.defined() && (indices.dtype() == DType::I32 || indices.dtype() == DType::I64) && indices.ndim() == 2,
        str(op, ": indices must be (N, k) i32 or i64, got ", indices.describe()));
   need(num_experts >= 1, str(op, ": num_experts must be >= 1, got ", num_experts));
   need(capacity >= 0, str(op, ": capacity must be >= 0, got ", capacity));
+  need(!probs.defined() || (probs.dtype() == DType::F32 && probs.numel() == indices.numel()),
+       str(op, ": probs must be (N, k) f32 like indices ", indices.describe(), ", got ", probs.describe()));
   const Tensor h = indices.to(Device::cpu()).contiguous();
   const int64_t n = h.numel();
   std::vector<int64_t> idx(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
     idx[static_cast<size_t>(i)] = h.dtype() == DType::I32 ? h.data<int32_t>()[i] : h.data<int64_t>()[i];
   MoeRouting r;
-  r.counts.assign(static_cast<size_t>(num_experts), 0);
+  r.chosen.assign(static_cast<size_t>(num_experts), 0);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t e = idx[static_cast<size_t>(i)];
     need(e >= 0 && e < num_experts, str(op, ": token ", i / h.dim(1), " choice ", i % h.dim(1), " names expert ", e,
                                         ", outside [0, ", num_experts, ")"));
-    if (capacity == 0 || r.counts[static_cast<size_t>(e)] < capacity) ++r.counts[static_cast<size_t>(e)];
+    ++r.chosen[static_cast<size_t>(e)];
   }
-  std::vector<int64_t> next(static_cast<size_t>(num_experts), 0), kept(static_cast<size_t>(num_experts), 0);
+  // Which choices stay: all (dropless); the first `capacity` of each expert in flat order (position
+  // policy); or each expert's `capacity` most probable, ties to the earlier (probs policy).
+  std::vector<char> keep(static_cast<size_t>(n), 1);
+  if (capacity > 0) {
+    std::vector<std::vector<int64_t>> of(static_cast<size_t>(num_experts));
+    for (int64_t i = 0; i < n; ++i) of[static_cast<size_t>(idx[static_cast<size_t>(i)])].push_back(i);
+    const Tensor hp = probs.defined() ? probs.to(Device::cpu()).contiguous() : Tensor();
+    for (std::vector<int64_t>& list : of) {
+      if (static_cast<int64_t>(list.size()) <= capacity) continue;
+      if (hp.defined())
+        std::stable_sort(list.begin(), list.end(),
+                         [&](int64_t a, int64_t b) { return hp.data<float>()[a] > hp.data<float>()[b]; });
+      for (size_t j = static_cast<size_t>(capacity); j < list.size(); ++j) keep[static_cast<size_t>(list[j])] = 0;
+    }
+  }
+  r.counts.assign(static_cast<size_t>(num_experts), 0);
+  for (int64_t i = 0; i < n; ++i)
+    if (keep[static_cast<size_t>(i)]) ++r.counts[static_cast<size_t>(idx[static_cast<size_t>(i)])];
+  std::vector<int64_t> next(static_cast<size_t>(num_experts), 0);
   for (int64_t e = 1; e < num_experts; ++e)
     next[static_cast<size_t>(e)] = next[static_cast<size_t>(e - 1)] + r.counts[static_cast<size_t>(e - 1)];
   r.dest.assign(static_cast<size_t>(n), -1);
-  for (int64_t i = 0; i < n; ++i) {  // flat order n·k + j: a stable sort by expert
-    const size_t e = static_cast<size_t>(idx[static_cast<size_t>(i)]);
-    if (capacity > 0 && kept[e] >= capacity) continue;  // over capacity: dropped (position policy)
-    ++kept[e];
-    r.dest[static_cast<size_t>(i)] = static_cast<int32_t>(next[e]++);
-  }
+  for (int64_t i = 0; i < n; ++i)  // flat order n·k + j within an expert: a stable sort by expert
+    if (keep[static_cast<size_t>(i)])
+      r.dest[static_cast<size_t>(i)] = static_cast<int32_t>(next[static_cast<size_t>(idx[static_cast<size_t>(i)])]++);
   return r;
 }
 

@@ -29,12 +29,14 @@ namespace mpitron {
 struct MoeRouting {
   std::vector<int32_t> dest;    // (N·k) row in the grouped order, −1 dropped
   std::vector<int64_t> counts;  // (E) rows kept per expert
+  std::vector<int64_t> chosen;  // (E) choices per expert before capacity (the load-balancing loss's counts)
   int64_t rows() const;         // Σ counts
 };
 // From the router's top-k choices (any device: copied to the host). `capacity` > 0
-// keeps at most that many rows per expert (the first in flat order: the position
-// drop policy); 0 keeps every choice (dropless). An index outside [0, E) throws.
-MoeRouting moe_routing(const Tensor& indices, int64_t num_experts, int64_t capacity = 0);
+// keeps at most that many rows per expert: the first in flat order (the position drop
+// policy), or with `probs` (N, k) f32 the most probable, ties to the earlier (the probs
+// policy); 0 keeps every choice (dropless). An index outside [0, E) throws.
+MoeRouting moe_routing(const Tensor& indices, int64_t num_experts, int64_t capacity = 0, const Tensor& probs = Tensor());
 
 void moe_permute(const Tensor& x, const Tensor& dest, const Tensor& out, Stream s = Stream());
 void moe_permute_backward(const Tensor& dout, const Tensor& dest, const Tensor& dx, Stream s = Stream());

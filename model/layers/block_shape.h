@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/layers/moe_shape.h"
 #include "model/tensor_parallel.h"
 #include "parallel/context_parallel.h"
 #include "tensor/rope.h"
@@ -31,6 +32,7 @@ struct BlockShape {
   bool post_ln = false;  // post-LN block order (model/block.h)
   ContextParallel cp{};     // context parallelism: this rank holds seq = T/cp of each sequence's tokens
                             // (parallel/context_parallel.h); attention runs across the cp group
+  MoeShape moe{};           // a Mixture-of-Experts MLP (moe.experts > 0; model/layers/moe_layer.h)
 
   int64_t tokens() const { return batch * seq; }                   // N
   int64_t global_seq() const { return seq * cp.size; }             // T: the whole sequence
@@ -43,6 +45,8 @@ struct BlockShape {
   int64_t local_qkv() const { return (local_heads() + 2 * local_groups()) * head_dim(); }
   int64_t local_ffn() const { return ffn / tp.size; }              // Fl
   int64_t local_fc() const { return (mlp_gated(mlp) ? 2 : 1) * local_ffn(); }
+  int64_t local_expert_ffn() const { return moe.ffn / tp.size; }                      // Fel
+  int64_t local_expert_fc() const { return (mlp_gated(mlp) ? 2 : 1) * local_expert_ffn(); }
   int64_t local_att() const { return local_heads() * head_dim(); }  // Cl: this rank's attention output width
   // The first key a causal query at position p sees (0, or p − window with a sliding window):
   // the KV-cache decoders attend over keys first_key(p) … p.

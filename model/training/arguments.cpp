@@ -16,6 +16,7 @@
 #include "model/training/deepspeed_config.h"
 #include "model/inference/inference_load.h"
 #include "model/training/megatron_compat.h"
+#include "model/training/moe_flags.h"
 #include "model/training/pretrain_flags.h"
 #include "data/gpt_dataset.h"
 #include "parallel/context_parallel.h"
@@ -181,6 +182,7 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
         ("short-seq-prob", po::value(&a.short_seq_prob)->default_value(0.1, "0.1"), "chance of a shorter sample");
     all.add(bert);
   }
+  if (!a.model.bert) add_moe_flags(all, a);
   add_noop_flags(all);
   return all;
 }
@@ -405,6 +407,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
          "add --deepspeed (as DeepSpeed itself requires) or drop --deepspeed_config");
   }
   apply_recompute_flags(vm, a);
+  if (!a.model.bert) check_moe_flags(vm, a);
   // Every numeric flag: finite, in range, and 0 only where 0 means 0.
   {
     const double inf = std::numeric_limits<double>::infinity();

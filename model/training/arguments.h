@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/layers/moe_shape.h"
 #include "model/training/optimizer.h"
 #include "parallel/zero.h"
 #include "model/training/lr_schedule.h"
@@ -105,6 +106,9 @@ struct TrainArgs {
                ? model.num_layers / (pipeline_model_parallel_size * num_layers_per_virtual_pipeline_stage)
                : 1;
   }
+
+  MoeRun moe;                              // --moe-aux-loss-coeff, --moe-z-loss-coeff, capacity, drop policy
+                                           //   (model/training/moe_flags.h; the experts' shape is in model)
 
   // data parallelism (dp = MPI ranks / (tp · pp))
   int64_t zero_stage = 0;                  // --zero-stage 1|2|3 (--use-distributed-optimizer = 1)

@@ -115,6 +115,29 @@ struct Trainer::Impl {
   int64_t total_iters = 0;
   std::map<int64_t, parallel::Schedule> schedules;  // pipeline schedule per micro-batch count
   std::unique_ptr<StepGuard> guard;  // non-finite and spike checks of each step
+  // Mixture of Experts: the run's settings as the MoE layers read them (loss_scale set per step)
+  // and the step's statistics they add to.
+  MoeRun moe_run;
+  MoeStats moe_stats;
+  const MoeRun* moe() const { return args.model.moe() ? &moe_run : nullptr; }
+  // The step's load-balancing and z losses: summed over the MoE layers (pipeline stages), averaged
+  // over the micro-batches and data-parallel ranks, as the loss; tokens per expert and dropped
+  // choices summed over every layer, micro-batch and data-parallel rank.
+  struct MoeStep {
+    double aux = 0, z = 0, dropped = 0;
+    std::vector<double> tokens;
+  };
+  MoeStep take_moe_stats(int64_t n_micro) {
+    MoeStep r;
+    const double n = static_cast<double>(par.dp_size * n_micro);
+    r.aux = dp_sum(pp_sum(moe_stats.aux_loss)) / n;
+    r.z = dp_sum(pp_sum(moe_stats.z_loss)) / n;
+    r.dropped = dp_sum(pp_sum(static_cast<double>(moe_stats.dropped)));
+    moe_stats.tokens_per_expert.resize(static_cast<size_t>(args.model.num_experts), 0);
+    for (const int64_t t : moe_stats.tokens_per_expert) r.tokens.push_back(dp_sum(pp_sum(static_cast<double>(t))));
+    moe_stats.clear();
+    return r;
+  }
 
   // Host-scalar collectives (losses, stop decisions) run on MPI-backend
   // Communicators of the same groups, so they have the communicator timeout:
@@ -448,6 +471,7 @@ struct Trainer::Impl {
       o.recompute = m.args.recompute_activations;
       o.recompute_num_layers = m.args.recompute_num_layers;
       o.dropout_seed = m.dropout_seed(m.st.iteration, mb * m.par.dp_size + m.par.dp_rank);
+      o.moe = m.moe();
       // The chunk's last backward makes its blocks' gradients final: the data-parallel
       // buckets start reducing them while the schedule goes on.
       m.states->add_hooks(o, last_backward.at(chunk) == mb);
@@ -730,6 +754,20 @@ TrainSummary Trainer::run() {
                                              : std::string(", recompute"))
                : std::string());
   for (const std::string& note : a.startup_notes) log_info(note);
+  if (c.moe()) {
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.is_moe_layer(l);
+    log_info("Mixture of Experts: ", moe_layers, " of ", c.num_layers, " layers, ", c.num_experts, " experts of width ",
+             c.moe_ffn(), ", top-", c.moe_router_topk, " ", to_string(c.moe_router_score_function),
+             c.moe_router_pre_softmax ? " (pre-softmax)" : "",
+             c.moe_shared_expert_intermediate_size > 0 ? str(", shared experts of width ", c.moe_shared_expert_intermediate_size) : "",
+             "; ", c.num_active_parameters(), " active of ", c.num_parameters(), " parameters per token; ",
+             a.moe.capacity_factor > 0 ? str("capacity factor ", a.moe.capacity_factor, " (drop by ",
+                                             a.moe.drop_by_probs ? "probs" : "position", ")")
+                                       : std::string("dropless"),
+             a.moe.aux_loss_coeff > 0 ? str(", aux loss ", a.moe.aux_loss_coeff) : "",
+             a.moe.z_loss_coeff > 0 ? str(", z-loss ", a.moe.z_loss_coeff) : "");
+  }
   if (m.par.cp_size > 1)  // never silently off (Megatron-Bridge #2667): the layout and the comm type
     log_info("context parallelism: each ", c.seq_length, "-token sequence over ", m.par.cp_size, " ranks, ",
              m.model->parallel().cp.local_seq(c.seq_length), " tokens each; ", m.model->parallel().cp.describe(c.seq_length),
@@ -831,6 +869,9 @@ TrainSummary Trainer::run() {
   int64_t interval_iters = 0, interval_tokens = 0, interval_skipped = 0, interval_nan = 0;
   double interval_loss = 0;
   std::vector<double> interval_parts;  // BERT: lm and sop loss sums over the interval
+  Impl::MoeStep interval_moe;          // MoE: the auxiliary losses' sums, the routing counts over the interval
+  m.moe_run = a.moe;
+  m.moe_run.stats = &m.moe_stats;
   int64_t interval_loss_n = 0;
   bool first_logged = false;
   double interval_fwd_bwd_s = 0, interval_optim_s = 0;  // --log-timers-to-tensorboard
@@ -852,6 +893,8 @@ TrainSummary Trainer::run() {
     m.states->zero_grad();
     double loss_sum = 0;
     m.task->parts().v.clear();
+    m.moe_run.loss_scale = scale / static_cast<float>(n_micro);  // the auxiliary losses' gradients, as the loss's
+    m.moe_stats.clear();
     if (m.pipelined()) {
       loss_sum = m.pp_sum(m.pipeline_step(n_micro, scale / static_cast<float>(n_micro)));
     }
@@ -864,6 +907,7 @@ TrainSummary Trainer::run() {
       o.recompute_num_layers = a.recompute_num_layers;
       // Each dp rank's masks differ (different samples), as Megatron's per-rank seeds.
       o.dropout_seed = m.dropout_seed(m.st.iteration, k * m.par.dp_size + m.par.dp_rank);
+      o.moe = m.moe();
       m.states->begin_backward(last);
       m.states->add_hooks(o, true);
       Var loss = m.task->chunk_forward(tape, 0, mb, Var(), o);
@@ -874,6 +918,7 @@ TrainSummary Trainer::run() {
     // BERT's two losses, averaged like the loss (GPT's one part is the loss itself).
     const std::vector<double> step_parts =
         m.task->is_bert() ? m.take_parts(static_cast<double>(m.par.dp_size * n_micro)) : std::vector<double>{};
+    const Impl::MoeStep moe_step = c.moe() ? m.take_moe_stats(n_micro) : Impl::MoeStep();
     // The loss and grad norm are judged between the norm and the update (the
     // optimizer's veto), and the verdict is OR-ed over every rank.
     StepVerdict verdict;
@@ -951,16 +996,22 @@ TrainSummary Trainer::run() {
       interval_loss += loss;
       interval_parts.resize(step_parts.size(), 0.0);
       for (size_t i = 0; i < step_parts.size(); ++i) interval_parts[i] += step_parts[i];
+      interval_moe.aux += moe_step.aux;
+      interval_moe.z += moe_step.z;
       ++interval_loss_n;
     }
     ++interval_iters;
     interval_tokens += gbs * c.seq_length;
+    interval_moe.dropped += moe_step.dropped;
+    interval_moe.tokens.resize(moe_step.tokens.size(), 0.0);
+    for (size_t e = 0; e < moe_step.tokens.size(); ++e) interval_moe.tokens[e] += moe_step.tokens[e];
     sum.losses.push_back(loss);
     if (m.task->is_bert()) {
       sum.lm_losses.push_back(step_parts[0]);
       sum.sop_losses.push_back(step_parts.size() > 1 ? step_parts[1] : 0.0);
     }
     sum.grad_norms.push_back(r.grad_norm);
+    if (c.moe()) sum.moe_aux_losses.push_back(moe_step.aux);
 
     if (m.st.iteration % a.log_interval == 0 || m.st.iteration == m.total_iters) {
       const double secs = interval_timer.seconds();
@@ -1014,6 +1065,28 @@ TrainSummary Trainer::run() {
         std::snprintf(buf, sizeof buf, " params norm: %.3f |", params_norm);
         extra += buf;
       }
+      // MoE (Megatron's names): the auxiliary losses averaged like the loss, and how evenly the
+      // experts were loaded (the busiest expert's choices over the mean) with the choices dropped.
+      const double moe_aux = interval_loss_n ? interval_moe.aux / static_cast<double>(interval_loss_n) : NAN;
+      const double moe_z = interval_loss_n ? interval_moe.z / static_cast<double>(interval_loss_n) : NAN;
+      double moe_load = NAN;
+      if (c.moe()) {
+        double most = 0, all = 0;
+        for (const double t : interval_moe.tokens) most = std::max(most, t), all += t;
+        moe_load = all > 0 ? most / (all / static_cast<double>(interval_moe.tokens.size())) : NAN;
+        char buf[160];
+        if (a.moe.aux_loss_coeff > 0) {
+          std::snprintf(buf, sizeof buf, " load_balancing_loss: %.6E |", moe_aux);
+          extra += buf;
+        }
+        if (a.moe.z_loss_coeff > 0) {
+          std::snprintf(buf, sizeof buf, " z_loss: %.6E |", moe_z);
+          extra += buf;
+        }
+        std::snprintf(buf, sizeof buf, " expert load max/mean: %.3f | dropped tokens: %.0f |", moe_load,
+                      interval_moe.dropped);
+        extra += buf;
+      }
       if (a.log_num_zeros_in_grad) {
         const auto [zb, ze] = m.state_range();
         zeros = count_zero_grads(m.model->params(), m.states->grad_slice(), zb, ze, m.par.mp,
@@ -1030,6 +1103,8 @@ TrainSummary Trainer::run() {
         m.tb_scalar("grad-norm", "grad-norm", r.grad_norm);
         if (a.log_params_norm) m.tb_scalar("params-norm", "params-norm", params_norm);
         if (a.log_num_zeros_in_grad) m.tb_scalar("num-zeros", "num-zeros", static_cast<double>(zeros));
+        if (c.moe() && a.moe.aux_loss_coeff > 0) m.tb_scalar("load_balancing_loss", "load_balancing_loss", moe_aux);
+        if (c.moe() && a.moe.z_loss_coeff > 0) m.tb_scalar("z_loss", "z_loss", moe_z);
         int ranks = 1;
         if (m.world_comm() != MPI_COMM_NULL) MPI_Comm_size(m.world_comm(), &ranks);
         m.tb_scalar("throughput", "throughput", flops / 1e12 / ranks, false);  // Megatron's: TFLOP/s per rank
@@ -1050,6 +1125,13 @@ TrainSummary Trainer::run() {
                            {"ms_per_iteration", ms}, {"tokens_per_second", tps},
                            {"tflops", flops / 1e12}, {"mfu", flops / m.peak}};
         if (part_avg.size() > 1) row["sop_loss"] = part_avg[1];
+        if (c.moe()) {
+          if (a.moe.aux_loss_coeff > 0) row["load_balancing_loss"] = moe_aux;
+          if (a.moe.z_loss_coeff > 0) row["z_loss"] = moe_z;
+          row["moe_tokens_per_expert"] = interval_moe.tokens;
+          row["moe_dropped_tokens"] = interval_moe.dropped;
+          row["moe_load_max_over_mean"] = moe_load;
+        }
         if (!part_avg.empty()) row["loss"] = avg;  // BERT: the trained sum
         m.metrics->log_json(m.st.iteration, row);
       }
@@ -1062,6 +1144,7 @@ TrainSummary Trainer::run() {
       interval_iters = interval_tokens = interval_skipped = interval_nan = interval_loss_n = 0;
       interval_loss = 0;
       interval_parts.clear();
+      interval_moe = Impl::MoeStep();
       interval_fwd_bwd_s = interval_optim_s = 0;
       interval_timer.reset();
     }

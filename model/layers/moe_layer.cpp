@@ -1,0 +1,271 @@
+#include "model/layers/moe_layer.h"
+
+#include <cmath>
+
+#include "tensor/grouped_gemm.h"
+#include "tensor/moe_router.h"
+#include "tensor/ops.h"
+
+namespace mpitron {
+
+namespace {
+
+Tensor like(const Tensor& x, const Shape& shape, DType dt) { return Tensor::empty(shape, dt, x.device()); }
+
+// t in f32 (itself when it is already).
+Tensor as_f32(const Tensor& t) {
+  if (t.dtype() == DType::F32) return t;
+  Tensor o = like(t, t.shape(), DType::F32);
+  cast(t, o);
+  return o;
+}
+
+std::vector<Tensor> values(const std::vector<Var>& v) {
+  std::vector<Tensor> t;
+  for (const Var& x : v) t.push_back(x.value());
+  return t;
+}
+std::vector<Tensor> grads(const std::vector<Var>& v) {
+  std::vector<Tensor> t;
+  for (const Var& x : v) t.push_back(x.grad_or_zeros());
+  return t;
+}
+
+MoeRouterArgs router_args(const MoeShape& m) {
+  MoeRouterArgs r;
+  r.score = m.score;
+  r.pre_softmax = m.pre_softmax;
+  r.topk = m.topk;
+  r.scaling = m.scaling;
+  return r;
+}
+
+// The shared experts run the dense MLP core on the gathered rows (no second gather).
+BlockShape shared_shape(const BlockShape& s) {
+  BlockShape t = s;
+  t.ffn = s.moe.shared_ffn;
+  t.moe = MoeShape();
+  t.tp.sequence_parallel = false;
+  return t;
+}
+MlpParams shared_params(const MoeParams& p) { return {p.shared_fc, Var(), p.shared_proj, Var(), MoeParams()}; }
+
+// logits (N, R) f32 = x32 (N, C) · wᵀ, w (R, C) in f32 (the router and the shared gate run in f32).
+Tensor linear_f32(const Tensor& x32, const Var& w) {
+  Tensor out = like(x32, {x32.dim(0), w.value().dim(0)}, DType::F32);
+  gemm(x32, as_f32(w.value()), out, GemmArgs{false, true, 1.0f, 0.0f});
+  return out;
+}
+
+// The backward of linear_f32 given dlogits (N, R) f32: din_f (N, C) += dlogits · w on TP rank 0
+// (every TP rank computes the same full dlogits; the layer's reduce sums the ranks), and the
+// weight part dw += dlogitsᵀ · x32, to defer.
+void linear_f32_backward(const BlockShape& s, const Tensor& dlogits, const Tensor& x32, const Var& w,
+                         const Tensor& din_f, WeightGradWork* defer) {
+  if (s.tp.rank == 0) {
+    if (din_f.dtype() == DType::F32) {
+      gemm(dlogits, as_f32(w.value()), din_f, GemmArgs{false, false, 1.0f, 1.0f});
+    } else {
+      Tensor d32 = like(din_f, din_f.shape(), DType::F32), d = like(din_f, din_f.shape(), din_f.dtype());
+      gemm(dlogits, as_f32(w.value()), d32, GemmArgs{false, false, 1.0f, 0.0f});
+      cast(d32, d);
+      add_forward(din_f, d, din_f);
+    }
+  }
+  auto work = [dlogits, x32, w] { gemm(dlogits, x32, w.grad_or_zeros(), GemmArgs{true, false, 1.0f, 1.0f}); };
+  if (defer) defer->add(std::move(work));
+  else work();
+}
+
+void activation_forward(MlpKind k, const Tensor& fc, const Tensor& g) {
+  switch (k) {
+    case MlpKind::GeluTanh: gelu_forward(fc, g, false); break;
+    case MlpKind::GeluErf: gelu_forward(fc, g, true); break;
+    case MlpKind::SwiGLU: swiglu_forward(fc, g); break;
+    case MlpKind::GeGLU: geglu_forward(fc, g); break;
+  }
+}
+
+// dg (R, Fel) → dfc (R, FCel) (dg itself for the ungated kinds, overwritten).
+Tensor activation_backward(MlpKind k, const Tensor& dg, const Tensor& fc) {
+  switch (k) {
+    case MlpKind::GeluTanh: gelu_backward(dg, fc, dg, false); return dg;
+    case MlpKind::GeluErf: gelu_backward(dg, fc, dg, true); return dg;
+    case MlpKind::SwiGLU: {
+      Tensor dfc = like(fc, fc.shape(), fc.dtype());
+      swiglu_backward(dg, fc, dfc);
+      return dfc;
+    }
+    case MlpKind::GeGLU: {
+      Tensor dfc = like(fc, fc.shape(), fc.dtype());
+      geglu_backward(dg, fc, dfc);
+      return dfc;
+    }
+  }
+  return dg;
+}
+
+// The identity routing of N tokens with one choice each: the shared gate's weighting is an
+// unpermute of the shared output by the gate values.
+Tensor identity_dest(int64_t N, Device dev) {
+  std::vector<int64_t> d(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) d[static_cast<size_t>(i)] = i;
+  return Tensor::from_ints(d, {N}, DType::I32).to(dev);
+}
+
+}  // namespace
+
+Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& in, MlpActs& acts) {
+  const MoeShape& m = s.moe;
+  const int64_t C = s.hidden, E = m.experts, k = m.topk;
+  acts.moe = std::make_shared<MoeActs>();
+  MoeActs& a = *acts.moe;
+  a.in = in;
+  const Tensor in_f = gather_rows(s, in);  // (N, C)
+  const int64_t N = in_f.dim(0);
+  // Router: logits in f32, then scores, top-k, probabilities.
+  const Tensor x32 = as_f32(in_f);
+  a.logits = linear_f32(x32, p.router);
+  const MoeRun* run = m.run;
+  const bool stats = run && run->stats && m.record;
+  const bool aux = run && run->aux_loss_coeff > 0, z = run && run->z_loss_coeff > 0;
+  a.probs = like(in, {N, k}, DType::F32);
+  a.indices = like(in, {N, k}, DType::I32);
+  const Tensor aux_sums = aux || stats ? like(in, {E}, DType::F32) : Tensor();
+  a.lse = z || stats ? like(in, {N}, DType::F32) : Tensor();
+  moe_router_forward(a.logits, router_args(m), a.probs, a.indices, aux_sums, a.lse);
+  if (!z) a.lse = Tensor();
+  // Tokens grouped by expert; capacity (Megatron's get_capacity: ⌈N·k / E · factor⌉) drops choices.
+  const int64_t capacity =
+      run && run->capacity_factor > 0
+          ? static_cast<int64_t>(std::ceil(static_cast<double>(N * k) / static_cast<double>(E) * run->capacity_factor))
+          : 0;
+  const MoeRouting r = moe_routing(a.indices, E, capacity, run && run->drop_by_probs ? a.probs : Tensor());
+  a.counts = r.counts;
+  const int64_t R = r.rows();
+  std::vector<int64_t> dest(r.dest.begin(), r.dest.end());
+  a.dest = Tensor::from_ints(dest, {N * k}, DType::I32).to(in.device());
+  // The load-balancing loss's weights: coeff · E / (N² · k) · count_e.
+  const double norm = static_cast<double>(E) / (static_cast<double>(N) * static_cast<double>(N) * static_cast<double>(k));
+  if (aux) {
+    std::vector<float> w(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e)
+      w[static_cast<size_t>(e)] = static_cast<float>(run->aux_loss_coeff * norm * static_cast<double>(r.chosen[static_cast<size_t>(e)]));
+    a.aux_weight = Tensor::from_vector(w, {E}, DType::F32).to(in.device());
+  }
+  if (stats) {
+    MoeStats& st = *run->stats;
+    const Tensor sums = aux_sums.to(Device::cpu()), lse = a.lse.defined() ? a.lse.to(Device::cpu()) : Tensor();
+    double al = 0;
+    for (int64_t e = 0; e < E; ++e) al += static_cast<double>(sums.data<float>()[e]) * static_cast<double>(r.chosen[static_cast<size_t>(e)]);
+    st.aux_loss += run->aux_loss_coeff * norm * al;
+    if (lse.defined()) {
+      double zl = 0;
+      for (int64_t n = 0; n < N; ++n) zl += static_cast<double>(lse.data<float>()[n]) * lse.data<float>()[n];
+      st.z_loss += run->z_loss_coeff * zl / static_cast<double>(N);
+    }
+    ++st.layers;
+    if (st.tokens_per_expert.size() != static_cast<size_t>(E)) st.tokens_per_expert.assign(static_cast<size_t>(E), 0);
+    for (int64_t e = 0; e < E; ++e) st.tokens_per_expert[static_cast<size_t>(e)] += r.chosen[static_cast<size_t>(e)];
+    st.dropped += N * k - R;
+  }
+  // The experts: permute, grouped fc, activation, grouped proj, unpermute with the probabilities.
+  a.xp = like(in, {R, C}, in.dtype());
+  moe_permute(in_f, a.dest, a.xp);
+  a.fc = like(in, {R, s.local_expert_fc()}, in.dtype());
+  grouped_gemm(a.xp, values(p.fc_w), a.counts, a.fc, values(p.fc_b));
+  a.g = like(in, {R, s.local_expert_ffn()}, in.dtype());
+  activation_forward(s.mlp, a.fc, a.g);
+  a.yp = like(in, {R, C}, in.dtype());
+  grouped_gemm(a.g, values(p.proj_w), a.counts, a.yp, s.tp.rank == 0 ? values(p.proj_b) : std::vector<Tensor>{});
+  Tensor out = like(in, {N, C}, in.dtype());
+  moe_unpermute(a.yp, a.dest, a.probs, out);
+  // Shared experts: a dense MLP of width Fs on every token, optionally gated by sigmoid(in_f · wgᵀ).
+  if (p.shared_fc.defined()) {
+    a.shared_out = mlp_core_forward(shared_shape(s), shared_params(p), in_f, a.shared);
+    Tensor shared = a.shared_out;
+    if (p.shared_gate.defined()) {
+      a.gate_logits = linear_f32(x32, p.shared_gate);  // (N, 1)
+      a.gate = like(in, {N, 1}, DType::F32);
+      MoeRouterArgs g;
+      g.score = MoeScore::Sigmoid;
+      g.topk = 1;
+      const Tensor one = like(in, {N, 1}, DType::I32);
+      moe_router_forward(a.gate_logits, g, a.gate, one, Tensor(), Tensor());  // one expert: gate = sigmoid(logit)
+      shared = like(in, {N, C}, in.dtype());
+      moe_unpermute(a.shared_out, identity_dest(N, in.device()), a.gate, shared);
+    }
+    add_forward(out, shared, out);
+  }
+  return reduce_rows(s, out);
+}
+
+Tensor moe_layer_backward(const BlockShape& s, const MoeParams& p, const MlpActs& acts, const Tensor& dout,
+                          WeightGradWork* defer) {
+  const MoeShape& m = s.moe;
+  const MoeActs& a = *acts.moe;
+  const int64_t C = s.hidden, k = m.topk;
+  const Tensor dout_f = gather_rows(s, dout);  // (N, C)
+  const int64_t N = dout_f.dim(0), R = a.xp.dim(0);
+  const Tensor in_f = gather_rows(s, a.in);
+  const Tensor x32 = as_f32(in_f);
+  // Unpermute: d(yp) and d(probs); the probabilities' gradient sums the TP ranks' partial outputs.
+  Tensor dyp = like(dout, {R, C}, dout.dtype()), dprobs = like(dout, {N, k}, DType::F32);
+  moe_unpermute_backward(dout_f, a.yp, a.dest, a.probs, dyp, dprobs);
+  tp_all_reduce(s.tp, dprobs);
+  // The experts, input part now, weight part to defer.
+  Tensor dg = like(dout, {R, s.local_expert_ffn()}, dout.dtype());
+  grouped_gemm_backward(dyp, a.g, values(p.proj_w), a.counts, dg, {}, {});
+  auto proj_weights = [dyp, g = a.g, w = p.proj_w, counts = a.counts, b = p.proj_b, rank0 = s.tp.rank == 0] {
+    grouped_gemm_backward(dyp, g, values(w), counts, Tensor(), grads(w), rank0 ? grads(b) : std::vector<Tensor>{});
+  };
+  const Tensor dfc = activation_backward(s.mlp, dg, a.fc);
+  Tensor dxp = like(dout, {R, C}, dout.dtype());
+  grouped_gemm_backward(dfc, a.xp, values(p.fc_w), a.counts, dxp, {}, {});
+  auto fc_weights = [dfc, xp = a.xp, w = p.fc_w, counts = a.counts, b = p.fc_b] {
+    grouped_gemm_backward(dfc, xp, values(w), counts, Tensor(), grads(w), grads(b));
+  };
+  if (defer) {
+    defer->add(std::move(proj_weights));
+    defer->add(std::move(fc_weights));
+  } else {
+    proj_weights();
+    fc_weights();
+  }
+  Tensor din_f = like(dout, {N, C}, dout.dtype());
+  moe_permute_backward(dxp, a.dest, din_f);
+  // The router: the probabilities' gradient, plus the auxiliary losses' at the main loss's scale.
+  const float ls = m.run ? m.run->loss_scale : 1.0f;
+  Tensor aux_w;
+  if (a.aux_weight.defined()) {
+    aux_w = like(dout, a.aux_weight.shape(), DType::F32);
+    aux_w.copy_from(a.aux_weight);
+    scale(aux_w, ls);
+  }
+  const float z_w = a.lse.defined() ? static_cast<float>(m.run->z_loss_coeff * ls / static_cast<double>(N)) : 0.0f;
+  Tensor dlogits = like(dout, a.logits.shape(), DType::F32);
+  moe_router_backward(dprobs, a.logits, a.indices, router_args(m), aux_w, z_w, dlogits);
+  linear_f32_backward(s, dlogits, x32, p.router, din_f, defer);
+  // Shared experts (and their gate).
+  if (p.shared_fc.defined()) {
+    Tensor dshared = dout_f;
+    if (p.shared_gate.defined()) {
+      dshared = like(dout, {N, C}, dout.dtype());
+      Tensor dgate = like(dout, {N, 1}, DType::F32);
+      moe_unpermute_backward(dout_f, a.shared_out, identity_dest(N, dout.device()), a.gate, dshared, dgate);
+      tp_all_reduce(s.tp, dgate);
+      MoeRouterArgs g;
+      g.score = MoeScore::Sigmoid;
+      g.topk = 1;
+      const Tensor one = Tensor::zeros({N, 1}, DType::I32, dout.device());
+      Tensor dgl = like(dout, {N, 1}, DType::F32);
+      moe_router_backward(dgate, a.gate_logits, one, g, Tensor(), 0.0f, dgl);
+      linear_f32_backward(s, dgl, x32, p.shared_gate, din_f, defer);
+    }
+    const Tensor dsh = mlp_core_backward(shared_shape(s), shared_params(p), a.shared, in_f, dshared, defer);
+    add_forward(din_f, dsh, din_f);
+  }
+  return reduce_rows(s, din_f);
+}
+
+}  // namespace mpitron

@@ -1,0 +1,51 @@
+// model/layers/moe_layer.h — the Mixture-of-Experts MLP sublayer (Megatron-Core's MoELayer:
+// TopKRouter, token permutation, grouped experts, shared experts), the MLP of a block whose
+// BlockShape::moe is active; mlp_layer.h's entry points call it. E experts of width Fe, k per
+// token; under tensor parallelism every expert is split as the dense MLP (fc column-, proj
+// row-parallel: Megatron's expert tensor parallelism = TP), the router replicated.
+//
+//   in      (Nl, C)            the norm output (this rank's rows)
+//   in_f    (N, C)             = in, or all-gathered under sequence parallelism
+//   logits  (N, E) f32         = in_f · Wrᵀ (f32)
+//   probs, indices (N, k)      the router (tensor/moe_router.h): softmax/sigmoid, top-k, scaling
+//   routing                    tokens grouped by expert (tensor/moe_permute.h), capacity dropping
+//   xp      (R, C)             = permute(in_f)                 R = kept choices (≤ N·k)
+//   fc      (R, FCel)          = grouped xp · Wfc_eᵀ + bfc_e    (tensor/grouped_gemm.h)
+//   g       (R, Fel)           = act(fc)
+//   yp      (R, C)             = grouped g · Wproj_eᵀ (+ bproj_e on TP rank 0): this rank's partial
+//   out_f   (N, C)             = unpermute(yp, probs) [+ shared(in_f) · sigmoid(in_f · wgᵀ)]
+//   out     (Nl, C)            = reduce(out_f)
+// Auxiliary losses (MoeRun): the load-balancing loss (Megatron's switch_load_balancing_loss_func)
+//   aux = coeff · E / (N² · k) · Σ_e count_e · Σ_n a[n, e]
+// (count_e: choices of expert e before capacity, a: the router's aux scores) and the z-loss
+//   z = coeff_z · mean_n logsumexp(logits[n])²
+// change nothing in the forward: their gradients join d(logits) in the backward at the main
+// loss's scale (Megatron's MoEAuxLossAutoScaler), their values go to MoeRun::stats.
+// The backward splits as the dense MLP's: the input part now, the weight GEMMs (experts,
+// router, gate) to `defer`.
+#pragma once
+#include <vector>
+
+#include "model/layers/mlp_layer.h"
+
+namespace mpitron {
+
+struct MoeActs {
+  Tensor in;                    // (Nl, C) the layer's input
+  Tensor logits;                // (N, E) f32
+  Tensor probs, indices;        // (N, k) f32, i32
+  Tensor dest;                  // (N·k) i32: each choice's row in xp, −1 dropped
+  std::vector<int64_t> counts;  // (E) rows per expert
+  Tensor aux_weight;            // (E) f32: d aux / d a[n, e] before the loss scale; undefined: no aux loss
+  Tensor lse;                   // (N) f32 logsumexp (z-loss); undefined: none
+  Tensor xp, fc, g, yp;         // (R, C), (R, FCel), (R, Fel), (R, C)
+  MlpActs shared;               // the shared experts' fc and g
+  Tensor shared_out;            // (N, C) their partial output (before the gate)
+  Tensor gate_logits, gate;     // (N, 1) f32: in_f · wgᵀ and its sigmoid
+};
+
+Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& in, MlpActs& a);
+Tensor moe_layer_backward(const BlockShape& s, const MoeParams& p, const MlpActs& a, const Tensor& dout,
+                          WeightGradWork* defer);
+
+}  // namespace mpitron

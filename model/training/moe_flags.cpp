@@ -1,0 +1,111 @@
+#include "model/training/moe_flags.h"
+
+#include "core/error.h"
+#include "model/training/flag_given.h"
+
+namespace mpitron {
+
+namespace po = boost::program_options;
+
+void add_moe_flags(po::options_description& d, TrainArgs& a) {
+  po::options_description m("Mixture of Experts (docs/model-families.md; the experts' shape: the Model flags)");
+  m.add_options()
+      ("moe-router-load-balancing-type", po::value<std::string>()->default_value("aux_loss"),
+       "aux_loss (Switch Transformer's, with --moe-aux-loss-coeff) or none")
+      ("moe-aux-loss-coeff", po::value(&a.moe.aux_loss_coeff)->default_value(0.0f, "0"),
+       "the load-balancing loss's coefficient (Mixtral: 0.02); its gradient joins the router's, the loss is logged")
+      ("moe-z-loss-coeff", po::value(&a.moe.z_loss_coeff)->default_value(0.0f, "0"),
+       "the router z-loss's coefficient (ST-MoE: 1e-3)")
+      ("moe-expert-capacity-factor", po::value<double>(),
+       "each expert takes at most ceil(tokens x topk / experts x factor) choices, the rest dropped (default: dropless)")
+      ("moe-token-drop-policy", po::value<std::string>()->default_value("probs"),
+       "over capacity, drop the least probable choices (probs) or the latest tokens (position)")
+      ("moe-pad-expert-input-to-capacity", po::bool_switch(), "refused: padding to capacity is not built")
+      ("moe-grouped-gemm", po::bool_switch(), "the experts' GEMMs as grouped GEMMs (mpitron always groups them)")
+      ("moe-token-dispatcher-type", po::value<std::string>()->default_value("allgather"),
+       "allgather or alltoall: how tokens reach the experts' ranks under expert parallelism")
+      ("expert-model-parallel-size", po::value<int64_t>()->default_value(1), "EP: experts split over ranks")
+      ("expert-tensor-parallel-size", po::value<int64_t>(), "the experts' TP size (default: --tensor-model-parallel-size)")
+      ("moe-router-enable-expert-bias", po::bool_switch(), "refused: aux-loss-free balancing is not built")
+      ("moe-router-bias-update-rate", po::value<double>(), "refused with --moe-router-enable-expert-bias")
+      ("moe-router-dtype", po::value<std::string>(), "fp32 (the router always runs in f32 here)");
+  d.add(m);
+}
+
+void check_moe_flags(const po::variables_map& vm, TrainArgs& a) {
+  const bool moe = a.model.moe();
+  const char* run_flags[] = {"moe-router-load-balancing-type", "moe-aux-loss-coeff", "moe-z-loss-coeff",
+                             "moe-expert-capacity-factor", "moe-token-drop-policy", "moe-pad-expert-input-to-capacity",
+                             "moe-grouped-gemm", "moe-token-dispatcher-type", "expert-model-parallel-size",
+                             "expert-tensor-parallel-size", "moe-router-enable-expert-bias",
+                             "moe-router-bias-update-rate", "moe-router-dtype"};
+  for (const char* f : run_flags)
+    MPT_CHECK(moe || !flag_given(vm, f), str("--", f, " is given without --num-experts: the model has no experts"),
+              "add --num-experts E for a Mixture of Experts, or drop the flag");
+  if (!moe) return;
+  const std::string balance = vm["moe-router-load-balancing-type"].as<std::string>();
+  MPT_CHECK(balance == "aux_loss" || balance == "none",
+            str("--moe-router-load-balancing-type ", balance, " is not supported"),
+            "use aux_loss (with --moe-aux-loss-coeff) or none (seq_aux_loss and sinkhorn are not built)");
+  if (balance == "none") {
+    MPT_CHECK(!flag_given(vm, "moe-aux-loss-coeff") || a.moe.aux_loss_coeff == 0,
+              "--moe-aux-loss-coeff with --moe-router-load-balancing-type none", "drop one of them");
+    a.moe.aux_loss_coeff = 0;
+  }
+  MPT_CHECK(a.moe.aux_loss_coeff >= 0, str("--moe-aux-loss-coeff must be >= 0, got ", a.moe.aux_loss_coeff), "");
+  MPT_CHECK(a.moe.z_loss_coeff >= 0, str("--moe-z-loss-coeff must be >= 0, got ", a.moe.z_loss_coeff), "");
+  if (vm.count("moe-expert-capacity-factor")) {
+    a.moe.capacity_factor = vm["moe-expert-capacity-factor"].as<double>();
+    MPT_CHECK(a.moe.capacity_factor > 0,
+              str("--moe-expert-capacity-factor must be > 0, got ", a.moe.capacity_factor),
+              "leave it out for dropless routing (Megatron's default)");
+  }
+  const std::string policy = vm["moe-token-drop-policy"].as<std::string>();
+  MPT_CHECK(policy == "probs" || policy == "position", str("--moe-token-drop-policy ", policy, " is not known"),
+            "use probs or position");
+  a.moe.drop_by_probs = policy == "probs";
+  MPT_CHECK(!flag_given(vm, "moe-token-drop-policy") || a.moe.capacity_factor > 0,
+            "--moe-token-drop-policy without --moe-expert-capacity-factor: dropless routing drops nothing",
+            "add --moe-expert-capacity-factor, or drop the flag");
+  MPT_CHECK(!vm["moe-pad-expert-input-to-capacity"].as<bool>(),
+            "--moe-pad-expert-input-to-capacity is not supported: the experts run on the tokens they get",
+            "drop it (the results are the same without the padding)");
+  const std::string dispatcher = vm["moe-token-dispatcher-type"].as<std::string>();
+  MPT_CHECK(dispatcher == "allgather" || dispatcher == "alltoall",
+            str("--moe-token-dispatcher-type ", dispatcher, " is not supported"), "use allgather or alltoall");
+  const int64_t ep = vm["expert-model-parallel-size"].as<int64_t>();
+  MPT_CHECK(ep >= 1, str("--expert-model-parallel-size must be >= 1, got ", ep), "");
+  MPT_CHECK(a.model.num_experts % ep == 0,
+            str("--expert-model-parallel-size ", ep, " does not divide --num-experts ", a.model.num_experts),
+            "each expert-parallel rank holds num-experts / EP whole experts");
+  MPT_CHECK(ep == 1,
+            str("--expert-model-parallel-size ", ep, ": expert parallelism is not built yet (the experts are "
+                "replicated over the data-parallel ranks, split only by --tensor-model-parallel-size)"),
+            "train with --expert-model-parallel-size 1");
+  if (flag_given(vm, "moe-token-dispatcher-type"))
+    a.startup_notes.push_back(str("--moe-token-dispatcher-type ", dispatcher,
+                                  ": with --expert-model-parallel-size 1 every rank holds every expert, so no tokens "
+                                  "are dispatched"));
+  if (vm.count("expert-tensor-parallel-size")) {
+    const int64_t etp = vm["expert-tensor-parallel-size"].as<int64_t>();
+    MPT_CHECK(etp == a.tensor_model_parallel_size,
+              str("--expert-tensor-parallel-size ", etp, " differs from --tensor-model-parallel-size ",
+                  a.tensor_model_parallel_size, ": the experts are split as the dense layers only"),
+              "drop --expert-tensor-parallel-size");
+  }
+  MPT_CHECK(!vm["moe-router-enable-expert-bias"].as<bool>() && !vm.count("moe-router-bias-update-rate"),
+            "--moe-router-enable-expert-bias / --moe-router-bias-update-rate: aux-loss-free balancing is not built yet",
+            "use --moe-aux-loss-coeff for load balancing");
+  if (vm.count("moe-router-dtype"))
+    MPT_CHECK(vm["moe-router-dtype"].as<std::string>() == "fp32",
+              str("--moe-router-dtype ", vm["moe-router-dtype"].as<std::string>(), " is not supported"),
+              "the router runs in fp32 (give fp32 or leave it out)");
+  if (vm["moe-grouped-gemm"].as<bool>())
+    a.startup_notes.push_back("--moe-grouped-gemm: the experts' GEMMs are always grouped (tensor/grouped_gemm.h)");
+  MPT_CHECK(a.context_parallel_size == 1,
+            str("--num-experts with --context-parallel-size ", a.context_parallel_size,
+                ": the router's load-balancing statistics are not yet summed over the context-parallel ranks"),
+            "train the Mixture of Experts with --context-parallel-size 1");
+}
+
+}  // namespace mpitron
