@@ -237,6 +237,25 @@ class Bench {
           const Tensor ti = Tensor::empty({tok, 6}, DType::I32, dev);
           mem(dev, "moe topk", str(tok, "x64 top6"), DType::F32, bytes({tok, 64}, DType::F32) + 2 * bytes({tok, 6}, DType::F32),
               [&] { moe_topk(scores, 6, tv, ti); });
+          // The router's score path (tensor/moe_router.h, f32): DeepSeek-like 64 experts top 6 with an
+          // expert bias, Mixtral-like 8 top 2; every forward output, the backward with both losses.
+          for (const auto& [E, k] : {std::pair<int64_t, int64_t>{64, 6}, std::pair<int64_t, int64_t>{8, 2}}) {
+            const int64_t n = 4096;
+            const Tensor lg = randn({n, E}, DType::F32, dev, 20, 3), pr = Tensor::empty({n, k}, DType::F32, dev);
+            const Tensor ix = Tensor::empty({n, k}, DType::I32, dev), aux = Tensor::empty({E}, DType::F32, dev);
+            const Tensor lse = Tensor::empty({n}, DType::F32, dev), dl = Tensor::empty({n, E}, DType::F32, dev);
+            const Tensor dpr = randn({n, k}, DType::F32, dev, 21), aw = randn({E}, DType::F32, dev, 22);
+            MoeRouterArgs ra;
+            ra.score = E == 64 ? MoeScore::Sigmoid : MoeScore::Softmax;
+            ra.topk = k;
+            if (E == 64) ra.expert_bias = randn({E}, DType::F32, dev, 23, 0.1f);
+            const std::string shr = str(n, "x", E, " top", k, E == 64 ? " sigmoid+bias" : " softmax");
+            const size_t row = bytes({n, E}, DType::F32), sel = bytes({n, k}, DType::F32);
+            mem(dev, "moe router fwd", shr, DType::F32, row + 2 * sel + bytes({n}, DType::F32) + bytes({E}, DType::F32),
+                [&] { moe_router_forward(lg, ra, pr, ix, aux, lse); });
+            mem(dev, "moe router bwd", shr, DType::F32, 2 * row + 2 * sel + bytes({E}, DType::F32),
+                [&] { moe_router_backward(dpr, lg, ix, ra, aw, 1e-3f, dl); });
+          }
         }
       }
       {

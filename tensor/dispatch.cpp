@@ -842,4 +842,56 @@ void moe_topk_backward(const Tensor& dvalues, const Tensor& indices, const Tenso
   MPT_BACKEND(dscores, moe_topk_backward, dvalues, indices, dscores, s);
 }
 
+// ---- moe_router ----------------------------------------------------------------------------
+namespace {
+// logits (N, E) f32 and the args; an optional t must be `shape` of `dt`. Returns (N, E).
+std::pair<int64_t, int64_t> check_router(const char* op, const Tensor& logits, const MoeRouterArgs& a) {
+  need(logits.defined() && logits.dtype() == DType::F32 && logits.ndim() == 2,
+       str(op, ": logits must be (N, E) f32, got ", logits.describe()));
+  const int64_t N = logits.dim(0), E = logits.dim(1);
+  need(a.topk >= 1 && a.topk <= E, str(op, ": topk = ", a.topk, " must be in [1, E = ", E, "] (experts per token)"));
+  need(std::isfinite(a.scaling) && a.scaling > 0.0f, str(op, ": scaling must be finite and > 0, got ", a.scaling));
+  need(!a.pre_softmax || a.score == MoeScore::Softmax, str(op, ": pre_softmax applies to the Softmax score only"));
+  if (a.expert_bias.defined())
+    need(a.expert_bias.dtype() == DType::F32 && a.expert_bias.ndim() == 1 && a.expert_bias.dim(0) == E,
+         str(op, ": expert_bias must be (E) = (", E, ") f32, got ", a.expert_bias.describe()));
+  check_same_device(op, {&logits, &a.expert_bias});
+  check_contiguous(op, {{&logits, "logits"}, {&a.expert_bias, "expert_bias"}});
+  return {N, E};
+}
+void check_router_io(const char* op, const Tensor& logits, const Tensor& t, const char* name, const Shape& shape,
+                     DType dt) {
+  if (!t.defined()) return;
+  need(t.dtype() == dt && t.shape() == shape,
+       str(op, ": ", name, " must be ", shape_str(shape), " ", dtype_name(dt), ", got ", t.describe()));
+  check_same_device(op, {&logits, &t});
+  check_contiguous(op, {{&t, name}});
+}
+}  // namespace
+
+void moe_router_forward(const Tensor& logits, const MoeRouterArgs& args, const Tensor& probs, const Tensor& indices,
+                        const Tensor& aux_sums, const Tensor& lse, Stream s) {
+  const char* op = "moe_router_forward";
+  const auto [N, E] = check_router(op, logits, args);
+  check_router_io(op, logits, probs, "probs", {N, args.topk}, DType::F32);
+  check_router_io(op, logits, indices, "indices", {N, args.topk}, DType::I32);
+  check_router_io(op, logits, aux_sums, "aux_sums", {E}, DType::F32);
+  check_router_io(op, logits, lse, "lse", {N}, DType::F32);
+  MPT_BACKEND(logits, moe_router_forward, logits, args, probs, indices, aux_sums, lse, s);
+}
+
+void moe_router_backward(const Tensor& dprobs, const Tensor& logits, const Tensor& indices, const MoeRouterArgs& args,
+                         const Tensor& aux_weight, float z_weight, const Tensor& dlogits, Stream s) {
+  const char* op = "moe_router_backward";
+  const auto [N, E] = check_router(op, logits, args);
+  need(dprobs.defined() && indices.defined() && dlogits.defined(),
+       str(op, ": dprobs, indices and dlogits must be defined"));
+  check_router_io(op, logits, dprobs, "dprobs", {N, args.topk}, DType::F32);
+  check_router_io(op, logits, indices, "indices", {N, args.topk}, DType::I32);
+  check_router_io(op, logits, aux_weight, "aux_weight", {E}, DType::F32);
+  check_router_io(op, logits, dlogits, "dlogits", {N, E}, DType::F32);
+  need(std::isfinite(z_weight), str(op, ": z_weight must be finite, got ", z_weight));
+  MPT_BACKEND(logits, moe_router_backward, dprobs, logits, indices, args, aux_weight, z_weight, dlogits, s);
+}
+
 }  // namespace mpitron

@@ -3,25 +3,29 @@
 // one row (token) at a time, f32 throughout. The router linear itself (logits = x · Wrᵀ)
 // is a gemm; capacity dropping is moe_routing's (tensor/moe_permute.h).
 //
-//   logits (N, E) f32, k = args.topk (1 <= k <= E), s = args.scaling (1: none)
+//   logits (N, E) f32, k = args.topk (1 <= k <= E), s = args.scaling (> 0; 1: none)
 //   forward, per row n:
 //     Softmax, !pre_softmax (Mixtral):  idx = topk(logits[n] + bias), probs = s · softmax(logits[n, idx])
 //     Softmax,  pre_softmax (Qwen2-MoE): sc = softmax(logits[n]); idx = topk(sc + bias), probs = s · sc[idx]
 //     Sigmoid (DeepSeek-V3):            sc = sigmoid(logits[n]); idx = topk(sc + bias),
 //                                       probs = s · sc[idx] / (Σ_j sc[idx_j] + 1e-20) when k > 1, else s · sc[idx]
 //     (bias: args' expert_bias (E) f32, used only to select; undefined: none. topk as tensor/moe_topk.h:
-//      descending, ties to the lower expert.)
+//      descending, ties to the lower expert; a NaN selection score ranks as −inf.)
 //     aux_sums (E) f32 = Σ_n a[n, e], the load-balancing loss's scores:
 //                        a = softmax(logits[n]) (Softmax), sigmoid(logits[n]) / (Σ_e sigmoid + 1e-20) (Sigmoid);
-//                        summed over n in order (deterministic, no atomics)
-//     lse (N) f32      = logsumexp(logits[n]) (the z-loss's; z = mean_n lse²)
-//   backward, per row (the forward recomputed from logits; dlogits overwritten):
+//                        each column summed in a fixed order (deterministic, no atomics). Megatron's
+//                        switch loss is Σ_e aux_sums[e] · tokens[e] · coeff · E / (k · N²).
+//     lse (N) f32      = logsumexp(logits[n]) (the z-loss's; z = coeff · mean_n lse²)
+//   backward, per row (the forward recomputed from logits and the given indices; dlogits overwritten):
 //     dlogits[n] = ∂(Σ_j dprobs[n, j] · probs[n, j]) / ∂logits[n]       through the selected path
 //                + ∂(Σ_e aux_weight[e] · a[n, e]) / ∂logits[n]            (aux_weight undefined: none)
 //                + z_weight · 2 · lse[n] · softmax(logits[n])             (z_weight 0: none)
-//     The selection (idx) is not differentiated (as torch.topk's indices).
+//     The selection (indices, as the forward wrote them) is not differentiated (as torch.topk's
+//     indices); a choice whose index lies outside [0, E) is skipped. For the losses above:
+//     aux_weight[e] = tokens[e] · coeff · E / (k · N²), z_weight = coeff / N.
 // probs (N, k) f32, indices (N, k) i32, aux_sums (E) f32, lse (N) f32 may each be undefined
-// in the forward (not computed). All on logits' device, contiguous.
+// in the forward (not computed). dprobs (N, k) f32, indices (N, k) i32, aux_weight (E) f32,
+// dlogits (N, E) f32 in the backward. All on logits' device, contiguous.
 #pragma once
 #include <cstdint>
 
@@ -34,7 +38,7 @@ enum class MoeScore : uint8_t { Softmax, Sigmoid };
 struct MoeRouterArgs {
   MoeScore score = MoeScore::Softmax;
   bool pre_softmax = false;  // Softmax only: top-k of the softmax over all experts (unnormalised probs)
-  int64_t topk = 2;
+  int64_t topk = 2;          // k: experts per token, 1 <= k <= E
   float scaling = 1.0f;      // --moe-router-topk-scaling-factor (1: none)
   Tensor expert_bias;        // (E) f32: added to the selection scores only; undefined: none
 };

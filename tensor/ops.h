@@ -11,6 +11,7 @@
 #include "tensor/gemm.h"
 #include "tensor/layernorm.h"
 #include "tensor/moe_permute.h"
+#include "tensor/moe_router.h"
 #include "tensor/moe_topk.h"
 #include "tensor/norm.h"
 #include "tensor/rmsnorm.h"

@@ -10,4 +10,10 @@ namespace mpitron::cuda {
 // Backend-specific controls (attention.h exposes them publicly).
 std::string attention_backend_name();
 void attention_force_fallback(bool on);
+
+// moe_router.h (declared here rather than in backend_ops.inc: arguments validated by dispatch.cpp)
+void moe_router_forward(const Tensor& logits, const MoeRouterArgs& args, const Tensor& probs, const Tensor& indices,
+                        const Tensor& aux_sums, const Tensor& lse, Stream s);
+void moe_router_backward(const Tensor& dprobs, const Tensor& logits, const Tensor& indices, const MoeRouterArgs& args,
+                         const Tensor& aux_weight, float z_weight, const Tensor& dlogits, Stream s);
 }  // namespace mpitron::cuda
