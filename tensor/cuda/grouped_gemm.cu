@@ -12,8 +12,9 @@
 //   * no epilogue: a forward with bias goes per group (cuBLASLt's bias epilogue);
 //   * every matrix 16-byte aligned with 16-byte row strides (what the 16-bit and TF32
 //     kernels need; asked of f32 too, one rule), dims within int.
-// Otherwise one cuBLASLt gemm per group through gemm.cu (gemm / gemm_backward on row
-// slices), and dbias always: a deterministic column sum per group (gemm_backward).
+// Otherwise (or when cuBLAS answers NOT_SUPPORTED, logged once) one cuBLASLt gemm per
+// group through gemm.cu (gemm / gemm_backward on row slices), and dbias always: a
+// deterministic column sum per group (gemm_backward).
 //
 // Layout (as gemm.cu): a row-major (R, C) matrix is the column-major (C, R) one, so
 //   y:  Yᵀ (M, c)  = W'ᵀ · X'     A = w (K×M col-major, op T), B = x rows (K×c, op N)
@@ -34,6 +35,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/log.h"
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/ops.h"
 
@@ -84,10 +86,11 @@ bool grouped_ok(const std::vector<Problem>& ps, size_t es) {
 }
 
 // All problems in one cublasGemmGroupedBatchedEx call on stream s (alpha 1, per-problem beta).
-void run_grouped(int device, Stream s, DType dt, cublasOperation_t ta, cublasOperation_t tb,
+// False (logged once) when cuBLAS answers NOT_SUPPORTED: the caller runs a gemm per group.
+bool run_grouped(int device, Stream s, DType dt, cublasOperation_t ta, cublasOperation_t tb,
                  const std::vector<Problem>& ps) {
   const size_t n = ps.size();
-  if (n == 0) return;
+  if (n == 0) return true;
   std::vector<const void*> ptrs(3 * n);  // A[0..n) | B[0..n) | C[0..n)
   std::vector<int> m(n), nn(n), k(n), lda(n), ldb(n), ldc(n), size(n, 1);
   std::vector<float> alpha(n, 1.0f), beta(n);
@@ -116,10 +119,20 @@ void run_grouped(int device, Stream s, DType dt, cublasOperation_t ta, cublasOpe
   void* ws = cublaslt_workspace(device, s, &ws_bytes);
   MPT_CUBLAS_CHECK(cublasSetStream(h, st));  // (resets the workspace: set it after)
   MPT_CUBLAS_CHECK(cublasSetWorkspace(h, ws, ws_bytes));
-  MPT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(h, tas.data(), tbs.data(), m.data(), nn.data(), k.data(), alpha.data(),
-                                              dp, t, lda.data(), dp + n, t, ldb.data(), beta.data(),
-                                              const_cast<void* const*>(dp + 2 * n), t, ldc.data(),
-                                              static_cast<int>(n), size.data(), compute));
+  const cublasStatus_t st_call = cublasGemmGroupedBatchedEx(
+      h, tas.data(), tbs.data(), m.data(), nn.data(), k.data(), alpha.data(), dp, t, lda.data(), dp + n, t,
+      ldb.data(), beta.data(), const_cast<void* const*>(dp + 2 * n), t, ldc.data(), static_cast<int>(n), size.data(),
+      compute);
+  if (st_call == CUBLAS_STATUS_NOT_SUPPORTED) {
+    static bool warned = false;  // (g_blas_mu held)
+    if (!warned)
+      log_warn(str("grouped_gemm: cublasGemmGroupedBatchedEx does not support ", dtype_name(dt),
+                   " here; running a gemm per group"));
+    warned = true;
+    return false;
+  }
+  MPT_CUBLAS_CHECK(st_call);
+  return true;
 }
 
 GemmArgs linear() {  // y = x · wᵀ
@@ -148,12 +161,10 @@ void grouped_gemm(const Tensor& x, const std::vector<Tensor>& w, const std::vect
       ps.push_back({w[g].data_ptr(), at(x, o * K), const_cast<char*>(at(y, o * M)), M, counts[g], K, K, K, M, 0.0f});
   if (ps.empty() || M == 0) return;
   // K == 0 (y = 0 + bias) and biases go through gemm.cu, which handles both.
-  const bool grouped = bias.empty() && K > 0 && grouped_ok(ps, dtype_size(x.dtype()));
+  const bool grouped = bias.empty() && K > 0 && grouped_ok(ps, dtype_size(x.dtype())) &&
+                       run_grouped(x.device().index, s, x.dtype(), CUBLAS_OP_T, CUBLAS_OP_N, ps);
   path_count_add("grouped_gemm", grouped ? "grouped" : "per_group");
-  if (grouped) {
-    run_grouped(x.device().index, s, x.dtype(), CUBLAS_OP_T, CUBLAS_OP_N, ps);
-    return;
-  }
+  if (grouped) return;
   o = 0;
   for (size_t g = 0; g < counts.size(); o += counts[g], ++g)
     if (counts[g] > 0)
@@ -181,12 +192,13 @@ void grouped_gemm_backward(const Tensor& dy, const Tensor& x, const std::vector<
     }
   }
   // M == 0 (dx = 0) goes through gemm.cu, which writes the zeros; K == 0: dx and dw are empty.
-  const bool dx_grouped = !pdx.empty() && M > 0 && K > 0 && grouped_ok(pdx, es);
-  const bool dw_grouped = !pdw.empty() && M > 0 && K > 0 && dw_same_dtype && grouped_ok(pdw, es);
+  const int dev = x.device().index;
+  const bool dx_grouped = !pdx.empty() && M > 0 && K > 0 && grouped_ok(pdx, es) &&
+                          run_grouped(dev, s, dt, CUBLAS_OP_N, CUBLAS_OP_N, pdx);
+  const bool dw_grouped = !pdw.empty() && M > 0 && K > 0 && dw_same_dtype && grouped_ok(pdw, es) &&
+                          run_grouped(dev, s, dt, CUBLAS_OP_N, CUBLAS_OP_T, pdw);
   if (!pdx.empty()) path_count_add("grouped_gemm_dx", dx_grouped ? "grouped" : "per_group");
   if (!pdw.empty()) path_count_add("grouped_gemm_dw", dw_grouped ? "grouped" : "per_group");
-  if (dx_grouped) run_grouped(x.device().index, s, dt, CUBLAS_OP_N, CUBLAS_OP_N, pdx);
-  if (dw_grouped) run_grouped(x.device().index, s, dt, CUBLAS_OP_N, CUBLAS_OP_T, pdw);
   // The rest per group: dx / dw where not grouped, and dbias (a column sum of the group's dy rows).
   o = 0;
   for (size_t g = 0; g < counts.size(); o += counts[g], ++g) {
