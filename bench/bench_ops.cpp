@@ -258,6 +258,37 @@ class Bench {
           }
         }
       }
+      {  // MoE experts' GEMMs (8 experts, top-2; uneven counts): y rows e = x rows e · w_eᵀ, w_e (F, C),
+         // beside the same rows as one dense gemm (the ceiling a grouped gemm can reach)
+        const int64_t E = 8, ntok = gpu ? 4096 : 512, C = 1024, F = 2816, R = 2 * ntok;
+        const double share[E] = {0.18, 0.16, 0.14, 0.12, 0.12, 0.10, 0.10, 0.08};  // of the rows, sums to 1
+        std::vector<int64_t> counts;
+        int64_t used = 0;
+        for (int64_t e = 0; e + 1 < E; ++e) used += counts.emplace_back(static_cast<int64_t>(R * share[e]));
+        counts.push_back(R - used);
+        const Tensor x = randn({R, C}, dt, dev, 20), dy = randn({R, F}, dt, dev, 21);
+        const Tensor y = Tensor::empty({R, F}, dt, dev), dx = Tensor::empty({R, C}, dt, dev);
+        std::vector<Tensor> w, dw, dw32;
+        for (int64_t e = 0; e < E; ++e) {
+          w.push_back(randn({F, C}, dt, dev, 22 + static_cast<uint64_t>(e), 0.05f));
+          dw.push_back(Tensor::zeros({F, C}, dt, dev));
+          if (lowp) dw32.push_back(Tensor::zeros({F, C}, DType::F32, dev));
+        }
+        const std::string sh = str(ntok, "tok top2/8 C", C, " F", F);
+        const double f = 2.0 * R * F * C;
+        compute(dev, "grouped gemm fwd", sh, dt, f, [&] { grouped_gemm(x, w, counts, y); });
+        compute(dev, "grouped gemm bwd (dx, dW)", sh, dt, 2 * f,
+                [&] { grouped_gemm_backward(dy, x, w, counts, dx, dw, {}); });
+        if (lowp)  // f32 weight gradients of 16-bit weights: dW a gemm per expert (no f32 C in the grouped API)
+          compute(dev, "grouped gemm bwd (dx, dW f32)", sh, dt, 2 * f,
+                  [&] { grouped_gemm_backward(dy, x, w, counts, dx, dw32, {}); });
+        const Tensor wd = randn({F, C}, dt, dev, 30, 0.05f), dwd = Tensor::zeros({F, C}, dt, dev);
+        GemmArgs g;
+        g.trans_b = true;
+        compute(dev, "dense gemm fwd (same rows)", sh, dt, f, [&] { gemm(x, wd, y, g); });
+        compute(dev, "dense gemm bwd (same rows, dx, dW)", sh, dt, 2 * f,
+                [&] { gemm_backward(dy, x, wd, dx, dwd, Tensor(), g); });
+      }
       {
         const Shape s{bsz * nh * t, t};
         const Tensor x = randn(s, dt, dev, 8, 4), y = Tensor::empty(s, dt, dev), dx = Tensor::empty(s, dt, dev);

@@ -894,4 +894,90 @@ void moe_router_backward(const Tensor& dprobs, const Tensor& logits, const Tenso
   MPT_BACKEND(logits, moe_router_backward, dprobs, logits, indices, args, aux_weight, z_weight, dlogits, s);
 }
 
+// ---- grouped_gemm --------------------------------------------------------------------------
+namespace {
+// The checks both passes share: x (R, K) float, R = Σ counts (each >= 0), one w[g] (M, K) of
+// x's dtype and device per count, contiguous. Returns M (0 when there are no groups).
+int64_t check_grouped(const char* op, const Tensor& x, const std::vector<Tensor>& w,
+                      const std::vector<int64_t>& counts) {
+  need_float(op, x, "x");
+  need(x.ndim() == 2, str(op, ": x must be (rows, K), got ", x.describe()));
+  need(counts.size() == w.size(),
+       str(op, ": ", counts.size(), " counts for ", w.size(), " weights (one count per group)"));
+  int64_t rows = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    need(counts[g] >= 0, str(op, ": counts[", g, "] = ", counts[g], " is negative"));
+    rows += counts[g];
+  }
+  need(rows == x.dim(0), str(op, ": counts sum to ", rows, " rows but x has ", x.dim(0), " (", x.describe(), ")"));
+  const int64_t K = x.dim(1), M = w.empty() || !w[0].defined() || w[0].ndim() != 2 ? -1 : w[0].dim(0);
+  for (size_t g = 0; g < w.size(); ++g) {
+    const std::string name = str("w[", g, "]");
+    need(w[g].defined(), str(op, ": ", name, " is undefined"));
+    need(w[g].ndim() == 2 && w[g].dim(0) == M && w[g].dim(1) == K,
+         str(op, ": ", name, " must be (M, K) = (", M, ", ", K, ") like w[0] and x's columns, got ", w[g].describe()));
+    need(w[g].dtype() == x.dtype(), str(op, ": ", name, " must have x's dtype ", dtype_name(x.dtype()), ", got ",
+                                        w[g].describe()));
+    need(w[g].device() == x.device(), str(op, ": ", name, " is on ", w[g].describe(), ", x on ", x.describe()));
+    need(w[g].is_contiguous(), str(op, ": ", name, " must be contiguous, got ", w[g].describe()));
+  }
+  return std::max<int64_t>(M, 0);
+}
+// A per-group vector (bias, dw, dbias): empty, or one tensor per group of `shape` on x's
+// device, contiguous, with a dtype `ok_dtype` accepts; undefined entries allowed when `holes`.
+template <class DtypeOk>
+void check_per_group(const char* op, const char* what, const std::vector<Tensor>& v, size_t groups,
+                     const Shape& shape, const Tensor& x, bool holes, DtypeOk ok_dtype, const char* dtypes) {
+  if (v.empty()) return;
+  need(v.size() == groups, str(op, ": ", v.size(), " ", what, " tensors for ", groups, " groups (none or one each)"));
+  for (size_t g = 0; g < v.size(); ++g) {
+    const std::string name = str(what, "[", g, "]");
+    if (!v[g].defined()) {
+      need(holes, str(op, ": ", name, " is undefined"));
+      continue;
+    }
+    need_shape(op, v[g], name.c_str(), shape);
+    need(ok_dtype(v[g].dtype()), str(op, ": ", name, " must be ", dtypes, ", got ", v[g].describe()));
+    need(v[g].device() == x.device(), str(op, ": ", name, " is on ", v[g].describe(), ", x on ", x.describe()));
+    need(v[g].is_contiguous(), str(op, ": ", name, " must be contiguous, got ", v[g].describe()));
+  }
+}
+}  // namespace
+
+void grouped_gemm(const Tensor& x, const std::vector<Tensor>& w, const std::vector<int64_t>& counts, const Tensor& y,
+                  const std::vector<Tensor>& bias, Stream s) {
+  const char* op = "grouped_gemm";
+  const int64_t M = check_grouped(op, x, w, counts);
+  need(y.defined(), str(op, ": y is undefined"));
+  need_shape(op, y, "y", {x.dim(0), M});
+  need(y.dtype() == x.dtype(), str(op, ": y must have x's dtype ", dtype_name(x.dtype()), ", got ", y.describe()));
+  const DType dt = x.dtype();
+  check_per_group(op, "bias", bias, w.size(), {M}, x, false, [&](DType t) { return t == dt; }, dtype_name(dt));
+  check_same_device(op, {&x, &y});
+  check_contiguous(op, {{&x, "x"}, {&y, "y"}});
+  MPT_BACKEND(x, grouped_gemm, x, w, counts, y, bias, s);
+}
+
+void grouped_gemm_backward(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& w,
+                           const std::vector<int64_t>& counts, const Tensor& dx, const std::vector<Tensor>& dw,
+                           const std::vector<Tensor>& dbias, Stream s) {
+  const char* op = "grouped_gemm_backward";
+  const int64_t M = check_grouped(op, x, w, counts), K = x.dim(1);
+  const DType dt = x.dtype();
+  need(dy.defined(), str(op, ": dy is undefined"));
+  need_shape(op, dy, "dy", {x.dim(0), M});
+  need(dy.dtype() == dt, str(op, ": dy must have x's dtype ", dtype_name(dt), ", got ", dy.describe()));
+  if (dx.defined()) {
+    need_shape(op, dx, "dx", x.shape());
+    need(dx.dtype() == dt, str(op, ": dx must have x's dtype ", dtype_name(dt), ", got ", dx.describe()));
+  }
+  const auto grad_ok = [&](DType t) { return t == dt || t == DType::F32; };
+  const std::string grad_dtypes = str("f32 or ", dtype_name(dt));
+  check_per_group(op, "dw", dw, w.size(), {M, K}, x, true, grad_ok, grad_dtypes.c_str());
+  check_per_group(op, "dbias", dbias, w.size(), {M}, x, true, grad_ok, grad_dtypes.c_str());
+  check_same_device(op, {&x, &dy, &dx});
+  check_contiguous(op, {{&x, "x"}, {&dy, "dy"}, {&dx, "dx"}});
+  MPT_BACKEND(x, grouped_gemm_backward, dy, x, w, counts, dx, dw, dbias, s);
+}
+
 }  // namespace mpitron

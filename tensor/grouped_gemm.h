@@ -7,9 +7,17 @@
 //             dw[g] += dy[rows g]ᵀ · x[rows g],  dbias[g] += Σ_rows dy[rows g]   (accumulated, f32 or w's dtype
 //             as gemm_backward's db; dw / dbias vectors empty: skipped)
 // x, y, dy, dx: (R, ·) one float dtype (f32/bf16/f16), R = Σ counts; w[g], bias[g]: that dtype;
-// counts on the host. Every w[g] its own tensor (they need not be adjacent in memory: ZeRO-3 and the
-// expert-parallel layout place them). Accumulation in f32. CPU: one gemm per group; CUDA: one
-// cublasGemmGroupedBatchedEx call per pass where the dtypes allow it, else a gemm per group.
+// counts on the host, each >= 0, one per w[g]. bias, dw, dbias: empty or one tensor per group;
+// an undefined dw[g] / dbias[g] skips that group's gradient (a frozen expert). Every w[g] its own
+// tensor (they need not be adjacent in memory: ZeRO-3 and the expert-parallel layout place them).
+// All tensors contiguous, on x's device.
+// Accumulation in f32 (TF32 for f32 inputs only under MPITRON_ALLOW_TF32=1, as gemm.h).
+// CPU: one gemm per group. CUDA: one cublasGemmGroupedBatchedEx call per pass (y, dx, dw) where
+// cuBLAS allows it — C of the inputs' dtype (so not an f32 dw of 16-bit weights), no bias
+// epilogue (so not a forward with bias), every matrix 16-byte aligned with 16-byte row strides —
+// else a gemm per group (cuBLASLt); dbias is a column sum per group.
+// Path counters (path_stats.h), one op name per pass: grouped_gemm.{grouped,per_group} (y),
+// grouped_gemm_dx.{grouped,per_group}, grouped_gemm_dw.{grouped,per_group}.
 #pragma once
 #include <cstdint>
 #include <vector>

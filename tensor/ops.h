@@ -9,6 +9,7 @@
 #include "tensor/embedding.h"
 #include "tensor/gelu.h"
 #include "tensor/gemm.h"
+#include "tensor/grouped_gemm.h"
 #include "tensor/layernorm.h"
 #include "tensor/moe_permute.h"
 #include "tensor/moe_router.h"

@@ -1,4 +1,5 @@
-// tests/cuda_sim/cublaslt.cpp — cuBLASLt on the simulated device: a reference GEMM.
+// tests/cuda_sim/cublaslt.cpp — cuBLASLt on the simulated device: a reference GEMM
+// (and cuBLAS's cublasGemmGroupedBatchedEx, the same GEMM per problem: see the end).
 //
 // Semantics are cuBLASLt's (column-major): with op(X) = X or Xᵀ per TRANSA/TRANSB,
 //   D[b] (m, n) = alpha · op(A[b]) (m, k) · op(B[b]) (k, n) + beta · C[b]  [+ bias (m) per column]
@@ -10,12 +11,15 @@
 // silently pick a kernel that faults. The GEMM is an operation of its stream
 // (tests/cuda_sim/streams.cpp): checked for races over the exact bytes of A, B,
 // C, D and the bias, then run by the stream's worker.
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "cublasLt.h"
+#include "cublas_v2.h"
 #include "tests/cuda_sim/sim.h"
 
 struct cublasLtContext {
@@ -306,6 +310,156 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
           store(D, dl.type, od + j * dl.ld + i, v);
         }
       }
+    }
+  });
+  return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+// ---- cuBLAS: the handle and cublasGemmGroupedBatchedEx -----------------------------------
+// Every problem is the reference GEMM above (f32 accumulation in k order, one rounding to
+// C's type), with alpha/beta read from the host when the call is made (host pointer mode).
+// Checked, as misuse (CUBLAS_STATUS_INVALID_VALUE, or NOT_SUPPORTED for a type combination
+// cuBLAS does not list): the type combination, dims and leading dimensions, pointer arrays
+// in device memory, and 16-byte aligned matrices for 16-bit and TF32 types (cuBLAS asks
+// that they be "properly aligned", ideally to 16 bytes; mpitron promises 16).
+// The pointer arrays are device memory a kernel reads when it runs; the simulator has to
+// know the matrices' bytes for the race check when the call is queued, so it waits until
+// the stream has run what was queued before (the copy filling the arrays) and reads them
+// then. Arrays written on another stream, ordered only by an event, would be read early:
+// write them on the calling stream (as tensor/cuda/grouped_gemm.cu does).
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+cublasStatus_t cublasCreate(cublasHandle_t* h) {
+  if (!h) return misuse("cublasCreate: null handle pointer");
+  *h = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t h) {
+  delete h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->stream = s;
+  h->workspace = nullptr;  // cuBLAS: back to the default workspace pool
+  h->workspace_bytes = 0;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void* workspace, size_t bytes) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (bytes && !mpitron::cuda::sim::is_device_memory(workspace)) return misuse("cublasSetWorkspace: not device memory");
+  h->workspace = workspace;
+  h->workspace_bytes = bytes;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOperation_t transa_array[],
+                                          const cublasOperation_t transb_array[], const int m_array[],
+                                          const int n_array[], const int k_array[], const void* alpha_array,
+                                          const void* const Aarray[], cudaDataType_t Atype, const int lda_array[],
+                                          const void* const Barray[], cudaDataType_t Btype, const int ldb_array[],
+                                          const void* beta_array, void* const Carray[], cudaDataType_t Ctype,
+                                          const int ldc_array[], int group_count, const int group_size[],
+                                          cublasComputeType_t computeType) {
+  namespace sim = mpitron::cuda::sim;
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (group_count < 0) return misuse("grouped gemm: group_count < 0");
+  if (group_count == 0) return CUBLAS_STATUS_SUCCESS;
+  if (!transa_array || !transb_array || !m_array || !n_array || !k_array || !alpha_array || !lda_array ||
+      !ldb_array || !beta_array || !ldc_array || !group_size || !Aarray || !Barray || !Carray)
+    return misuse("grouped gemm: null argument");
+  if (Atype != Btype || Atype != Ctype) {
+    std::fprintf(stderr, "cuda-sim cuBLAS: grouped gemm: Atype, Btype and Ctype must be equal\n");
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  const bool fast = computeType == CUBLAS_COMPUTE_32F_FAST_TF32;
+  if (!(computeType == CUBLAS_COMPUTE_32F && (Atype == CUDA_R_32F || Atype == CUDA_R_16F || Atype == CUDA_R_16BF)) &&
+      !(fast && Atype == CUDA_R_32F)) {
+    std::fprintf(stderr, "cuda-sim cuBLAS: grouped gemm: unsupported type / compute type combination\n");
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  const size_t es = type_size(Atype);
+  const bool need16 = fast || Atype != CUDA_R_32F;
+  struct One {  // one problem, its group's parameters copied
+    const void *a, *b;
+    void* c;
+    bool ta, tb;
+    int64_t m, n, k, lda, ldb, ldc;
+    float alpha, beta;
+  };
+  int64_t total = 0;
+  for (int i = 0; i < group_count; ++i) {
+    if (group_size[i] < 0) return misuse("grouped gemm: group_size < 0");
+    total += group_size[i];
+  }
+  const size_t ptr_bytes = static_cast<size_t>(total) * sizeof(void*);
+  for (const void* arr : {static_cast<const void*>(Aarray), static_cast<const void*>(Barray),
+                          static_cast<const void*>(Carray)})
+    if (total && !sim::is_device_memory(arr)) return misuse("grouped gemm: the pointer arrays must be in device memory");
+  // Read the arrays once the stream has run everything queued before this call (see above).
+  sim::Stream* st = sim::stream_of(handle->stream);
+  const sim::Clock clock = sim::clock_of(st);
+  const int sid = sim::stream_id(st);
+  if (clock.size() > static_cast<size_t>(sid) && clock[static_cast<size_t>(sid)] > 0)
+    sim::host_wait(st, clock[static_cast<size_t>(sid)]);  // (an explicit seq: the host learns nothing)
+  std::vector<One> ps;
+  std::vector<sim::Access> acc = {{Aarray, ptr_bytes, false}, {Barray, ptr_bytes, false}, {Carray, ptr_bytes, false}};
+  const float* alphas = static_cast<const float*>(alpha_array);
+  const float* betas = static_cast<const float*>(beta_array);
+  const auto extent = [&](int64_t rows, int64_t cols, int64_t ld) {
+    return rows && cols ? static_cast<size_t>((cols - 1) * ld + rows) * es : size_t{0};
+  };
+  int64_t p = 0;
+  for (int i = 0; i < group_count; ++i) {
+    One o{};
+    o.ta = transa_array[i] != CUBLAS_OP_N;
+    o.tb = transb_array[i] != CUBLAS_OP_N;
+    o.m = m_array[i], o.n = n_array[i], o.k = k_array[i];
+    o.lda = lda_array[i], o.ldb = ldb_array[i], o.ldc = ldc_array[i];
+    o.alpha = alphas[i], o.beta = betas[i];
+    const int64_t ar = o.ta ? o.k : o.m, ac = o.ta ? o.m : o.k, br = o.tb ? o.n : o.k, bc = o.tb ? o.k : o.n;
+    if (o.m < 0 || o.n < 0 || o.k < 0) return misuse("grouped gemm: negative m, n or k in group " + std::to_string(i));
+    if (o.lda < std::max<int64_t>(1, ar) || o.ldb < std::max<int64_t>(1, br) || o.ldc < std::max<int64_t>(1, o.m))
+      return misuse("grouped gemm: leading dimension below rows in group " + std::to_string(i));
+    for (int j = 0; j < group_size[i]; ++j, ++p) {
+      o.a = Aarray[p], o.b = Barray[p], o.c = Carray[p];
+      if (o.m == 0 || o.n == 0) continue;
+      for (const void* q : {o.a, o.b, static_cast<const void*>(o.c)})
+        if (need16 && reinterpret_cast<uintptr_t>(q) % 16 != 0)
+          return misuse("grouped gemm: a 16-bit / TF32 matrix pointer is not 16-byte aligned (problem " +
+                        std::to_string(p) + ")");
+      if (o.k > 0) {
+        acc.push_back({o.a, extent(ar, ac, o.lda), false});
+        acc.push_back({o.b, extent(br, bc, o.ldb), false});
+      }
+      if (o.beta != 0.0f) acc.push_back({o.c, extent(o.m, o.n, o.ldc), false});
+      acc.push_back({o.c, extent(o.m, o.n, o.ldc), true});
+      ps.push_back(o);
+    }
+  }
+  const cudaDataType_t t = Atype;
+  const cudaError_t e = sim::enqueue(handle->stream, "cublasGemmGroupedBatchedEx", std::move(acc), [ps, t] {
+    std::vector<float> at, bt;
+    for (const One& o : ps) {
+      // at[i][l] = op(A)(i, l), bt[j][l] = op(B)(l, j): contiguous in l for the dot products.
+      at.resize(static_cast<size_t>(o.m * o.k));
+      bt.resize(static_cast<size_t>(o.n * o.k));
+      for (int64_t i = 0; i < o.m; ++i)
+        for (int64_t l = 0; l < o.k; ++l) at[i * o.k + l] = load(o.a, t, o.ta ? i * o.lda + l : l * o.lda + i);
+      for (int64_t j = 0; j < o.n; ++j)
+        for (int64_t l = 0; l < o.k; ++l) bt[j * o.k + l] = load(o.b, t, o.tb ? l * o.ldb + j : j * o.ldb + l);
+      for (int64_t j = 0; j < o.n; ++j)
+        for (int64_t i = 0; i < o.m; ++i) {
+          float sum = 0.0f;
+          for (int64_t l = 0; l < o.k; ++l) sum += at[i * o.k + l] * bt[j * o.k + l];
+          float v = o.alpha * sum;
+          if (o.beta != 0.0f) v += o.beta * load(o.c, t, j * o.ldc + i);
+          store(o.c, t, j * o.ldc + i, v);
+        }
     }
   });
   return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
