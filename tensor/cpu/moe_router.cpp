@@ -1,5 +1,5 @@
 // tensor/cpu/moe_router.cpp — the MoE router's scores (tensor/moe_router.h), row by row.
-// Forward: the row's logsumexp, then k passes over the selection scores, each taking the
+// Forward: the row's logsumexp and selection scores, then k passes over them, each taking the
 // largest after the previous pick in the order (score descending, expert ascending): the
 // choice of tensor/moe_topk.h without a taken set. aux_sums: a[n, e] is kept per row and
 // each column summed over n = 0..N-1 in order (parallel over columns only), so the sums do
@@ -32,41 +32,46 @@ float row_lse(const float* x, int64_t E) {
   return m + std::log(s);
 }
 
-// One row's forward. key(e) is the selection score; raw(e) the value probs are made of.
+// One row's forward. r: the scores probs are made of (sigmoid, softmax, or the logits);
+// key: the selection scores r + bias (both E floats of scratch, computed once per row).
 void forward_row(const float* x, int64_t E, const MoeRouterArgs& a, const float* bias, float* probs, int32_t* idx,
-                 float* aux_row, float* lse_out, std::vector<int32_t>& pick, std::vector<float>& val) {
+                 float* aux_row, float* lse_out, std::vector<float>& r, std::vector<float>& key,
+                 std::vector<float>& val) {
   const int64_t k = a.topk;
   const bool sig = a.score == MoeScore::Sigmoid;
-  const float lse = row_lse(x, E);
+  const bool select = probs || idx;
+  const float lse = !sig || lse_out ? row_lse(x, E) : 0.0f;
   if (lse_out) *lse_out = lse;
+  if (sig && (select || aux_row))
+    for (int64_t e = 0; e < E; ++e) r[static_cast<size_t>(e)] = sigmoid(x[e]);
   if (aux_row) {
     if (sig) {
       float t = 0.0f;
-      for (int64_t e = 0; e < E; ++e) t += aux_row[e] = sigmoid(x[e]);
+      for (int64_t e = 0; e < E; ++e) t += r[static_cast<size_t>(e)];
       const float inv = 1.0f / (t + kSigEps);
-      for (int64_t e = 0; e < E; ++e) aux_row[e] *= inv;
+      for (int64_t e = 0; e < E; ++e) aux_row[e] = r[static_cast<size_t>(e)] * inv;
     } else {
       for (int64_t e = 0; e < E; ++e) aux_row[e] = std::exp(x[e] - lse);
     }
   }
-  if (!probs && !idx) return;
-  auto raw = [&](int64_t e) { return sig ? sigmoid(x[e]) : a.pre_softmax ? std::exp(x[e] - lse) : x[e]; };
-  auto key = [&](int64_t e) { return sel_key(raw(e) + (bias ? bias[e] : 0.0f)); };
+  if (!select) return;
+  if (!sig)
+    for (int64_t e = 0; e < E; ++e) r[static_cast<size_t>(e)] = a.pre_softmax ? std::exp(x[e] - lse) : x[e];
+  for (int64_t e = 0; e < E; ++e) key[static_cast<size_t>(e)] = sel_key(r[static_cast<size_t>(e)] + (bias ? bias[e] : 0.0f));
   float last_v = 0.0f;
   int64_t last_e = -1;
   for (int64_t j = 0; j < k; ++j) {
     float bv = -INFINITY;
     int64_t be = E;
     for (int64_t e = 0; e < E; ++e) {
-      const float v = key(e);
+      const float v = key[static_cast<size_t>(e)];
       const bool after = last_e < 0 || v < last_v || (v == last_v && e > last_e);
       if (after && (v > bv || (v == bv && e < be))) bv = v, be = e;
     }
     last_v = bv, last_e = be;
-    pick[static_cast<size_t>(j)] = static_cast<int32_t>(be);
-    val[static_cast<size_t>(j)] = raw(be);
+    if (idx) idx[j] = static_cast<int32_t>(be);
+    val[static_cast<size_t>(j)] = r[static_cast<size_t>(be)];
   }
-  if (idx) std::copy(pick.begin(), pick.begin() + k, idx);
   if (!probs) return;
   const float s = a.scaling;
   if (sig) {
@@ -166,12 +171,11 @@ void moe_router_forward(const Tensor& logits, const MoeRouterArgs& args, const T
   std::vector<float> a(aux_sums.defined() ? static_cast<size_t>(N * E) : 0);  // a[n, e]
 #pragma omp parallel if (N * E > 65536)
   {
-    std::vector<int32_t> pick(static_cast<size_t>(k));
-    std::vector<float> val(static_cast<size_t>(k));
+    std::vector<float> r(static_cast<size_t>(E)), key(static_cast<size_t>(E)), val(static_cast<size_t>(k));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n)
       forward_row(x + n * E, E, args, bias, p ? p + n * k : nullptr, ix ? ix + n * k : nullptr,
-                  a.empty() ? nullptr : a.data() + n * E, l ? l + n : nullptr, pick, val);
+                  a.empty() ? nullptr : a.data() + n * E, l ? l + n : nullptr, r, key, val);
   }
   if (!aux_sums.defined()) return;
   float* out = aux_sums.data<float>();
