@@ -171,7 +171,7 @@ void run(Device dev, DType dt, const Case& c, uint64_t seed) {
   if (R > 0 && M > 0 && K > 0) {
     const bool grouped_ok = strides16 && outputs_aligned();
     check_path(dev, probe, grouped_ok ? "grouped_gemm_dx.grouped" : "grouped_gemm_dx.per_group", name + " dx");
-    check_path(dev, probe, grouped_ok && !c.dw_f32 ? "grouped_gemm_dw.grouped" : "grouped_gemm_dw.per_group",
+    check_path(dev, probe, grouped_ok && gdt == dt ? "grouped_gemm_dw.grouped" : "grouped_gemm_dw.per_group",
                name + " dw");
   }
 }
