@@ -401,9 +401,12 @@ std::vector<ArchField> build() {
   }
   {
     ArchField f = int_row("moe_ffn_hidden_size", FieldKind::Shape, "moe-ffn-hidden-size",
-                          "each routed expert's MLP width (default --ffn-hidden-size)", &C::moe_ffn_hidden_size, 1,
-                          "Fe, each expert's MLP width (default F)", checked);
-    f.get = [](const C& c) { return json(c.moe_ffn()); };
+                          "each routed expert's MLP width (default --ffn-hidden-size)", &C::moe_ffn_hidden_size, 0,
+                          "Fe, each expert's MLP width (default F; 0 in a dense model)", checked);
+    f.get = [](const C& c) { return json(c.moe() ? c.moe_ffn() : 0); };
+    f.apply = [](const GivenFlags& g, C& c) {
+      c.moe_ffn_hidden_size = as_int(*given(g, "moe-ffn-hidden-size"), "--moe-ffn-hidden-size", 1, kBig);
+    };
     f.sizes_weights = [](const C& c) { return c.moe(); };
     f.required = false;
     v.push_back(f);

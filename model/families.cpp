@@ -311,6 +311,69 @@ std::vector<HfKey> gemma_keys() {
   return v;
 }
 
+// The MoE keys Mixtral and Qwen2-MoE share: experts, top-k, and the training-only router settings.
+void moe_common_keys(std::vector<HfKey>& v, const std::string& experts_key) {
+  v.push_back(field(experts_key, "num_experts"));
+  v.push_back(field("num_experts_per_tok", "moe_router_topk"));
+  v.push_back(harmless("output_router_logits", "whether transformers returns the router logits and aux loss"));
+  v.back().write = [](const C&) { return json(false); };
+  v.push_back(harmless("router_aux_loss_coef", "the load-balancing loss's coefficient: training only "
+                                               "(mpitron's --moe-aux-loss-coeff, a run setting; not exported)"));
+}
+
+// Mixtral (4.40's MixtralConfig): Mistral's keys with every MLP a Mixture of Experts of
+// intermediate_size-wide SwiGLU experts; the router's top-k weights renormalised (a softmax
+// over the k chosen logits: no --moe-router-pre-softmax).
+std::vector<HfKey> mixtral_keys() {
+  std::vector<HfKey> v;
+  for (HfKey& k : mistral_keys())
+    if (k.key != "intermediate_size" && k.key != "head_dim") v.push_back(k);
+  v.push_back(field("intermediate_size", "moe_ffn_hidden_size"));
+  moe_common_keys(v, "num_local_experts");
+  v.push_back(must("router_jitter_noise", [](const json& x) { return x.is_number() && x.get<double>() == 0.0; },
+                   "router jitter (noise on the router's input in training) is not built", 0.0));
+  for (HfKey& k : v)
+    if (k.key == "sliding_window") k.absent = nullptr;  // MixtralConfig's default: null (no window)
+  return v;
+}
+
+// Qwen2-MoE (4.40's Qwen2MoeConfig): Qwen2's keys; layer l's MLP is an MoE when (l + 1) %
+// decoder_sparse_step == 0 (else a dense MLP of intermediate_size), with a shared expert of
+// shared_expert_intermediate_size under a sigmoid gate; norm_topk_prob false: the top-k of the
+// softmax over every expert, unnormalised (--moe-router-pre-softmax).
+std::vector<HfKey> qwen2_moe_keys() {
+  std::vector<HfKey> v = qwen2_keys();
+  moe_common_keys(v, "num_experts");
+  v.push_back(field("moe_intermediate_size", "moe_ffn_hidden_size"));
+  v.push_back(field("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size"));
+  v.push_back(bool_key("norm_topk_prob", [](bool t, C& c) { c.moe_router_pre_softmax = !t; },
+                       [](const C& c) { return json(!c.moe_router_pre_softmax); }));
+  v.push_back({"decoder_sparse_step", false,
+               [](const json& x, const json&, C& c) {
+                 MPT_CHECK(x.is_number_integer() && x.get<int64_t>() >= 1,
+                           str("HF config.json key decoder_sparse_step must be an integer >= 1, got ", x.dump()), "");
+                 const int64_t step = x.get<int64_t>();
+                 c.moe_layer_pattern.clear();
+                 if (step > 1)  // transformers' MoE layers are l = step − 1, 2·step − 1, …; Megatron's N counts from 0
+                   for (int64_t l = 0; l < c.num_layers; ++l) c.moe_layer_pattern.push_back((l + 1) % step == 0);
+               },
+               [](const C& c) {
+                 if (c.moe_layer_pattern.empty() && c.moe_layer_freq == 1) return json(1);
+                 for (int64_t step = 1; step <= c.num_layers; ++step) {
+                   bool same = true;
+                   for (int64_t l = 0; l < c.num_layers; ++l) same &= c.is_moe_layer(l) == ((l + 1) % step == 0);
+                   if (same) return json(step);
+                 }
+                 MPT_THROW(str("--moe-layer-freq ", arch_field("moe_layer_freq").get(c).dump(),
+                               " is no Qwen2-MoE decoder_sparse_step (MoE layers l with (l + 1) % step == 0)"),
+                           "export MoE layer patterns Qwen2MoeForCausalLM can express");
+               },
+               ""});
+  v.push_back(must("mlp_only_layers", [](const json& x) { return x.is_array() && x.empty(); },
+                   "transformers 4.40's Qwen2-MoE has no dense-only layers list (decoder_sparse_step only)"));
+  return v;
+}
+
 std::vector<HfKey> bert_keys() {
   std::vector<HfKey> v = common_keys();
   v.push_back(field("hidden_size", "hidden_size"));
@@ -361,8 +424,10 @@ void llama_config_defaults(C& c, int64_t positions) {
 
 std::vector<Family> build() {
   // Every decoder: causal, pre-LN, no BERT heads.
-  const std::vector<FamilyPin> any_window = {is("bert", false), is("causal", true), is("post_ln", false),
-                                             is("num_tokentypes", 0), is("num_classes", 0)};
+  const std::vector<FamilyPin> decoder_base = {is("bert", false), is("causal", true), is("post_ln", false),
+                                               is("num_tokentypes", 0), is("num_classes", 0)};
+  // ... with dense MLPs (all but the MoE families).
+  const std::vector<FamilyPin> any_window = join(decoder_base, {is("num_experts", 0)});
   // ... attending to every earlier key (all but Mistral).
   const std::vector<FamilyPin> decoder = join(any_window, {is("window_size", 0)});
   // Llama and the families built on it: RMSNorm, SwiGLU, rope over every dim, heads of C / NH.
@@ -490,6 +555,61 @@ std::vector<Family> build() {
       c.max_position_embeddings = c.seq_length = 8192;
     };
     f.hf_keys = gemma_keys();
+    f.hf_buffers = llama_buffers;
+    v.push_back(f);
+  }
+  // Mixture of Experts: SwiGLU experts in the MLP of (every, or some) layer, softmax router.
+  const FamilyPin moe = when("num_experts", [](const C& c) { return c.num_experts > 0; }, "--num-experts");
+  const std::vector<FamilyPin> moe_router = {is("moe_router_score_function", "softmax"),
+                                             is("moe_router_topk_scaling_factor", 1.0)};
+  {
+    Family f;
+    f.name = "mixtral";
+    f.hf_class = "MixtralForCausalLM";
+    f.hf_model_types = {"mixtral"};
+    f.hf_classes_read = {"MixtralForCausalLM"};
+    f.scheme = HfScheme::Llama;
+    f.hf_moe = {"block_sparse_moe.", "gate", "w1", "w3", "w2", "", ""};
+    f.pins = join(join(join(join(decoder_base, llama_like), plain_ends), moe_router),
+                  {moe, is("add_bias_linear", false), is("add_qkv_bias", false), is("moe_router_pre_softmax", false),
+                   is("moe_layer_freq", 1), is("moe_shared_expert_intermediate_size", 0)});
+    f.hf_defaults = [](C& c) {  // MixtralConfig's
+      llama_config_defaults(c, 4096 * 32);
+      c.layernorm_epsilon = 1e-5f;
+      c.num_query_groups = 8;
+      c.num_experts = 8;
+      c.moe_router_topk = 2;
+      c.rotary_base = 1e6;
+    };
+    f.hf_keys = mixtral_keys();
+    f.hf_buffers = llama_buffers;
+    v.push_back(f);
+  }
+  {
+    Family f;
+    f.name = "qwen2_moe";
+    f.hf_class = "Qwen2MoeForCausalLM";
+    f.hf_model_types = {"qwen2_moe"};
+    f.hf_classes_read = {"Qwen2MoeForCausalLM"};
+    f.scheme = HfScheme::Llama;
+    f.hf_moe = {"mlp.", "gate", "gate_proj", "up_proj", "down_proj", "shared_expert.", "shared_expert_gate"};
+    f.pins = join(join(join(join(join(decoder_base, {is("window_size", 0)}), llama_like), plain_ends), moe_router),
+                  {moe, is("add_bias_linear", false), is("add_qkv_bias", true),
+                   when("moe_shared_expert_intermediate_size",
+                        [](const C& c) { return c.moe_shared_expert_intermediate_size > 0; },
+                        "--moe-shared-expert-intermediate-size"),
+                   is("moe_shared_expert_gate", true)});
+    f.hf_defaults = [](C& c) {  // Qwen2MoeConfig's
+      llama_config_defaults(c, 32768);
+      c.add_qkv_bias = true;
+      c.num_experts = 60;
+      c.moe_router_topk = 4;
+      c.moe_ffn_hidden_size = 1408;
+      c.moe_shared_expert_intermediate_size = 5632;
+      c.moe_shared_expert_gate = true;
+      c.moe_router_pre_softmax = true;  // norm_topk_prob false
+    };
+    f.hf_keys = qwen2_moe_keys();
     f.hf_buffers = llama_buffers;
     v.push_back(f);
   }

@@ -14,6 +14,10 @@
 //   qwen2    Qwen2ForCausalLM          qwen2       Llama's, biases on q, k, v only (--add-qkv-bias)
 //   mistral  MistralForCausalLM        mistral     Llama's, no biases, a sliding window (--window-size)
 //   gemma    GemmaForCausalLM          gemma       RMSNorm (1 + w), GeGLU (tanh), rope, embeddings × √C, no biases
+//   mixtral  MixtralForCausalLM        mixtral     Llama's, no biases, every MLP E SwiGLU experts (top-k, softmax of
+//                                                  the k), a sliding window or none
+//   qwen2_moe Qwen2MoeForCausalLM      qwen2_moe   Qwen2's, MoE MLPs with a gated shared expert
+// The dense families pin --num-experts to none.
 //   bert     BertForPreTraining        bert        encoder: LayerNorm, GELU, learned positions, tied, biases, MHA
 #pragma once
 #include <functional>
@@ -46,6 +50,13 @@ struct HfKey {
   std::function<void(TransformerConfig& c)> absent;
 };
 
+// The Hugging Face names of an MoE layer's MLP (model/param_table.h's MoE rows), after
+// "model.layers.{l}.": <block><router>.weight; <block>experts.{e}.<gate|up|down>.weight;
+// <block><shared><gate|up|down>.weight and <block><shared_gate>.weight.
+struct HfMoeNames {
+  std::string block, router, gate, up, down, shared, shared_gate;
+};
+
 // One value a family requires of a field.
 struct FamilyPin {
   std::string key;                                  // the arch field (model/arch_fields.h)
@@ -59,6 +70,7 @@ struct Family {
   std::vector<std::string> hf_model_types;  // config.json "model_type" values it reads (the first is written)
   std::vector<std::string> hf_classes_read;  // classes that mean this family when model_type is absent
   HfScheme scheme;
+  HfMoeNames hf_moe;                // an MoE family's expert names (Mixtral's, Qwen2-MoE's)
   std::vector<FamilyPin> pins;      // what the family is
   std::vector<FamilyPin> hf_pins;   // what its HF class also needs (BERT: post-LN with the binary head)
   // Its config.json: the values before any key is read (the fields the family fixes and

@@ -119,29 +119,43 @@ std::vector<ParamSpec> moe_rows(const GPTConfig& c, int64_t l, const Family* fam
   using R = ParamRole;
   using I = ParamInit;
   const ParamPlace L = ParamPlace::Layer;
-  (void)fam;  // the MoE families' HF names: model/families.h
+  // The HF column: the family's MoE names (model/families.h, HfMoeNames), when it has them.
+  const HfMoeNames* n = fam && !fam->hf_moe.block.empty() ? &fam->hf_moe : nullptr;
+  const std::string m = n ? str("model.layers.", l, ".", n->block) : std::string();
+  auto named = [n](ParamSpec s, std::vector<std::string> names) {
+    if (n) s.hf = std::move(names);
+    return s;
+  };
+  auto ex = [&](int64_t e, const std::string& which) { return str(m, "experts.", e, ".", which, ".weight"); };
   std::vector<ParamSpec> v;
-  v.push_back(matmul(row(p + "router.weight", R::RouterWeight, {E, C}, I::Normal, L, l)));
+  v.push_back(named(matmul(row(p + "router.weight", R::RouterWeight, {E, C}, I::Normal, L, l)),
+                    {n ? m + n->router + ".weight" : ""}));
   for (int64_t e = 0; e < E; ++e)
-    v.push_back(expert(matmul(split(row(str(p, "experts.", e, ".fc.weight"), R::ExpertFcWeight, {c.expert_fc_rows(), C},
-                                        I::Normal, L, l), 0, fc_parts)), e));
+    v.push_back(named(expert(matmul(split(row(str(p, "experts.", e, ".fc.weight"), R::ExpertFcWeight,
+                                              {c.expert_fc_rows(), C}, I::Normal, L, l), 0, fc_parts)), e),
+                      {n ? ex(e, n->gate) : "", n ? ex(e, n->up) : ""}));
   if (bias)
     for (int64_t e = 0; e < E; ++e)
       v.push_back(expert(split(row(str(p, "experts.", e, ".fc.bias"), R::ExpertFcBias, {c.expert_fc_rows()}, I::Zeros, L, l),
                                0, fc_parts), e));
   for (int64_t e = 0; e < E; ++e)
-    v.push_back(expert(matmul(split(row(str(p, "experts.", e, ".proj.weight"), R::ExpertProjWeight, {C, Fe},
-                                        I::OutputNormal, L, l), 1)), e));
+    v.push_back(named(expert(matmul(split(row(str(p, "experts.", e, ".proj.weight"), R::ExpertProjWeight, {C, Fe},
+                                              I::OutputNormal, L, l), 1)), e),
+                      {n ? ex(e, n->down) : ""}));
   if (bias)
     for (int64_t e = 0; e < E; ++e)
       v.push_back(expert(row(str(p, "experts.", e, ".proj.bias"), R::ExpertProjBias, {C}, I::Zeros, L, l), e));
   if (Fs > 0) {
     const std::vector<int64_t> sparts = gated ? std::vector<int64_t>{Fs, Fs} : std::vector<int64_t>{};
-    v.push_back(matmul(split(row(p + "shared.fc.weight", R::SharedFcWeight, {c.shared_fc_rows(), C}, I::Normal, L, l), 0,
-                             sparts)));
-    v.push_back(matmul(split(row(p + "shared.proj.weight", R::SharedProjWeight, {C, Fs}, I::OutputNormal, L, l), 1)));
+    const std::string sh = n ? m + n->shared : std::string();
+    v.push_back(named(matmul(split(row(p + "shared.fc.weight", R::SharedFcWeight, {c.shared_fc_rows(), C}, I::Normal, L, l),
+                                   0, sparts)),
+                      {n ? sh + n->gate + ".weight" : "", n ? sh + n->up + ".weight" : ""}));
+    v.push_back(named(matmul(split(row(p + "shared.proj.weight", R::SharedProjWeight, {C, Fs}, I::OutputNormal, L, l), 1)),
+                      {n ? sh + n->down + ".weight" : ""}));
     if (c.moe_shared_expert_gate)
-      v.push_back(matmul(row(p + "shared.gate.weight", R::SharedGateWeight, {1, C}, I::Normal, L, l)));
+      v.push_back(named(matmul(row(p + "shared.gate.weight", R::SharedGateWeight, {1, C}, I::Normal, L, l)),
+                        {n ? m + n->shared_gate + ".weight" : ""}));
   }
   return v;
 }

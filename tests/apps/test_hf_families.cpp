@@ -40,6 +40,7 @@ namespace {
 struct FamilyCase {
   std::string name;
   std::string train_flags;  // pretrain_gpt's flags for the family (Megatron's names)
+  std::string probe = "model.layers.1.mlp.down_proj.weight";  // a tensor the BF16 round trip checks
 };
 
 const std::vector<FamilyCase> kFamilies = {
@@ -52,6 +53,19 @@ const std::vector<FamilyCase> kFamilies = {
     {"gemma",
      "--normalization RMSNorm --norm-epsilon 1e-6 --geglu --apply-layernorm-1p --scale-embeddings "
      "--position-embedding-type rope --disable-bias-linear --kv-channels 16 --group-query-attention --num-query-groups 2"},
+    // Mixture of Experts: 4 SwiGLU experts, top-2 (Mixtral: softmax of the two; Qwen2-MoE: the
+    // softmax over all four, unnormalised, and a gated shared expert).
+    {"mixtral",
+     "--normalization RMSNorm --norm-epsilon 1e-5 --swiglu --position-embedding-type rope --disable-bias-linear "
+     "--untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2 --num-experts 4 "
+     "--moe-router-topk 2 --moe-ffn-hidden-size 40",
+     "model.layers.1.block_sparse_moe.experts.3.w2.weight"},
+    {"qwen2_moe",
+     "--normalization RMSNorm --norm-epsilon 1e-6 --swiglu --position-embedding-type rope --disable-bias-linear "
+     "--add-qkv-bias --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2 --num-experts 4 "
+     "--moe-router-topk 2 --moe-ffn-hidden-size 24 --moe-router-pre-softmax --moe-shared-expert-intermediate-size 40 "
+     "--moe-shared-expert-gate",
+     "model.layers.1.mlp.shared_expert.down_proj.weight"},
 };
 
 std::string dir_of(const std::string& family) { return apps_test::kSource + "/tests/apps/ref/hf_" + family; }
@@ -109,6 +123,56 @@ TEST_CASE("HF families (transformers 4.40): logits, loss and every gradient") {
   }
 }
 
+// The load-balancing loss against transformers' load_balancing_loss_func: per layer (a one-layer
+// tuple), HF's E · Σ_e f_e · P_e is Megatron's aux loss times k / coeff, so with --moe-aux-loss-coeff
+// k our per-layer sum equals Σ_l aux_per_layer, and the gradient of LM loss + aux is transformers'
+// grads + aux_grads (sampled entries). HF's own aux_loss pools every layer's tokens before the
+// product: the same statistics give it (tokens per expert and the scores' sums over the layers).
+TEST_CASE("HF MoE families: the load-balancing loss and its gradient as transformers computes them") {
+  for (const std::string name : {"mixtral", "qwen2_moe"}) {
+    CAPTURE(name);
+    const json ref = json::parse(slurp(dir_of(name) + "/ref.json"));
+    const HfCheckpoint ck = read_hf_checkpoint(dir_of(name));
+    const GPTConfig cfg = hf_config(ck.config_json, 4);
+    auto model = gpt_from_hf(ck, cfg);
+    const json& r = ref["batches"][0];
+    MoeStats stats;
+    MoeRun run;
+    run.aux_loss_coeff = static_cast<float>(cfg.moe_router_topk);
+    run.stats = &stats;
+    Tape tape;
+    model->params().zero_grad();
+    ForwardOptions o;
+    o.train = false;
+    o.moe = &run;
+    Var loss = model->forward(tape, ints(r["ids"]), ints(r["targets"]), o);
+    double want_aux = 0;
+    for (const double a : r["aux_per_layer"]) want_aux += a;
+    MESSAGE(name, ": aux loss ", stats.aux_loss, " vs transformers' per-layer sum ", want_aux);
+    CHECK(stats.layers == cfg.num_layers);
+    CHECK(std::abs(stats.aux_loss - want_aux) <= 1e-5 * want_aux);
+    // The forward is unchanged by the auxiliary loss.
+    CHECK(std::abs(loss.value().item() - r["loss"].get<double>()) <= 1e-5 * r["loss"].get<double>());
+    tape.backward(loss);
+    const Tensor grads = model->params().grads().clone();
+    const io::Safetensors g = hf_from_gpt(*model, {}, &grads);
+    int64_t checked = 0;
+    for (auto it = r["grads"].begin(); it != r["grads"].end(); ++it) {
+      const json& a = r["aux_grads"][it.key()];
+      const std::vector<float> v = g.to_f32(it.key()).to_floats();
+      const double rms = it.value()["rms"].get<double>() + a["rms"].get<double>();
+      for (size_t i = 0; i < it.value()["sample"].size(); ++i) {
+        const json& s = it.value()["sample"][i];
+        REQUIRE(a["sample"][i][0] == s[0]);  // the same entries
+        const double want = s[1].get<double>() + a["sample"][i][1].get<double>(), got = v[s[0].get<size_t>()];
+        CHECK_MESSAGE(std::abs(got - want) <= 1e-4 * std::abs(want) + 1e-4 * rms, it.key(), "[", s[0], "] ", got, " vs ", want);
+        ++checked;
+      }
+    }
+    CHECK(checked > 100);
+  }
+}
+
 TEST_CASE("HF families: HF -> mpitron -> HF is bitwise, config.json round-trips, KV-cache generation") {
   for (const FamilyCase& f : kFamilies) {
     CAPTURE(f.name);
@@ -140,7 +204,7 @@ TEST_CASE("HF families: HF -> mpitron -> HF is bitwise, config.json round-trips,
         CHECK_MESSAGE(orig[it.key()] == it.value(), it.key(), ": ", it.value().dump(), " vs ", orig[it.key()].dump());
     const GPTConfig again = hf_config(out.dump());
     CHECK(field_differences(again, cfg).empty());
-    apps_test::check_hf_bf16_round_trip(ckpt, tmp, "model.layers.1.mlp.down_proj.weight");
+    apps_test::check_hf_bf16_round_trip(ckpt, tmp, f.probe);
     // Greedy decoding with the KV cache (prompts longer than any window) equals recomputation.
     const std::vector<std::vector<int32_t>> prompts{{5, 17, 3, 99, 42, 8, 61, 7, 12}, {7}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}};
     GenerateOptions o;
