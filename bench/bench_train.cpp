@@ -9,9 +9,10 @@
 //
 // Presets (train_step_bench.h): GPT-2 tiny, 124M, 350M, 774M, 1.3B, 1.5B and the Llama
 // family llama-tiny, llama-124M (the GPT-2 sizes with RMSNorm, SwiGLU, rope, GQA, an
-// untied head, no biases) and llama-1B (the Llama 3.2 1B shape).
-// Defaults — CPU: tiny, llama-tiny, 124M, llama-124M, f32, B=4, T=256, 1 warm-up + 3
-// timed steps; CUDA: tiny, llama-tiny, 124M, llama-124M, 350M, 1.3B, llama-1B, bf16,
+// untied head, no biases) and llama-1B (the Llama 3.2 1B shape); the Mixtral-style MoE rows
+// moe-tiny and moe-124M (8 experts, top-2, the active size of the Llama row above them).
+// Defaults — CPU: tiny, llama-tiny, moe-tiny, 124M, llama-124M, f32, B=4, T=256, 1 warm-up + 3
+// timed steps; CUDA: tiny, llama-tiny, moe-tiny, 124M, llama-124M, moe-124M, 350M, 1.3B, llama-1B, bf16,
 // B=8, T=1024, 3 warm-up + 10 timed steps. Rows print in --config order, so a Llama
 // row sits under the GPT-2 row of its size.
 // Both: recompute off and on, K=1 micro-batch, dropout 0 (--dropout: hidden dropout, the peer's too),
@@ -95,11 +96,14 @@ bool run_peer(const Options& o, const StepSetup& s, StepRow& out) {
   const GPTConfig& c = s.model;
   // The peer has the GPT-2 and the Llama architectures (family() "custom" cannot come from a preset).
   std::string arch = " --family gpt2";
-  if (c.family() == "llama")
-    arch = str(" --family llama --query-groups ", c.query_groups(), " --ffn ", c.ffn(), " --rotary-base ",
-               c.rotary_base, " --norm-eps ", c.layernorm_epsilon);
+  if (c.family() == "llama" || c.family() == "mixtral")
+    arch = str(" --family ", c.moe() ? "moe" : "llama", " --query-groups ", c.query_groups(), " --ffn ", c.ffn(),
+               " --rotary-base ", c.rotary_base, " --norm-eps ", c.layernorm_epsilon);
   else
-    MPT_CHECK(c.family() == "gpt2", str("--peer for ", s.config_name), "the peer has the gpt2 and llama families");
+    MPT_CHECK(c.family() == "gpt2", str("--peer for ", s.config_name), "the peer has the gpt2, llama and MoE families");
+  if (c.moe())
+    arch += str(" --experts ", c.num_experts, " --topk ", c.moe_router_topk, " --expert-ffn ", c.moe_ffn(),
+                " --aux-loss-coeff 0.01");
   const std::string cmd =
       str(o.python, " ", find_peer_script(o), " --name ", s.config_name, " --layers ", c.num_layers, " --hidden ",
           c.hidden_size, " --heads ", c.num_attention_heads, arch, " --vocab ", c.vocab_size, " --padded-vocab ",
@@ -178,7 +182,8 @@ int main(int argc, char** argv) {
     }
     const bool gpu = dev.is_cuda();
     if (o.configs.empty())
-      o.configs = gpu ? "tiny,llama-tiny,124M,llama-124M,350M,1.3B,llama-1B" : "tiny,llama-tiny,124M,llama-124M";
+      o.configs = gpu ? "tiny,llama-tiny,moe-tiny,124M,llama-124M,moe-124M,350M,1.3B,llama-1B"
+                      : "tiny,llama-tiny,moe-tiny,124M,llama-124M";
     if (o.configs == "all") o.configs = preset_names();
     if (o.dtype.empty()) o.dtype = gpu ? "bf16" : "f32";
     MPT_CHECK(o.dtype == "f32" || o.dtype == "bf16" || o.dtype == "f16", str("--dtype ", o.dtype), "f32, bf16 or f16");

@@ -83,6 +83,7 @@ struct Preset {
   int64_t ffn = 0;             // F (Llama); 0: 4·C
   int64_t vocab = 0;           // 0: 50257 (GPT-2's tokenizer)
   double rotary_base = 10000;  // rope's θ base (Llama)
+  int64_t experts = 0, topk = 0, expert_ffn = 0;  // Mixture of Experts (Mixtral-style): E experts of width Fe, top-k
 };
 
 // GPT-2 (Radford et al. 2019) sizes, Megatron's 1.3B (GPT-3 XL shape) and a tiny one;
@@ -100,6 +101,12 @@ inline const std::vector<Preset>& presets() {
       {"llama-tiny", 4, 256, 4, "Llama family, the tiny size: G 2, F 704", true, 2, 704, 0, 10000},
       {"llama-124M", 12, 768, 12, "Llama family, GPT-2 small's width and depth: G 4, F 2048", true, 4, 2048, 0,
        10000},
+      // Mixtral-style MoE rows of the Llama sizes: 8 SwiGLU experts, top-2, k·Fe = the Llama row's F (the
+      // same active MLP), load-balancing loss 0.01 (bench_train's step; the peer's too).
+      {"moe-tiny", 4, 256, 4, "llama-tiny with 8 experts of F 352, top-2 (active = llama-tiny)", true, 2, 704, 0,
+       10000, 8, 2, 352},
+      {"moe-124M", 12, 768, 12, "llama-124M with 8 experts of F 1024, top-2 (active = llama-124M)", true, 4, 2048, 0,
+       10000, 8, 2, 1024},
       {"llama-1B", 16, 2048, 32, "Llama 3.2 1B shape: G 8, F 8192, vocab 128256, rope base 500000", true, 8, 8192,
        128256, 500000},
   };
@@ -141,6 +148,11 @@ inline void apply_preset(const Preset& p, GPTConfig& c) {
   c.num_query_groups = p.query_groups;
   c.untie_embeddings = true;
   c.add_bias_linear = false;
+  c.num_experts = p.experts;
+  if (p.experts > 0) {
+    c.moe_router_topk = p.topk;
+    c.moe_ffn_hidden_size = p.expert_ffn;
+  }
 }
 
 // ---- one benchmark row ------------------------------------------------------------------
@@ -421,6 +433,10 @@ inline StepRow run_step_bench(const StepSetup& s, double peak_tflops, double cei
         Tape tape;
         ForwardOptions fo;
         fo.recompute = s.recompute;
+        MoeRun moe;  // the MoE presets' load-balancing loss, as --moe-aux-loss-coeff 0.01
+        moe.aux_loss_coeff = 0.01f;
+        moe.loss_scale = 1.0f / static_cast<float>(s.micro_batches);
+        if (s.model.moe()) fo.moe = &moe;
         fo.dropout_seed = static_cast<uint64_t>(it) * 1000003ull + static_cast<uint64_t>(k);
         Var loss = model.forward(tape, inputs[static_cast<size_t>(mb % 4)], targets[static_cast<size_t>(mb % 4)], fo);
         loss_sum += loss.value().item();  // the trainer reads every micro-batch's loss too

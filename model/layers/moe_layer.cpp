@@ -216,8 +216,9 @@ Tensor moe_layer_backward(const BlockShape& s, const MoeParams& p, const MlpActs
   // The experts, input part now, weight part to defer.
   Tensor dg = like(dout, {R, s.local_expert_ffn()}, dout.dtype());
   grouped_gemm_backward(dyp, a.g, values(p.proj_w), a.counts, dg, {}, {});
-  auto proj_weights = [dyp, g = a.g, w = p.proj_w, counts = a.counts, b = p.proj_b, rank0 = s.tp.rank == 0] {
-    grouped_gemm_backward(dyp, g, values(w), counts, Tensor(), grads(w), rank0 ? grads(b) : std::vector<Tensor>{});
+  // The row-parallel biases' gradient (Σ dyp) on every TP rank, as the dense MLP's: the replicas stay equal.
+  auto proj_weights = [dyp, g = a.g, w = p.proj_w, counts = a.counts, b = p.proj_b] {
+    grouped_gemm_backward(dyp, g, values(w), counts, Tensor(), grads(w), grads(b));
   };
   const Tensor dfc = activation_backward(s.mlp, dg, a.fc);
   Tensor dxp = like(dout, {R, C}, dout.dtype());

@@ -407,7 +407,6 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
          "add --deepspeed (as DeepSpeed itself requires) or drop --deepspeed_config");
   }
   apply_recompute_flags(vm, a);
-  if (!a.model.bert) check_moe_flags(vm, a);
   // Every numeric flag: finite, in range, and 0 only where 0 means 0.
   {
     const double inf = std::numeric_limits<double>::infinity();
@@ -568,6 +567,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     a.data_parallel_size = a.world_size / (tp * cp * pp);
   }
   check_context_parallel_flags(vm, a);
+  if (!a.model.bert) check_moe_flags(vm, a);
   need(m.num_attention_heads % tp == 0,
        str("--num-attention-heads ", m.num_attention_heads, " is not divisible by --tensor-model-parallel-size ", tp));
   need(m.query_groups() % tp == 0,

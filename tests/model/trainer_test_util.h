@@ -45,6 +45,7 @@ inline std::vector<std::string> flags(const std::string& data) {
 struct Result {
   std::vector<double> losses, grad_norms;
   double valid_loss = 0;
+  std::vector<double> aux_losses;  // MoE: the load-balancing loss per iteration
 };
 
 // The flags parsed into `a` (which may carry the world or dp size already), with GPT-2's
@@ -94,7 +95,7 @@ inline Result run(std::vector<std::string> f, MPI_Comm comm) {
   const double rounding = test_device() == "cuda" ? 16.0 * (1 << 20) : 0.0;
   CHECK_MESSAGE(std::abs(peak - est) <= 0.1 * est + rounding, "rank ", world_rank(), ": measured peak ", peak / 1e6,
                 " MB vs estimate ", est / 1e6, " MB");
-  return {s.losses, s.grad_norms, s.valid_loss};
+  return {s.losses, s.grad_norms, s.valid_loss, s.moe_aux_losses};
 }
 
 // The single-process reference of a layout test: rank 0 trains it (alone, on
@@ -112,6 +113,7 @@ inline Result single_process(const std::vector<std::string>& f) {
   };
   bcast(r.losses);
   bcast(r.grad_norms);
+  bcast(r.aux_losses);
   MPI_Bcast(&r.valid_loss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   return r;
 }
@@ -127,6 +129,10 @@ inline void check_close(const Result& got, const Result& want, double rel, const
   }
   CHECK_MESSAGE(std::abs(got.valid_loss - want.valid_loss) <= rel * std::abs(want.valid_loss), what,
                 " validation loss ", got.valid_loss, " vs ", want.valid_loss);
+  REQUIRE(got.aux_losses.size() == want.aux_losses.size());
+  for (size_t i = 0; i < got.aux_losses.size(); ++i)
+    CHECK_MESSAGE(std::abs(got.aux_losses[i] - want.aux_losses[i]) <= rel * std::abs(want.aux_losses[i]), what,
+                  " iteration ", i + 1, " load-balancing loss ", got.aux_losses[i], " vs ", want.aux_losses[i]);
 }
 
 inline std::vector<std::string> with(std::vector<std::string> f, std::initializer_list<const char*> extra) {

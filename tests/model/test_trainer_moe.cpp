@@ -1,0 +1,99 @@
+// Mixture of Experts (model/layers/moe_layer.h) under every parallel layout, with real MPI
+// ranks: a 4-layer GPT whose layers 0 and 1 are MoE (--moe-layer-freq [1,1,0,0]: with
+// PP2 the second stage has no MoE layer) with 4 experts, top-2, the load-balancing and z
+// losses on, must train to the single-process losses, grad norms and load-balancing losses
+// within 1e-5 relative (f32) under TP (+SP), PP (1F1B, zb-h1's split backward), DP with
+// ZeRO-1/2/3, recompute and their products; capacity dropping (both policies) and a
+// Qwen2-MoE-like layer (SwiGLU experts, pre-softmax router, gated shared expert) too.
+// Each layer's aux-loss gradient reaches the router at the loss's scale: it is in the grad
+// norms compared here. Expert parallelism is not built (refused by name: test_moe_flags).
+// mpitron-test: np=2,4
+// mpitron-test: timeout=900
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <filesystem>
+
+#include "tests/model/mpi_test_util.h"
+#include "tests/model/trainer_test_util.h"
+
+using namespace mpitron;
+using namespace mpitron::testing::trainer;
+namespace fs = std::filesystem;
+using testing::world_rank;
+using testing::world_size;
+
+namespace {
+
+std::vector<std::string> plus(std::vector<std::string> f, const std::vector<std::string>& extra) {
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
+}
+
+const std::vector<std::string> kMoe = {"--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48",
+                                       "--moe-layer-freq", "[1,1,0,0]", "--moe-aux-loss-coeff", "0.01",
+                                       "--moe-z-loss-coeff", "0.001"};
+
+}  // namespace
+
+TEST_CASE("MoE trains to the single-process losses under every layout") {
+  const int world = world_size();
+  const fs::path dir = testing::shared_dir("moe");
+  const std::string data = testing::make_shared_dataset(dir, 13, 300);
+  const std::vector<std::string> base = plus(flags(data), kMoe);
+  const Result single = single_process(base);
+  REQUIRE(single.losses.size() == 10);
+  REQUIRE(single.aux_losses.size() == 10);
+  CHECK(single.losses.back() < single.losses.front());
+  for (const double a : single.aux_losses) CHECK(a > 0);
+  struct Layout {
+    int ranks;
+    std::vector<std::string> extra;
+  };
+  const std::vector<Layout> layouts = {
+      {2, {"--tensor-model-parallel-size", "2"}},
+      {2, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--recompute-activations"}},
+      {2, {"--pipeline-model-parallel-size", "2"}},  // stage 1 holds no MoE layer
+      {2, {"--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"}},
+      {2, {"--use-distributed-optimizer"}},
+      {2, {"--use-distributed-optimizer", "--zero-stage", "2", "--overlap-param-gather"}},
+      {2, {"--zero-stage", "3"}},
+      {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer"}},
+      {4, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"}},
+      {4, {"--pipeline-model-parallel-size", "2", "--zero-stage", "3"}},
+  };
+  int ran = 0;
+  for (const Layout& l : layouts) {
+    if (l.ranks != world) continue;
+    std::string what = "MoE ";
+    for (const std::string& e : l.extra) what += e + " ";
+    check_close(run(plus(base, l.extra), MPI_COMM_WORLD), single, 1e-5, what);
+    ++ran;
+  }
+  CHECK(ran > 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("MoE with capacity dropping, and a Qwen2-MoE-like layer, under TP and DP") {
+  const int world = world_size();
+  if (world != 2) return;
+  const fs::path dir = testing::shared_dir("moe");
+  const std::string data = testing::make_shared_dataset(dir, 13, 300);
+  const std::vector<std::vector<std::string>> variants = {
+      plus(kMoe, {"--moe-expert-capacity-factor", "1.0"}),  // the least probable choices dropped
+      plus(kMoe, {"--moe-expert-capacity-factor", "0.75", "--moe-token-drop-policy", "position"}),
+      {"--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "24", "--swiglu", "--disable-bias-linear",
+       "--moe-router-pre-softmax", "--moe-shared-expert-intermediate-size", "40", "--moe-shared-expert-gate",
+       "--moe-aux-loss-coeff", "0.01"},
+  };
+  for (const std::vector<std::string>& v : variants) {
+    const std::vector<std::string> f = plus(flags(data), v);
+    const Result single = single_process(f);
+    std::string what;
+    for (const std::string& e : v) what += e + " ";
+    check_close(run(plus(f, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}), MPI_COMM_WORLD), single, 1e-5,
+                what + "TP2 SP");
+    check_close(run(plus(f, {"--use-distributed-optimizer"}), MPI_COMM_WORLD), single, 1e-5, what + "DP2 ZeRO-1");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
