@@ -12,12 +12,12 @@
 #               added to /, nothing of the image is overwritten), mpiexec links,
 #               LD_LIBRARY_PATH to the machine's own cuDNN / NCCL / cuBLAS / NVRTC
 #   ctest_cuda  every test with a CUDA path (tensor ops, core, bf16 GPT reference, trainer, comm/grid/ZeRO)
-#   bench_train 124M / llama-124M / 1.3B / llama-1B, bf16, B=8, T=1024, no recompute
+#   bench_train 124M / llama-124M / moe-124M / 1.3B / llama-1B, bf16, B=8, T=1024, no recompute
 #   llmc        llm.c's train_gpt2cu on 124M, B=8 and 16, T=1024 (bench/peers/llmc_gpt.py; build-llmc carried)
 #   torch       the PyTorch peer (torch.compile + SDPA flash attention + bf16 autocast) on 124M
 #   bench_mfu   GPT-2 124M/350M/774M/1.5B, bf16, seq 1024, with the GEMM ceiling
 #   profile     ncu times every kernel of two 124M steps: launches, kernel time, gaps (bench/kernel_profile.py)
-#   mp_cuda     the parallel-layout equivalence tests (GPT, BERT, ZeRO-3) on the GPU, 2 and 4 ranks
+#   mp_cuda     the parallel-layout equivalence tests (GPT, BERT, ZeRO-3, MoE) on the GPU, 2 and 4 ranks
 #   zero3       bench/zero_states.sh on the GPU: per-rank peak memory vs the estimate, ZeRO 0-3 at dp 1, 2, 4 (bf16)
 #   dp_overlap  bench_comm --dp-step: the data-parallel step (dp and ZeRO-2) with and without overlap, dp 2 and 4
 #   cp          context parallelism on the GPU: the CP trainer equivalence (2 and 4 ranks, quick set),
@@ -188,7 +188,7 @@ want() { [ "$PARTS" = all ] || [ "$PARTS" = "$1" ]; }
 CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_trainer$|model_test_inference_|parallel_test_(comm|grid|zero|context_parallel))'
 # CUDA_RERUN (a ctest -R regex) reruns only those tests, e.g. what failed in the first call.
 want tests && step ctest_cuda 120 60 bash -c "set -o pipefail; MPITRON_TEST_DEVICE=cuda ctest --test-dir '$RUN' -R '${CUDA_RERUN:-$CUDA_TESTS}' --output-on-failure -j 12 --timeout 90 2>&1 | tee -a '$OUT/ctest.log'"
-want bench && step bench_train 110 45 "$RUN/bench/bench_train" --device cuda --config "${BENCH_TRAIN_CONFIGS:-124M,llama-124M,1.3B,llama-1B}" \
+want bench && step bench_train 110 45 "$RUN/bench/bench_train" --device cuda --config "${BENCH_TRAIN_CONFIGS:-124M,llama-124M,moe-124M,1.3B,llama-1B}" \
   --batch 8 --seq 1024 --warmup 2 --steps 6 --recompute off --json "$OUT/bench_train.json"
 # llm.c (tools/prepare_llmc.sh built it into build-llmc, carried): 124M at T=1024 with B=8 (bench_train's
 # row) and B=16 (bench_mfu's), -r 0: no recompute, as our rows (its default -r 1 recomputes GELU).
@@ -221,7 +221,7 @@ want bench && step profile 90 40 bash -c "[ -n '$NCU' ] || { echo 'no ncu on thi
   --steps $PROFILE_STEPS --bench-json '$OUT/bench_train.json' --config $PROFILE_CONFIG | tee '$PROFILE_TXT'; exit \$rc"
 # Tensor/pipeline/data-parallel equivalence with device tensors (ZeRO-3 included): 2 and 4 ranks
 # share the one GPU, communicating through MPI (host-staged, --force-mpi-for-device).
-want tests && step mp_cuda 120 50 bash -c "set -o pipefail; cd '$RUN' && { fail=0; for np in 2 4; do for t in ${MP_TESTS:-model_test_trainer_mp model_test_bert_train_mp model_test_trainer_zero3}; do \
+want tests && step mp_cuda 120 50 bash -c "set -o pipefail; cd '$RUN' && { fail=0; for np in 2 4; do for t in ${MP_TESTS:-model_test_trainer_mp model_test_bert_train_mp model_test_trainer_zero3 model_test_trainer_moe}; do \
   echo \"--- \$t np \$np\"; MPITRON_TEST_DEVICE=cuda OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np \$np tests/\$t \
   >/tmp/mp_cuda.log 2>&1 || { fail=1; echo \"FAILED \$t np \$np\"; grep -m 5 -E 'ERROR|error:|hint:' /tmp/mp_cuda.log; }; \
   grep -E '(test cases|assertions):' /tmp/mp_cuda.log | tail -2; done; done; exit \$fail; } 2>&1 | tee -a '$OUT/ctest.log'"

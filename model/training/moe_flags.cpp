@@ -38,7 +38,11 @@ void check_moe_flags(const po::variables_map& vm, TrainArgs& a) {
                              "moe-expert-capacity-factor", "moe-token-drop-policy", "moe-pad-expert-input-to-capacity",
                              "moe-grouped-gemm", "moe-token-dispatcher-type", "expert-model-parallel-size",
                              "expert-tensor-parallel-size", "moe-router-enable-expert-bias",
-                             "moe-router-bias-update-rate", "moe-router-dtype"};
+                             "moe-router-bias-update-rate", "moe-router-dtype",
+                             // the architecture's (model/arch_fields.h), given at their default values too
+                             "moe-router-topk", "moe-ffn-hidden-size", "moe-layer-freq", "moe-router-score-function",
+                             "moe-router-pre-softmax", "moe-router-topk-scaling-factor",
+                             "moe-shared-expert-intermediate-size", "moe-shared-expert-gate"};
   for (const char* f : run_flags)
     MPT_CHECK(moe || !flag_given(vm, f), str("--", f, " is given without --num-experts: the model has no experts"),
               "add --num-experts E for a Mixture of Experts, or drop the flag");

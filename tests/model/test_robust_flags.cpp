@@ -153,3 +153,45 @@ TEST_CASE("impossible sizes: integer overflow and models that cannot fit are ref
   a.model.padded_vocab_size = 50304;
   CHECK_THROWS_WITH_AS(Trainer(a, std::make_shared<NoData>()), doctest::Contains("cannot fit"), Error);
 }
+
+// Mixture of Experts (docs/model-families.md "Mixture of Experts"): what cannot be, and what is
+// not built, refused naming the flags; the accepted spellings parse.
+TEST_CASE("MoE flags: impossible and unbuilt combinations are refused by name") {
+  const std::vector<std::string> moe = {"--num-experts", "4", "--moe-router-topk", "2"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> f = moe;
+    f.insert(f.end(), extra.begin(), extra.end());
+    return f;
+  };
+  CHECK(parse_error(moe).empty());
+  rejected({"--num-experts", "4", "--moe-router-topk", "5"}, "--moe-router-topk 5 must be in [1, --num-experts 4]");
+  rejected({"--num-experts", "0"}, "--num-experts");
+  rejected({"--moe-router-topk", "2"}, "--moe-router-topk is given without --num-experts");
+  rejected({"--moe-aux-loss-coeff", "0.01"}, "--moe-aux-loss-coeff is given without --num-experts");
+  rejected(with({"--expert-model-parallel-size", "3"}), "--expert-model-parallel-size 3 does not divide --num-experts 4");
+  rejected(with({"--expert-model-parallel-size", "2"}), "expert parallelism is not built yet");
+  rejected(with({"--moe-router-pre-softmax", "--moe-router-score-function", "sigmoid"}), "--moe-router-pre-softmax");
+  rejected(with({"--moe-router-score-function", "sinkhorn"}), "--moe-router-score-function sinkhorn is not known");
+  rejected(with({"--moe-layer-freq", "[1,0,1]"}), "--moe-layer-freq gives a pattern of 3 layers for --num-layers 2");
+  rejected(with({"--moe-layer-freq", "([1]*3+[0])*2"}), "--moe-layer-freq");
+  rejected(with({"--moe-router-load-balancing-type", "sinkhorn"}), "--moe-router-load-balancing-type sinkhorn");
+  rejected(with({"--moe-token-drop-policy", "position"}), "--moe-token-drop-policy without --moe-expert-capacity-factor");
+  rejected(with({"--moe-expert-capacity-factor", "0"}), "--moe-expert-capacity-factor must be > 0");
+  rejected(with({"--moe-pad-expert-input-to-capacity"}), "--moe-pad-expert-input-to-capacity");
+  rejected(with({"--moe-router-enable-expert-bias"}), "--moe-router-enable-expert-bias");
+  rejected(with({"--moe-shared-expert-gate"}), "--moe-shared-expert-gate without --moe-shared-expert-intermediate-size");
+  rejected(with({"--moe-shared-expert-intermediate-size", "64"}), "--disable-bias-linear");
+  rejected(with({"--context-parallel-size", "2"}), "--context-parallel-size");
+  rejected(with({"--expert-tensor-parallel-size", "2"}), "--expert-tensor-parallel-size 2");
+  TrainArgs a;
+  CHECK(parse_error(with({"--moe-layer-freq", "[1, 0]", "--moe-expert-capacity-factor", "1.5", "--moe-token-drop-policy",
+                          "position", "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "1e-3", "--moe-grouped-gemm",
+                          "--moe-token-dispatcher-type", "alltoall"}),
+                    &a)
+            .empty());
+  CHECK(a.model.is_moe_layer(0));
+  CHECK(!a.model.is_moe_layer(1));
+  CHECK(a.moe.capacity_factor == 1.5);
+  CHECK(!a.moe.drop_by_probs);
+  CHECK(a.moe.aux_loss_coeff == doctest::Approx(0.01));
+}
