@@ -169,19 +169,31 @@ void TransformerConfig::validate_moe() const {
 
 namespace {
 // Σ over the layers of a per-layer count: layers of one kind (dense or MoE) have the same rows,
-// so each kind's rows are built once (num_layers may be large).
+// so each kind's rows are built once and counted in closed form (num_layers may be huge).
 template <class F>
 double sum_layers(const TransformerConfig& c, F per_row) {
-  double dense = -1, moe = -1, total = 0;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    double& kind = c.is_moe_layer(l) ? moe : dense;
-    if (kind < 0) {
-      kind = 0;
-      for (const ParamSpec& s : block_param_table(c, l)) kind += per_row(s);
+  int64_t moe = 0, first_moe = -1, first_dense = -1;
+  if (!c.moe()) {
+    first_dense = 0;
+  } else if (!c.moe_layer_pattern.empty()) {
+    for (int64_t l = 0; l < static_cast<int64_t>(c.moe_layer_pattern.size()); ++l) {
+      const bool m = c.moe_layer_pattern[static_cast<size_t>(l)];
+      moe += m;
+      if (m && first_moe < 0) first_moe = l;
+      if (!m && first_dense < 0) first_dense = l;
     }
-    total += kind;
+  } else {  // layers 0, N, 2N, …
+    moe = (c.num_layers + c.moe_layer_freq - 1) / c.moe_layer_freq;
+    first_moe = 0;
+    if (c.moe_layer_freq > 1 && c.num_layers > 1) first_dense = 1;
   }
-  return total;
+  const auto rows = [&](int64_t l) {
+    double t = 0;
+    if (l >= 0)
+      for (const ParamSpec& s : block_param_table(c, l)) t += per_row(s);
+    return t;
+  };
+  return static_cast<double>(moe) * rows(first_moe) + static_cast<double>(c.num_layers - moe) * rows(first_dense);
 }
 // The share of a row one token runs through: k / E for a routed expert's, else 1.
 double active_share(const TransformerConfig& c, const ParamSpec& s) {
