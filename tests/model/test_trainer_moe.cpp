@@ -25,11 +25,6 @@ using testing::world_size;
 
 namespace {
 
-std::vector<std::string> plus(std::vector<std::string> f, const std::vector<std::string>& extra) {
-  f.insert(f.end(), extra.begin(), extra.end());
-  return f;
-}
-
 const std::vector<std::string> kMoe = {"--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48",
                                        "--moe-layer-freq", "[1,1,0,0]", "--moe-aux-loss-coeff", "0.01",
                                        "--moe-z-loss-coeff", "0.001"};

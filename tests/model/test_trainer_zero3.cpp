@@ -29,11 +29,6 @@ fs::path shared_dir() { return testing::shared_dir("zero3"); }
 
 std::string make_dataset(const fs::path& dir) { return testing::make_shared_dataset(dir, 13, 300); }
 
-std::vector<std::string> plus(std::vector<std::string> f, const std::vector<std::string>& extra) {
-  f.insert(f.end(), extra.begin(), extra.end());
-  return f;
-}
-
 }  // namespace
 
 TEST_CASE("ZeRO-3 trains to the single-process losses under every data-parallel layout") {

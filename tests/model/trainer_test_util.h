@@ -135,6 +135,12 @@ inline void check_close(const Result& got, const Result& want, double rel, const
                   " iteration ", i + 1, " load-balancing loss ", got.aux_losses[i], " vs ", want.aux_losses[i]);
 }
 
+// f with `extra` appended.
+inline std::vector<std::string> plus(std::vector<std::string> f, const std::vector<std::string>& extra) {
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
+}
+
 inline std::vector<std::string> with(std::vector<std::string> f, std::initializer_list<const char*> extra) {
   for (const char* e : extra) f.push_back(e);
   return f;
