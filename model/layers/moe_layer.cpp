@@ -193,7 +193,8 @@ Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& 
       const Tensor one = like(in, {N, 1}, DType::I32);
       moe_router_forward(a.gate_logits, g, a.gate, one, Tensor(), Tensor());  // one expert: gate = sigmoid(logit)
       shared = like(in, {N, C}, in.dtype());
-      moe_unpermute(a.shared_out, identity_dest(N, in.device()), a.gate, shared);
+      a.gate_dest = identity_dest(N, in.device());
+      moe_unpermute(a.shared_out, a.gate_dest, a.gate, shared);
     }
     add_forward(out, shared, out);
   }
@@ -253,7 +254,7 @@ Tensor moe_layer_backward(const BlockShape& s, const MoeParams& p, const MlpActs
     if (p.shared_gate.defined()) {
       dshared = like(dout, {N, C}, dout.dtype());
       Tensor dgate = like(dout, {N, 1}, DType::F32);
-      moe_unpermute_backward(dout_f, a.shared_out, identity_dest(N, dout.device()), a.gate, dshared, dgate);
+      moe_unpermute_backward(dout_f, a.shared_out, a.gate_dest, a.gate, dshared, dgate);
       tp_all_reduce(s.tp, dgate);
       MoeRouterArgs g;
       g.score = MoeScore::Sigmoid;

@@ -42,6 +42,7 @@ struct MoeActs {
   MlpActs shared;               // the shared experts' fc and g
   Tensor shared_out;            // (N, C) their partial output (before the gate)
   Tensor gate_logits, gate;     // (N, 1) f32: in_f · wgᵀ and its sigmoid
+  Tensor gate_dest;             // (N) i32: 0 … N−1, the gate's one-choice routing (forward and backward)
 };
 
 Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& in, MlpActs& a);

@@ -128,14 +128,18 @@ struct Trainer::Impl {
     std::vector<double> tokens;
   };
   MoeStep take_moe_stats(int64_t n_micro) {
-    MoeStep r;
-    const double n = static_cast<double>(par.dp_size * n_micro);
-    r.aux = dp_sum(pp_sum(moe_stats.aux_loss)) / n;
-    r.z = dp_sum(pp_sum(moe_stats.z_loss)) / n;
-    r.dropped = dp_sum(pp_sum(static_cast<double>(moe_stats.dropped)));
+    // [aux, z, dropped, tokens per expert …]: one collective over the pipeline, one over dp.
+    std::vector<double> v = {moe_stats.aux_loss, moe_stats.z_loss, static_cast<double>(moe_stats.dropped)};
     moe_stats.tokens_per_expert.resize(static_cast<size_t>(args.model.num_experts), 0);
-    for (const int64_t t : moe_stats.tokens_per_expert) r.tokens.push_back(dp_sum(pp_sum(static_cast<double>(t))));
+    for (const int64_t t : moe_stats.tokens_per_expert) v.push_back(static_cast<double>(t));
+    v = sum_over(par.dp_comm, sum_over(par.pp_comm, std::move(v)));
     moe_stats.clear();
+    const double n = static_cast<double>(par.dp_size * n_micro);
+    MoeStep r;
+    r.aux = v[0] / n;
+    r.z = v[1] / n;
+    r.dropped = v[2];
+    r.tokens.assign(v.begin() + 3, v.end());
     return r;
   }
 
@@ -263,20 +267,24 @@ struct Trainer::Impl {
 
   // Sum of v over the dp group (identity on one process).
   // Sum of a host scalar over `comm` (identity for MPI_COMM_NULL: one process).
-  double sum_over(MPI_Comm comm, double v) const {
+  double sum_over(MPI_Comm comm, double v) const { return sum_over(comm, std::vector<double>{v})[0]; }
+  // Element-wise, one collective for the whole vector.
+  std::vector<double> sum_over(MPI_Comm comm, std::vector<double> v) const {
     if (comm == MPI_COMM_NULL) return v;
     // Doubles as their bits (the communicators reduce no f64): gathered, then summed in rank order.
     Communicator& c = host(comm);
-    int64_t bits = 0;
-    std::memcpy(&bits, &v, sizeof bits);
-    Tensor in = Tensor::from_ints({bits}, {1}, DType::I64), out = Tensor::empty({c.size()}, DType::I64);
+    const int64_t n = static_cast<int64_t>(v.size());
+    std::vector<int64_t> bits(v.size());
+    std::memcpy(bits.data(), v.data(), v.size() * sizeof(double));
+    Tensor in = Tensor::from_ints(bits, {n}, DType::I64), out = Tensor::empty({c.size() * n}, DType::I64);
     c.all_gather(in, out);
-    double sum = 0;
-    for (int64_t r = 0; r < c.size(); ++r) {
-      double x = 0;
-      std::memcpy(&x, out.data<int64_t>() + r, sizeof x);
-      sum += x;
-    }
+    std::vector<double> sum(v.size(), 0.0);
+    for (int64_t r = 0; r < c.size(); ++r)
+      for (int64_t i = 0; i < n; ++i) {
+        double x = 0;
+        std::memcpy(&x, out.data<int64_t>() + r * n + i, sizeof x);
+        sum[static_cast<size_t>(i)] += x;
+      }
     return sum;
   }
   double dp_sum(double v) const { return sum_over(par.dp_comm, v); }
