@@ -37,7 +37,8 @@ BlockShape block_shape(const GPTConfig& c, int64_t batch, int64_t seq, const Ten
 
 BlockParams BlockParams::from(const ParamSet& ps, const GPTConfig& cfg, int64_t layer) {
   BlockParams p;
-  for (const ParamSpec& spec : block_param_table(cfg, layer)) p.rows.push_back({spec.role, ps.var(spec.name)});
+  for (const ParamSpec& spec : block_param_table(cfg, layer))  // (under EP, only this rank's experts)
+    if (spec.expert < 0 || ps.has(spec.name)) p.rows.push_back({spec.role, ps.var(spec.name)});
   p.norm_1p = cfg.layernorm_1p;
   return p;
 }

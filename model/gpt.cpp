@@ -70,7 +70,13 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
   }
   bool has_first = false, has_last = false;
   for (const ChunkInfo& ch : chunks_) has_first |= ch.first_stage, has_last |= ch.last_stage;
+  MPT_CHECK(!mp_.ep.active() || (cfg_.moe() && cfg_.num_experts % mp_.ep.size == 0),
+            str("--expert-model-parallel-size ", mp_.ep.size, " needs --num-experts divisible by it, got ",
+                cfg_.num_experts),
+            "each expert-parallel rank holds num-experts / EP whole experts");
+  MPT_CHECK(!mp_.ep.active() || mp_.ep.comm, "expert parallelism needs the ep communicator", "");
   auto holds = [&](const ParamSpec& spec) {
+    if (spec.expert >= 0 && !mp_.ep.holds(spec.expert, cfg_.num_experts)) return false;
     switch (spec.place) {
       case ParamPlace::FirstStage: return has_first;
       case ParamPlace::LastStage: return has_last;
@@ -100,7 +106,9 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
       }
       p.global_offset = goff;
       p.weight_decay = spec.weight_decay;
-      p.canonical = (p.tp.axis >= 0 || tp.rank == 0) && !(spec.place == ParamPlace::FirstAndLast && !has_first);
+      p.canonical = (p.tp.axis >= 0 || tp.rank == 0) && !(spec.place == ParamPlace::FirstAndLast && !has_first) &&
+                    (spec.expert >= 0 || mp_.ep.rank == 0);
+      p.expert = spec.expert >= 0;
       params_.add(p);
     }
     goff += shape_numel(spec.global_shape);
@@ -191,6 +199,7 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
     BlockShape s = block_shape(cfg_, batch, seq, mp_.tp, opt.train, l, mp_.cp);
     s.kv_lengths = opt.kv_lengths;
     s.moe.run = opt.moe;
+    if (s.moe.active()) s.moe.ep = mp_.ep;
     x = block(tape, s, blocks_[i], x, opt.dropout_seed, nc * (1 + 2 * static_cast<uint64_t>(l)), recompute,
               std::move(ready), std::move(before));
   }

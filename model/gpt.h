@@ -28,6 +28,7 @@
 #include "model/config.h"
 #include "model/params.h"
 #include "model/tensor_parallel.h"
+#include "parallel/expert_parallel.h"
 
 namespace mpitron {
 
@@ -63,6 +64,9 @@ struct ModelParallel {
   // follow the global positions, and the loss is the mean over the local tokens
   // (its mean over the cp group is the whole sequence's).
   ContextParallel cp;
+  // Expert parallelism: this rank holds experts [ep.first(E), … + E/ep) of every MoE layer, the
+  // dense parameters as every ep rank (canonical on ep rank 0: counted and saved once).
+  ExpertParallel ep;
   int pp_size = 1, pp_rank = 0;
   int virtual_stages = 1;  // model chunks per pipeline rank
   // The global stage of each local chunk (the pipeline schedule's placement, e.g.

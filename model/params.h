@@ -38,6 +38,7 @@ struct ParamInfo {
   // TP-replicated parameter on tp rank > 0 and for the tied word embedding's
   // copy on the last pipeline stage.
   bool canonical = true;
+  bool expert = false;        // a routed expert's (held by one ep rank; its gradient reduced over the edp group)
   ParamRole role = ParamRole::WordEmbedding;  // from the parameter table (model/param_table.h)
   ParamInit init = ParamInit::Normal;
   int64_t numel() const { return shape_numel(shape); }

@@ -78,6 +78,12 @@ void GradBuckets::build(const DDPConfig& cfg) {
       cur.end = p.offset + p.numel;
       open = true;
     }
+    if (cur.expert != p.expert && !cur.params.empty()) {  // the kinds reduce over different groups
+      buckets_.push_back(std::move(cur));
+      cur = Bucket();
+      cur.end = p.offset + p.numel;
+    }
+    cur.expert = p.expert;
     cur.begin = p.offset;
     cur.params.push_back(i);
     param_bucket_[i] = buckets_.size();
@@ -88,6 +94,13 @@ void GradBuckets::build(const DDPConfig& cfg) {
   }
   if (open) buckets_.push_back(std::move(cur));
   marked_.assign(params_.size(), 0);
+}
+
+void GradBuckets::set_expert_groups(const ExpertGroups& groups) {
+  MPT_CHECK(!groups.active() || groups.edp, "grad buckets: expert parallelism needs the edp group", "");
+  MPT_CHECK(mode_ == GradReduce::AllReduce || !groups.active() || &dp_ == groups.edp,
+            "grad buckets: under ZeRO with expert parallelism the shards are over the edp group", "");
+  experts_ = groups;
 }
 
 void GradBuckets::begin_backward(bool reduce) {
@@ -136,9 +149,11 @@ void GradBuckets::launch(Bucket& b) {
   const int64_t n = b.end - b.begin;
   if (n == 0) return;
   Tensor g = grads_.flat_range(b.begin, n);
-  if (cfg_.average && dp_.size() > 1) scale(g, 1.0f / static_cast<float>(dp_.size()));
+  const int average = experts_.active() ? experts_.dp_size() : dp_.size();
+  if (cfg_.average && average > 1) scale(g, 1.0f / static_cast<float>(average));
   if (mode_ == GradReduce::AllReduce) {
-    b.work = dp_.all_reduce_async(g, ReduceOp::Sum);
+    Communicator& over = experts_.active() && b.expert ? *experts_.edp : dp_;
+    if (over.size() > 1) b.work = over.all_reduce_async(g, ReduceOp::Sum);
     return;
   }
   // The bucket's pieces for ranks 0..size-1 lie back to back in [begin, end).
@@ -159,6 +174,18 @@ void GradBuckets::finish(Bucket& b) {
   if (!b.work) return;
   b.work->wait();
   b.work.reset();
+  if (mode_ == GradReduce::ReduceScatter && experts_.active() && !b.expert) {
+    // The dense piece holds this edp shard's sum; the ep ranks own the same elements (one
+    // layout), so summing it over ep completes the sum over dp. Buckets finish in bucket order
+    // on every rank.
+    const int me = dp_.rank();
+    const int64_t mine = shards_.pieces(b.begin, b.end)[static_cast<size_t>(me)];
+    if (mine > 0) {
+      const Tensor piece = accumulate_ ? b.scratch
+                                       : shard_grads_.flat_range(std::max(b.begin, shards_.begin(me)) - shards_.begin(me), mine);
+      experts_.ep->all_reduce(piece, ReduceOp::Sum);
+    }
+  }
   if (mode_ == GradReduce::ReduceScatter && accumulate_ && b.scratch.numel() > 0) {
     const int me = dp_.rank();
     Tensor dst = shard_grads_.flat_range(std::max(b.begin, shards_.begin(me)) - shards_.begin(me), b.scratch.numel());

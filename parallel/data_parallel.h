@@ -37,6 +37,21 @@ struct FlatParam {
   int64_t numel = 0;
   bool weight_decay = true;   // false for biases and layernorm parameters
   bool in_norm = true;        // counted in the global grad norm (false: a model-parallel duplicate)
+  bool expert = false;        // a routed expert's (expert parallelism: see ExpertGroups)
+};
+
+// Expert parallelism (parallel/expert_parallel.h): the experts' parameters differ between the
+// ep ranks of a dp group, so their gradients (FlatParam::expert) are summed over the
+// expert-data-parallel group only, in buckets of their own. All-reduce mode: the dense buckets
+// over dp, the experts' over edp. Reduce-scatter mode (ZeRO): everything is sharded over edp
+// (the `dp` given is edp), the dense pieces then summed over ep as each bucket finishes.
+// Averaging stays 1/dp (the whole data-parallel size, `average_over`) for both kinds: the
+// experts' gradients already hold every ep rank's tokens.
+struct ExpertGroups {
+  Communicator* ep = nullptr;   // the ep group (null: no expert parallelism)
+  Communicator* edp = nullptr;  // the expert-data-parallel group
+  bool active() const { return ep && ep->size() > 1; }
+  int dp_size() const { return active() ? ep->size() * edp->size() : 1; }
 };
 
 // Contiguous shards of a flat buffer of `numel` elements over `ranks` ranks:
@@ -77,6 +92,7 @@ class GradBuckets {
     bool launched = false;
     WorkPtr work;
     Tensor scratch;               // ReduceScatter with accumulate: the received piece
+    bool expert = false;          // holds experts' parameters only (ExpertGroups)
   };
 
   // All-reduce mode. grads: (N) f32 flat gradient buffer (host or device, as
@@ -88,6 +104,10 @@ class GradBuckets {
   // overwritten, or added when `accumulate`.
   GradBuckets(const Tensor& grads, std::vector<FlatParam> params, Communicator& dp, const DDPConfig& cfg,
               const ShardLayout& shards, const Tensor& shard_grads, bool accumulate);
+  // Either mode with expert parallelism (before the first backward): all-reduce mode reduces
+  // the experts' buckets over groups.edp; reduce-scatter mode (dp = groups.edp) sums the dense
+  // pieces over groups.ep. Buckets never mix the two kinds.
+  void set_expert_groups(const ExpertGroups& groups);
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
@@ -121,6 +141,7 @@ class GradBuckets {
   Tensor grads_;
   std::vector<FlatParam> params_;
   Communicator& dp_;
+  ExpertGroups experts_;
   DDPConfig cfg_;
   GradReduce mode_;
   ShardLayout shards_;

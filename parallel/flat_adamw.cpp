@@ -81,12 +81,12 @@ StepResult FlatAdamW::step(const Tensor& grads, double scaled_sq_norm, double un
 }
 
 StepResult FlatAdamW::reduced_step(const Tensor& grads, Communicator* dp, Communicator* norm_group, float loss_scale,
-                                   float lr, const std::function<bool(double)>& veto) {
+                                   float lr, const std::function<bool(double)>& veto, int average) {
   Tensor sq = Tensor::zeros({1}, DType::F32, grads.device());
   add_sum_squares(grads, sq);
   if (dp) dp->all_reduce(sq, ReduceOp::Sum);
   if (norm_group) norm_group->all_reduce(sq, ReduceOp::Sum);
-  const double unscale = static_cast<double>(loss_scale) * (dp ? dp->size() : 1);
+  const double unscale = static_cast<double>(loss_scale) * (average > 0 ? average : dp ? dp->size() : 1);
   return step(grads, static_cast<double>(sq.item()), unscale, lr, veto);
 }
 

@@ -62,9 +62,10 @@ class FlatAdamW {
                   const std::function<bool(double)>& veto = {});
   // The whole step of a rank's slice: Σg² summed over `dp` (the slice holds dp sums of
   // gradients: the 1/dp of the average is folded in; null: replicated gradients) and over
-  // `norm_group` (model-parallel ranks; may be null), then step().
+  // `norm_group` (model-parallel ranks; may be null), then step(). average: the sums are over
+  // that many data-parallel ranks (0: dp's size; expert parallelism shards over edp < dp).
   StepResult reduced_step(const Tensor& grads, Communicator* dp, Communicator* norm_group, float loss_scale,
-                          float lr, const std::function<bool(double)>& veto = {});
+                          float lr, const std::function<bool(double)>& veto = {}, int average = 0);
   // After loading master weights: round them into the compute-dtype values.
   void sync_values_from_master();
 

@@ -16,7 +16,7 @@ void mpi_ok(int rc, const char* what) {
 }
 }  // namespace
 
-Grid::Grid(MPI_Comm world, const GridConfig& cfg) : world_(world), tp_(cfg.tp), pp_(cfg.pp), cp_(cfg.cp) {
+Grid::Grid(MPI_Comm world, const GridConfig& cfg) : world_(world), tp_(cfg.tp), pp_(cfg.pp), cp_(cfg.cp), ep_(cfg.ep) {
   mpi_ok(MPI_Comm_size(world, &world_size_), "MPI_Comm_size");
   mpi_ok(MPI_Comm_rank(world, &world_rank_), "MPI_Comm_rank");
   MPT_CHECK(tp_ >= 1 && pp_ >= 1 && cp_ >= 1,
@@ -31,6 +31,10 @@ Grid::Grid(MPI_Comm world, const GridConfig& cfg) : world_(world), tp_(cfg.tp), 
                 cp_ > 1 ? "--context-parallel-size / " : "", "--pipeline-model-parallel-size"));
   dp_ = world_size_ / mp;
   me_ = coord_of(world_rank_);
+  MPT_CHECK(ep_ >= 1 && dp_ % ep_ == 0,
+            str("--expert-model-parallel-size ", ep_, " does not divide the data-parallel size ", dp_, " (world ",
+                world_size_, " / (tp ", tp_, " x cp ", cp_, " x pp ", pp_, "))"),
+            "expert-parallel ranks are data-parallel ranks: run a multiple of tp x cp x pp x ep ranks");
 
   // Color = the coordinates that stay fixed along the group; key = the coordinate
   // that varies, so group rank == that coordinate. (Colors are any injective code
@@ -43,6 +47,12 @@ Grid::Grid(MPI_Comm world, const GridConfig& cfg) : world_(world), tp_(cfg.tp), 
   mpi_ok(MPI_Comm_split(world, c.tp + T * c.pp, c.cp + C * c.dp, &dp_cp_comm_), "MPI_Comm_split(dp x cp)");
   mpi_ok(MPI_Comm_split(world, c.tp + T * (c.cp + C * c.dp), c.pp, &pp_comm_), "MPI_Comm_split(pp)");
   mpi_ok(MPI_Comm_split(world, c.dp + D * c.cp, c.tp + T * c.pp, &mp_comm_), "MPI_Comm_split(mp)");
+  if (ep_ > 1) {  // dp = edp · ep + ep_rank
+    const int er = c.dp % ep_, ed = c.dp / ep_, ED = D / ep_;
+    mpi_ok(MPI_Comm_split(world, c.tp + T * (c.cp + C * (ed + ED * c.pp)), er, &ep_comm_), "MPI_Comm_split(ep)");
+    mpi_ok(MPI_Comm_split(world, c.tp + T * (c.cp + C * (er + ep_ * c.pp)), ed, &edp_comm_), "MPI_Comm_split(edp)");
+    mpi_ok(MPI_Comm_split(world, c.cp + C * ed, w, &mp_ep_comm_), "MPI_Comm_split(mp x ep)");
+  }
   const bool in_emb = is_first_stage() || is_last_stage();
   mpi_ok(MPI_Comm_split(world, in_emb ? c.tp + T * (c.cp + C * c.dp) : MPI_UNDEFINED, c.pp, &emb_comm_),
          "MPI_Comm_split(embedding)");
@@ -60,7 +70,8 @@ Grid::Grid(MPI_Comm world, const GridConfig& cfg) : world_(world), tp_(cfg.tp), 
 }
 
 Grid::~Grid() {
-  for (MPI_Comm* c : {&tp_comm_, &dp_comm_, &pp_comm_, &mp_comm_, &emb_comm_, &local_comm_, &cp_comm_, &dp_cp_comm_})
+  for (MPI_Comm* c : {&tp_comm_, &dp_comm_, &pp_comm_, &mp_comm_, &emb_comm_, &local_comm_, &cp_comm_, &dp_cp_comm_, &ep_comm_, &edp_comm_,
+                      &mp_ep_comm_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -116,6 +127,11 @@ std::vector<int> Grid::embedding_group_ranks() const {
 
 std::string Grid::describe() const {
   const std::string where = device_ >= 0 ? str(", cuda:", device_) : std::string(", cpu");
+  if (ep_ > 1)
+    return str("world ", world_size_, " = tp ", tp_, " x cp ", cp_, " x dp ", dp_, " (ep ", ep_, " x edp ", dp_ / ep_,
+               ") x pp ", pp_, "; rank ", world_rank_, " = (tp ", me_.tp, ", cp ", me_.cp, ", dp ", me_.dp, " = ep ",
+               ep_rank(), " + ", ep_, " x edp ", edp_rank(), ", pp ", me_.pp, "), local ", local_rank_, "/", local_size_,
+               where);
   if (cp_ == 1)
     return str("world ", world_size_, " = tp ", tp_, " x dp ", dp_, " x pp ", pp_, "; rank ", world_rank_, " = (tp ",
                me_.tp, ", dp ", me_.dp, ", pp ", me_.pp, "), local ", local_rank_, "/", local_size_, where);

@@ -13,6 +13,10 @@
 //     pp groups {0,4} {1,5} {2,6} {3,7}; embedding groups = pp groups' first+last stage.
 //   e.g. world 8, tp 2, cp 2 → dp 2: cp groups {0,2} {1,3} {4,6} {5,7};
 //     dp groups {0,4} {1,5} {2,6} {3,7}; dp×cp groups {0,2,4,6} {1,3,5,7}.
+// Expert parallelism (ep, dividing dp): the dp group's ranks split into dp/ep groups of ep
+// consecutive dp ranks, dp_rank = edp_rank · ep + ep_rank. The ep ranks of a group hold
+// different experts (parallel/expert_parallel.h), the edp ranks (same ep_rank) the same ones:
+//   e.g. world 4, dp 4, ep 2: ep groups {0,1} {2,3}; edp groups {0,2} {1,3}.
 // Context-parallel ranks hold the same parameters (each trains on its part of every
 // sequence), so gradients are reduced over dp × cp (dp_cp_comm, Megatron's
 // data-parallel group with context parallelism), and ZeRO shards over it.
@@ -33,6 +37,7 @@ struct GridConfig {
   int tp = 1;                 // --tensor-model-parallel-size
   int pp = 1;                 // --pipeline-model-parallel-size
   int cp = 1;                 // --context-parallel-size
+  int ep = 1;                 // --expert-model-parallel-size (divides dp)
   bool bind_device = true;    // cuda_set_device(local_rank % device_count) when a GPU is usable
 };
 
@@ -58,6 +63,9 @@ class Grid {
   int cp_size() const { return cp_; }
   int tp_rank() const { return me_.tp; }
   int cp_rank() const { return me_.cp; }
+  int ep_size() const { return ep_; }
+  int ep_rank() const { return me_.dp % ep_; }
+  int edp_rank() const { return me_.dp / ep_; }  // rank in the expert-data-parallel group
   int dp_rank() const { return me_.dp; }
   int pp_rank() const { return me_.pp; }
   GridCoord coord() const { return me_; }
@@ -87,6 +95,13 @@ class Grid {
   // Ranks with the same dp and cp coordinates (tp × pp): the model-parallel group, over
   // which e.g. the global gradient norm of one model replica is summed.
   MPI_Comm mp_comm() const { return mp_comm_; }
+  // Expert parallelism (MPI_COMM_NULL when ep == 1): the ep group (ep consecutive dp ranks),
+  // the expert-data-parallel group (the dp ranks of the same ep_rank: the experts' gradients
+  // are reduced and, under ZeRO, every state sharded over it), and tp × pp × ep (the ranks
+  // of one edp coordinate: one whole model, over which the grad norm is summed).
+  MPI_Comm ep_comm() const { return ep_comm_; }
+  MPI_Comm edp_comm() const { return edp_comm_; }
+  MPI_Comm mp_ep_comm() const { return mp_ep_comm_; }
   // MPI_COMM_NULL on ranks that are in no embedding group (middle stages).
   MPI_Comm embedding_comm() const { return emb_comm_; }
   bool in_embedding_group() const { return emb_comm_ != MPI_COMM_NULL; }
@@ -104,11 +119,12 @@ class Grid {
  private:
   MPI_Comm world_;
   int world_size_ = 1, world_rank_ = 0;
-  int tp_ = 1, dp_ = 1, pp_ = 1, cp_ = 1;
+  int tp_ = 1, dp_ = 1, pp_ = 1, cp_ = 1, ep_ = 1;
   GridCoord me_;
   MPI_Comm tp_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL, mp_comm_ = MPI_COMM_NULL,
            emb_comm_ = MPI_COMM_NULL, local_comm_ = MPI_COMM_NULL, cp_comm_ = MPI_COMM_NULL,
-           dp_cp_comm_ = MPI_COMM_NULL;
+           dp_cp_comm_ = MPI_COMM_NULL, ep_comm_ = MPI_COMM_NULL, edp_comm_ = MPI_COMM_NULL,
+           mp_ep_comm_ = MPI_COMM_NULL;
   int local_rank_ = 0, local_size_ = 1, device_ = -1;
 };
 

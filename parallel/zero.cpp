@@ -53,7 +53,19 @@ void ZeroOptimizer::zero_grad() {
   grads_.zero();
 }
 
-void ZeroOptimizer::begin_micro_batch(bool last) { buckets_->begin_backward(cfg_.stage == 2 || last); }
+void ZeroOptimizer::begin_micro_batch(bool last) {
+  // Expert parallelism, stage 2: the ep ranks own the same dense elements and each holds their
+  // running sum, which the sum over ep would count ep times; between micro-batches it lives on
+  // ep rank 0 only (the last sum over ep gives it back to every rank for the update).
+  if (reduced_ && experts_.active() && experts_.ep->rank() > 0) {
+    const int64_t b = shard_begin(), e = shard_end();
+    for (const FlatParam& p : params_) {
+      const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
+      if (!p.expert && hi > lo) grads_.flat_range(lo, hi - lo).zero();
+    }
+  }
+  buckets_->begin_backward(cfg_.stage == 2 || last);
+}
 
 void ZeroOptimizer::on_backward_done() {
   reduced_ = reduced_ || buckets_->reducing();
@@ -130,7 +142,7 @@ StepResult ZeroOptimizer::step(float lr, float loss_scale, const std::function<b
   buckets_->wait_all();
   reduced_ = false;
   // Global norm: every element is owned by exactly one dp rank; the shard holds dp sums.
-  const StepResult r = adam_.reduced_step(shard_grads_, &dp_, norm_group_, loss_scale, lr, veto);
+  const StepResult r = adam_.reduced_step(shard_grads_, &dp_, norm_group_, loss_scale, lr, veto, average_);
   if (r.skipped) return r;
   if (cfg_.overlap_param_gather) start_param_gather();
   else all_gather_values();

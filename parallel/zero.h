@@ -115,6 +115,13 @@ class ZeroOptimizer {
   // After loading master shards: round them into the values and all-gather.
   void sync_values_from_master();
   const ZeroConfig& config() const { return cfg_; }
+  // Expert parallelism (before the first step): the ZeroOptimizer was built over groups.edp;
+  // the dense gradients are summed over groups.ep too and the average is over ep × edp.
+  void set_expert_groups(const ExpertGroups& groups) {
+    buckets_->set_expert_groups(groups);
+    experts_ = groups;
+    average_ = groups.active() ? groups.dp_size() : 0;
+  }
   GradBuckets& buckets() { return *buckets_; }
 
  private:
@@ -125,6 +132,8 @@ class ZeroOptimizer {
   std::vector<FlatParam> params_;
   Communicator& dp_;
   Communicator* norm_group_;
+  int average_ = 0;  // the dp size the sums average over (0: dp_'s)
+  ExpertGroups experts_;
   ZeroConfig cfg_;
   ShardLayout layout_;
   FlatAdamW adam_;  // the shard's master weights and moments

@@ -169,15 +169,25 @@ Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& 
     for (int64_t e = 0; e < E; ++e) st.tokens_per_expert[static_cast<size_t>(e)] += r.chosen[static_cast<size_t>(e)];
     st.dropped += N * k - R;
   }
-  // The experts: permute, grouped fc, activation, grouped proj, unpermute with the probabilities.
-  a.xp = like(in, {R, C}, in.dtype());
-  moe_permute(in_f, a.dest, a.xp);
-  a.fc = like(in, {R, s.local_expert_fc()}, in.dtype());
-  grouped_gemm(a.xp, values(p.fc_w), a.counts, a.fc, values(p.fc_b));
-  a.g = like(in, {R, s.local_expert_ffn()}, in.dtype());
+  // The experts: permute, (under EP: to the experts' ranks), grouped fc, activation, grouped proj,
+  // (back), unpermute with the probabilities.
+  Tensor xp = like(in, {R, C}, in.dtype());
+  moe_permute(in_f, a.dest, xp);
+  if (m.ep.active()) {
+    a.exchange = std::make_shared<const ExpertExchange>(m.ep, r.counts, in.device());
+    a.xe = a.exchange->to_experts(xp);
+    a.counts = a.exchange->local_counts();
+  } else {
+    a.xe = xp;
+  }
+  const int64_t Re = a.xe.dim(0);
+  a.fc = like(in, {Re, s.local_expert_fc()}, in.dtype());
+  grouped_gemm(a.xe, values(p.fc_w), a.counts, a.fc, values(p.fc_b));
+  a.g = like(in, {Re, s.local_expert_ffn()}, in.dtype());
   activation_forward(s.mlp, a.fc, a.g);
-  a.yp = like(in, {R, C}, in.dtype());
-  grouped_gemm(a.g, values(p.proj_w), a.counts, a.yp, s.tp.rank == 0 ? values(p.proj_b) : std::vector<Tensor>{});
+  Tensor ye = like(in, {Re, C}, in.dtype());
+  grouped_gemm(a.g, values(p.proj_w), a.counts, ye, s.tp.rank == 0 ? values(p.proj_b) : std::vector<Tensor>{});
+  a.yp = a.exchange ? a.exchange->from_experts(ye) : ye;
   Tensor out = like(in, {N, C}, in.dtype());
   moe_unpermute(a.yp, a.dest, a.probs, out);
   // Shared experts: a dense MLP of width Fs on every token, optionally gated by sigmoid(in_f · wgᵀ).
@@ -207,24 +217,26 @@ Tensor moe_layer_backward(const BlockShape& s, const MoeParams& p, const MlpActs
   const MoeActs& a = *acts.moe;
   const int64_t C = s.hidden, k = m.topk;
   const Tensor dout_f = gather_rows(s, dout);  // (N, C)
-  const int64_t N = dout_f.dim(0), R = a.xp.dim(0);
+  const int64_t N = dout_f.dim(0), R = a.yp.dim(0), Re = a.xe.dim(0);
   const Tensor in_f = gather_rows(s, a.in);
   const Tensor x32 = as_f32(in_f);
   // Unpermute: d(yp) and d(probs); the probabilities' gradient sums the TP ranks' partial outputs.
   Tensor dyp = like(dout, {R, C}, dout.dtype()), dprobs = like(dout, {N, k}, DType::F32);
   moe_unpermute_backward(dout_f, a.yp, a.dest, a.probs, dyp, dprobs);
   tp_all_reduce(s.tp, dprobs);
-  // The experts, input part now, weight part to defer.
-  Tensor dg = like(dout, {R, s.local_expert_ffn()}, dout.dtype());
+  // The experts (on their ranks under EP: from_experts' backward is to_experts), input part now,
+  // weight part to defer.
+  if (a.exchange) dyp = a.exchange->to_experts(dyp);
+  Tensor dg = like(dout, {Re, s.local_expert_ffn()}, dout.dtype());
   grouped_gemm_backward(dyp, a.g, values(p.proj_w), a.counts, dg, {}, {});
   // The row-parallel biases' gradient (Σ dyp) on every TP rank, as the dense MLP's: the replicas stay equal.
   auto proj_weights = [dyp, g = a.g, w = p.proj_w, counts = a.counts, b = p.proj_b] {
     grouped_gemm_backward(dyp, g, values(w), counts, Tensor(), grads(w), grads(b));
   };
   const Tensor dfc = activation_backward(s.mlp, dg, a.fc);
-  Tensor dxp = like(dout, {R, C}, dout.dtype());
-  grouped_gemm_backward(dfc, a.xp, values(p.fc_w), a.counts, dxp, {}, {});
-  auto fc_weights = [dfc, xp = a.xp, w = p.fc_w, counts = a.counts, b = p.fc_b] {
+  Tensor dxe = like(dout, {Re, C}, dout.dtype());
+  grouped_gemm_backward(dfc, a.xe, values(p.fc_w), a.counts, dxe, {}, {});
+  auto fc_weights = [dfc, xp = a.xe, w = p.fc_w, counts = a.counts, b = p.fc_b] {
     grouped_gemm_backward(dfc, xp, values(w), counts, Tensor(), grads(w), grads(b));
   };
   if (defer) {
@@ -234,6 +246,7 @@ Tensor moe_layer_backward(const BlockShape& s, const MoeParams& p, const MlpActs
     proj_weights();
     fc_weights();
   }
+  const Tensor dxp = a.exchange ? a.exchange->from_experts(dxe) : dxe;  // (R, C)
   Tensor din_f = like(dout, {N, C}, dout.dtype());
   moe_permute_backward(dxp, a.dest, din_f);
   // The router: the probabilities' gradient, plus the auxiliary losses' at the main loss's scale.

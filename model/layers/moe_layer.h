@@ -10,9 +10,12 @@
 //   probs, indices (N, k)      the router (tensor/moe_router.h): softmax/sigmoid, top-k, scaling
 //   routing                    tokens grouped by expert (tensor/moe_permute.h), capacity dropping
 //   xp      (R, C)             = permute(in_f)                 R = kept choices (≤ N·k)
-//   fc      (R, FCel)          = grouped xp · Wfc_eᵀ + bfc_e    (tensor/grouped_gemm.h)
-//   g       (R, Fel)           = act(fc)
-//   yp      (R, C)             = grouped g · Wproj_eᵀ (+ bproj_e on TP rank 0): this rank's partial
+//   xe      (Re, C)            = xp; under expert parallelism the rows of this rank's experts from
+//                                every ep rank (parallel/expert_parallel.h's dispatchers)
+//   fc      (Re, FCel)         = grouped xe · Wfc_eᵀ + bfc_e    (tensor/grouped_gemm.h)
+//   g       (Re, Fel)          = act(fc)
+//   ye      (Re, C)            = grouped g · Wproj_eᵀ (+ bproj_e on TP rank 0): this rank's partial
+//   yp      (R, C)             = ye, or under EP each row back from its expert's rank
 //   out_f   (N, C)             = unpermute(yp, probs) [+ shared(in_f) · sigmoid(in_f · wgᵀ)]
 //   out     (Nl, C)            = reduce(out_f)
 // Auxiliary losses (MoeRun): the load-balancing loss (Megatron's switch_load_balancing_loss_func)
@@ -24,6 +27,7 @@
 // The backward splits as the dense MLP's: the input part now, the weight GEMMs (experts,
 // router, gate) to `defer`.
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "model/layers/mlp_layer.h"
@@ -35,10 +39,11 @@ struct MoeActs {
   Tensor logits;                // (N, E) f32
   Tensor probs, indices;        // (N, k) f32, i32
   Tensor dest;                  // (N·k) i32: each choice's row in xp, −1 dropped
-  std::vector<int64_t> counts;  // (E) rows per expert
+  std::vector<int64_t> counts;  // (El) rows per local expert (E without EP)
+  std::shared_ptr<const ExpertExchange> exchange;  // EP: the rows' trip to their experts (null: none)
   Tensor aux_weight;            // (E) f32: d aux / d a[n, e] before the loss scale; undefined: no aux loss
   Tensor lse;                   // (N) f32 logsumexp (z-loss); undefined: none
-  Tensor xp, fc, g, yp;         // (R, C), (R, FCel), (R, Fel), (R, C)
+  Tensor xe, fc, g, yp;         // (Re, C), (Re, FCel), (Re, Fel), (R, C)
   MlpActs shared;               // the shared experts' fc and g
   Tensor shared_out;            // (N, C) their partial output (before the gate)
   Tensor gate_logits, gate;     // (N, 1) f32: in_f · wgᵀ and its sigmoid

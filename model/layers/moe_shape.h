@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "parallel/expert_parallel.h"
 #include "tensor/moe_router.h"
 
 namespace mpitron {
@@ -40,6 +41,7 @@ struct MoeShape {
   MoeScore score = MoeScore::Softmax;
   bool pre_softmax = false;
   float scaling = 1.0f;
+  ExpertParallel ep{};          // expert parallelism: this rank runs experts [ep.first(E), … + E/ep)
   const MoeRun* run = nullptr;  // null: no auxiliary losses, no capacity, no stats (evaluation, generation)
   bool record = true;           // false in a recomputed forward: adds nothing to run->stats
   bool active() const { return experts > 0; }

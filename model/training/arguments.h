@@ -107,6 +107,8 @@ struct TrainArgs {
                : 1;
   }
 
+  int64_t expert_model_parallel_size = 1;  // --expert-model-parallel-size: the experts split over dp ranks
+  std::string moe_token_dispatcher_type = "allgather";  // --moe-token-dispatcher-type allgather | alltoall
   MoeRun moe;                              // --moe-aux-loss-coeff, --moe-z-loss-coeff, capacity, drop policy
                                            //   (model/training/moe_flags.h; the experts' shape is in model)
 

@@ -44,6 +44,9 @@ struct StatesConfig {
   DDPConfig ddp;                      // gradient buckets (replicated, ZeRO-1/2)
   bool overlap_param_gather = false;  // --overlap-param-gather (ZeRO-1/2)
   Zero3Config zero3;
+  // Expert parallelism: the experts' gradients over experts.edp; under ZeRO every state is
+  // sharded over edp (the dense gradients summed over ep first). norm_group is then tp × pp × ep.
+  ExpertGroups experts;
 };
 
 class ModelStates {

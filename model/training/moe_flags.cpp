@@ -82,11 +82,9 @@ void check_moe_flags(const po::variables_map& vm, TrainArgs& a) {
   MPT_CHECK(a.model.num_experts % ep == 0,
             str("--expert-model-parallel-size ", ep, " does not divide --num-experts ", a.model.num_experts),
             "each expert-parallel rank holds num-experts / EP whole experts");
-  MPT_CHECK(ep == 1,
-            str("--expert-model-parallel-size ", ep, ": expert parallelism is not built yet (the experts are "
-                "replicated over the data-parallel ranks, split only by --tensor-model-parallel-size)"),
-            "train with --expert-model-parallel-size 1");
-  if (flag_given(vm, "moe-token-dispatcher-type"))
+  a.expert_model_parallel_size = ep;
+  a.moe_token_dispatcher_type = dispatcher;
+  if (flag_given(vm, "moe-token-dispatcher-type") && ep == 1)
     a.startup_notes.push_back(str("--moe-token-dispatcher-type ", dispatcher,
                                   ": with --expert-model-parallel-size 1 every rank holds every expert, so no tokens "
                                   "are dispatched"));

@@ -11,7 +11,7 @@ namespace mpitron {
 // Every parameter's slice of the flat buffers (parallel/data_parallel.h's view of a ParamSet).
 std::vector<FlatParam> flat_params(const ParamSet& params) {
   std::vector<FlatParam> v;
-  for (const ParamInfo& p : params.infos()) v.push_back({p.offset, p.numel(), p.weight_decay, p.canonical});
+  for (const ParamInfo& p : params.infos()) v.push_back({p.offset, p.numel(), p.weight_decay, p.canonical, p.expert});
   return v;
 }
 

@@ -7,6 +7,7 @@ ParallelRuntime::ParallelRuntime(MPI_Comm world, const TrainArgs& args) {
   gc.tp = static_cast<int>(args.tensor_model_parallel_size);
   gc.pp = static_cast<int>(args.pipeline_model_parallel_size);
   gc.cp = static_cast<int>(args.context_parallel_size);
+  gc.ep = static_cast<int>(args.expert_model_parallel_size);
   grid_ = std::make_unique<Grid>(world, gc);
   const bool gpu = args.device == "cuda" || (args.device == "auto" && cuda_available());
   device_ = gpu ? Device::cuda(std::max(0, grid_->device_index())) : Device::cpu();
@@ -25,6 +26,11 @@ ParallelRuntime::ParallelRuntime(MPI_Comm world, const TrainArgs& args) {
   if (grid_->cp_size() > 1) {
     cp_ = make(grid_->cp_comm(), "cp");
     dp_cp_ = make(grid_->dp_cp_comm(), "dp_cp");
+  }
+  if (grid_->ep_size() > 1) {
+    ep_ = make(grid_->ep_comm(), "ep");
+    edp_ = make(grid_->edp_comm(), "edp");
+    mp_ep_ = make(grid_->mp_ep_comm(), "mp_ep");
   }
 }
 
@@ -52,6 +58,14 @@ ParallelContext ParallelRuntime::context() const {
     c.cp_comm = g.cp_comm();
     c.dp_cp = dp_cp_.get();
     c.dp_cp_comm = g.dp_cp_comm();
+  }
+  if (g.ep_size() > 1) {
+    c.ep_rank = g.ep_rank();
+    c.ep_size = g.ep_size();
+    c.ep = ep_.get();
+    c.edp = edp_.get();
+    c.mp_ep = mp_ep_.get();
+    c.edp_comm = g.edp_comm();
   }
   return c;
 }

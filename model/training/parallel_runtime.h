@@ -30,7 +30,7 @@ class ParallelRuntime {
  private:
   std::unique_ptr<Grid> grid_;
   Device device_;
-  std::unique_ptr<Communicator> dp_, tp_, pp_, mp_, emb_, cp_, dp_cp_;
+  std::unique_ptr<Communicator> dp_, tp_, pp_, mp_, emb_, cp_, dp_cp_, ep_, edp_, mp_ep_;
 };
 
 }  // namespace mpitron

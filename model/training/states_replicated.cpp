@@ -12,11 +12,17 @@ class ReplicatedStates final : public ModelStates {
  public:
   ReplicatedStates(const StatesConfig& cfg, GPT& model, Communicator* grad_comm, Communicator* norm_group)
       : params_(model.params()), opt_(model.params(), cfg.optim, norm_group) {
-    if (grad_comm && grad_comm->size() > 1)
+    if (grad_comm && grad_comm->size() > 1) {
       buckets_ = std::make_unique<GradBuckets>(params_.grads(), flat_params(params_), *grad_comm, cfg.ddp);
+      buckets_->set_expert_groups(cfg.experts);  // the experts' buckets over edp
+      experts_ = cfg.experts.active();
+    }
   }
   std::string describe() const override {
-    return buckets_ ? "replicated (gradients all-reduced over data parallelism)" : "replicated";
+    return buckets_ ? experts_ ? "replicated (gradients all-reduced over data parallelism, the experts' over "
+                                 "expert data parallelism)"
+                               : "replicated (gradients all-reduced over data parallelism)"
+                    : "replicated";
   }
   void zero_grad() override { params_.zero_grad(); }
   // Earlier micro-batches only accumulate (Megatron's no_sync); the last one reduces.
@@ -59,6 +65,7 @@ class ReplicatedStates final : public ModelStates {
   ParamSet& params_;
   AdamWOptimizer opt_;
   std::unique_ptr<GradBuckets> buckets_;
+  bool experts_ = false;
 };
 
 }  // namespace

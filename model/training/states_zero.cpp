@@ -19,6 +19,7 @@ class ZeroStates final : public ModelStates {
     zc.overlap_param_gather = cfg.overlap_param_gather;
     zero_ = std::make_unique<ZeroOptimizer>(model.params().values(), model.params().grads(), flat_params(model.params()),
                                             grad_comm, zc, norm_group);
+    if (cfg.experts.active()) zero_->set_expert_groups(cfg.experts);
   }
   std::string describe() const override {
     return str("ZeRO-", zero_->config().stage, " (optimizer state", zero_->config().stage == 2 ? " and gradients" : "",

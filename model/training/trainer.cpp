@@ -296,8 +296,12 @@ struct Trainer::Impl {
   Communicator* grad_comm() const { return par.cp_size > 1 ? par.dp_cp : par.dp; }
   MPI_Comm grad_mpi_comm() const { return par.cp_size > 1 ? par.dp_cp_comm : par.dp_comm; }
   int grad_ranks() const { return par.dp_size * par.cp_size; }
+  // The ranks ZeRO shards the states over: dp x cp, or with expert parallelism the edp group.
+  int shard_ranks() const { return grad_ranks() / par.ep_size; }
   // Replicated state (no ZeRO) is written by one rank of every dp × cp group.
-  bool writes_replicas() const { return par.dp_rank == 0 && par.cp_rank == 0; }
+  // (With expert parallelism the ep ranks hold different experts: the first expert-data-parallel
+  // replica writes, each rank its own experts and the dense parameters on ep rank 0, ParamInfo::canonical.)
+  bool writes_replicas() const { return par.dp_rank / par.ep_size == 0 && par.cp_rank == 0; }
   // Micro-batch k of the global batch starting at `consumed`: this rank's slice
   // (Megatron's sampler: each chunk of mbs·dp samples is split by dp rank).
   int64_t micro_first(int64_t consumed, int64_t k) const {
@@ -689,6 +693,11 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   mp.tp.size = par.tp_size;
   mp.tp.rank = par.tp_rank;
   mp.tp.sequence_parallel = a.sequence_parallel;
+  MPT_CHECK(par.ep_size == a.expert_model_parallel_size && (par.ep_size == 1 || (par.ep && par.edp && par.mp_ep)),
+            str("the trainer runs on ep ", par.ep_size, " but the flags say --expert-model-parallel-size ",
+                a.expert_model_parallel_size),
+            "this is a bug in the caller of Trainer");
+  mp.ep = ExpertParallel{par.ep, par.ep_size, par.ep_rank, parse_moe_dispatcher(a.moe_token_dispatcher_type)};
   mp.pp_size = par.pp_size;
   mp.pp_rank = par.pp_rank;
   mp.virtual_stages = static_cast<int>(a.virtual_pipeline_stages());
@@ -697,7 +706,7 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
     for (int c = 0; c < mp.virtual_stages; ++c) mp.chunk_stages.push_back(s.stage(par.pp_rank, c));
   }
   // Refuse what cannot fit before allocating any of it.
-  check_fits_memory(a.model, a.micro_batch_size, par.tp_size, par.pp_size, m.grad_ranks(), static_cast<int>(a.zero_stage),
+  check_fits_memory(a.model, a.micro_batch_size, par.tp_size, par.pp_size, m.shard_ranks(), static_cast<int>(a.zero_stage),
                     m.capacity(), m.capacity_name(), par.cp_size);
   m.task = std::make_unique<TrainModel>(a.model, m.device, mp);
   m.model = &m.task->core();
@@ -710,7 +719,8 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   sc.ddp.overlap_grad_reduce = a.overlap_grad_reduce;
   sc.overlap_param_gather = a.overlap_param_gather;
   sc.zero3 = a.zero3;
-  m.states = make_model_states(sc, *m.model, m.grad_comm(), par.mp);
+  sc.experts = ExpertGroups{par.ep, par.edp};
+  m.states = make_model_states(sc, *m.model, m.grad_comm(), par.ep_size > 1 ? par.mp_ep : par.mp);
   if (a.fp16) m.scaler = LossScaler(a.scaler);
   m.guard = std::make_unique<StepGuard>(a.spike_zscore, a.spike_window);
   m.total_iters = a.uses_samples() ? (a.train_samples + a.global_batch_size - 1) / a.global_batch_size : a.train_iters;
@@ -809,7 +819,7 @@ TrainSummary Trainer::run() {
   if (a.optim.cpu_offload && m.device.is_cpu())
     log_info("--optimizer-cpu-offload on the CPU: the optimizer state is in host memory already (nothing moves)");
   m.states->account(shard);  // the strategy's own terms (ZeRO-3: its unit buffers)
-  MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.grad_ranks(), m.states->memory_stage(),
+  MemoryEstimate est = estimate_memory(c, a.micro_batch_size, m.shard_ranks(), m.states->memory_stage(),
                                        a.recompute_activations, shard);
   log_info("model states: ", m.states->describe());
   if (m.device.is_cuda()) est.device_workspace = int64_t{32} << 20;  // cuBLASLt's, tensor/cuda/common.cu

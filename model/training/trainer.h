@@ -97,6 +97,13 @@ struct ParallelContext {
   // hold the same parameters); null: dp / dp_comm.
   Communicator* dp_cp = nullptr;
   MPI_Comm dp_cp_comm = MPI_COMM_NULL;
+  // Expert parallelism (--expert-model-parallel-size, parallel/grid.h): the ep group, the
+  // expert-data-parallel group and tp × pp × ep (the grad norm's sum); null when ep == 1.
+  int ep_rank = 0, ep_size = 1;
+  Communicator* ep = nullptr;
+  Communicator* edp = nullptr;
+  Communicator* mp_ep = nullptr;
+  MPI_Comm edp_comm = MPI_COMM_NULL;  // the edp group for host scalars
 };
 
 class Trainer {

@@ -169,7 +169,7 @@ TEST_CASE("MoE flags: impossible and unbuilt combinations are refused by name") 
   rejected({"--moe-router-topk", "2"}, "--moe-router-topk is given without --num-experts");
   rejected({"--moe-aux-loss-coeff", "0.01"}, "--moe-aux-loss-coeff is given without --num-experts");
   rejected(with({"--expert-model-parallel-size", "3"}), "--expert-model-parallel-size 3 does not divide --num-experts 4");
-  rejected(with({"--expert-model-parallel-size", "2"}), "expert parallelism is not built yet");
+  rejected(with({"--moe-token-dispatcher-type", "flex"}), "--moe-token-dispatcher-type flex is not supported");
   rejected(with({"--moe-router-pre-softmax", "--moe-router-score-function", "sigmoid"}), "--moe-router-pre-softmax");
   rejected(with({"--moe-router-score-function", "sinkhorn"}), "--moe-router-score-function sinkhorn is not known");
   rejected(with({"--moe-layer-freq", "[1,0,1]"}), "--moe-layer-freq gives a pattern of 3 layers for --num-layers 2");

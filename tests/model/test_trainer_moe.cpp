@@ -6,7 +6,9 @@
 // ZeRO-1/2/3, recompute and their products; capacity dropping (both policies) and a
 // Qwen2-MoE-like layer (SwiGLU experts, pre-softmax router, gated shared expert) too.
 // Each layer's aux-loss gradient reaches the router at the loss's scale: it is in the grad
-// norms compared here. Expert parallelism is not built (refused by name: test_moe_flags).
+// norms compared here. Expert parallelism (EP2, EP2×TP2, EP2×PP2 with a stage without MoE,
+// EP2×DP2 with ZeRO-1/2, both dispatchers) trains to the same losses, and its checkpoints
+// reshard across EP sizes (the experts are per-expert rows in the checkpoint).
 // mpitron-test: np=2,4
 // mpitron-test: timeout=900
 #include <doctest/doctest.h>
@@ -56,6 +58,16 @@ TEST_CASE("MoE trains to the single-process losses under every layout") {
       {4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer"}},
       {4, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"}},
       {4, {"--pipeline-model-parallel-size", "2", "--zero-stage", "3"}},
+      // Expert parallelism: the experts split over the data-parallel ranks.
+      {2, {"--expert-model-parallel-size", "2"}},
+      {2, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall", "--use-distributed-optimizer"}},
+      {4, {"--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+           "--moe-token-dispatcher-type", "alltoall"}},
+      {4, {"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1",
+           "--moe-token-dispatcher-type", "alltoall"}},  // stage 1 holds no MoE layer
+      {4, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer", "--moe-token-dispatcher-type", "alltoall"}},
+      {4, {"--expert-model-parallel-size", "2", "--zero-stage", "2", "--recompute-activations"}},
+      {4, {"--expert-model-parallel-size", "4", "--moe-token-dispatcher-type", "alltoall"}},
   };
   int ran = 0;
   for (const Layout& l : layouts) {
@@ -90,5 +102,32 @@ TEST_CASE("MoE with capacity dropping, and a Qwen2-MoE-like layer, under TP and 
                 what + "TP2 SP");
     check_close(run(plus(f, {"--use-distributed-optimizer"}), MPI_COMM_WORLD), single, 1e-5, what + "DP2 ZeRO-1");
   }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("MoE checkpoints reshard across expert-parallel sizes") {
+  const int world = world_size();
+  if (const char* e = std::getenv("MPITRON_TEST_LAYOUTS"); e && *e) return;  // not in the quick set
+  const fs::path dir = testing::shared_dir("moe");
+  const std::string data = testing::make_shared_dataset(dir, 13, 300);
+  const std::vector<std::string> base = plus(flags(data), kMoe);
+  const Result single = single_process(base);
+  const std::vector<double> second(single.losses.begin() + 5, single.losses.end());
+  const std::vector<std::string> ep = {"--expert-model-parallel-size", std::to_string(world),
+                                       "--moe-token-dispatcher-type", "alltoall", "--use-distributed-optimizer"};
+  // Saved at EP = world (each rank writes its experts' rows), resumed on one process and at
+  // EP 2 × DP (4 ranks) with ZeRO-2; and a one-process checkpoint resumed at EP = world.
+  const std::string ck = (dir / str("ck_ep", world)).string();
+  run(plus(base, plus(ep, {"--save", ck, "--exit-interval", "5"})), MPI_COMM_WORLD);
+  check_part(run(plus(base, {"--load", ck}), MPI_COMM_SELF).losses, second, "EP checkpoint -> one process");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world == 4)
+    check_part(run(plus(base, {"--expert-model-parallel-size", "2", "--zero-stage", "2", "--load", ck}), MPI_COMM_WORLD)
+                   .losses,
+               second, "EP4 -> EP2 x DP2 ZeRO-2");
+  const std::string ck1 = (dir / str("ck_one_ep", world)).string();
+  if (world_rank() == 0) run(plus(base, {"--save", ck1, "--exit-interval", "5"}), MPI_COMM_SELF);
+  else MPI_Barrier(MPI_COMM_WORLD);
+  check_part(run(plus(base, plus(ep, {"--load", ck1})), MPI_COMM_WORLD).losses, second, "one process -> EP");
   MPI_Barrier(MPI_COMM_WORLD);
 }
