@@ -45,6 +45,9 @@ namespace mpitron {
 struct BlockParams {
   std::vector<std::pair<ParamRole, Var>> rows;  // in table order (consecutive in the ParamSet)
   bool norm_1p = false;                          // the norms scale by (1 + w) (--apply-layernorm-1p)
+  // An MoE layer's expert bias (E) f32, a buffer, not a parameter: aux-loss-free balancing
+  // (--moe-router-enable-expert-bias; GPT::enable_expert_bias). Undefined: none.
+  Tensor expert_bias;
   static BlockParams from(const ParamSet& ps, const GPTConfig& cfg, int64_t layer);
   const Var& operator[](ParamRole r) const;     // undefined when the layer has no such row
   int64_t count() const { return static_cast<int64_t>(rows.size()); }
@@ -61,7 +64,7 @@ struct BlockParams {
             MoeParams{(*this)[ParamRole::RouterWeight], all(ParamRole::ExpertFcWeight), all(ParamRole::ExpertFcBias),
                       all(ParamRole::ExpertProjWeight), all(ParamRole::ExpertProjBias),
                       (*this)[ParamRole::SharedFcWeight], (*this)[ParamRole::SharedProjWeight],
-                      (*this)[ParamRole::SharedGateWeight]}};
+                      (*this)[ParamRole::SharedGateWeight], expert_bias}};
   }
 };
 

@@ -135,6 +135,49 @@ void GPT::need_params_outside_blocks(const ForwardOptions& opt) const {
   for (const auto& [first, end] : outside_blocks_) opt.params_needed(first, end);
 }
 
+BlockParams& GPT::block_params(int64_t layer) {
+  return const_cast<BlockParams&>(static_cast<const GPT*>(this)->block_params(layer));
+}
+
+bool GPT::holds_layer(int64_t layer) const {
+  for (const int64_t l : block_layer_)
+    if (l == layer) return true;
+  return false;
+}
+
+void GPT::enable_expert_bias() {
+  expert_bias_ = true;
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    if (cfg_.is_moe_layer(block_layer_[i]) && !blocks_[i].expert_bias.defined())
+      blocks_[i].expert_bias = Tensor::zeros({cfg_.num_experts}, DType::F32, device_);
+}
+
+std::vector<int64_t> GPT::expert_bias_layers() const {
+  std::vector<int64_t> v;
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    if (blocks_[i].expert_bias.defined()) v.push_back(block_layer_[i]);
+  return v;
+}
+
+void GPT::update_expert_bias(const std::map<int64_t, std::vector<double>>& counts, double rate) {
+  for (const auto& [layer, c] : counts) {
+    BlockParams& p = block_params(layer);
+    MPT_CHECK(p.expert_bias.defined() && static_cast<int64_t>(c.size()) == cfg_.num_experts,
+              str("update_expert_bias: layer ", layer, " has no expert bias or ", c.size(), " counts for ",
+                  cfg_.num_experts, " experts"), "");
+    double mean = 0;
+    for (const double x : c) mean += x;
+    mean /= static_cast<double>(c.size());
+    const Tensor b = p.expert_bias.to(Device::cpu());
+    float* d = b.data<float>();
+    for (size_t e = 0; e < c.size(); ++e) {
+      const double off = mean - c[e];
+      d[e] += static_cast<float>((off > 0) - (off < 0)) * static_cast<float>(rate);
+    }
+    p.expert_bias.copy_from(b.to(device_));
+  }
+}
+
 const BlockParams& GPT::block_params(int64_t layer) const {
   for (size_t i = 0; i < blocks_.size(); ++i)
     if (block_layer_[i] == layer) return blocks_[i];
@@ -199,7 +242,7 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
     BlockShape s = block_shape(cfg_, batch, seq, mp_.tp, opt.train, l, mp_.cp);
     s.kv_lengths = opt.kv_lengths;
     s.moe.run = opt.moe;
-    if (s.moe.active()) s.moe.ep = mp_.ep;
+    if (s.moe.active()) s.moe.ep = mp_.ep, s.moe.layer = l;
     x = block(tape, s, blocks_[i], x, opt.dropout_seed, nc * (1 + 2 * static_cast<uint64_t>(l)), recompute,
               std::move(ready), std::move(before));
   }

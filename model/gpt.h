@@ -19,6 +19,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -122,6 +123,18 @@ class GPT {
   const Var& output_weight() const;
   // Layer l's parameters, when this rank holds it.
   const BlockParams& block_params(int64_t layer) const;
+  BlockParams& block_params(int64_t layer);
+  // Aux-loss-free balancing (--moe-router-enable-expert-bias): every MoE block of this rank
+  // gets a zero (E) f32 expert bias (BlockParams::expert_bias). Then after each step
+  // update_expert_bias() moves layer l's bias by rate · sign(mean − count_e) (Megatron-Core's
+  // get_updated_expert_bias), counts: (E) choices per expert of layer l summed over every
+  // data-parallel rank and micro-batch of the step, for each MoE layer this rank holds.
+  void enable_expert_bias();
+  bool has_expert_bias() const { return expert_bias_; }  // enable_expert_bias() was called (every rank)
+  bool holds_layer(int64_t layer) const;
+  void update_expert_bias(const std::map<int64_t, std::vector<double>>& counts, double rate);
+  // The MoE layers this rank holds a bias for, in order (empty: none).
+  std::vector<int64_t> expert_bias_layers() const;
   // The blocks of chunk ch on x (the chunk's input activation); model/bert.cpp uses it.
   Var layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt);
   // opt.params_needed for every parameter outside the blocks (a chunk's forward calls it first).
@@ -140,6 +153,7 @@ class GPT {
   std::vector<size_t> block_first_param_;    // ParamSet index of each block's first parameter
   std::vector<int64_t> block_layer_;         // the global layer of each block
   std::vector<std::pair<size_t, size_t>> outside_blocks_;  // ParamSet index ranges of no block
+  bool expert_bias_ = false;
 };
 
 }  // namespace mpitron

@@ -22,6 +22,7 @@ struct MoeParams {
   Var router;                                     // (E, C)
   std::vector<Var> fc_w, fc_b, proj_w, proj_b;    // per expert (FCel, C), (FCel), (C, Fel), (C); biases may be empty
   Var shared_fc, shared_proj, shared_gate;        // (FCsl, C), (C, Fsl), (1, C); undefined: none
+  Tensor expert_bias;                             // (E) f32 selection-only bias (BlockParams::expert_bias); may be undefined
 };
 
 struct MlpParams {

@@ -31,12 +31,13 @@ std::vector<Tensor> grads(const std::vector<Var>& v) {
   return t;
 }
 
-MoeRouterArgs router_args(const MoeShape& m) {
+MoeRouterArgs router_args(const MoeShape& m, const MoeParams& p) {
   MoeRouterArgs r;
   r.score = m.score;
   r.pre_softmax = m.pre_softmax;
   r.topk = m.topk;
   r.scaling = m.scaling;
+  r.expert_bias = p.expert_bias;
   return r;
 }
 
@@ -133,7 +134,7 @@ Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& 
   a.indices = like(in, {N, k}, DType::I32);
   const Tensor aux_sums = aux || stats ? like(in, {E}, DType::F32) : Tensor();
   a.lse = z || stats ? like(in, {N}, DType::F32) : Tensor();
-  moe_router_forward(a.logits, router_args(m), a.probs, a.indices, aux_sums, a.lse);
+  moe_router_forward(a.logits, router_args(m, p), a.probs, a.indices, aux_sums, a.lse);
   if (!z) a.lse = Tensor();
   // Tokens grouped by expert; capacity (Megatron's get_capacity: ⌈N·k / E · factor⌉) drops choices.
   const int64_t capacity =
@@ -168,6 +169,11 @@ Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& 
     if (st.tokens_per_expert.size() != static_cast<size_t>(E)) st.tokens_per_expert.assign(static_cast<size_t>(E), 0);
     for (int64_t e = 0; e < E; ++e) st.tokens_per_expert[static_cast<size_t>(e)] += r.chosen[static_cast<size_t>(e)];
     st.dropped += N * k - R;
+    if (run->expert_bias_update_rate > 0) {
+      std::vector<int64_t>& t = st.layer_tokens[m.layer];
+      t.resize(static_cast<size_t>(E), 0);
+      for (int64_t e = 0; e < E; ++e) t[static_cast<size_t>(e)] += r.chosen[static_cast<size_t>(e)];
+    }
   }
   // The experts: permute, (under EP: to the experts' ranks), grouped fc, activation, grouped proj,
   // (back), unpermute with the probabilities.
@@ -259,7 +265,7 @@ Tensor moe_layer_backward(const BlockShape& s, const MoeParams& p, const MlpActs
   }
   const float z_w = a.lse.defined() ? static_cast<float>(m.run->z_loss_coeff * ls / static_cast<double>(N)) : 0.0f;
   Tensor dlogits = like(dout, a.logits.shape(), DType::F32);
-  moe_router_backward(dprobs, a.logits, a.indices, router_args(m), aux_w, z_w, dlogits);
+  moe_router_backward(dprobs, a.logits, a.indices, router_args(m, p), aux_w, z_w, dlogits);
   linear_f32_backward(s, dlogits, x32, p.router, din_f, defer);
   // Shared experts (and their gate).
   if (p.shared_fc.defined()) {

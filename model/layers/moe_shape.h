@@ -2,6 +2,7 @@
 // one run of it does besides (from the trainer): BlockShape::moe.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "parallel/expert_parallel.h"
@@ -18,6 +19,9 @@ struct MoeStats {
   int64_t layers = 0;   // the (layer, micro-batch) pairs summed
   std::vector<int64_t> tokens_per_expert;  // (E) choices per expert before capacity, over the layers
   int64_t dropped = 0;  // choices over capacity
+  // Per MoE layer (global index → (E) choices before capacity, this rank's tokens): the expert
+  // bias's update (--moe-router-enable-expert-bias); filled only when the run updates a bias.
+  std::map<int64_t, std::vector<int64_t>> layer_tokens;
   void clear() { *this = MoeStats(); }
 };
 
@@ -27,6 +31,7 @@ struct MoeRun {
   float z_loss_coeff = 0.0f;    // --moe-z-loss-coeff
   double capacity_factor = 0;   // --moe-expert-capacity-factor; 0: dropless
   bool drop_by_probs = true;    // --moe-token-drop-policy probs (false: position)
+  double expert_bias_update_rate = 0;  // --moe-router-bias-update-rate with --moe-router-enable-expert-bias; 0: no bias
   float loss_scale = 1.0f;      // the main loss's backward seed (loss scale / micro-batches): the auxiliary
                                 //   losses' gradients are added at that scale, without changing the forward
   MoeStats* stats = nullptr;    // where the forward adds its losses and counts (null: nowhere)
@@ -41,6 +46,7 @@ struct MoeShape {
   MoeScore score = MoeScore::Softmax;
   bool pre_softmax = false;
   float scaling = 1.0f;
+  int64_t layer = -1;           // the global layer (MoeStats::layer_tokens)
   ExpertParallel ep{};          // expert parallelism: this rank runs experts [ep.first(E), … + E/ep)
   const MoeRun* run = nullptr;  // null: no auxiliary losses, no capacity, no stats (evaluation, generation)
   bool record = true;           // false in a recomputed forward: adds nothing to run->stats

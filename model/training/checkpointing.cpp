@@ -47,6 +47,13 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Ad
 namespace {
 // This rank's part of parameter p in the optimizer slice [begin, end): local
 // element range [lo, hi) of p (empty when lo >= hi).
+// Layer l's router weight parameter (an MoE layer's).
+std::string router_name(const GPTConfig& c, int64_t l) {
+  for (const ParamSpec& spec : block_param_table(c, l))
+    if (spec.role == ParamRole::RouterWeight) return spec.name;
+  MPT_THROW(str("layer ", l, " has no router"), "");
+}
+
 std::pair<int64_t, int64_t> overlap(const ParamInfo& p, int64_t begin, int64_t end) {
   return {std::max(begin, p.offset) - p.offset, std::min(end, p.offset + p.numel()) - p.offset};
 }
@@ -57,6 +64,17 @@ std::vector<io::Hdf5File::Hyperslab> slabs(const ParamInfo& p, int64_t lo, int64
   return v;
 }
 }  // namespace
+
+// (layer, dataset) of every MoE layer's expert bias: buffers/layers.<l>.mlp.router.expert_bias.
+std::vector<std::pair<int64_t, std::string>> expert_bias_datasets(const GPTConfig& c) {
+  std::vector<std::pair<int64_t, std::string>> v;
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    if (c.is_moe_layer(l)) {
+      std::string r = router_name(c, l);
+      v.push_back({l, "buffers/" + r.substr(0, r.size() - std::string("weight").size()) + "expert_bias"});
+    }
+  return v;
+}
 
 SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const OptimState& opt,
                          const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
@@ -96,6 +114,21 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
     w.add_pieces("optim/exp_avg/" + name, gshape, io::ElemType::F32, mine, any ? m.data_ptr() : nullptr);
     w.add_pieces("optim/exp_avg_sq/" + name, gshape, io::ElemType::F32, mine, any ? v.data_ptr() : nullptr);
   }
+  // Aux-loss-free balancing's expert biases (buffers, not parameters): written by the rank whose
+  // optimizer slice holds the first element of the layer's canonical router weight (one writer
+  // across the dp, ZeRO, tp and ep replicas).
+  if (model.has_expert_bias())
+    for (const auto& [layer, name] : expert_bias_datasets(model.config())) {
+      const std::string router = router_name(model.config(), layer);
+      std::vector<io::Hdf5File::Hyperslab> mine;
+      Tensor b;
+      if (writer && ps.has(router) && ps.info(router).canonical && ps.info(router).offset >= begin &&
+          ps.info(router).offset < end) {
+        b = model.block_params(layer).expert_bias.to(Device::cpu());
+        mine.push_back({{0}, {model.config().num_experts}});
+      }
+      w.add_pieces(name, {model.config().num_experts}, io::ElemType::F32, mine, b.defined() ? b.data_ptr() : nullptr);
+    }
   if (comm != MPI_COMM_NULL) allreduce_bounded(&bytes, 1, MPI_DOUBLE, MPI_SUM, comm, "checkpoint bytes");
   w.set_attr_int("consumed_train_samples", st.consumed_train_samples);
   w.set_attr_int("consumed_valid_samples", st.consumed_valid_samples);
@@ -152,6 +185,7 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
   const int64_t n = end - begin;
   std::vector<float> values(static_cast<size_t>(ps.numel()));
   std::vector<float> m(with_optim ? static_cast<size_t>(n) : 0), v(m.size());
+  std::map<int64_t, std::vector<float>> biases;
   double bytes = 0;
   // Runs once per candidate checkpoint (newest first); a damaged one makes
   // read_verified throw CheckpointDamaged on every rank and the next older one is tried.
@@ -187,6 +221,14 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
         }
       }
     }
+    // The expert biases of this rank's MoE layers (a checkpoint trained without them: zeros).
+    biases.clear();
+    if (model.has_expert_bias())
+      for (const auto& [layer, name] : expert_bias_datasets(c))
+        if (model.holds_layer(layer) && ck.has_tensor(name)) {
+          biases[layer].assign(static_cast<size_t>(c.num_experts), 0.0f);
+          reqs.push_back({name, {{{0}, {c.num_experts}}}, biases[layer].data(), io::ElemType::F32, {c.num_experts}});
+        }
     ck.read_verified(reqs, with_optim ? io::VerifyScope::AllDatasets : io::VerifyScope::RequestedDatasets);
   });
   if (!r.found()) return false;
@@ -198,6 +240,17 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
   // as the run that saved them, which rounded the same f32 values).
   model.params().values().copy_from(
       Tensor::from_vector(values, {ps.numel()}).to(model.params().values().dtype()).to(model.device()));
+  if (model.has_expert_bias()) {
+    for (const int64_t l : model.expert_bias_layers()) {
+      const auto it = biases.find(l);
+      const Tensor& b = model.block_params(l).expert_bias;
+      if (it != biases.end() && !o.finetune) b.copy_from(Tensor::from_vector(it->second, {c.num_experts}).to(b.device()));
+      else b.zero();
+    }
+    if (biases.empty() && !model.expert_bias_layers().empty() && !o.finetune)
+      log_warn("checkpoint ", r.path(), " holds no expert biases (trained without --moe-router-enable-expert-bias): ",
+               "they start at zero");
+  }
   if (!o.finetune) {
     st.iteration = r.iteration();
     st.consumed_train_samples = r.attr_int("consumed_train_samples");

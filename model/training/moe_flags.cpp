@@ -26,8 +26,10 @@ void add_moe_flags(po::options_description& d, TrainArgs& a) {
        "allgather or alltoall: how tokens reach the experts' ranks under expert parallelism")
       ("expert-model-parallel-size", po::value<int64_t>()->default_value(1), "EP: experts split over ranks")
       ("expert-tensor-parallel-size", po::value<int64_t>(), "the experts' TP size (default: --tensor-model-parallel-size)")
-      ("moe-router-enable-expert-bias", po::bool_switch(), "refused: aux-loss-free balancing is not built")
-      ("moe-router-bias-update-rate", po::value<double>(), "refused with --moe-router-enable-expert-bias")
+      ("moe-router-enable-expert-bias", po::bool_switch(),
+       "aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the sigmoid scores for selection only, "
+       "moved after every step toward the mean load (token counts summed over all ranks)")
+      ("moe-router-bias-update-rate", po::value<double>(), "the expert bias's step per update (default 1e-3)")
       ("moe-router-dtype", po::value<std::string>(), "fp32 (the router always runs in f32 here)");
   d.add(m);
 }
@@ -95,9 +97,19 @@ void check_moe_flags(const po::variables_map& vm, TrainArgs& a) {
                   a.tensor_model_parallel_size, ": the experts are split as the dense layers only"),
               "drop --expert-tensor-parallel-size");
   }
-  MPT_CHECK(!vm["moe-router-enable-expert-bias"].as<bool>() && !vm.count("moe-router-bias-update-rate"),
-            "--moe-router-enable-expert-bias / --moe-router-bias-update-rate: aux-loss-free balancing is not built yet",
-            "use --moe-aux-loss-coeff for load balancing");
+  if (vm["moe-router-enable-expert-bias"].as<bool>()) {
+    MPT_CHECK(a.model.moe_router_score_function == MoeScore::Sigmoid,
+              "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (as Megatron-Core: the bias "
+              "shifts the sigmoid scores that select the experts)",
+              "add --moe-router-score-function sigmoid, or drop --moe-router-enable-expert-bias");
+    a.moe.expert_bias_update_rate = vm.count("moe-router-bias-update-rate") ? vm["moe-router-bias-update-rate"].as<double>() : 1e-3;
+    MPT_CHECK(a.moe.expert_bias_update_rate > 0,
+              str("--moe-router-bias-update-rate must be > 0, got ", a.moe.expert_bias_update_rate), "");
+  } else {
+    MPT_CHECK(!vm.count("moe-router-bias-update-rate"),
+              "--moe-router-bias-update-rate without --moe-router-enable-expert-bias: there is no bias to update",
+              "add --moe-router-enable-expert-bias, or drop the flag");
+  }
   if (vm.count("moe-router-dtype"))
     MPT_CHECK(vm["moe-router-dtype"].as<std::string>() == "fp32",
               str("--moe-router-dtype ", vm["moe-router-dtype"].as<std::string>(), " is not supported"),

@@ -132,7 +132,25 @@ struct Trainer::Impl {
     std::vector<double> v = {moe_stats.aux_loss, moe_stats.z_loss, static_cast<double>(moe_stats.dropped)};
     moe_stats.tokens_per_expert.resize(static_cast<size_t>(args.model.num_experts), 0);
     for (const int64_t t : moe_stats.tokens_per_expert) v.push_back(static_cast<double>(t));
-    v = sum_over(par.dp_comm, sum_over(par.pp_comm, std::move(v)));
+    v = sum_over(par.pp_comm, std::move(v));
+    // Aux-loss-free balancing: this rank's MoE layers' counts (the same layers on every dp rank)
+    // join the sum over dp; the biases move before the next forward (Megatron: in finalize_model_grads).
+    const std::vector<int64_t> bias_layers = model->expert_bias_layers();
+    const size_t head = v.size(), E = static_cast<size_t>(args.model.num_experts);
+    for (const int64_t l : bias_layers) {
+      std::vector<int64_t>& t = moe_stats.layer_tokens[l];
+      t.resize(E, 0);
+      for (const int64_t x : t) v.push_back(static_cast<double>(x));
+    }
+    v = sum_over(par.dp_comm, std::move(v));
+    if (!bias_layers.empty()) {
+      std::map<int64_t, std::vector<double>> counts;
+      for (size_t i = 0; i < bias_layers.size(); ++i)
+        counts[bias_layers[i]].assign(v.begin() + static_cast<std::ptrdiff_t>(head + i * E),
+                                      v.begin() + static_cast<std::ptrdiff_t>(head + (i + 1) * E));
+      model->update_expert_bias(counts, args.moe.expert_bias_update_rate);
+    }
+    v.resize(head);
     moe_stats.clear();
     const double n = static_cast<double>(par.dp_size * n_micro);
     MoeStep r;
@@ -711,6 +729,7 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   m.task = std::make_unique<TrainModel>(a.model, m.device, mp);
   m.model = &m.task->core();
   m.model->init_weights(a.seed);
+  if (a.moe.expert_bias_update_rate > 0) m.model->enable_expert_bias();
   if (after_init) after_init(*m.model);  // before the model states shard the parameters
   StatesConfig sc;
   sc.stage = static_cast<int>(a.zero_stage);

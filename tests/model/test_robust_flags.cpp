@@ -178,7 +178,11 @@ TEST_CASE("MoE flags: impossible and unbuilt combinations are refused by name") 
   rejected(with({"--moe-token-drop-policy", "position"}), "--moe-token-drop-policy without --moe-expert-capacity-factor");
   rejected(with({"--moe-expert-capacity-factor", "0"}), "--moe-expert-capacity-factor must be > 0");
   rejected(with({"--moe-pad-expert-input-to-capacity"}), "--moe-pad-expert-input-to-capacity");
-  rejected(with({"--moe-router-enable-expert-bias"}), "--moe-router-enable-expert-bias");
+  rejected(with({"--moe-router-enable-expert-bias"}), "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid");
+  rejected(with({"--moe-router-bias-update-rate", "0.01"}), "--moe-router-bias-update-rate without --moe-router-enable-expert-bias");
+  rejected(with({"--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0"}),
+           "--moe-router-bias-update-rate must be > 0");
+  CHECK(parse_error(with({"--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"})).empty());
   rejected(with({"--moe-shared-expert-gate"}), "--moe-shared-expert-gate without --moe-shared-expert-intermediate-size");
   rejected(with({"--moe-shared-expert-intermediate-size", "64"}), "--disable-bias-linear");
   rejected(with({"--context-parallel-size", "2"}), "--context-parallel-size");

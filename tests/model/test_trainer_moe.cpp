@@ -14,8 +14,10 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <cmath>
 #include <filesystem>
 
+#include "io/checkpoint.h"
 #include "tests/model/mpi_test_util.h"
 #include "tests/model/trainer_test_util.h"
 
@@ -129,5 +131,61 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel sizes") {
   if (world_rank() == 0) run(plus(base, {"--save", ck1, "--exit-interval", "5"}), MPI_COMM_SELF);
   else MPI_Barrier(MPI_COMM_WORLD);
   check_part(run(plus(base, plus(ep, {"--load", ck1})), MPI_COMM_WORLD).losses, second, "one process -> EP");
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Aux-loss-free balancing (DeepSeek-V3's, Megatron-Core's --moe-router-enable-expert-bias): the
+// bias (a buffer, moved by rate · sign(mean − count) after every step from the counts summed over
+// all ranks) changes which experts are chosen, so every layout trains to the one-process losses
+// only when each rank's bias moves the same way; a resume reads it back from the checkpoint
+// (buffers/…expert_bias), so the resumed losses equal the uninterrupted run's.
+TEST_CASE("MoE aux-loss-free balancing: the expert bias agrees across layouts and survives a resume") {
+  const int world = world_size();
+  const fs::path dir = testing::shared_dir("moe");
+  const std::string data = testing::make_shared_dataset(dir, 13, 300);
+  const std::vector<std::string> base =
+      plus(flags(data), {"--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48",
+                         "--moe-layer-freq", "[1,1,0,0]", "--moe-router-score-function", "sigmoid",
+                         "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0.05",
+                         "--moe-router-load-balancing-type", "none"});
+  const Result single = single_process(base);
+  const std::vector<std::vector<std::string>> layouts =
+      world == 2 ? std::vector<std::vector<std::string>>{{"--expert-model-parallel-size", "2"},
+                                                         {"--pipeline-model-parallel-size", "2"}}
+                 : std::vector<std::vector<std::string>>{
+                       {"--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                        "--moe-token-dispatcher-type", "alltoall"},
+                       {"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                        "--use-distributed-optimizer"}};
+  for (const std::vector<std::string>& l : layouts) {
+    std::string what = "expert bias ";
+    for (const std::string& e : l) what += e + " ";
+    check_close(run(plus(base, l), MPI_COMM_WORLD), single, 1e-5, what);
+  }
+  if (world != 2) return;
+  // Resume: 5 steps, save, 5 more = the uninterrupted run (the bias is in the checkpoint).
+  const std::vector<std::string> ep = {"--expert-model-parallel-size", "2"};
+  const std::string ck = (dir / "ck_bias").string();
+  run(plus(base, plus(ep, {"--save", ck, "--exit-interval", "5"})), MPI_COMM_WORLD);
+  const Result resumed = run(plus(base, plus(ep, {"--load", ck})), MPI_COMM_WORLD);
+  check_part(resumed.losses, std::vector<double>(single.losses.begin() + 5, single.losses.end()), "expert bias resumed");
+  // The saved biases: 5 updates of ±0.05 (or 0 when an expert sat exactly at the mean), not all zero.
+  if (world_rank() == 0) {
+    io::CheckpointReader r = io::CheckpointReader::open_latest(ck, MPI_COMM_SELF);
+    REQUIRE(r.found());
+    double moved = 0;
+    for (const char* name : {"buffers/layers.0.mlp.router.expert_bias", "buffers/layers.1.mlp.router.expert_bias"}) {
+      REQUIRE(r.has_tensor(name));
+      const Tensor b = r.read(name);
+      REQUIRE(b.numel() == 4);
+      for (int64_t e = 0; e < 4; ++e) {
+        const double steps = b.data<float>()[e] / 0.05;
+        CHECK(std::abs(steps - std::round(steps)) < 1e-4);
+        CHECK(std::abs(steps) <= 5.0 + 1e-4);
+        moved += std::abs(b.data<float>()[e]);
+      }
+    }
+    CHECK(moved > 0);
+  }
   MPI_Barrier(MPI_COMM_WORLD);
 }
