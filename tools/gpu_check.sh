@@ -17,7 +17,7 @@
 #   torch       the PyTorch peer (torch.compile + SDPA flash attention + bf16 autocast) on 124M
 #   bench_mfu   GPT-2 124M/350M/774M/1.5B, bf16, seq 1024, with the GEMM ceiling
 #   profile     ncu times every kernel of two 124M steps: launches, kernel time, gaps (bench/kernel_profile.py)
-#   mp_cuda     the parallel-layout equivalence tests (GPT, BERT, ZeRO-3, MoE) on the GPU, 2 and 4 ranks
+#   mp_cuda     the parallel-layout equivalence tests (GPT, BERT, ZeRO-3, MoE with EP) and the EP dispatchers on the GPU, 2 and 4 ranks
 #   zero3       bench/zero_states.sh on the GPU: per-rank peak memory vs the estimate, ZeRO 0-3 at dp 1, 2, 4 (bf16)
 #   dp_overlap  bench_comm --dp-step: the data-parallel step (dp and ZeRO-2) with and without overlap, dp 2 and 4
 #   cp          context parallelism on the GPU: the CP trainer equivalence (2 and 4 ranks, quick set),
@@ -221,7 +221,7 @@ want bench && step profile 90 40 bash -c "[ -n '$NCU' ] || { echo 'no ncu on thi
   --steps $PROFILE_STEPS --bench-json '$OUT/bench_train.json' --config $PROFILE_CONFIG | tee '$PROFILE_TXT'; exit \$rc"
 # Tensor/pipeline/data-parallel equivalence with device tensors (ZeRO-3 included): 2 and 4 ranks
 # share the one GPU, communicating through MPI (host-staged, --force-mpi-for-device).
-want tests && step mp_cuda 120 50 bash -c "set -o pipefail; cd '$RUN' && { fail=0; for np in 2 4; do for t in ${MP_TESTS:-model_test_trainer_mp model_test_bert_train_mp model_test_trainer_zero3 model_test_trainer_moe}; do \
+want tests && step mp_cuda 120 50 bash -c "set -o pipefail; cd '$RUN' && { fail=0; for np in 2 4; do for t in ${MP_TESTS:-model_test_trainer_mp model_test_bert_train_mp model_test_trainer_zero3 model_test_trainer_moe parallel_test_expert_parallel}; do \
   echo \"--- \$t np \$np\"; MPITRON_TEST_DEVICE=cuda OMP_NUM_THREADS=2 mpirun --allow-run-as-root --oversubscribe -np \$np tests/\$t \
   >/tmp/mp_cuda.log 2>&1 || { fail=1; echo \"FAILED \$t np \$np\"; grep -m 5 -E 'ERROR|error:|hint:' /tmp/mp_cuda.log; }; \
   grep -E '(test cases|assertions):' /tmp/mp_cuda.log | tail -2; done; done; exit \$fail; } 2>&1 | tee -a '$OUT/ctest.log'"
