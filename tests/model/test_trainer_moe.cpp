@@ -83,7 +83,7 @@ TEST_CASE("MoE trains to the single-process losses under every layout") {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-TEST_CASE("MoE with capacity dropping, and a Qwen2-MoE-like layer, under TP and DP") {
+TEST_CASE("MoE with capacity dropping, and a Qwen2-MoE-like layer, under TP, DP and EP") {
   const int world = world_size();
   if (world != 2) return;
   const fs::path dir = testing::shared_dir("moe");
@@ -95,7 +95,8 @@ TEST_CASE("MoE with capacity dropping, and a Qwen2-MoE-like layer, under TP and 
        "--moe-router-pre-softmax", "--moe-shared-expert-intermediate-size", "40", "--moe-shared-expert-gate",
        "--moe-aux-loss-coeff", "0.01"},
   };
-  for (const std::vector<std::string>& v : variants) {
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const std::vector<std::string>& v = variants[i];
     const std::vector<std::string> f = plus(flags(data), v);
     const Result single = single_process(f);
     std::string what;
@@ -103,6 +104,15 @@ TEST_CASE("MoE with capacity dropping, and a Qwen2-MoE-like layer, under TP and 
     check_close(run(plus(f, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}), MPI_COMM_WORLD), single, 1e-5,
                 what + "TP2 SP");
     check_close(run(plus(f, {"--use-distributed-optimizer"}), MPI_COMM_WORLD), single, 1e-5, what + "DP2 ZeRO-1");
+    // Expert parallelism with each dispatcher (dropping by probability, the shared expert): both the
+    // one-process run's, and each other's within 1e-6.
+    if (i == 1) continue;
+    const Result gather = run(plus(f, {"--expert-model-parallel-size", "2"}), MPI_COMM_WORLD);
+    const Result a2a = run(plus(f, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"}),
+                           MPI_COMM_WORLD);
+    check_close(gather, single, 1e-5, what + "EP2 allgather");
+    check_close(a2a, single, 1e-5, what + "EP2 alltoall");
+    check_close(a2a, gather, 1e-6, what + "EP2 alltoall vs allgather");
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
