@@ -27,6 +27,26 @@ std::vector<int64_t> times(std::vector<int64_t> v, int64_t c) {
   return v;
 }
 
+// The alltoall of rows: rank j gets rows [Σ_{i<j} send[i], …+ send[j]) of `from`; rows from rank j land
+// at [Σ_{i<j} recv[i], …+ recv[j]) of `to` (this rank's own piece copied). One batch of p2p messages,
+// empty pieces skipped (both sides know every count).
+void swap_rows(Communicator& comm, const Tensor& from, const std::vector<int64_t>& send, const Tensor& to,
+               const std::vector<int64_t>& recv) {
+  std::vector<Communicator::P2POp> ops;
+  int64_t so = 0, ro = 0;
+  for (int j = 0; j < comm.size(); ++j) {
+    const int64_t s = send[static_cast<size_t>(j)], r = recv[static_cast<size_t>(j)];
+    if (j == comm.rank()) {
+      if (s > 0) row_range(to, ro, r).copy_from(row_range(from, so, s));
+    } else {
+      if (s > 0) ops.push_back({true, row_range(from, so, s), j, 0});
+      if (r > 0) ops.push_back({false, row_range(to, ro, r), j, 0});
+    }
+    so += s, ro += r;
+  }
+  if (!ops.empty()) comm.batch_p2p_async(ops)->wait();
+}
+
 }  // namespace
 
 ExpertExchange::ExpertExchange(const ExpertParallel& ep, const std::vector<int64_t>& counts, Device dev) : ep_(ep) {
@@ -89,20 +109,8 @@ Tensor ExpertExchange::to_experts(const Tensor& xp) const {
   const Tensor x = xp.contiguous();
   Tensor xe = Tensor::empty({local_rows_, C}, xp.dtype(), xp.device());
   if (ep_.dispatcher == MoeDispatcher::AllToAll) {
-    Tensor recv = Tensor::empty({local_rows_, C}, xp.dtype(), xp.device());
-    std::vector<Communicator::P2POp> ops;
-    int64_t so = 0, ro = 0;
-    for (int j = 0; j < ep_.size; ++j) {
-      const int64_t s = send_[static_cast<size_t>(j)], r = recv_[static_cast<size_t>(j)];
-      if (j == ep_.rank) {
-        if (s > 0) row_range(recv, ro, r).copy_from(row_range(x, so, s));
-      } else {
-        if (s > 0) ops.push_back({true, row_range(x, so, s), j, 0});
-        if (r > 0) ops.push_back({false, row_range(recv, ro, r), j, 0});
-      }
-      so += s, ro += r;
-    }
-    if (!ops.empty()) ep_.comm->batch_p2p_async(ops)->wait();
+    Tensor recv = Tensor::empty({local_rows_, C}, xp.dtype(), xp.device());  // source by source
+    swap_rows(*ep_.comm, x, send_, recv, recv_);
     if (local_rows_ > 0) moe_permute(recv, regroup_, xe);
     return xe;
   }
@@ -122,19 +130,7 @@ Tensor ExpertExchange::from_experts(const Tensor& ye) const {
   if (ep_.dispatcher == MoeDispatcher::AllToAll) {
     Tensor back = Tensor::empty({local_rows_, C}, ye.dtype(), ye.device());  // source by source
     if (local_rows_ > 0) moe_permute_backward(y, regroup_, back);
-    std::vector<Communicator::P2POp> ops;
-    int64_t so = 0, ro = 0;
-    for (int j = 0; j < ep_.size; ++j) {
-      const int64_t s = send_[static_cast<size_t>(j)], r = recv_[static_cast<size_t>(j)];
-      if (j == ep_.rank) {
-        if (s > 0) row_range(yp, so, s).copy_from(row_range(back, ro, r));
-      } else {
-        if (r > 0) ops.push_back({true, row_range(back, ro, r), j, 0});
-        if (s > 0) ops.push_back({false, row_range(yp, so, s), j, 0});
-      }
-      so += s, ro += r;
-    }
-    if (!ops.empty()) ep_.comm->batch_p2p_async(ops)->wait();
+    swap_rows(*ep_.comm, back, recv_, yp, send_);  // the way there, reversed
     return yp;
   }
   const int64_t G = sum(gathered_);
