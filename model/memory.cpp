@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "model/block.h"
+#include "model/param_table.h"
 
 namespace mpitron {
 
@@ -24,9 +25,14 @@ std::string MemoryEstimate::to_string() const {
 }
 
 void check_fits_memory(const GPTConfig& c, int64_t micro_batch, int tp, int pp, int dp, int zero_stage,
-                       int64_t capacity, const std::string& device_name, int cp) {
-  // The largest rank holds at least the average share.
-  const double params = static_cast<double>(c.num_parameters()) / (static_cast<double>(tp) * pp);
+                       int64_t capacity, const std::string& device_name, int cp, int ep) {
+  // The largest rank holds at least the average share (of the experts, E/ep of them).
+  double experts = 0;
+  if (ep > 1)
+    for (const ParamSpec& s : param_table(c))
+      if (s.expert >= 0) experts += static_cast<double>(shape_numel(s.global_shape));
+  const double params =
+      (static_cast<double>(c.num_parameters()) - experts * (1.0 - 1.0 / ep)) / (static_cast<double>(tp) * pp);
   const double e = static_cast<double>(dtype_size(c.compute_dtype));
   const double shard = zero_stage > 0 ? params / dp : params;
   const double whole = zero_stage == 3 ? shard : params;  // ZeRO-3 holds its shard of the values and gradients

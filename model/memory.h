@@ -88,9 +88,10 @@ struct RankShard {
 // 99999999999) cannot overflow, against `capacity` bytes of `device_name`.
 // Throws, with the numbers, when it cannot fit.
 // cp: the context-parallel size (the activations hold T/cp tokens per sample); dp is the
-// number of ranks ZeRO shards over (dp × cp with context parallelism).
+// number of ranks ZeRO shards over (dp × cp with context parallelism; the edp group with
+// expert parallelism). ep: the expert-parallel size (each rank holds E/ep experts).
 void check_fits_memory(const GPTConfig& c, int64_t micro_batch, int tp, int pp, int dp, int zero_stage,
-                       int64_t capacity, const std::string& device_name, int cp = 1);
+                       int64_t capacity, const std::string& device_name, int cp = 1, int ep = 1);
 // The full estimate (estimate_memory) against the capacity: the same refusal.
 void check_estimate_fits(const MemoryEstimate& e, int64_t capacity, const std::string& device_name);
 

@@ -725,7 +725,7 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   }
   // Refuse what cannot fit before allocating any of it.
   check_fits_memory(a.model, a.micro_batch_size, par.tp_size, par.pp_size, m.shard_ranks(), static_cast<int>(a.zero_stage),
-                    m.capacity(), m.capacity_name(), par.cp_size);
+                    m.capacity(), m.capacity_name(), par.cp_size, par.ep_size);
   m.task = std::make_unique<TrainModel>(a.model, m.device, mp);
   m.model = &m.task->core();
   m.model->init_weights(a.seed);
