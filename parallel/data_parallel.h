@@ -51,7 +51,7 @@ struct ExpertGroups {
   Communicator* ep = nullptr;   // the ep group (null: no expert parallelism)
   Communicator* edp = nullptr;  // the expert-data-parallel group
   bool active() const { return ep && ep->size() > 1; }
-  int dp_size() const { return active() ? ep->size() * edp->size() : 1; }
+  int dp_size() const { return active() ? ep->size() * edp->size() : 0; }  // 0: no expert parallelism
 };
 
 // Contiguous shards of a flat buffer of `numel` elements over `ranks` ranks:

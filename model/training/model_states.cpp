@@ -13,8 +13,6 @@ std::unique_ptr<ModelStates> make_model_states(const StatesConfig& cfg, GPT& mod
   MPT_CHECK(cfg.stage >= 0 && cfg.stage <= 3, str("--zero-stage ", cfg.stage, " is not 0, 1, 2 or 3"), "");
   const bool one_rank = !grad_comm || grad_comm->size() == 1;
   if (cfg.experts.active() && cfg.stage > 0) {
-    MPT_CHECK(cfg.stage < 3, "--zero-stage 3 with --expert-model-parallel-size > 1 is not supported yet",
-              "use --zero-stage 1 or 2 (--use-distributed-optimizer) with expert parallelism, or ZeRO-3 without it");
     // ZeRO shards over the expert-data-parallel group (the ep ranks hold different experts);
     // with one edp rank there is nothing to shard: replicated, the experts' gradients unreduced.
     return table[cfg.experts.edp->size() > 1 ? cfg.stage : 0](cfg, model,

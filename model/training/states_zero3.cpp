@@ -25,6 +25,10 @@
 // Pipeline schedules: each stage shards its own parameters over its dp group; a block
 // in backward for one micro-batch while another's B or deferred W is still due keeps its
 // gradient buffer until the last of them (Unit::outstanding), then reduces the sum.
+// Expert parallelism: the shards are over the expert-data-parallel group (the ep ranks hold
+// different experts, each its own flat layout of one shape); the pieces of dense parameters
+// in each reduced slice are then summed over ep (the experts' are complete), and the
+// average is over ep × edp.
 // Not built: sharding the persistent units, initialising without the whole model (the model is
 // built and initialised whole, then sharded).
 #include <algorithm>
@@ -49,6 +53,13 @@ class Zero3States final : public ModelStates {
     adam_ = FlatAdamW(values_shard_, sb_, flat_params(ps_), cfg.optim);
     grad_shard_ = Tensor::zeros({n}, DType::F32, all.device());
     build_units();
+    if (cfg.experts.active()) {  // the dense parameters' flat ranges, merged
+      for (const ParamInfo& p : ps_.infos()) {
+        if (p.expert || p.numel() == 0) continue;
+        if (!dense_.empty() && dense_.back().second == p.offset) dense_.back().second += p.numel();
+        else dense_.emplace_back(p.offset, p.offset + p.numel());
+      }
+    }
     for (Unit& u : units_)
       if (!u.block) {
         u.values = all.flat_range(u.begin, u.size()).clone();
@@ -114,7 +125,7 @@ class Zero3States final : public ModelStates {
   StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto) override {
     finish_reductions();
     release_blocks();
-    const StepResult r = adam_.reduced_step(grad_shard_, &dp_, norm_, loss_scale, lr, veto);
+    const StepResult r = adam_.reduced_step(grad_shard_, &dp_, norm_, loss_scale, lr, veto, cfg_.experts.dp_size());
     if (!r.skipped) refresh_persistent();
     return r;
   }
@@ -290,9 +301,20 @@ class Zero3States final : public ModelStates {
     for (size_t i = 0; i < n; ++i) {
       Reduction& r = pending_[i];
       r.work->wait();
+      sum_dense_over_ep(r);
       if (!r.direct && r.out.numel() > 0) axpby(1.0f, r.out, 1.0f, grad_shard_.flat_range(r.at, r.out.numel()));
     }
     pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+  // Expert parallelism: the dense elements of a reduced piece (flat [sb_ + at, … + numel)) summed over
+  // ep, one all-reduce per dense run (the same runs on every ep rank: one layout).
+  void sum_dense_over_ep(const Reduction& r) {
+    if (!cfg_.experts.active() || r.out.numel() == 0) return;
+    const int64_t lo = sb_ + r.at, hi = lo + r.out.numel();
+    for (const auto& [b, e] : dense_) {
+      const int64_t x = std::max(lo, b), y = std::min(hi, e);
+      if (y > x) cfg_.experts.ep->all_reduce(r.out.flat_range(x - lo, y - x), ReduceOp::Sum);
+    }
   }
   void drain() {
     finish_reductions();
@@ -325,6 +347,7 @@ class Zero3States final : public ModelStates {
   bool whole_ = false;
   bool prefetch_ = true;
   bool last_ = true;  // the step's last micro-batch is in backward
+  std::vector<std::pair<int64_t, int64_t>> dense_;  // expert parallelism: flat ranges of dense parameters
 };
 
 }  // namespace

@@ -7,7 +7,7 @@
 // Qwen2-MoE-like layer (SwiGLU experts, pre-softmax router, gated shared expert) too.
 // Each layer's aux-loss gradient reaches the router at the loss's scale: it is in the grad
 // norms compared here. Expert parallelism (EP2, EP2×TP2, EP2×PP2 with a stage without MoE,
-// EP2×DP2 with ZeRO-1/2, both dispatchers) trains to the same losses, and its checkpoints
+// EP2×DP2 with ZeRO-1/2/3, both dispatchers) trains to the same losses, and its checkpoints
 // reshard across EP sizes (the experts are per-expert rows in the checkpoint).
 // mpitron-test: np=2,4
 // mpitron-test: timeout=900
@@ -69,6 +69,7 @@ TEST_CASE("MoE trains to the single-process losses under every layout") {
            "--moe-token-dispatcher-type", "alltoall"}},  // stage 1 holds no MoE layer
       {4, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer", "--moe-token-dispatcher-type", "alltoall"}},
       {4, {"--expert-model-parallel-size", "2", "--zero-stage", "2", "--recompute-activations"}},
+      {4, {"--expert-model-parallel-size", "2", "--zero-stage", "3", "--moe-token-dispatcher-type", "alltoall"}},
       {4, {"--expert-model-parallel-size", "4", "--moe-token-dispatcher-type", "alltoall"}},
   };
   int ran = 0;
@@ -128,15 +129,15 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel sizes") {
   const std::vector<std::string> ep = {"--expert-model-parallel-size", std::to_string(world),
                                        "--moe-token-dispatcher-type", "alltoall", "--use-distributed-optimizer"};
   // Saved at EP = world (each rank writes its experts' rows), resumed on one process and at
-  // EP 2 × DP (4 ranks) with ZeRO-2; and a one-process checkpoint resumed at EP = world.
+  // EP 2 × DP (4 ranks) with ZeRO-3; and a one-process checkpoint resumed at EP = world.
   const std::string ck = (dir / str("ck_ep", world)).string();
   run(plus(base, plus(ep, {"--save", ck, "--exit-interval", "5"})), MPI_COMM_WORLD);
   check_part(run(plus(base, {"--load", ck}), MPI_COMM_SELF).losses, second, "EP checkpoint -> one process");
   MPI_Barrier(MPI_COMM_WORLD);
   if (world == 4)
-    check_part(run(plus(base, {"--expert-model-parallel-size", "2", "--zero-stage", "2", "--load", ck}), MPI_COMM_WORLD)
+    check_part(run(plus(base, {"--expert-model-parallel-size", "2", "--zero-stage", "3", "--load", ck}), MPI_COMM_WORLD)
                    .losses,
-               second, "EP4 -> EP2 x DP2 ZeRO-2");
+               second, "EP4 -> EP2 x DP2 ZeRO-3");
   const std::string ck1 = (dir / str("ck_one_ep", world)).string();
   if (world_rank() == 0) run(plus(base, {"--save", ck1, "--exit-interval", "5"}), MPI_COMM_SELF);
   else MPI_Barrier(MPI_COMM_WORLD);
