@@ -803,7 +803,11 @@ TrainSummary Trainer::run() {
                                              a.moe.drop_by_probs ? "probs" : "position", ")")
                                        : std::string("dropless"),
              a.moe.aux_loss_coeff > 0 ? str(", aux loss ", a.moe.aux_loss_coeff) : "",
-             a.moe.z_loss_coeff > 0 ? str(", z-loss ", a.moe.z_loss_coeff) : "");
+             a.moe.z_loss_coeff > 0 ? str(", z-loss ", a.moe.z_loss_coeff) : "",
+             a.moe.expert_bias_update_rate > 0 ? str(", expert bias (update rate ", a.moe.expert_bias_update_rate, ")") : "",
+             m.par.ep_size > 1 ? str("; expert parallelism ", m.par.ep_size, ": ", c.num_experts / m.par.ep_size,
+                                   " experts per rank, ", a.moe_token_dispatcher_type, " dispatcher")
+                             : std::string());
   }
   if (m.par.cp_size > 1)  // never silently off (Megatron-Bridge #2667): the layout and the comm type
     log_info("context parallelism: each ", c.seq_length, "-token sequence over ", m.par.cp_size, " ranks, ",
