@@ -15,6 +15,7 @@
 #include "data/text_tokenizer.h"
 #include "data/wordpiece_tokenizer.h"
 #include "tests/data/data_test_util.h"
+#include "tests/data/wiki_sentences.h"
 #include "tests/error_of.h"  // error_of
 
 using namespace mpitron;
@@ -24,21 +25,10 @@ using namespace mpitron::testing;
 
 namespace {
 
-const nlohmann::json& ref() {
-  static nlohmann::json j = nlohmann::json::parse(read_all(source_path("tests/data/ref/bert_dataset_ref.json")));
-  return j;
-}
-const WordPieceTokenizer& tok() {
-  static WordPieceTokenizer t(source_path("tests/data/ref/bert_uncased/vocab.txt"), true);
-  return t;
-}
-std::shared_ptr<const IndexedDataset> wiki() {
-  static auto d = std::make_shared<const IndexedDataset>(source_path("tests/data/ref/bert_ds/wiki_text_sentence"));
-  return d;
-}
-DocRange all_docs() { return {0, wiki()->document_count()}; }
-
-template <typename T> std::vector<int64_t> as64(const std::vector<T>& v) { return std::vector<int64_t>(v.begin(), v.end()); }
+const nlohmann::json& ref() { return ref_json("bert_dataset_ref.json"); }
+const WordPieceTokenizer& tok() { return bert_uncased(); }
+std::shared_ptr<const IndexedDataset> wiki() { return wiki_sentences(); }
+DocRange all_docs() { return all_wiki_docs(); }
 
 }  // namespace
 

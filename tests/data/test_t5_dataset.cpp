@@ -13,6 +13,7 @@
 #include "data/t5_dataset.h"
 #include "data/wordpiece_tokenizer.h"
 #include "tests/data/data_test_util.h"
+#include "tests/data/wiki_sentences.h"
 
 using namespace mpitron;
 using namespace mpitron::data;
@@ -20,21 +21,10 @@ using namespace mpitron::testing;
 
 namespace {
 
-const nlohmann::json& ref() {
-  static nlohmann::json j = nlohmann::json::parse(read_all(source_path("tests/data/ref/t5_dataset_ref.json")));
-  return j;
-}
-const WordPieceTokenizer& tok() {
-  static WordPieceTokenizer t(source_path("tests/data/ref/bert_uncased/vocab.txt"), true);
-  return t;
-}
-std::shared_ptr<const IndexedDataset> wiki() {
-  static auto d = std::make_shared<const IndexedDataset>(source_path("tests/data/ref/bert_ds/wiki_text_sentence"));
-  return d;
-}
-DocRange all_docs() { return {0, wiki()->document_count()}; }
-
-template <typename T> std::vector<int64_t> as64(const std::vector<T>& v) { return std::vector<int64_t>(v.begin(), v.end()); }
+const nlohmann::json& ref() { return ref_json("t5_dataset_ref.json"); }
+const WordPieceTokenizer& tok() { return bert_uncased(); }
+std::shared_ptr<const IndexedDataset> wiki() { return wiki_sentences(); }
+DocRange all_docs() { return all_wiki_docs(); }
 
 }  // namespace
 
@@ -140,29 +130,20 @@ TEST_CASE("T5Dataset: refusals name the flag") {
   CHECK_THROWS_WITH_AS(T5Dataset(wiki(), all_docs(), vocab, cfg), doctest::Contains("--encoder-seq-length"), Error);
   cfg.encoder_seq_length = 256;
   cfg.decoder_seq_length = 4;  // a 15% corruption of ~250 tokens needs far more decoder positions
-  T5Dataset small(wiki(), all_docs(), vocab, cfg);
-  bool refused = false;
-  for (int64_t i = 0; i < small.size() && !refused; ++i) {
-    try {
-      small.sample(i);
-    } catch (const Error& e) {
-      CHECK(std::string(e.what()).find("--decoder-seq-length") != std::string::npos);
-      refused = true;
+  // Some sample of the dataset is refused, naming `flag`.
+  auto refuses = [](const T5Dataset& ds, const std::string& flag) {
+    for (int64_t i = 0; i < ds.size(); ++i) {
+      try {
+        ds.sample(i);
+      } catch (const Error& e) {
+        return std::string(e.what()).find(flag) != std::string::npos;
+      }
     }
-  }
-  CHECK(refused);
+    return false;
+  };
+  CHECK(refuses(T5Dataset(wiki(), all_docs(), vocab, cfg), "--decoder-seq-length"));
   T5Vocab few = vocab;
   few.sentinels.resize(1);
   cfg.decoder_seq_length = 128;
-  T5Dataset one_sentinel(wiki(), all_docs(), few, cfg);
-  refused = false;
-  for (int64_t i = 0; i < one_sentinel.size() && !refused; ++i) {
-    try {
-      one_sentinel.sample(i);
-    } catch (const Error& e) {
-      CHECK(std::string(e.what()).find("--vocab-extra-ids") != std::string::npos);
-      refused = true;
-    }
-  }
-  CHECK(refused);
+  CHECK(refuses(T5Dataset(wiki(), all_docs(), few, cfg), "--vocab-extra-ids"));
 }
