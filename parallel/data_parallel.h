@@ -25,6 +25,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "parallel/communicator.h"
@@ -45,7 +46,7 @@ struct FlatParam {
 // expert-data-parallel group only, in buckets of their own. All-reduce mode: the dense buckets
 // over dp, the experts' over edp. Reduce-scatter mode (ZeRO): everything is sharded over edp
 // (the `dp` given is edp), the dense pieces then summed over ep as each bucket finishes.
-// Averaging stays 1/dp (the whole data-parallel size, `average_over`) for both kinds: the
+// Averaging stays 1/dp (the whole data-parallel size, dp_size()) for both kinds: the
 // experts' gradients already hold every ep rank's tokens.
 struct ExpertGroups {
   Communicator* ep = nullptr;   // the ep group (null: no expert parallelism)
@@ -53,6 +54,18 @@ struct ExpertGroups {
   bool active() const { return ep && ep->size() > 1; }
   int dp_size() const { return active() ? ep->size() * edp->size() : 0; }  // 0: no expert parallelism
 };
+
+// The flat ranges [begin, end) of the parameters that are not experts' (FlatParam::expert),
+// adjacent ones merged: what expert parallelism sums over the ep group.
+inline std::vector<std::pair<int64_t, int64_t>> dense_runs(const std::vector<FlatParam>& params) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (const FlatParam& p : params) {
+    if (p.expert || p.numel == 0) continue;
+    if (!runs.empty() && runs.back().second == p.offset) runs.back().second += p.numel;
+    else runs.emplace_back(p.offset, p.offset + p.numel);
+  }
+  return runs;
+}
 
 // Contiguous shards of a flat buffer of `numel` elements over `ranks` ranks:
 // rank r owns [begin(r), end(r)), each of shard = ceil(numel / ranks) elements

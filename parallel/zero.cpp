@@ -59,9 +59,9 @@ void ZeroOptimizer::begin_micro_batch(bool last) {
   // ep rank 0 only (the last sum over ep gives it back to every rank for the update).
   if (reduced_ && experts_.active() && experts_.ep->rank() > 0) {
     const int64_t b = shard_begin(), e = shard_end();
-    for (const FlatParam& p : params_) {
-      const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
-      if (!p.expert && hi > lo) grads_.flat_range(lo, hi - lo).zero();
+    for (const auto& [first, stop] : dense_) {
+      const int64_t lo = std::max(b, first), hi = std::min(e, stop);
+      if (hi > lo) grads_.flat_range(lo, hi - lo).zero();
     }
   }
   buckets_->begin_backward(cfg_.stage == 2 || last);
@@ -142,7 +142,7 @@ StepResult ZeroOptimizer::step(float lr, float loss_scale, const std::function<b
   buckets_->wait_all();
   reduced_ = false;
   // Global norm: every element is owned by exactly one dp rank; the shard holds dp sums.
-  const StepResult r = adam_.reduced_step(shard_grads_, &dp_, norm_group_, loss_scale, lr, veto, average_);
+  const StepResult r = adam_.reduced_step(shard_grads_, &dp_, norm_group_, loss_scale, lr, veto, experts_.dp_size());
   if (r.skipped) return r;
   if (cfg_.overlap_param_gather) start_param_gather();
   else all_gather_values();

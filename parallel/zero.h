@@ -120,7 +120,7 @@ class ZeroOptimizer {
   void set_expert_groups(const ExpertGroups& groups) {
     buckets_->set_expert_groups(groups);
     experts_ = groups;
-    average_ = groups.active() ? groups.dp_size() : 0;
+    dense_ = groups.active() ? dense_runs(params_) : std::vector<std::pair<int64_t, int64_t>>{};
   }
   GradBuckets& buckets() { return *buckets_; }
 
@@ -132,8 +132,8 @@ class ZeroOptimizer {
   std::vector<FlatParam> params_;
   Communicator& dp_;
   Communicator* norm_group_;
-  int average_ = 0;  // the dp size the sums average over (0: dp_'s)
-  ExpertGroups experts_;
+  ExpertGroups experts_;                            // expert parallelism (inactive: none)
+  std::vector<std::pair<int64_t, int64_t>> dense_;  // its dense runs (dense_runs)
   ZeroConfig cfg_;
   ShardLayout layout_;
   FlatAdamW adam_;  // the shard's master weights and moments

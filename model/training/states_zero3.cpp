@@ -53,13 +53,7 @@ class Zero3States final : public ModelStates {
     adam_ = FlatAdamW(values_shard_, sb_, flat_params(ps_), cfg.optim);
     grad_shard_ = Tensor::zeros({n}, DType::F32, all.device());
     build_units();
-    if (cfg.experts.active()) {  // the dense parameters' flat ranges, merged
-      for (const ParamInfo& p : ps_.infos()) {
-        if (p.expert || p.numel() == 0) continue;
-        if (!dense_.empty() && dense_.back().second == p.offset) dense_.back().second += p.numel();
-        else dense_.emplace_back(p.offset, p.offset + p.numel());
-      }
-    }
+    if (cfg.experts.active()) dense_ = dense_runs(flat_params(ps_));
     for (Unit& u : units_)
       if (!u.block) {
         u.values = all.flat_range(u.begin, u.size()).clone();
