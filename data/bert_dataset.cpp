@@ -1,30 +1,21 @@
 // data/bert_dataset.cpp — BERT sample index and samples (rules in the header).
 #include "data/bert_dataset.h"
 
-#include "data/masked_dataset.h"
-
 #include <algorithm>
-#include <cmath>
-#include <limits>
-#include <random>
-#include <unordered_set>
 
 #include "core/error.h"
-#include "data/text_tokenizer.h"
+#include "data/masked_dataset.h"
 #include "data/wordpiece_tokenizer.h"
 
 namespace mpitron::data {
 
 
 BertVocab BertVocab::from(const TextTokenizer& tok) {
-  const auto* wp = dynamic_cast<const WordPieceTokenizer*>(&tok);
-  MPT_CHECK(wp, str("the BERT dataset needs a WordPiece tokenizer, not --tokenizer-type ", tok.type()),
-            "use --tokenizer-type BertWordPieceLowerCase or BertWordPieceCase with --vocab-file vocab.txt");
+  const WordPieceTokenizer& wp = wordpiece_of(tok, "BERT");
   BertVocab v;
-  v.cls = wp->cls(), v.sep = wp->sep(), v.mask = wp->mask(), v.pad = wp->pad();
-  v.vocab_size = wp->vocab_size();
-  v.continuation.resize(static_cast<size_t>(v.vocab_size));
-  for (int64_t i = 0; i < v.vocab_size; ++i) v.continuation[i] = wp->is_continuation(static_cast<int32_t>(i));
+  v.cls = wp.cls(), v.sep = wp.sep(), v.mask = wp.mask(), v.pad = wp.pad();
+  v.vocab_size = wp.vocab_size();
+  v.continuation = continuation_table(wp);
   return v;
 }
 
@@ -33,18 +24,11 @@ BertDataset::BertDataset(std::shared_ptr<const IndexedDataset> data, DocRange do
     : data_(std::move(data)), docs_(docs), vocab_(std::move(vocab)), cfg_(cfg) {
   MPT_CHECK(cfg_.seq_length >= 5, str("BERT --seq-length ", cfg_.seq_length, " is too short"),
             "a sample holds [CLS] A [SEP] B [SEP]: use --seq-length 5 or more (512 is usual)");
-  MPT_CHECK(cfg_.mask_prob > 0 && cfg_.mask_prob < 1, str("--mask-prob ", cfg_.mask_prob, " must be in (0, 1)"), "");
-  MPT_CHECK(cfg_.short_seq_prob >= 0 && cfg_.short_seq_prob <= 1,
-            str("--short-seq-prob ", cfg_.short_seq_prob, " must be in [0, 1]"), "");
-  MPT_CHECK(cfg_.seed > 0, str("BERT --seed ", cfg_.seed, " must be > 0"), "Megatron's build_mapping needs a positive seed");
-  MPT_CHECK(cfg_.max_ngram >= 1, "masking n-gram length must be >= 1", "");
+  check_masked_dataset("BERT", cfg_.mask_prob, cfg_.short_seq_prob, cfg_.seed, cfg_.max_ngram, *data_, docs_,
+                       vocab_.vocab_size);
   MPT_CHECK(vocab_.cls >= 0 && vocab_.sep >= 0 && vocab_.mask >= 0 && vocab_.pad >= 0 &&
                 static_cast<int64_t>(vocab_.continuation.size()) == vocab_.vocab_size,
             "BertVocab lacks [CLS] / [SEP] / [MASK] / [PAD] or its continuation table", "build it with BertVocab::from");
-  MPT_CHECK(docs_.begin >= 0 && docs_.end <= data_->document_count() && docs_.begin <= docs_.end,
-            str("document range [", docs_.begin, ", ", docs_.end, ") is outside ", data_->prefix(), " (",
-                data_->document_count(), " documents)"), "");
-  validate_token_ids(*data_, vocab_.vocab_size);
   build_sample_index();
 }
 

@@ -8,6 +8,8 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "data/text_tokenizer.h"
+#include "data/wordpiece_tokenizer.h"
 
 namespace mpitron::data {
 
@@ -47,6 +49,32 @@ int64_t np_geometric(NumpyRandomState& rs, double p) {
     return x;
   }
   return static_cast<int64_t>(std::ceil(std::log1p(-np_random(rs)) / std::log(1.0 - p)));
+}
+
+const WordPieceTokenizer& wordpiece_of(const TextTokenizer& tok, const std::string& model) {
+  const auto* wp = dynamic_cast<const WordPieceTokenizer*>(&tok);
+  MPT_CHECK(wp, str("the ", model, " dataset needs a WordPiece tokenizer, not --tokenizer-type ", tok.type()),
+            "use --tokenizer-type BertWordPieceLowerCase or BertWordPieceCase with --vocab-file vocab.txt");
+  return *wp;
+}
+
+std::vector<uint8_t> continuation_table(const WordPieceTokenizer& wp) {
+  std::vector<uint8_t> c(static_cast<size_t>(wp.vocab_size()));
+  for (int64_t i = 0; i < wp.vocab_size(); ++i) c[static_cast<size_t>(i)] = wp.is_continuation(static_cast<int32_t>(i));
+  return c;
+}
+
+void check_masked_dataset(const std::string& model, double mask_prob, double short_seq_prob, int32_t seed,
+                          int max_ngram, const IndexedDataset& data, DocRange docs, int64_t vocab_size) {
+  MPT_CHECK(mask_prob > 0 && mask_prob < 1, str("--mask-prob ", mask_prob, " must be in (0, 1)"), "");
+  MPT_CHECK(short_seq_prob >= 0 && short_seq_prob <= 1, str("--short-seq-prob ", short_seq_prob, " must be in [0, 1]"),
+            "");
+  MPT_CHECK(seed > 0, str(model, " --seed ", seed, " must be > 0"), "Megatron's build_mapping needs a positive seed");
+  MPT_CHECK(max_ngram >= 1, "masking n-gram length must be >= 1", "");
+  MPT_CHECK(docs.begin >= 0 && docs.end <= data.document_count() && docs.begin <= docs.end,
+            str("document range [", docs.begin, ", ", docs.end, ") is outside ", data.prefix(), " (",
+                data.document_count(), " documents)"), "");
+  validate_token_ids(data, vocab_size);
 }
 
 std::vector<std::array<int64_t, 3>> build_sentence_rows(const IndexedDataset& data, DocRange docs, int32_t max_len,

@@ -43,6 +43,19 @@ std::vector<std::array<int64_t, 3>> build_sentence_rows(const IndexedDataset& da
                                                         int64_t num_samples, const std::string& model,
                                                         const std::string& hint);
 
+class TextTokenizer;
+class WordPieceTokenizer;
+
+// The WordPiece tokenizer behind `tok`, or a refusal naming --tokenizer-type (`model`: "BERT", "T5").
+const WordPieceTokenizer& wordpiece_of(const TextTokenizer& tok, const std::string& model);
+// [vocab] 1 for its "##" pieces (the whole-word masking's continuations).
+std::vector<uint8_t> continuation_table(const WordPieceTokenizer& wp);
+// The settings and data both datasets refuse by the same rules (`model` names the dataset in the
+// messages): mask and short-sequence probabilities, a positive seed, the n-gram bound, the
+// document range, and token ids within the vocabulary.
+void check_masked_dataset(const std::string& model, double mask_prob, double short_seq_prob, int32_t seed,
+                          int max_ngram, const IndexedDataset& data, DocRange docs, int64_t vocab_size);
+
 struct SpanMasking {
   double mask_prob = 0.15;
   int max_ngram = 3;

@@ -10,22 +10,20 @@
 namespace mpitron::data {
 
 T5Vocab T5Vocab::from(const TextTokenizer& tok, int64_t extra_ids) {
-  const auto* wp = dynamic_cast<const WordPieceTokenizer*>(&tok);
-  MPT_CHECK(wp, str("the T5 dataset needs a WordPiece tokenizer, not --tokenizer-type ", tok.type()),
-            "use --tokenizer-type BertWordPieceLowerCase or BertWordPieceCase with --vocab-file vocab.txt");
+  const WordPieceTokenizer& wp = wordpiece_of(tok, "T5");
   MPT_CHECK(extra_ids > 0, str("T5 span corruption needs sentinel tokens: --vocab-extra-ids is ", extra_ids),
             "pass --vocab-extra-ids 100 (Megatron's pretrain_t5 setting)");
   T5Vocab v;
-  v.cls = wp->cls(), v.sep = wp->sep(), v.mask = wp->mask(), v.pad = wp->pad(), v.bos = wp->bos(), v.eos = wp->eod();
+  v.cls = wp.cls(), v.sep = wp.sep(), v.mask = wp.mask(), v.pad = wp.pad(), v.bos = wp.bos(), v.eos = wp.eod();
   MPT_CHECK(v.mask >= 0 && v.pad >= 0 && v.bos >= 0 && v.eos >= 0,
             "the WordPiece vocabulary lacks [MASK] or [PAD] (T5 span corruption writes them)", "use a BERT vocab.txt");
-  v.vocab_size = wp->vocab_size();
+  v.vocab_size = wp.vocab_size();
   for (int64_t j = 0; j < extra_ids; ++j) {  // Megatron's add_token: an absent token gets the next id
-    const int32_t id = wp->token_to_id("<extra_id_" + std::to_string(j) + ">");
+    const int32_t id = wp.token_to_id("<extra_id_" + std::to_string(j) + ">");
     v.sentinels.push_back(id >= 0 ? id : static_cast<int32_t>(v.vocab_size++));
   }
-  v.continuation.assign(static_cast<size_t>(v.vocab_size), 0);
-  for (int64_t i = 0; i < wp->vocab_size(); ++i) v.continuation[i] = wp->is_continuation(static_cast<int32_t>(i));
+  v.continuation = continuation_table(wp);
+  v.continuation.resize(static_cast<size_t>(v.vocab_size), 0);  // the appended sentinels are whole words
   return v;
 }
 
@@ -35,18 +33,11 @@ T5Dataset::T5Dataset(std::shared_ptr<const IndexedDataset> data, DocRange docs, 
             "use 512 (Megatron's pretrain_t5) or at least 4");
   MPT_CHECK(cfg_.decoder_seq_length >= 2, str("T5 --decoder-seq-length ", cfg_.decoder_seq_length, " is too short"),
             "use 128 (Megatron's pretrain_t5) or at least 2");
-  MPT_CHECK(cfg_.mask_prob > 0 && cfg_.mask_prob < 1, str("--mask-prob ", cfg_.mask_prob, " must be in (0, 1)"), "");
-  MPT_CHECK(cfg_.short_seq_prob >= 0 && cfg_.short_seq_prob <= 1,
-            str("--short-seq-prob ", cfg_.short_seq_prob, " must be in [0, 1]"), "");
-  MPT_CHECK(cfg_.seed > 0, str("T5 --seed ", cfg_.seed, " must be > 0"), "Megatron's build_mapping needs a positive seed");
-  MPT_CHECK(cfg_.max_ngram >= 1, "masking n-gram length must be >= 1", "");
+  check_masked_dataset("T5", cfg_.mask_prob, cfg_.short_seq_prob, cfg_.seed, cfg_.max_ngram, *data_, docs_,
+                       vocab_.vocab_size);
   MPT_CHECK(!vocab_.sentinels.empty() && vocab_.mask >= 0 && vocab_.pad >= 0 && vocab_.bos >= 0 && vocab_.eos >= 0 &&
                 static_cast<int64_t>(vocab_.continuation.size()) == vocab_.vocab_size,
             "T5Vocab lacks sentinels, [MASK], [PAD], [BOS] / [EOS] or its continuation table", "build it with T5Vocab::from");
-  MPT_CHECK(docs_.begin >= 0 && docs_.end <= data_->document_count() && docs_.begin <= docs_.end,
-            str("document range [", docs_.begin, ", ", docs_.end, ") is outside ", data_->prefix(), " (",
-                data_->document_count(), " documents)"), "");
-  validate_token_ids(*data_, vocab_.vocab_size);
   rows_ = build_sentence_rows(*data_, docs_, static_cast<int32_t>(cfg_.encoder_seq_length - 2), 1, cfg_.short_seq_prob,
                               cfg_.seed, cfg_.num_samples, "T5", "check the data path");
 }
