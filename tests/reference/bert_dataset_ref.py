@@ -25,7 +25,7 @@ import types
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from megatron_interop import import_indexed_dataset, ROOT  # noqa: E402
+from megatron_interop import import_indexed_dataset, masked_samples, ROOT  # noqa: E402
 
 REF = os.path.join(ROOT, "tests", "data", "ref")
 VOCAB = os.path.join(REF, "bert_uncased", "vocab.txt")
@@ -87,14 +87,7 @@ def main():
         docs = ds.document_indices  # all documents: indices = arange(n), +1 for the upper bound
         sample_index = helpers.build_mapping(docs, ds.sequence_lengths, np.iinfo(np.int32).max - 1, nsamples,
                                              seq - 3, short_p, seed, False, 2 if head else 1)
-        obj = bd.BERTMaskedWordPieceDataset.__new__(bd.BERTMaskedWordPieceDataset)
-        obj.config, obj.dataset, obj.sample_index = config, ds, sample_index
-        obj.token_lookup = list(inv_vocab.keys())
-        obj._pad_token_id = tokenizer.pad
-        samples = []
-        for i in range(min(keep, len(sample_index))):
-            s = obj[i]
-            samples.append({k: (v.tolist() if isinstance(v, np.ndarray) else int(v)) for k, v in s.items()})
+        samples = masked_samples(bd.BERTMaskedWordPieceDataset, config, ds, sample_index, keep)
         out["configs"].append({"name": name, "seq_length": seq, "binary_head": head, "seed": seed,
                                "num_samples": nsamples, "short_seq_prob": short_p, "mask_prob": mask_p,
                                "sample_index": np.asarray(sample_index).tolist(), "samples": samples})

@@ -67,6 +67,20 @@ def import_indexed_dataset():
     return idx
 
 
+def masked_samples(cls, config, ds, sample_index, keep):
+    """The first `keep` samples of a megatron-core MaskedWordPieceDataset subclass (BERT, T5), its
+    __getitem__ run on an object made without __init__, the attributes set as __init__ would."""
+    obj = cls.__new__(cls)
+    obj.config, obj.dataset, obj.sample_index = config, ds, sample_index
+    obj.token_lookup = list(config.tokenizer.inv_vocab.keys())
+    obj._pad_token_id = config.tokenizer.pad
+    samples = []
+    for i in range(min(keep, len(sample_index))):
+        s = obj[i]
+        samples.append({k: (v.tolist() if isinstance(v, np.ndarray) else int(v)) for k, v in s.items()})
+    return samples
+
+
 def write_mcore(idx, torch):
     manifest = {}
     for name, (dt, docs) in DOCS.items():

@@ -22,7 +22,7 @@ import types
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from megatron_interop import import_indexed_dataset, ROOT  # noqa: E402
+from megatron_interop import import_indexed_dataset, masked_samples, ROOT  # noqa: E402
 
 REF = os.path.join(ROOT, "tests", "data", "ref")
 VOCAB = os.path.join(REF, "bert_uncased", "vocab.txt")
@@ -61,14 +61,7 @@ def main():
             masking_use_longer_ngrams=False, masking_use_geometric_distribution=True)
         sample_index = helpers.build_mapping(ds.document_indices, ds.sequence_lengths, np.iinfo(np.int32).max - 1,
                                              nsamples, enc - 2, short_p, seed, False, 1)
-        obj = td.T5MaskedWordPieceDataset.__new__(td.T5MaskedWordPieceDataset)
-        obj.config, obj.dataset, obj.sample_index = config, ds, sample_index
-        obj.token_lookup = list(inv_vocab.keys())
-        obj._pad_token_id = tokenizer.pad
-        samples = []
-        for i in range(min(keep, len(sample_index))):
-            s = obj[i]
-            samples.append({k: (v.tolist() if isinstance(v, np.ndarray) else int(v)) for k, v in s.items()})
+        samples = masked_samples(td.T5MaskedWordPieceDataset, config, ds, sample_index, keep)
         out["configs"].append({"name": name, "encoder_seq_length": enc, "decoder_seq_length": dec, "seed": seed,
                                "num_samples": nsamples, "short_seq_prob": short_p, "mask_prob": mask_p,
                                "sample_index": np.asarray(sample_index).tolist(), "samples": samples})
