@@ -235,8 +235,9 @@ std::vector<ArchField> build() {
                {"exact-gelu", FlagType::Switch,
                 "GELU is x·Φ(x) with erf (HF BERT's \"gelu\", torch's F.gelu; Megatron's unfused path) instead of "
                 "the tanh approximation (the default: GPT-2, Megatron's fused bias_gelu)"},
-               {"openai-gelu", FlagType::Switch, "the tanh-approximation GELU (Megatron's name; the default here)"}};
-    f.meaning = "the MLP: gelu (tanh), gelu_erf, swiglu or geglu";
+               {"openai-gelu", FlagType::Switch, "the tanh-approximation GELU (Megatron's name; the default here)"},
+               {"relu", FlagType::Switch, "ReLU MLP: max(fc, 0) (the original T5's DenseReluDense)"}};
+    f.meaning = "the MLP: gelu (tanh), gelu_erf, swiglu, geglu or relu";
     f.inference = checked;
     f.get = [](const C& c) { return json(to_string(c.mlp)); };
     f.set = [](C& c, const json& v, const std::string& what) {
@@ -249,6 +250,9 @@ std::vector<ArchField> build() {
     f.reset = [](C& c) { c.mlp = C{}.mlp; };
     f.apply = [](const GivenFlags& g, C& c) {
       const bool sw = on(g, "swiglu"), ge = on(g, "geglu"), erf = on(g, "exact-gelu"), tanh = on(g, "openai-gelu");
+      const bool relu = on(g, "relu");
+      MPT_CHECK(!relu || !(sw || ge || erf || tanh), "--relu with --swiglu, --geglu, --exact-gelu or --openai-gelu",
+                "the MLP has one activation: give one");
       MPT_CHECK(!(erf && tanh), "--exact-gelu and --openai-gelu both given",
                 "--openai-gelu is the tanh approximation, --exact-gelu the erf form: give one");
       MPT_CHECK(!(sw && ge), "--swiglu and --geglu both given", "a gated MLP has one activation: give one");
@@ -256,13 +260,14 @@ std::vector<ArchField> build() {
                 "drop the GELU flag");
       MPT_CHECK(!(ge && erf), "--exact-gelu with --geglu: the GeGLU MLP's GELU is the tanh approximation",
                 "drop --exact-gelu");
-      c.mlp = sw ? MlpKind::SwiGLU : ge ? MlpKind::GeGLU : erf ? MlpKind::GeluErf : MlpKind::GeluTanh;
+      c.mlp = relu ? MlpKind::ReLU : sw ? MlpKind::SwiGLU : ge ? MlpKind::GeGLU : erf ? MlpKind::GeluErf : MlpKind::GeluTanh;
     };
     f.text = [](const json& v) {
       const MlpKind k = parse_mlp_kind(v.get<std::string>());
       return std::string(k == MlpKind::SwiGLU   ? "--swiglu"
                          : k == MlpKind::GeGLU   ? "--geglu"
                          : k == MlpKind::GeluErf ? "--exact-gelu"
+                         : k == MlpKind::ReLU    ? "--relu"
                                                  : "--openai-gelu (the tanh GELU MLP)");
     };
     // Before the key: "swiglu" true, "gelu_exact" true, or the tanh GELU.
@@ -277,17 +282,17 @@ std::vector<ArchField> build() {
     f.key = "position_embedding";
     f.kind = FieldKind::Choice;
     f.scope = FlagScope::Model;
-    f.flags = {{"position-embedding-type", FlagType::Text, "learned_absolute (default), rope or none"},
+    f.flags = {{"position-embedding-type", FlagType::Text, "learned_absolute (default), rope, none, or relative (T5)"},
                {"use-rotary-position-embeddings", FlagType::Switch, "= --position-embedding-type rope"},
                {"no-position-embedding", FlagType::Switch,
                 "no learned position table (with learned_absolute: position type none)"}};
-    f.meaning = "learned_absolute (wpe), rope or none";
+    f.meaning = "learned_absolute (wpe), rope, none or relative (T5's bucketed bias)";
     f.inference = checked;
     f.get = [](const C& c) { return json(to_string(c.position_embedding)); };
     f.set = [](C& c, const json& v, const std::string& what) {
       const std::string s = as_text(v, what);
-      MPT_CHECK(s == "learned_absolute" || s == "rope" || s == "none", str(what, " ", s, " is not known"),
-                "use learned_absolute, rope or none");
+      MPT_CHECK(s == "learned_absolute" || s == "rope" || s == "none" || s == "relative", str(what, " ", s, " is not known"),
+                "use learned_absolute, rope, none or relative (T5)");
       c.position_embedding = parse_position_embedding(s);
     };
     f.reset = [](C& c) { c.position_embedding = C{}.position_embedding; };
@@ -529,6 +534,44 @@ std::vector<ArchField> build() {
                          true, "BERT's pooler and sentence-order head", "from the checkpoint"));
   v.push_back(plain_row("num_tokentypes", FieldKind::Shape, &C::num_tokentypes, "token-type embedding rows (BERT)"));
   v.push_back(plain_row("num_classes", FieldKind::Shape, &C::num_classes, "classes of a fine-tuned BERT classifier"));
+  // T5 (model/t5.h): set by pretrain_t5 and its flags. Checkpoints from before these keys are not T5.
+  v.push_back(plain_row("t5", FieldKind::Choice, &C::t5, "a T5 encoder-decoder"));
+  {
+    // Megatron's --encoder-num-layers / --decoder-num-layers; --num-layers alone gives both stacks that many
+    // (pretrain_t5 sums them into num_layers before this row: model/training/arguments.cpp).
+    ArchField f = int_row("encoder_num_layers", FieldKind::Shape, "encoder-num-layers",
+                          "T5: the encoder's blocks (default --num-layers)", &C::encoder_num_layers, 0,
+                          "T5: Le, the encoder's blocks (layers 0 … Le−1; the rest are the decoder's)", checked);
+    f.scope = FlagScope::T5;
+    f.flags.push_back({"decoder-num-layers", FlagType::Int, "T5: the decoder's blocks (default --num-layers)"});
+    f.apply = [](const GivenFlags&, C&) {};  // pretrain_t5 resolves the pair with --num-layers (t5_layer_flags)
+    f.text = [](const json& v) { return str("--encoder-num-layers ", dump(v)); };
+    f.required = false;
+    v.push_back(f);
+  }
+  {
+    ArchField f = int_row("decoder_seq_length", FieldKind::Run, "decoder-seq-length",
+                          "T5: the decoder's tokens per sample (--seq-length is the encoder's)", &C::decoder_seq_length,
+                          0, "T5: Td, the decoder's tokens per sample", checked);
+    f.scope = FlagScope::T5;
+    f.required = false;
+    v.push_back(f);
+  }
+  for (const bool buckets : {true, false}) {
+    ArchField f = int_row(buckets ? "relative_attention_num_buckets" : "relative_attention_max_distance",
+                          FieldKind::Choice,
+                          buckets ? "relative-attention-num-buckets" : "relative-attention-max-distance",
+                          buckets ? "T5's relative position buckets (default 32)"
+                                  : "T5's distance where the buckets stop growing (default 128)",
+                          buckets ? &C::relative_attention_num_buckets : &C::relative_attention_max_distance, 2,
+                          buckets ? "T5's relative position buckets" : "T5's relative positions' maximum distance",
+                          checked);
+    f.scope = FlagScope::T5;
+    f.kind = buckets ? FieldKind::Shape : FieldKind::Choice;
+    f.sizes_weights = [](const C& c) { return c.relative_positions(); };
+    f.required = false;
+    v.push_back(f);
+  }
   return v;
 }
 

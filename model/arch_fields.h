@@ -39,6 +39,7 @@ enum class FlagType : uint8_t { Switch, Int, Float, Text };
 enum class FlagScope : uint8_t {
   Model,  // every tool that builds or loads a model (pretrain_gpt/bert, generate_text, evaluate, the server, finetune)
   Bert,   // pretrain_bert and finetune (BERT's own choices)
+  T5,     // pretrain_t5 (T5's stacks and relative positions)
   None,   // no flag: set by the tool or the importer (vocabulary, BERT's shape of heads)
 };
 

@@ -19,7 +19,7 @@ BlockShape block_shape(const GPTConfig& c, int64_t batch, int64_t seq, const Ten
   s.rope = c.position_embedding == PositionEmbedding::Rope;
   s.rope_args.base = c.rotary_base;
   s.rope_args.percent = c.rotary_percent;
-  s.mask = c.attention_mask();
+  s.mask = c.attention_mask(layer);
   s.window = c.window_size;
   s.post_ln = c.post_ln;
   if (c.is_moe_layer(layer)) {
@@ -123,11 +123,21 @@ void block_forward(const BlockShape& s, const BlockParams& p, const Tensor& x, c
   if (s.dropout > 0) drop_rows(s, att, seed, offset);
   a.x2 = like(x, {Nl, C});
   add_forward(x, att, a.x2);
+  Tensor mid = a.x2;  // the MLP's residual input: x3 in a decoder block with cross-attention, else x2
+  if (s.cross.active()) {
+    Tensor h3 = like(x, {Nl, C});
+    norm_forward(s.norm, s.eps, p.norm3(), a.x2, h3, a.n3);
+    Tensor xatt = cross_attention_forward(s, p.cross(), h3, a.xattn, seed);  // (Nl, C)
+    if (s.dropout > 0) drop_rows(s, xatt, seed, offset + 2 * mlp_offset(s));
+    a.x3 = like(x, {Nl, C});
+    add_forward(a.x2, xatt, a.x3);
+    mid = a.x3;
+  }
   Tensor h2 = like(x, {Nl, C});
-  norm_forward(s.norm, s.eps, p.norm2(), a.x2, h2, a.n2);
+  norm_forward(s.norm, s.eps, p.norm2(), mid, h2, a.n2);
   Tensor mlp = mlp_layer_forward(s, p.mlp(), h2, a.mlp);  // (Nl, C)
   if (s.dropout > 0) drop_rows(s, mlp, seed, offset + mlp_offset(s));
-  add_forward(a.x2, mlp, y);
+  add_forward(mid, mlp, y);
 }
 
 void block_backward_input(const BlockShape& s, const BlockParams& p, const Tensor& x, const Tensor& dy,
@@ -135,7 +145,7 @@ void block_backward_input(const BlockShape& s, const BlockParams& p, const Tenso
                           WeightGradWork* defer) {
   const int64_t Nl = s.local_rows(), C = s.hidden;
   // Each norm's input and output gradient, for the weight part.
-  Tensor in1 = x, dout1, in2 = a.x2, dout2;
+  Tensor in1 = x, dout1, in2 = s.cross.active() ? a.x3 : a.x2, dout2, dout3;
   if (s.post_ln) {
     // y = norm2(r2), r2 = x2 + drop(mlp(x2)), x2 = norm1(r1), r1 = x + drop(attention(x))
     Tensor dr2 = Tensor::zeros({Nl, C}, dy.dtype(), dy.device());
@@ -160,9 +170,16 @@ void block_backward_input(const BlockShape& s, const BlockParams& p, const Tenso
     if (s.dropout > 0) drop_rows_backward(s, dy, dmlp, seed, offset + mlp_offset(s));
     else dmlp.copy_from(dy);
     const Tensor dh2 = mlp_layer_backward(s, p.mlp(), a.mlp, dmlp, defer);
-    Tensor dx2 = like(dy, {Nl, C});  // dy + norm2ᵀ(dh2)
+    Tensor dx2 = like(dy, {Nl, C});  // dy + norm2ᵀ(dh2): d(x3) with cross-attention, else d(x2)
     dx2.copy_from(dy);
-    norm_backward_input(s.norm, p.norm2(), a.x2, a.n2, dh2, dx2);
+    norm_backward_input(s.norm, p.norm2(), in2, a.n2, dh2, dx2);
+    if (s.cross.active()) {  // x3 = x2 + drop(xattn(h3)): d(x2) = d(x3) + norm3ᵀ(xattnᵀ(drop(d(x3))))
+      Tensor dxatt = like(dy, {Nl, C});
+      if (s.dropout > 0) drop_rows_backward(s, dx2, dxatt, seed, offset + 2 * mlp_offset(s));
+      else dxatt.copy_from(dx2);
+      dout3 = cross_attention_backward(s, p.cross(), a.xattn, dxatt, seed, defer);
+      norm_backward_input(s.norm, p.norm3(), a.x2, a.n3, dout3, dx2);
+    }
     // Attention: x2 = x + drop(attention(h1))
     Tensor datt = like(dy, {Nl, C});
     if (s.dropout > 0) drop_rows_backward(s, dx2, datt, seed, offset);
@@ -172,26 +189,33 @@ void block_backward_input(const BlockShape& s, const BlockParams& p, const Tenso
     norm_backward_input(s.norm, p.norm1(), x, a.n1, dh1, dx);
     dout1 = dh1, dout2 = dh2;
   }
-  // The norm weight gradients. With sequence parallelism each rank's are partial
-  // sums over its own rows: one (2C or 4C) buffer, all-reduced over the group.
-  auto norm_weights = [s, p, x = in1, x2 = in2, n1 = a.n1, n2 = a.n2, dh1 = dout1, dh2 = dout2] {
+  // The norm weight gradients (norm2, norm1, and norm3 with cross-attention). With sequence parallelism
+  // each rank's are partial sums over its own rows: one buffer, all-reduced over the group.
+  struct NormGrad {
+    NormParams p;
+    Tensor in, dout;
+    NormActs acts;
+  };
+  std::vector<NormGrad> norms{{p.norm2(), in2, dout2, a.n2}, {p.norm1(), in1, dout1, a.n1}};
+  if (s.cross.active()) norms.push_back({p.norm3(), a.x2, dout3, a.n3});
+  auto norm_weights = [s, norms] {
     auto pg = [](const Var& v) { return v.defined() ? v.grad_or_zeros() : Tensor(); };
     if (!s.tp.sequence_parallel) {
-      norm_backward_weight(s.norm, p.norm2(), x2, n2, dh2, pg(p.norm2().w), pg(p.norm2().b));
-      norm_backward_weight(s.norm, p.norm1(), x, n1, dh1, pg(p.norm1().w), pg(p.norm1().b));
+      for (const NormGrad& n : norms) norm_backward_weight(s.norm, n.p, n.in, n.acts, n.dout, pg(n.p.w), pg(n.p.b));
       return;
     }
-    const int64_t C = s.hidden, k = p.norm1().b.defined() ? 2 : 1;
-    const Tensor partial = Tensor::zeros({2 * k * C}, DType::F32, x.device());
-    auto part = [&](int i) { return partial.flat_range(i * C, C); };
-    norm_backward_weight(s.norm, p.norm2(), x2, n2, dh2, part(0), k == 2 ? part(1) : Tensor());
-    norm_backward_weight(s.norm, p.norm1(), x, n1, dh1, part(k), k == 2 ? part(k + 1) : Tensor());
+    const int64_t C = s.hidden, k = norms[0].p.b.defined() ? 2 : 1, n = static_cast<int64_t>(norms.size());
+    const Tensor partial = Tensor::zeros({n * k * C}, DType::F32, norms[0].in.device());
+    auto part = [&](int64_t i) { return partial.flat_range(i * C, C); };
+    for (int64_t i = 0; i < n; ++i) {
+      const NormGrad& g = norms[static_cast<size_t>(i)];
+      norm_backward_weight(s.norm, g.p, g.in, g.acts, g.dout, part(i * k), k == 2 ? part(i * k + 1) : Tensor());
+    }
     tp_all_reduce(s.tp, partial);
-    axpby(1.0f, part(0), 1.0f, pg(p.norm2().w));
-    axpby(1.0f, part(k), 1.0f, pg(p.norm1().w));
-    if (k == 2) {
-      axpby(1.0f, part(1), 1.0f, pg(p.norm2().b));
-      axpby(1.0f, part(3), 1.0f, pg(p.norm1().b));
+    for (int64_t i = 0; i < n; ++i) {
+      const NormGrad& g = norms[static_cast<size_t>(i)];
+      axpby(1.0f, part(i * k), 1.0f, pg(g.p.w));
+      if (k == 2) axpby(1.0f, part(i * k + 1), 1.0f, pg(g.p.b));
     }
   };
   if (defer) defer->add(std::move(norm_weights));

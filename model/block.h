@@ -7,14 +7,15 @@
 //   x (Nl, C), N = B·T tokens of the micro-batch (Nl = N/t with sequence parallelism)
 //   h1 = norm1(x)                               (Nl, C)
 //   x2 = x + dropout(attention(h1))             attention_layer.h
-//   h2 = norm2(x2)
-//   y  = x2 + dropout(mlp(h2))                  mlp_layer.h
+//   x3 = x2 + dropout(xattn(norm3(x2), mem))    T5 decoder blocks only (cross_attention_layer.h); else x3 = x2
+//   h2 = norm2(x3)
+//   y  = x3 + dropout(mlp(h2))                  mlp_layer.h
 // Post-LN (BlockShape::post_ln, the original BERT; same sublayers and parameters):
 //   x2 = norm1(r1), r1 = x + dropout(attention(x))
 //   y  = norm2(r2), r2 = x2 + dropout(mlp(x2))
 // Dropout masks are named by (seed, offset): the attention output's mask at offset,
-// the MLP output's at offset + N·C (global element index, so TP/SP ranks and a
-// recompute draw the single-process masks); attention probabilities use
+// the MLP output's at offset + N·C, the cross-attention output's at offset + 2·N·C (global
+// element index, so TP/SP ranks and a recompute draw the single-process masks); attention probabilities use
 // (seed, s.attention_offset) in attention.h's streams.
 //
 // Backward in two parts (zero-bubble pipelines split them into B and W):
@@ -32,6 +33,7 @@
 #include "model/config.h"
 #include "model/layers/attention_layer.h"
 #include "model/layers/block_shape.h"
+#include "model/layers/cross_attention_layer.h"
 #include "model/layers/mlp_layer.h"
 #include "model/layers/norm.h"
 #include "model/params.h"
@@ -57,6 +59,11 @@ struct BlockParams {
     return {(*this)[ParamRole::QkvWeight], (*this)[ParamRole::QkvBias], (*this)[ParamRole::ProjWeight],
             (*this)[ParamRole::ProjBias]};
   }
+  NormParams norm3() const { return {(*this)[ParamRole::Norm3Weight], (*this)[ParamRole::Norm3Bias], norm_1p}; }
+  CrossAttentionParams cross() const {
+    return {(*this)[ParamRole::CrossQWeight], (*this)[ParamRole::CrossQBias], (*this)[ParamRole::CrossKvWeight],
+            (*this)[ParamRole::CrossKvBias], (*this)[ParamRole::CrossProjWeight], (*this)[ParamRole::CrossProjBias]};
+  }
   std::vector<Var> all(ParamRole r) const;      // every row of a role, in table order (the experts')
   MlpParams mlp() const {
     return {(*this)[ParamRole::FcWeight], (*this)[ParamRole::FcBias], (*this)[ParamRole::MlpProjWeight],
@@ -70,7 +77,9 @@ struct BlockParams {
 
 // Saved activations of one block's forward.
 struct BlockActs {
-  NormActs n1, n2;
+  NormActs n1, n2, n3;  // n3: the cross-attention's norm (T5 decoder blocks)
+  CrossAttentionActs xattn;  // xattn.in = norm3's output
+  Tensor x3;                 // (Nl, C) the residual after cross-attention (T5 decoder blocks)
   AttentionActs attn;  // attn.in = norm1's output
   MlpActs mlp;         // mlp.in = norm2's output
   Tensor x2;           // (Nl, C); post-LN: norm1's output

@@ -17,6 +17,7 @@ const char* to_string(PositionEmbedding p) {
     case PositionEmbedding::Learned: return "learned_absolute";
     case PositionEmbedding::Rope: return "rope";
     case PositionEmbedding::None: return "none";
+    case PositionEmbedding::Relative: return "relative";
   }
   return "?";
 }
@@ -27,6 +28,7 @@ const char* to_string(MlpKind k) {
     case MlpKind::GeluErf: return "gelu_erf";
     case MlpKind::SwiGLU: return "swiglu";
     case MlpKind::GeGLU: return "geglu";
+    case MlpKind::ReLU: return "relu";
   }
   return "?";
 }
@@ -41,9 +43,9 @@ const char* to_string(AttentionMaskKind k) {
 }
 
 MlpKind parse_mlp_kind(const std::string& s) {
-  for (MlpKind k : {MlpKind::GeluTanh, MlpKind::GeluErf, MlpKind::SwiGLU, MlpKind::GeGLU})
+  for (MlpKind k : {MlpKind::GeluTanh, MlpKind::GeluErf, MlpKind::SwiGLU, MlpKind::GeGLU, MlpKind::ReLU})
     if (s == to_string(k)) return k;
-  MPT_THROW(str("MLP kind ", s, " is not known"), "use gelu, gelu_erf, swiglu or geglu");
+  MPT_THROW(str("MLP kind ", s, " is not known"), "use gelu, gelu_erf, swiglu, geglu or relu");
 }
 
 const char* to_string(MoeScore s) { return s == MoeScore::Sigmoid ? "sigmoid" : "softmax"; }
@@ -66,7 +68,31 @@ PositionEmbedding parse_position_embedding(const std::string& s) {
   if (s == "learned_absolute") return PositionEmbedding::Learned;
   if (s == "rope") return PositionEmbedding::Rope;
   if (s == "none") return PositionEmbedding::None;
-  MPT_THROW(str("--position-embedding-type ", s, " is not known"), "use learned_absolute, rope or none");
+  if (s == "relative") return PositionEmbedding::Relative;
+  MPT_THROW(str("--position-embedding-type ", s, " is not known"), "use learned_absolute, rope, none or relative (T5)");
+}
+
+void TransformerConfig::validate_t5() const {
+  MPT_CHECK(!bert && causal && !post_ln && num_tokentypes == 0, "a T5 configuration is not also a BERT one", "");
+  MPT_CHECK(encoder_num_layers >= 1 && encoder_num_layers < num_layers,
+            str("T5 needs >= 1 encoder and >= 1 decoder layer: --encoder-num-layers ", encoder_num_layers,
+                " of ", num_layers, " layers in all"),
+            "give --encoder-num-layers and --decoder-num-layers (or --num-layers for both)");
+  MPT_CHECK(decoder_seq_length >= 1, str("--decoder-seq-length must be >= 1, got ", decoder_seq_length), "");
+  MPT_CHECK(!learned_positions() || decoder_seq_length <= max_position_embeddings,
+            str("--decoder-seq-length (", decoder_seq_length, ") exceeds --max-position-embeddings (",
+                max_position_embeddings, ")"),
+            "raise --max-position-embeddings or lower --decoder-seq-length");
+  MPT_CHECK(position_embedding == PositionEmbedding::Learned || relative_positions(),
+            str("T5 takes --position-embedding-type learned_absolute or relative, got ", to_string(position_embedding)),
+            "");
+  MPT_CHECK(!relative_positions() || (relative_attention_num_buckets >= 2 && relative_attention_max_distance >= 2),
+            str("--relative-attention-num-buckets (", relative_attention_num_buckets,
+                ") and --relative-attention-max-distance (", relative_attention_max_distance, ") must be >= 2"),
+            "T5 uses 32 and 128");
+  MPT_CHECK(window_size == 0 && num_experts == 0 && !layernorm_1p && !scale_embeddings,
+            "T5 with --window-size, --num-experts, --apply-layernorm-1p or --scale-embeddings is not supported",
+            "drop them for pretrain_t5");
 }
 
 std::string TransformerConfig::family() const {
@@ -113,6 +139,11 @@ void TransformerConfig::validate() const {
   MPT_CHECK(!bert || !untie_embeddings,
             "--untie-embeddings-and-output-weights: BERT's MLM decoder is tied to the word embeddings", "");
 
+  if (t5) validate_t5();
+  else
+    MPT_CHECK(!relative_positions(),
+              "--position-embedding-type relative is T5's relative position bias (pretrain_t5); decoders take "
+              "learned_absolute, rope or none", "");
   if (num_experts != 0) {
     validate_moe();
   } else {
@@ -173,6 +204,15 @@ namespace {
 template <class F>
 double sum_layers(const TransformerConfig& c, F per_row) {
   int64_t moe = 0, first_moe = -1, first_dense = -1;
+  const auto rows = [&](int64_t l) {
+    double t = 0;
+    if (l >= 0)
+      for (const ParamSpec& s : block_param_table(c, l)) t += per_row(s);
+    return t;
+  };
+  if (c.t5)  // T5: the encoder's layers, then the decoder's (with cross-attention)
+    return static_cast<double>(c.encoder_num_layers) * rows(0) +
+           static_cast<double>(c.decoder_num_layers()) * rows(c.encoder_num_layers);
   if (!c.moe()) {
     first_dense = 0;
   } else if (!c.moe_layer_pattern.empty()) {
@@ -187,12 +227,6 @@ double sum_layers(const TransformerConfig& c, F per_row) {
     first_moe = 0;
     if (c.moe_layer_freq > 1 && c.num_layers > 1) first_dense = 1;
   }
-  const auto rows = [&](int64_t l) {
-    double t = 0;
-    if (l >= 0)
-      for (const ParamSpec& s : block_param_table(c, l)) t += per_row(s);
-    return t;
-  };
   return static_cast<double>(moe) * rows(first_moe) + static_cast<double>(c.num_layers - moe) * rows(first_dense);
 }
 // The share of a row one token runs through: k / E for a routed expert's, else 1.

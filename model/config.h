@@ -19,14 +19,17 @@
 namespace mpitron {
 
 enum class Normalization : uint8_t { LayerNorm, RMSNorm };
-enum class PositionEmbedding : uint8_t { Learned, Rope, None };
+// Relative: T5's bucketed relative position bias, one (buckets, NH) table per stack added to the
+// attention scores of its self-attention (model/t5.h); no position embedding.
+enum class PositionEmbedding : uint8_t { Learned, Rope, None, Relative };
 // The MLP sublayer's activation. The gated kinds' fc is (2F, C) = [gate | up] and
 // g = act(gate) · up; the others' fc is (F, C) and g = act(fc).
 enum class MlpKind : uint8_t {
   GeluTanh,  // GELU, tanh approximation (GPT-2; Megatron's fused bias_gelu; the default)
   GeluErf,   // GELU, exact x·Φ(x) with erf (HF BERT's "gelu"; --exact-gelu)
   SwiGLU,    // silu(gate) · up (Llama; --swiglu)
-  GeGLU,     // gelu(gate) · up, the tanh GELU (Gemma; --geglu)
+  GeGLU,     // gelu(gate) · up, the tanh GELU (Gemma, T5 v1.1's gated-gelu; --geglu)
+  ReLU,      // max(x, 0) (the original T5's DenseReluDense; --relu)
 };
 // Which keys a query sees (tensor/attention.h's AttentionMask).
 enum class AttentionMaskKind : uint8_t {
@@ -35,8 +38,8 @@ enum class AttentionMaskKind : uint8_t {
   SlidingWindow,  // i − W <= j <= i: causal within a window of W earlier keys (Mistral; --window-size)
 };
 
-// Megatron's spellings: "LayerNorm"/"RMSNorm", "learned_absolute"/"rope"/"none";
-// MLP kinds "gelu", "gelu_erf", "swiglu", "geglu"; masks "causal", "padding", "sliding_window".
+// Megatron's spellings: "LayerNorm"/"RMSNorm", "learned_absolute"/"rope"/"none"/"relative";
+// MLP kinds "gelu", "gelu_erf", "swiglu", "geglu", "relu"; masks "causal", "padding", "sliding_window".
 const char* to_string(Normalization n);
 const char* to_string(PositionEmbedding p);
 const char* to_string(MlpKind k);
@@ -110,6 +113,15 @@ struct TransformerConfig {
   int64_t num_classes = 0;               // BERT: > 0 makes it Megatron's Classification model (finetune --task):
                                          //   pooler + dropout + classification_head (num_classes, C) instead of
                                          //   the MLM and binary heads (model/training/finetune.h)
+  // T5 (model/t5.h; docs/model-families.md "T5"; set by pretrain_t5 and its flags): an encoder-decoder.
+  // Layers 0 … Le−1 are the encoder (bidirectional, padding mask), layers Le … num_layers−1 the decoder
+  // (causal self-attention, then cross-attention over the encoder's output, then the MLP);
+  // num_layers = Le + Ld. seq_length is the encoder's length.
+  bool t5 = false;
+  int64_t encoder_num_layers = 0;        // --encoder-num-layers: Le
+  int64_t decoder_seq_length = 0;        // --decoder-seq-length: Td, the decoder's tokens per sample
+  int64_t relative_attention_num_buckets = 32;   // --relative-attention-num-buckets (relative positions)
+  int64_t relative_attention_max_distance = 128; // --relative-attention-max-distance (relative positions)
 
   int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
@@ -134,21 +146,28 @@ struct TransformerConfig {
     return mlp_gated(mlp) ? 2 * moe_shared_expert_intermediate_size : moe_shared_expert_intermediate_size;
   }
   bool learned_positions() const { return position_embedding == PositionEmbedding::Learned; }
+  bool relative_positions() const { return position_embedding == PositionEmbedding::Relative; }
+  // T5: layer l is one of the decoder's (it has a cross-attention sublayer).
+  bool is_decoder_layer(int64_t l) const { return t5 && l >= encoder_num_layers; }
+  int64_t decoder_num_layers() const { return t5 ? num_layers - encoder_num_layers : num_layers; }
   bool norm_has_bias() const { return normalization == Normalization::LayerNorm; }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   bool gelu_erf() const { return mlp == MlpKind::GeluErf; }
   // The output layer reads the word embedding (a copy on the last pipeline stage too);
   // untied heads and sequence classifiers (no LM head) do not.
   bool tied_output() const { return !untie_embeddings && !(bert && num_classes > 0); }  // BERT's MLM head transform uses the same GELU
-  AttentionMaskKind attention_mask() const {
+  // Layer l's self-attention mask (T5: the encoder's padding mask, the decoder's causal one).
+  AttentionMaskKind attention_mask(int64_t l = -1) const {
+    if (t5) return l >= 0 && l < encoder_num_layers ? AttentionMaskKind::Padding : AttentionMaskKind::Causal;
     return !causal ? AttentionMaskKind::Padding : window_size > 0 ? AttentionMaskKind::SlidingWindow : AttentionMaskKind::Causal;
   }
-  // The family this configuration is (model/families.h: "gpt2", "llama", "qwen2", "gemma", "bert"), or "custom"
+  // The family this configuration is (model/families.h: "gpt2", "llama", "qwen2", "gemma", "bert", "t5"), or "custom"
   // for a mix no family has (it trains; HF export needs a family).
   std::string family() const;
   // Validate; throws naming the flags that conflict.
   void validate() const;
-  void validate_moe() const;  // the Mixture-of-Experts fields (validate() calls it when num_experts != 0)
+  void validate_moe() const;
+  void validate_t5() const;   // the T5 fields (validate() calls it when t5)  // the Mixture-of-Experts fields (validate() calls it when num_experts != 0)
   // Parameters (the tied LM head counts once), from the parameter table. With experts: every expert
   // (total); num_active_parameters() counts k of the E routed experts (what one token runs through).
   int64_t num_parameters() const;

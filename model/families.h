@@ -31,7 +31,7 @@
 namespace mpitron {
 
 // The Hugging Face naming schemes of the parameter table's HF column.
-enum class HfScheme : uint8_t { Gpt2, Llama, Bert };
+enum class HfScheme : uint8_t { Gpt2, Llama, Bert, T5 };
 
 // One key of a family's Hugging Face config.json: what it sets (through the architecture
 // table's row, so its type and bounds are that row's), what it must be, or why it does not

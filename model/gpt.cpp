@@ -226,12 +226,14 @@ Var GPT::embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt) {
   return embed_tokens(tape, cfg_, tp, params_, rows, opt.train ? cfg_.hidden_dropout : 0.0f, opt.dropout_seed);
 }
 
-Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt) {
+Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt,
+                const StackInputs* stack) {
   // The masks' offsets count the single-process N·C elements (seq is T/cp with context parallelism).
   const uint64_t nc = static_cast<uint64_t>(batch * seq * mp_.cp.size * cfg_.hidden_size);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const int64_t l = block_layer_[i];
     if (l < ch.first_layer || l >= ch.end_layer) continue;
+    if (stack && (l < stack->first_layer || l >= stack->end_layer)) continue;
     const size_t first = block_first_param_[i], end = first + static_cast<size_t>(blocks_[i].count());
     if (opt.params_needed) opt.params_needed(first, end);
     std::function<void()> ready;
@@ -243,8 +245,13 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
     s.kv_lengths = opt.kv_lengths;
     s.moe.run = opt.moe;
     if (s.moe.active()) s.moe.ep = mp_.ep, s.moe.layer = l;
-    x = block(tape, s, blocks_[i], x, opt.dropout_seed, nc * (1 + 2 * static_cast<uint64_t>(l)), recompute,
-              std::move(ready), std::move(before));
+    uint64_t seed = opt.dropout_seed, offset = nc * (1 + 2 * static_cast<uint64_t>(l));
+    if (stack) {
+      s.attn_bias = stack->attn_bias, s.attn_bias_grad = stack->attn_bias_grad, s.cross = stack->cross;
+      seed = stack->seed, offset = stack->offset(l), s.attention_offset = stack->attention_offset(l);
+      if (s.cross.active()) s.cross.attention_offset = stack->cross_attention_offset(l);
+    }
+    x = block(tape, s, blocks_[i], x, seed, offset, recompute, std::move(ready), std::move(before));
   }
   return x;
 }
@@ -262,6 +269,7 @@ Var GPT::chunk_forward(Tape& tape, int c, const Tensor& tokens, const Tensor& ta
   const ChunkInfo& ch = chunk(c);
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
   MPT_CHECK(!cfg_.bert, "a BERT configuration runs in model/bert.h's Bert, not GPT::chunk_forward", "");
+  MPT_CHECK(!cfg_.t5, "a T5 configuration runs in model/t5.h's T5, not GPT::chunk_forward", "");
   need_params_outside_blocks(opt);
   Var x;
   if (ch.first_stage) {

@@ -57,6 +57,18 @@ struct ForwardOptions {
   const MoeRun* moe = nullptr;
 };
 
+// What one stack of an encoder-decoder (model/t5.h) gives its blocks: which layers run, the
+// stack's relative position bias, the decoder's cross-attention input, and its dropout streams.
+// GPT and BERT run every layer of a chunk without one.
+struct StackInputs {
+  int64_t first_layer = 0, end_layer = 0;  // the stack's layers [first, end)
+  Tensor attn_bias, attn_bias_grad;        // BlockShape::attn_bias / attn_bias_grad (undefined: none)
+  CrossInput cross;                        // BlockShape::cross (decoder blocks)
+  uint64_t seed = 0;                       // the stack's dropout key
+  // Layer l's hidden-dropout offset, self-attention and cross-attention dropout streams.
+  std::function<uint64_t(int64_t l)> offset, attention_offset, cross_attention_offset;
+};
+
 struct ModelParallel {
   TensorParallel tp;
   // Context parallelism: this rank holds T/cp tokens of every sequence (chunks r and
@@ -136,7 +148,9 @@ class GPT {
   // The MoE layers this rank holds a bias for, in order (empty: none).
   std::vector<int64_t> expert_bias_layers() const;
   // The blocks of chunk ch on x (the chunk's input activation); model/bert.cpp uses it.
-  Var layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt);
+  // With `stack` (T5's encoder or decoder): only its layers, with its inputs.
+  Var layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt,
+             const StackInputs* stack = nullptr);
   // opt.params_needed for every parameter outside the blocks (a chunk's forward calls it first).
   void need_params_outside_blocks(const ForwardOptions& opt) const;
 

@@ -1,5 +1,7 @@
 #include "model/param_table.h"
 
+#include <cmath>
+
 #include "core/error.h"
 #include "model/families.h"
 
@@ -46,6 +48,18 @@ const char* to_string(ParamRole r) {
     case ParamRole::SharedFcWeight: return "shared.fc.weight";
     case ParamRole::SharedProjWeight: return "shared.proj.weight";
     case ParamRole::SharedGateWeight: return "shared.gate.weight";
+    case ParamRole::Norm3Weight: return "norm3.weight";
+    case ParamRole::Norm3Bias: return "norm3.bias";
+    case ParamRole::CrossQWeight: return "cross_q.weight";
+    case ParamRole::CrossQBias: return "cross_q.bias";
+    case ParamRole::CrossKvWeight: return "cross_kv.weight";
+    case ParamRole::CrossKvBias: return "cross_kv.bias";
+    case ParamRole::CrossProjWeight: return "cross_proj.weight";
+    case ParamRole::CrossProjBias: return "cross_proj.bias";
+    case ParamRole::EncoderFinalNormWeight: return "encoder_final_norm.weight";
+    case ParamRole::EncoderFinalNormBias: return "encoder_final_norm.bias";
+    case ParamRole::EncoderRelativeBias: return "encoder_relative_bias";
+    case ParamRole::DecoderRelativeBias: return "decoder_relative_bias";
   }
   return "?";
 }
@@ -86,6 +100,7 @@ struct HfAlt {
   std::vector<std::string> names;
   HfTransform transform = HfTransform::Copy;
   std::vector<std::string> tied = {};
+  std::vector<double> factor = {};
 };
 
 // The row with the HF column of `fam`'s scheme (none: the configuration has no family).
@@ -100,8 +115,35 @@ ParamSpec hf(ParamSpec s, const Family* fam, int64_t layer, std::initializer_lis
     }
     s.hf_transform = a.transform;
     s.hf_tied = a.tied;
+    s.hf_factor = a.factor;
   }
   return s;
+}
+
+// T5's cross-attention rows (a decoder layer's; model/layers/cross_attention_layer.h). t: the layer's HF
+// prefix ("decoder.block.{j}.").
+std::vector<ParamSpec> cross_rows(const GPTConfig& c, int64_t l, const Family* fam, const std::string& t) {
+  const int64_t C = c.hidden_size, HD = c.head_dim(), q = c.num_attention_heads * HD, kv = c.query_groups() * HD;
+  const bool ln_bias = c.norm_has_bias(), bias = c.add_bias_linear;
+  const std::string p = str("layers.", l, ".");
+  const std::string a = t + "layer.1.EncDecAttention.";
+  using R = ParamRole;
+  using I = ParamInit;
+  const HfScheme S = HfScheme::T5;
+  const ParamPlace L = ParamPlace::Layer;
+  std::vector<ParamSpec> v;
+  v.push_back(hf(row(p + "ln3.weight", R::Norm3Weight, {C}, I::Ones, L, l), fam, l, {{S, {t + "layer.1.layer_norm.weight"}}}));
+  if (ln_bias) v.push_back(row(p + "ln3.bias", R::Norm3Bias, {C}, I::Zeros, L, l));
+  v.push_back(hf(matmul(split(row(p + "xattn.q.weight", R::CrossQWeight, {q, C}, I::Normal, L, l), 0)), fam, l,
+                 {{S, {a + "q.weight"}, HfTransform::Copy, {}, {std::sqrt(static_cast<double>(HD))}}}));
+  if (bias) v.push_back(split(row(p + "xattn.q.bias", R::CrossQBias, {q}, I::Zeros, L, l), 0));
+  v.push_back(hf(matmul(split(row(p + "xattn.kv.weight", R::CrossKvWeight, {2 * kv, C}, I::Normal, L, l), 0, {kv, kv})),
+                 fam, l, {{S, {a + "k.weight", a + "v.weight"}}}));
+  if (bias) v.push_back(split(row(p + "xattn.kv.bias", R::CrossKvBias, {2 * kv}, I::Zeros, L, l), 0, {kv, kv}));
+  v.push_back(hf(matmul(split(row(p + "xattn.proj.weight", R::CrossProjWeight, {C, q}, I::OutputNormal, L, l), 1)), fam,
+                 l, {{S, {a + "o.weight"}}}));
+  if (bias) v.push_back(row(p + "xattn.proj.bias", R::CrossProjBias, {C}, I::Zeros, L, l));
+  return v;
 }
 
 ParamSpec expert(ParamSpec s, int64_t e) {
@@ -180,10 +222,19 @@ std::vector<ParamSpec> block_param_table(const GPTConfig& c, int64_t l) {
   // built on it (model.layers.*), BERT (BertForPreTraining; post-LN, so its attention's
   // output LayerNorm is our ln1).
   const std::string g = "h.{l}.", m = "model.layers.{l}.", b = "bert.encoder.layer.{l}.";
+  // T5 (T5ForConditionalGeneration): the encoder's block l, or the decoder's block l − Le, whose MLP is
+  // its third sublayer (layer.2) after the cross-attention (layer.1); the queries carry √HD (hf_factor).
+  const bool dec = c.is_decoder_layer(l);
+  const std::string t = dec ? str("decoder.block.", l - c.encoder_num_layers, ".") : str("encoder.block.", l, ".");
+  const std::string tm = t + (dec ? "layer.2." : "layer.1."), ta = t + "layer.0.SelfAttention.";
+  const std::string wi = tm + "DenseReluDense.wi";
+  const std::vector<std::string> t5_fc = mlp_gated(c.mlp) ? std::vector<std::string>{wi + "_0.weight", wi + "_1.weight"}
+                                                          : std::vector<std::string>{wi + ".weight"};
+  const double rhd = std::sqrt(static_cast<double>(HD));
   std::vector<ParamSpec> v;
   v.push_back(hf(row(p + "ln1.weight", R::Norm1Weight, {C}, norm_w, L, l), fam, l,
                  {{S::Gpt2, {g + "ln_1.weight"}}, {S::Llama, {m + "input_layernorm.weight"}},
-                  {S::Bert, {b + "attention.output.LayerNorm.weight"}}}));
+                  {S::Bert, {b + "attention.output.LayerNorm.weight"}}, {S::T5, {t + "layer.0.layer_norm.weight"}}}));
   if (ln_bias)
     v.push_back(hf(row(p + "ln1.bias", R::Norm1Bias, {C}, I::Zeros, L, l), fam, l,
                    {{S::Gpt2, {g + "ln_1.bias"}}, {S::Bert, {b + "attention.output.LayerNorm.bias"}}}));
@@ -192,7 +243,8 @@ std::vector<ParamSpec> block_param_table(const GPTConfig& c, int64_t l) {
                  {{S::Gpt2, {g + "attn.c_attn.weight"}, T},
                   {S::Llama, {m + "self_attn.q_proj.weight", m + "self_attn.k_proj.weight", m + "self_attn.v_proj.weight"}},
                   {S::Bert, {b + "attention.self.query.weight", b + "attention.self.key.weight",
-                             b + "attention.self.value.weight"}}}));
+                             b + "attention.self.value.weight"}},
+                  {S::T5, {ta + "q.weight", ta + "k.weight", ta + "v.weight"}, HfTransform::Copy, {}, {rhd, 1.0, 1.0}}}));
   if (c.qkv_bias())
     v.push_back(hf(split(row(p + "attn.qkv.bias", R::QkvBias, {q + 2 * kv}, I::Zeros, L, l), 0, qkv_parts), fam, l,
                    {{S::Gpt2, {g + "attn.c_attn.bias"}},
@@ -201,14 +253,16 @@ std::vector<ParamSpec> block_param_table(const GPTConfig& c, int64_t l) {
                                b + "attention.self.value.bias"}}}));
   v.push_back(hf(matmul(split(row(p + "attn.proj.weight", R::ProjWeight, {C, q}, I::OutputNormal, L, l), 1)), fam, l,
                  {{S::Gpt2, {g + "attn.c_proj.weight"}, T}, {S::Llama, {m + "self_attn.o_proj.weight"}},
-                  {S::Bert, {b + "attention.output.dense.weight"}}}));
+                  {S::Bert, {b + "attention.output.dense.weight"}}, {S::T5, {ta + "o.weight"}}}));
   if (bias)
     v.push_back(hf(row(p + "attn.proj.bias", R::ProjBias, {C}, I::Zeros, L, l), fam, l,
                    {{S::Gpt2, {g + "attn.c_proj.bias"}}, {S::Llama, {m + "self_attn.o_proj.bias"}},
                     {S::Bert, {b + "attention.output.dense.bias"}}}));
+  if (dec)
+    for (ParamSpec& s : cross_rows(c, l, fam, t)) v.push_back(std::move(s));
   v.push_back(hf(row(p + "ln2.weight", R::Norm2Weight, {C}, norm_w, L, l), fam, l,
                  {{S::Gpt2, {g + "ln_2.weight"}}, {S::Llama, {m + "post_attention_layernorm.weight"}},
-                  {S::Bert, {b + "output.LayerNorm.weight"}}}));
+                  {S::Bert, {b + "output.LayerNorm.weight"}}, {S::T5, {tm + "layer_norm.weight"}}}));
   if (ln_bias)
     v.push_back(hf(row(p + "ln2.bias", R::Norm2Bias, {C}, I::Zeros, L, l), fam, l,
                    {{S::Gpt2, {g + "ln_2.bias"}}, {S::Bert, {b + "output.LayerNorm.bias"}}}));
@@ -219,14 +273,14 @@ std::vector<ParamSpec> block_param_table(const GPTConfig& c, int64_t l) {
   v.push_back(hf(matmul(split(row(p + "mlp.fc.weight", R::FcWeight, {c.fc_rows(), C}, I::Normal, L, l), 0, fc_parts)),
                  fam, l,
                  {{S::Gpt2, {g + "mlp.c_fc.weight"}, T}, {S::Llama, {m + "mlp.gate_proj.weight", m + "mlp.up_proj.weight"}},
-                  {S::Bert, {b + "intermediate.dense.weight"}}}));
+                  {S::Bert, {b + "intermediate.dense.weight"}}, {S::T5, t5_fc}}));
   if (bias)
     v.push_back(hf(split(row(p + "mlp.fc.bias", R::FcBias, {c.fc_rows()}, I::Zeros, L, l), 0, fc_parts), fam, l,
                    {{S::Gpt2, {g + "mlp.c_fc.bias"}}, {S::Llama, {m + "mlp.gate_proj.bias", m + "mlp.up_proj.bias"}},
                     {S::Bert, {b + "intermediate.dense.bias"}}}));
   v.push_back(hf(matmul(split(row(p + "mlp.proj.weight", R::MlpProjWeight, {C, F}, I::OutputNormal, L, l), 1)), fam, l,
                  {{S::Gpt2, {g + "mlp.c_proj.weight"}, T}, {S::Llama, {m + "mlp.down_proj.weight"}},
-                  {S::Bert, {b + "output.dense.weight"}}}));
+                  {S::Bert, {b + "output.dense.weight"}}, {S::T5, {tm + "DenseReluDense.wo.weight"}}}));
   if (bias)
     v.push_back(hf(row(p + "mlp.proj.bias", R::MlpProjBias, {C}, I::Zeros, L, l), fam, l,
                    {{S::Gpt2, {g + "mlp.c_proj.bias"}}, {S::Llama, {m + "mlp.down_proj.bias"}},
@@ -247,11 +301,14 @@ std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
   wte.matmul = c.tied_output();  // the tied head's matmul
   const std::vector<std::string> tied_head = c.untie_embeddings ? std::vector<std::string>{}
                                                                 : std::vector<std::string>{"lm_head.weight"};
+  std::vector<std::string> t5_tied = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"};
+  if (!c.untie_embeddings) t5_tied.push_back("lm_head.weight");
   v.push_back(hf(vocab(wte), fam, 0,
                  {{S::Gpt2, {"wte.weight"}, HfTransform::Copy, {"lm_head.weight"}},
                   {S::Llama, {"model.embed_tokens.weight"}, HfTransform::Copy, tied_head},
                   {S::Bert, {"bert.embeddings.word_embeddings.weight"}, HfTransform::Copy,
-                   {"cls.predictions.decoder.weight"}}}));
+                   {"cls.predictions.decoder.weight"}},
+                  {S::T5, {"shared.weight"}, HfTransform::Copy, t5_tied}}));
   const ParamPlace first = ParamPlace::FirstStage, last = ParamPlace::LastStage;
   if (c.learned_positions())
     v.push_back(hf(row("wpe", R::PositionEmbedding, {c.max_position_embeddings, C}, I::Normal, first), fam, 0,
@@ -265,8 +322,25 @@ std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
     v.push_back(hf(row("emb_ln.bias", R::EmbeddingNormBias, {C}, I::Zeros, first), fam, 0,
                    {{S::Bert, {"bert.embeddings.LayerNorm.bias"}}}));
   } else {
+    if (c.t5) {  // the relative position tables (buckets, NH), split by heads, and the encoder's final norm
+      if (c.relative_positions()) {
+        const std::string rb = "block.0.layer.0.SelfAttention.relative_attention_bias.weight";
+        for (const bool enc : {true, false})
+          v.push_back(hf(split(row(enc ? "enc_rel_bias.weight" : "dec_rel_bias.weight",
+                                   enc ? R::EncoderRelativeBias : R::DecoderRelativeBias,
+                                   {c.relative_attention_num_buckets, c.num_attention_heads}, I::Normal, first), 1),
+                         fam, 0, {{S::T5, {(enc ? "encoder." : "decoder.") + rb}}}));
+      }
+      v.push_back(hf(row("enc_lnf.weight", R::EncoderFinalNormWeight, {C}, I::Ones, first), fam, 0,
+                     {{S::T5, {"encoder.final_layer_norm.weight"}}}));
+      if (c.norm_has_bias()) v.push_back(row("enc_lnf.bias", R::EncoderFinalNormBias, {C}, I::Zeros, first));
+    }
+    // The tied T5 scales the decoder's output by C^−½ before the head (HF): our final norm carries it.
+    const std::vector<double> t5_lnf = c.untie_embeddings ? std::vector<double>{}
+                                                          : std::vector<double>{1.0 / std::sqrt(static_cast<double>(C))};
     v.push_back(hf(row("lnf.weight", R::FinalNormWeight, {C}, c.layernorm_1p ? I::Zeros : I::Ones, last), fam, 0,
-                   {{S::Gpt2, {"ln_f.weight"}}, {S::Llama, {"model.norm.weight"}}}));
+                   {{S::Gpt2, {"ln_f.weight"}}, {S::Llama, {"model.norm.weight"}},
+                    {S::T5, {"decoder.final_layer_norm.weight"}, HfTransform::Copy, {}, t5_lnf}}));
     if (c.norm_has_bias())
       v.push_back(hf(row("lnf.bias", R::FinalNormBias, {C}, I::Zeros, last), fam, 0, {{S::Gpt2, {"ln_f.bias"}}}));
   }
@@ -302,7 +376,7 @@ std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
   }
   if (c.untie_embeddings)
     v.push_back(hf(vocab(matmul(split(row("head.weight", R::OutputWeight, {V, C}, I::Normal, ParamPlace::LastStage), 0))),
-                   fam, 0, {{S::Llama, {"lm_head.weight"}}}));
+                   fam, 0, {{S::Llama, {"lm_head.weight"}}, {S::T5, {"lm_head.weight"}}}));
   return v;
 }
 

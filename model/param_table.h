@@ -40,6 +40,14 @@
 //   lm_head.dense.weight (C, C) / .bias, lm_head.ln.weight / .bias    last stage
 //   lm_head.bias (V)                    vocab-parallel like wte (the decoder is the tied wte)
 //   pooler.dense.weight (C, C) / .bias, binary_head.weight (2, C) / .bias (2)   binary head only
+// T5 (cfg.t5; model/t5.h): layers 0 … Le−1 are the encoder's blocks as above; a decoder layer l >= Le
+// has, between its attention and ln2 rows, the cross-attention sublayer:
+//   layers.l.ln3.weight / .bias (C)     the norm before cross-attention
+//   layers.l.xattn.q.weight (NH·HD, C)  column-parallel (query heads)
+//   layers.l.xattn.kv.weight (2·G·HD, C) column: parts K, V (read from the encoder's output)
+//   layers.l.xattn.proj.weight (C, NH·HD) row-parallel, output init   (biases: unless --disable-bias-linear)
+// and outside the blocks (first stage): enc_rel_bias.weight, dec_rel_bias.weight (buckets, NH) split by
+// columns (heads) with relative positions; enc_lnf.weight / .bias (C), the encoder's final norm.
 // BERT classification (cfg.num_classes = K > 0; Megatron's Classification model) has, instead
 // of every lm_head and binary_head row (wte is then first stage only, no decoder):
 //   pooler.dense.weight (C, C) / .bias, classification_head.weight (K, C) / .bias (K)   last stage
@@ -67,6 +75,10 @@ enum class ParamRole : uint8_t {
   // the router, each routed expert's two linears (ParamSpec::expert), the shared experts and their gate.
   RouterWeight, ExpertFcWeight, ExpertFcBias, ExpertProjWeight, ExpertProjBias,
   SharedFcWeight, SharedProjWeight, SharedGateWeight,
+  // T5 (model/t5.h): a decoder layer's cross-attention sublayer (its norm, query, fused key|value and output
+  // projections), the encoder's final norm, and each stack's relative position bias table.
+  Norm3Weight, Norm3Bias, CrossQWeight, CrossQBias, CrossKvWeight, CrossKvBias, CrossProjWeight, CrossProjBias,
+  EncoderFinalNormWeight, EncoderFinalNormBias, EncoderRelativeBias, DecoderRelativeBias,
 };
 const char* to_string(ParamRole r);
 
@@ -116,6 +128,10 @@ struct ParamSpec {
   // HF tensors tied to this one (lm_head.weight = wte, BERT's decoder): read only to check
   // they equal it; written only on request (GPT-2's --lm-head).
   std::vector<std::string> hf_tied;
+  // Per HF tensor (part): ours = HF × factor (empty: 1). T5's unscaled attention: the query parts carry
+  // √HD (mpitron scales scores by 1/√HD); the tied T5's decoder final norm carries C^−½ (HF scales the
+  // decoder output by it before the tied head). Gradients go the other way (HF grad = ours × factor).
+  std::vector<double> hf_factor;
 };
 
 // Every parameter of `cfg`, in single-rank (checkpoint) order.

@@ -53,6 +53,28 @@ AttentionMask attention_mask(const BlockShape& s) {
                        s.mask == AttentionMaskKind::SlidingWindow ? s.window : 0};
 }
 
+// T5's self-attention: the stack's relative position bias on the scores, through the block form
+// (tensor/attention_block.h) over the whole sequence with the layer's mask.
+bool biased(const BlockShape& s) { return s.attn_bias.defined(); }
+AttentionBlock biased_block(const BlockShape& s, bool backward) {
+  AttentionBlock b;
+  b.seq = s.seq;
+  b.causal = s.mask != AttentionMaskKind::Padding;
+  if (!b.causal) b.kv_lengths = s.kv_lengths;
+  b.bias = s.attn_bias;
+  if (backward) b.bias_grad = s.attn_bias_grad;
+  return b;
+}
+// (B, T, heads, HD) views of the packed qkv's query, key and value heads.
+struct QkvViews {
+  Tensor q, k, v;
+};
+QkvViews qkv_views(const BlockShape& s, const Tensor& qkv) {
+  const int64_t NHl = s.local_heads(), Gl = s.local_groups();
+  const Tensor t = qkv.view({s.batch, s.seq, NHl + 2 * Gl, s.head_dim()});
+  return {t.slice(2, 0, NHl), t.slice(2, NHl, NHl + Gl), t.slice(2, NHl + Gl, NHl + 2 * Gl)};
+}
+
 }  // namespace
 
 Tensor attention_layer_forward(const BlockShape& s, const AttentionParams& p, const Tensor& in, AttentionActs& a,
@@ -71,7 +93,11 @@ Tensor attention_layer_forward(const BlockShape& s, const AttentionParams& p, co
   } else {
     a.lse = Tensor::empty({s.batch, NHl, s.seq}, DType::F32, in.device());
     const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-    if (s.cp.active())  // this rank's queries over the whole sequence's keys, across the cp group
+    if (biased(s)) {
+      const QkvViews v = qkv_views(s, a.qkv);
+      attention_block_forward(v.q, v.k, v.v, a.att.view({s.batch, s.seq, NHl, HD}), a.lse, scale,
+                              biased_block(s, false), attention_dropout(s, seed));
+    } else if (s.cp.active())  // this rank's queries over the whole sequence's keys, across the cp group
       cp_attention_forward(s.cp, a.qkv.view({s.batch, s.seq, H, HD}), a.att.view({s.batch, s.seq, NHl, HD}), a.lse,
                            scale, attention_dropout(s, seed));
     else
@@ -93,7 +119,11 @@ Tensor attention_layer_backward(const BlockShape& s, const AttentionParams& p, c
   linear_backward_weight(dout_f, a.att, p.proj_w, p.proj_b, defer);
   Tensor dqkv = Tensor::empty(a.qkv.shape(), dout.dtype(), dout.device());
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  if (s.cp.active())
+  if (biased(s)) {
+    const QkvViews v = qkv_views(s, a.qkv), d = qkv_views(s, dqkv);
+    attention_block_backward(datt.view({s.batch, s.seq, NHl, HD}), v.q, v.k, v.v, a.att.view({s.batch, s.seq, NHl, HD}),
+                             a.lse, d.q, d.k, d.v, scale, biased_block(s, true), attention_dropout(s, seed));
+  } else if (s.cp.active())
     cp_attention_backward(s.cp, datt.view({s.batch, s.seq, NHl, HD}), a.qkv.view({s.batch, s.seq, H, HD}),
                           a.att.view({s.batch, s.seq, NHl, HD}), a.lse, dqkv.view({s.batch, s.seq, H, HD}), scale,
                           attention_dropout(s, seed));

@@ -12,6 +12,16 @@
 
 namespace mpitron {
 
+// A T5 decoder block's second input (model/layers/cross_attention_layer.h): the encoder's output.
+struct CrossInput {
+  Tensor memory;       // (Ml, C) this rank's rows of the encoder's output (M = B·Te; M/t with SP)
+  Tensor memory_grad;  // (Ml, C): the backward ADDS d loss / d memory here (summed over decoder layers)
+  Tensor lengths;      // (B) i32 on the device: encoder keys j >= lengths[b] masked; undefined: none
+  int64_t seq = 0;     // Te, the encoder's tokens per sample
+  uint64_t attention_offset = 0;  // the cross-attention dropout's Philox stream
+  bool active() const { return memory.defined(); }
+};
+
 struct BlockShape {
   int64_t batch, seq, hidden, heads, ffn;  // global sizes (heads, ffn before the TP split); seq: this
                                            // rank's tokens of each sequence (T/cp with context parallelism)
@@ -33,6 +43,10 @@ struct BlockShape {
   ContextParallel cp{};     // context parallelism: this rank holds seq = T/cp of each sequence's tokens
                             // (parallel/context_parallel.h); attention runs across the cp group
   MoeShape moe{};           // a Mixture-of-Experts MLP (moe.experts > 0; model/layers/moe_layer.h)
+  // T5 (model/t5.h): the stack's relative position bias (T, T, NHl) f32 added to the self-attention
+  // scores, and its gradient (T, T, NHl) f32, to which the backward adds; undefined: none.
+  Tensor attn_bias, attn_bias_grad;
+  CrossInput cross{};       // a decoder block's cross-attention input (T5); inactive: none
 
   int64_t tokens() const { return batch * seq; }                   // N
   int64_t global_seq() const { return seq * cp.size; }             // T: the whole sequence

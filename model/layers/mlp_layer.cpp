@@ -6,17 +6,37 @@
 
 namespace mpitron {
 
+void activation_forward(MlpKind k, const Tensor& fc, const Tensor& g) {
+  switch (k) {
+    case MlpKind::GeluTanh: gelu_forward(fc, g, false); break;
+    case MlpKind::GeluErf: gelu_forward(fc, g, true); break;
+    case MlpKind::SwiGLU: swiglu_forward(fc, g); break;
+    case MlpKind::GeGLU: geglu_forward(fc, g); break;
+    case MlpKind::ReLU: relu_forward(fc, g); break;
+  }
+}
+
+Tensor activation_backward(MlpKind k, const Tensor& dg, const Tensor& fc) {
+  if (!mlp_gated(k)) {
+    switch (k) {
+      case MlpKind::GeluErf: gelu_backward(dg, fc, dg, true); break;
+      case MlpKind::ReLU: relu_backward(dg, fc, dg); break;
+      default: gelu_backward(dg, fc, dg, false); break;
+    }
+    return dg;
+  }
+  Tensor dfc = Tensor::empty(fc.shape(), fc.dtype(), fc.device());
+  if (k == MlpKind::SwiGLU) swiglu_backward(dg, fc, dfc);
+  else geglu_backward(dg, fc, dfc);
+  return dfc;
+}
+
 Tensor mlp_core_forward(const BlockShape& s, const MlpParams& p, const Tensor& in_f, MlpActs& a) {
   const int64_t N = in_f.dim(0), C = s.hidden;
   a.fc = Tensor::empty({N, s.local_fc()}, in_f.dtype(), in_f.device());
   linear_forward(in_f, p.fc_w, p.fc_b, a.fc);
   a.g = Tensor::empty({N, s.local_ffn()}, in_f.dtype(), in_f.device());
-  switch (s.mlp) {
-    case MlpKind::GeluTanh: gelu_forward(a.fc, a.g, false); break;
-    case MlpKind::GeluErf: gelu_forward(a.fc, a.g, true); break;
-    case MlpKind::SwiGLU: swiglu_forward(a.fc, a.g); break;
-    case MlpKind::GeGLU: geglu_forward(a.fc, a.g); break;
-  }
+  activation_forward(s.mlp, a.fc, a.g);
   Tensor out = Tensor::empty({N, C}, in_f.dtype(), in_f.device());
   linear_forward(a.g, p.proj_w, s.tp.rank == 0 ? p.proj_b : Var(), out);  // row-parallel bias: added once
   return out;
@@ -28,19 +48,7 @@ Tensor mlp_core_backward(const BlockShape& s, const MlpParams& p, const MlpActs&
   Tensor dg = Tensor::empty({N, s.local_ffn()}, dout_f.dtype(), dout_f.device());
   linear_backward_input(dout_f, p.proj_w, dg);
   linear_backward_weight(dout_f, a.g, p.proj_w, p.proj_b, defer);
-  Tensor dfc = dg;
-  switch (s.mlp) {
-    case MlpKind::GeluTanh: gelu_backward(dg, a.fc, dg, false); break;
-    case MlpKind::GeluErf: gelu_backward(dg, a.fc, dg, true); break;
-    case MlpKind::SwiGLU:
-      dfc = Tensor::empty(a.fc.shape(), dout_f.dtype(), dout_f.device());
-      swiglu_backward(dg, a.fc, dfc);
-      break;
-    case MlpKind::GeGLU:
-      dfc = Tensor::empty(a.fc.shape(), dout_f.dtype(), dout_f.device());
-      geglu_backward(dg, a.fc, dfc);
-      break;
-  }
+  const Tensor dfc = activation_backward(s.mlp, dg, a.fc);
   Tensor din_f = Tensor::empty({N, C}, dout_f.dtype(), dout_f.device());
   linear_backward_input(dfc, p.fc_w, din_f);
   linear_backward_weight(dfc, gather_rows(s, in), p.fc_w, p.fc_b, defer);

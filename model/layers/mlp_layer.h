@@ -5,7 +5,7 @@
 //   in_f (N, C)    = in, or all-gathered rows under sequence parallelism
 //   fc   (N, FCl)  = in_f · Wfcᵀ + bfc       FCl = Fl (GELU) or 2·Fl = [gate | up] (gated kinds),
 //                                            this rank's slice of each half
-//   g    (N, Fl)   = gelu(fc) (tanh or erf form) or silu(gate)·up (SwiGLU)
+//   g    (N, Fl)   = act(fc): gelu (tanh or erf form), relu, silu(gate)·up (SwiGLU) or gelu(gate)·up (GeGLU)
 //   out  (Nl, C)   = reduce(g · Wprojᵀ + bproj)   bproj added by TP rank 0 only
 // Backward in two parts as in attention_layer.h.
 #pragma once
@@ -43,6 +43,10 @@ Tensor mlp_layer_forward(const BlockShape& s, const MlpParams& p, const Tensor& 
 Tensor mlp_layer_backward(const BlockShape& s, const MlpParams& p, const MlpActs& a, const Tensor& dout,
                           WeightGradWork* defer);
 
+// The activation of an MLP kind, for the dense and the MoE MLPs: g = act(fc) (fc (R, FC), g (R, F)); and
+// its backward dg (R, F) → dfc (R, FC) (dg itself, overwritten, for the ungated kinds).
+void activation_forward(MlpKind k, const Tensor& fc, const Tensor& g);
+Tensor activation_backward(MlpKind k, const Tensor& dg, const Tensor& fc);
 // The dense MLP on the gathered rows, without the TP reduction (the MoE layer's shared
 // experts use it with s.ffn = Fs): in_f (N, C) → this rank's partial (N, C); a.fc, a.g saved.
 Tensor mlp_core_forward(const BlockShape& s, const MlpParams& p, const Tensor& in_f, MlpActs& a);

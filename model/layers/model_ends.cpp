@@ -52,16 +52,17 @@ Var embed_tokens(Tape& tape, const TransformerConfig& c, const TensorParallel& t
   return ag::dropout(tape, x, dropout, seed, segments);
 }
 
-Var final_norm(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const ParamSet& ps, const Var& x) {
-  if (!ps.has(ParamRole::FinalNormWeight)) return x;  // post-LN: the last block ends in its norm
-  Var w = ag::sequence_parallel_param(tape, ps.var(ParamRole::FinalNormWeight), tp);
+Var final_norm(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const ParamSet& ps, const Var& x,
+               ParamRole weight, ParamRole bias) {
+  if (!ps.has(weight)) return x;  // post-LN: the last block ends in its norm
+  Var w = ag::sequence_parallel_param(tape, ps.var(weight), tp);
   if (c.layernorm_1p) {  // (1 + w): the block norms' norm_scale, differentiable here
     const Tensor ones = Tensor::empty(w.value().shape(), w.value().dtype(), w.value().device());
     ones.fill(1.0);
     w = ag::add(tape, w, Var(ones));
   }
   if (c.normalization == Normalization::RMSNorm) return ag::rmsnorm(tape, x, w, c.layernorm_epsilon);
-  return ag::layernorm(tape, x, w, ag::sequence_parallel_param(tape, ps.var(ParamRole::FinalNormBias), tp),
+  return ag::layernorm(tape, x, w, ag::sequence_parallel_param(tape, ps.var(bias), tp),
                        c.layernorm_epsilon);
 }
 

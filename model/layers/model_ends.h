@@ -21,6 +21,7 @@
 
 #include "autograd/tape.h"
 #include "model/config.h"
+#include "model/param_table.h"
 #include "model/params.h"
 #include "model/tensor_parallel.h"
 
@@ -44,7 +45,9 @@ float embedding_multiplier(const TransformerConfig& c);
 Var embed_tokens(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const ParamSet& ps,
                  const EmbedRows& rows, float dropout, uint64_t seed);
 // x (Nl, C) → the final norm's output (Nl, C); x itself when the model has none (post-LN BERT).
-Var final_norm(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const ParamSet& ps, const Var& x);
+// The roles name which norm: the model's final one, or T5's encoder's (EncoderFinalNorm*).
+Var final_norm(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const ParamSet& ps, const Var& x,
+               ParamRole weight = ParamRole::FinalNormWeight, ParamRole bias = ParamRole::FinalNormBias);
 // The output layer's matrix (V, C): wte when tied, head.weight when untied.
 const Var& output_weight(const TransformerConfig& c, const ParamSet& ps);
 // h (Nl, C) → logits (N, V/t) = h·wᵀ + b (b may be undefined).

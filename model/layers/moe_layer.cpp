@@ -78,33 +78,6 @@ void linear_f32_backward(const BlockShape& s, const Tensor& dlogits, const Tenso
   else work();
 }
 
-void activation_forward(MlpKind k, const Tensor& fc, const Tensor& g) {
-  switch (k) {
-    case MlpKind::GeluTanh: gelu_forward(fc, g, false); break;
-    case MlpKind::GeluErf: gelu_forward(fc, g, true); break;
-    case MlpKind::SwiGLU: swiglu_forward(fc, g); break;
-    case MlpKind::GeGLU: geglu_forward(fc, g); break;
-  }
-}
-
-// dg (R, Fel) → dfc (R, FCel) (dg itself for the ungated kinds, overwritten).
-Tensor activation_backward(MlpKind k, const Tensor& dg, const Tensor& fc) {
-  switch (k) {
-    case MlpKind::GeluTanh: gelu_backward(dg, fc, dg, false); return dg;
-    case MlpKind::GeluErf: gelu_backward(dg, fc, dg, true); return dg;
-    case MlpKind::SwiGLU: {
-      Tensor dfc = like(fc, fc.shape(), fc.dtype());
-      swiglu_backward(dg, fc, dfc);
-      return dfc;
-    }
-    case MlpKind::GeGLU: {
-      Tensor dfc = like(fc, fc.shape(), fc.dtype());
-      geglu_backward(dg, fc, dfc);
-      return dfc;
-    }
-  }
-  return dg;
-}
 
 // The identity routing of N tokens with one choice each: the shared gate's weighting is an
 // unpermute of the shared output by the gate values.
