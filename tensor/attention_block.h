@@ -11,8 +11,14 @@
 //   out    (B, Tq, NH, HD)  = softmax(q·kᵀ·scale, mask) · v over THIS block's keys
 //   lse    (B, NH, Tq) f32  = log Σ_j exp(score_ij) over this block's visible keys
 //   mask   causal: the key at global position p is visible from the query at q iff
-//          p <= q; otherwise every key is visible. A row that sees no key of the
+//          p <= q; otherwise every key is visible. With blk.kv_lengths, key j (local
+//          index) of sample b is also masked for every query when j >= kv_lengths[b]
+//          (a key padding mask, T5's encoder padding). A row that sees no key of the
 //          block gets out 0 and lse −∞ (attention_merge then ignores it).
+//   bias   blk.bias (Tq, Tk, NH) f32, optional: an additive score bias shared by every
+//          sample (T5's relative position bias), h this call's local head index:
+//            S[b,h,i,j] = scale·q_i·k_j + bias[i, j, h]   on visible keys
+//          lse and the softmax include it; masked keys stay masked whatever the bias.
 //
 // Views: q, k, v, out, dout, dq, dk, dv may be strided views of bigger tensors
 // (e.g. the Q, K, V heads of a packed qkv, or one chunk of the rows) as long as
@@ -33,13 +39,17 @@
 //   dq  = scale·dS·k,  dk = scale·dSᵀ·q,  dv = (P ∘ M/(1 − p))ᵀ·dO
 // dq, dk, dv are this block's share, overwritten; dk and dv of a kv group sum over
 // the group's NH/G query heads. The shares of all blocks add up to the gradient of
-// the whole attention.
+// the whole attention. With blk.bias, P is exp(scale·q·kᵀ + bias − L); with
+// blk.bias_grad defined, backward ADDS Σ_b dS[b,h,i,j] (the unscaled dS above: the
+// gradient of the loss w.r.t. bias[i, j, h]) into bias_grad[i, j, h]. Masked keys
+// (causal, padding) get P = 0, dK = dV = 0 and add 0 to bias_grad.
 //
 // CPU: one implementation with attention_forward/backward (tensor/cpu/attention.cpp).
 // CUDA: cuDNN fused attention where its mask forms cover the block (16-bit, no
 // dropout, aligned: the diagonal block (top-left causal, Tq = Tk, q_start = k_start),
 // a block every query sees whole (no mask), or bottom-right causal (q_start + Tq =
-// k_start + Tk)); otherwise the cuBLAS + softmax fallback, as attention.h.
+// k_start + Tk)); otherwise — and always with bias or kv_lengths — the cuBLAS +
+// softmax fallback, as attention.h.
 #pragma once
 #include <cstdint>
 
@@ -48,15 +58,31 @@
 
 namespace mpitron {
 
-// Where a block's rows sit in the whole sequence.
+// Where a block's rows sit in the whole sequence, and its optional padding mask and
+// score bias (AttentionBlock{q_start, k_start, seq, causal}, then set those fields).
 struct AttentionBlock {
+  AttentionBlock() = default;
+  AttentionBlock(int64_t q_start_, int64_t k_start_, int64_t seq_, bool causal_ = true)
+      : q_start(q_start_), k_start(k_start_), seq(seq_), causal(causal_) {}
+
   int64_t q_start = 0;  // global position of query row 0
   int64_t k_start = 0;  // global position of key row 0
   int64_t seq = 0;      // the whole sequence's length T (the dropout mask's keying); 0: Tq
   bool causal = true;   // key p visible from query q iff p <= q
+  // Optional (undefined: none; every field above is unchanged by them):
+  Tensor kv_lengths;  // (B) i32 on the op's device: key j of this block (local index) is masked for
+                      // every query of sample b when j >= kv_lengths[b] (T5's encoder padding in
+                      // cross-attention and encoder self-attention); combines with causal. Values
+                      // in [0, Tk] (checked when on the host; the CUDA fallback clamps).
+  Tensor bias;        // (Tq, Tk, NH) f32 contiguous, on the op's device: added to the scaled scores,
+                      // S[b,h,i,j] = scale·q_i·k_j + bias[i, j, h] (h: this call's local head index),
+                      // shared by every sample b (T5's relative position bias). lse includes it.
+  Tensor bias_grad;   // (Tq, Tk, NH) f32 contiguous, on the op's device: backward ADDS Σ_b dS[b,h,i,j]
+                      // (d loss / d bias) into it when defined; forward ignores it.
 };
 
-// Which keys of the block query row i sees: j < visible_keys(i) (keys are a prefix).
+// Which keys of the block query row i sees: j < visible_keys(i) (keys are a prefix),
+// before the padding mask of kv_lengths.
 inline int64_t attention_block_visible(const AttentionBlock& b, int64_t i, int64_t tk) {
   if (!b.causal) return tk;
   const int64_t hi = b.q_start + i - b.k_start + 1;

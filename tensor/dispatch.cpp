@@ -246,6 +246,23 @@ void gelu_erf_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, St
   MPT_BACKEND(x, gelu_erf_backward, dout, x, dx, s);
 }
 
+void relu_forward(const Tensor& x, const Tensor& out, Stream s) {
+  need_float("relu_forward", x, "x");
+  need_like("relu_forward", x, "x", out, "out");
+  check_same_device("relu_forward", {&x, &out});
+  check_contiguous("relu_forward", {{&x, "x"}, {&out, "out"}});
+  MPT_BACKEND(x, relu_forward, x, out, s);
+}
+
+void relu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream s) {
+  need_float("relu_backward", x, "x");
+  need_like("relu_backward", x, "x", dout, "dout");
+  need_like("relu_backward", x, "x", dx, "dx");
+  check_same_device("relu_backward", {&dout, &x, &dx});
+  check_contiguous("relu_backward", {{&x, "x"}, {&dout, "dout"}, {&dx, "dx"}});
+  MPT_BACKEND(x, relu_backward, dout, x, dx, s);
+}
+
 namespace {
 // x (..., 2F) and a (..., F) tensor `o` with the same leading dims.
 void check_swiglu_pair(const char* op, const Tensor& x, const Tensor& o, const char* on) {
@@ -423,6 +440,35 @@ void check_block(const char* op, const Tensor& q, const Tensor& k, const Tensor&
        str(op, ": the block (queries ", blk.q_start, "..", blk.q_start + Tq, ", keys ", blk.k_start, "..",
            blk.k_start + Tk, ") runs past the sequence of ", seq, " tokens"));
 }
+// The block's optional padding mask and score bias (and, backward, the bias gradient).
+void check_block_extras(const char* op, const Tensor& q, const Tensor& k, const AttentionBlock& blk, bool backward) {
+  const int64_t B = q.dim(0), Tq = q.dim(1), NH = q.dim(2), Tk = k.dim(1);
+  const Tensor& l = blk.kv_lengths;
+  if (l.defined()) {
+    need(l.dtype() == DType::I32, str(op, ": block kv_lengths must be i32, got ", l.describe()));
+    need_shape(op, l, "block kv_lengths", {B});
+    need(l.device() == q.device(),
+         str(op, ": block kv_lengths is on ", l.device().name(), " but q on ", q.device().name(), "; move it there"));
+    need(l.is_contiguous(), str(op, ": block kv_lengths must be contiguous"));
+    if (l.device().is_cpu()) {
+      const int32_t* v = l.data<int32_t>();
+      for (int64_t b = 0; b < B; ++b)
+        need(v[b] >= 0 && v[b] <= Tk, str(op, ": block kv_lengths[", b, "] = ", v[b], " is outside [0, Tk = ", Tk,
+                                          "] (the keys of sample ", b, " that are not padding)"));
+    }
+  }
+  const std::pair<const Tensor*, const char*> bias[] = {{&blk.bias, "block bias"},
+                                                        {&blk.bias_grad, "block bias_grad"}};
+  for (const auto& [t, name] : bias) {
+    if (!t->defined() || (t == &blk.bias_grad && !backward)) continue;
+    need_shape(op, *t, name, {Tq, Tk, NH});
+    need_f32(op, *t, name);
+    need(t->device() == q.device(),
+         str(op, ": ", name, " is on ", t->device().name(), " but q on ", q.device().name(), "; move it there"));
+    need(t->is_contiguous(), str(op, ": ", name, " must be contiguous (Tq, Tk, NH), has strides ",
+                                 shape_str(t->strides())));
+  }
+}
 }  // namespace
 
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -430,6 +476,7 @@ void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
                              Stream s) {
   const char* op = "attention_block_forward";
   check_block(op, q, k, v, out, lse, blk);
+  check_block_extras(op, q, k, blk, false);
   check_attention_dropout(op, drop);
   check_same_device(op, {&q, &k, &v, &out, &lse});
   MPT_BACKEND(q, attention_block_forward, q, k, v, out, lse, scale, blk, drop, s);
@@ -441,6 +488,7 @@ void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor&
                               Stream s) {
   const char* op = "attention_block_backward";
   check_block(op, q, k, v, out, lse, blk);
+  check_block_extras(op, q, k, blk, true);
   check_attention_dropout(op, drop);
   const int64_t B = q.dim(0), HD = q.dim(3);
   check_rows(op, dout, "dout", B, q.dim(1), q.dim(2), HD);

@@ -15,6 +15,7 @@
 #include "tensor/moe_router.h"
 #include "tensor/moe_topk.h"
 #include "tensor/norm.h"
+#include "tensor/relu.h"
 #include "tensor/rmsnorm.h"
 #include "tensor/rope.h"
 #include "tensor/softmax.h"

@@ -15,8 +15,8 @@
 // O_tile = P·V_g. So the scratch is tile × Tk, not Tq × Tk (a long sequence on the
 // CPU), and every product is a BLAS sgemm on strided views (no permute copies).
 // Backward recomputes P from lse (as flash attention does) tile by tile:
-// dP = dO·V_gᵀ, D_i = Σ_d dO_id·O_id, dS = P ∘ (dP ∘ M/(1 − p) − D)·scale,
-// dQ_tile = dS·K_g, dK_g += dSᵀ·Q_tile, dV_g += (P ∘ M/(1 − p))ᵀ·dO_tile — dK and dV
+// dP = dO·V_gᵀ, D_i = Σ_d dO_id·O_id, dS = P ∘ (dP ∘ M/(1 − p) − D),
+// dQ_tile = scale·dS·K_g, dK_g += scale·dSᵀ·Q_tile, dV_g += (P ∘ M/(1 − p))ᵀ·dO_tile — dK and dV
 // start at 0 and sum over the tiles and over the heads of group g.
 // Masking: row i of batch b sees keys lo(i) <= j < hi(b, i) = min(len_b, causal ? i + d + 1 : Tk)
 // (d = q_start − k_start, 0 for a whole call; lo = max(0, i + d − W) with a sliding window
@@ -24,6 +24,11 @@
 // get dK = dV = 0, and a row that sees nothing gets out 0, lse −∞.
 // Attention dropout (attention.h): P is scaled by M/(1 − p) before P·V, M regenerated
 // from the Philox stream at the GLOBAL position (q_start + i, k_start + j, seq).
+// A block's score bias (attention_block.h) is added to S's visible entries before the
+// softmax (forward) and before exp(S − lse) (backward); backward keeps dS unscaled
+// (scale goes into the dQ and dK sgemms' alpha) and adds it into bias_grad[i, j, h]:
+// within a tile the OpenMP rows are distinct i, and (b, h) run serially, so no two
+// threads touch one element.
 #include <cblas.h>
 
 #include <algorithm>
@@ -131,6 +136,14 @@ struct Drop {
   }
 };
 
+// A block's score bias and its gradient, (Tq, Tk, NH) f32 contiguous; null: none.
+struct Bias {
+  const float* b = nullptr;
+  float* grad = nullptr;
+  int64_t tk = 0, nh = 0;
+  int64_t at(int64_t i, int64_t j, int64_t h) const { return (i * tk + j) * nh + h; }
+};
+
 // The statistics (B, NH, T) f32 with element (b, h, i) at p[b·sb + h·sh + i].
 template <typename F>
 struct Stats {
@@ -140,7 +153,7 @@ struct Stats {
 };
 
 void forward_core(const Geo& g, In q, In k, In v, Out o, Stats<float> lse, float scale, const Visible& vis,
-                  const Drop& drop) {
+                  const Drop& drop, const Bias& bias = {}) {
   const int64_t HD = g.HD, Tk = g.Tk;
   std::vector<float> s(static_cast<size_t>(std::min(kTileRows, g.Tq) * Tk));
   for (int64_t b = 0; b < g.B; ++b)
@@ -172,6 +185,8 @@ void forward_core(const Geo& g, In q, In k, In v, Out o, Stats<float> lse, float
             lrow[i] = -INFINITY;
             continue;
           }
+          if (bias.b)  // S += bias[i, c0 + j, h]
+            for (int64_t j = lo; j < hi; ++j) row[j] += bias.b[bias.at(i, c0 + j, h)];
           float mx = -INFINITY;
           for (int64_t j = lo; j < hi; ++j) mx = std::max(mx, row[j]);
           float sum = 0;
@@ -190,7 +205,7 @@ void forward_core(const Geo& g, In q, In k, In v, Out o, Stats<float> lse, float
 }
 
 void backward_core(const Geo& g, In dO, In q, In k, In v, In o, Stats<const float> lse, Out dq, Out dk, Out dv,
-                   float scale, const Visible& vis, const Drop& drop) {
+                   float scale, const Visible& vis, const Drop& drop, const Bias& bias = {}) {
   const int64_t HD = g.HD, Tk = g.Tk;
   // dK, dV sum over tiles and over each group's heads: start from 0.
   for (Out d : {dk, dv})
@@ -226,22 +241,26 @@ void backward_core(const Geo& g, In dO, In q, In k, In v, In o, Stats<const floa
           float* dprow = dp.data() + r * w;
           const float l = lrow[i];
           for (int64_t j = 0; j < lo; ++j) prow[j] = dprow[j] = 0.0f;
+          if (bias.b)  // S += bias[i, c0 + j, h]
+            for (int64_t j = lo; j < hi; ++j) prow[j] += bias.b[bias.at(i, c0 + j, h)];
 #pragma omp simd
           for (int64_t j = lo; j < hi; ++j) prow[j] = fast_exp(prow[j] - l);  // P from the (merged) lse
           for (int64_t j = std::max(hi, lo); j < w; ++j) prow[j] = dprow[j] = 0.0f;
           if (drop.on()) {  // dS = P ∘ (dP ∘ M/(1 − p) − D); P ← P ∘ M/(1 − p) for dV
             for (int64_t j = lo; j < hi; ++j) {
               const float mk = drop.keep(b, h, i, c0 + j);
-              dprow[j] = prow[j] * (dprow[j] * mk - d) * scale;
+              dprow[j] = prow[j] * (dprow[j] * mk - d);
               prow[j] *= mk;
             }
-            continue;
-          }
+          } else {
 #pragma omp simd
-          for (int64_t j = lo; j < hi; ++j) dprow[j] = prow[j] * (dprow[j] - d) * scale;  // dS
+            for (int64_t j = lo; j < hi; ++j) dprow[j] = prow[j] * (dprow[j] - d);  // dS (unscaled)
+          }
+          if (bias.grad)  // d loss / d bias[i, j, h] += dS (row i is this thread's alone)
+            for (int64_t j = lo; j < hi; ++j) bias.grad[bias.at(i, c0 + j, h)] += dprow[j];
         }
-        sgemm(false, false, m, HD, w, 1.0f, dp.data(), w, k.at(b, c0, grp, HD), k.st, 0.0f, dq0, dq.st);  // dQ = dS·K
-        sgemm(true, false, w, HD, m, 1.0f, dp.data(), w, q0, q.st, 1.0f, dk.at(b, c0, grp, HD), dk.st);  // dK += dSᵀ·Q
+        sgemm(false, false, m, HD, w, scale, dp.data(), w, k.at(b, c0, grp, HD), k.st, 0.0f, dq0, dq.st);  // dQ = scale·dS·K
+        sgemm(true, false, w, HD, m, scale, dp.data(), w, q0, q.st, 1.0f, dk.at(b, c0, grp, HD), dk.st);  // dK += scale·dSᵀ·Q
         sgemm(true, false, w, HD, m, 1.0f, p.data(), w, do0, dO.st, 1.0f, dv.at(b, c0, grp, HD), dv.st);  // dV += Pᵀ·dO
       }
     }
@@ -259,6 +278,14 @@ Visible whole_visible(const AttentionMask& m, const Geo& g) {
 Drop whole_drop(const AttentionDropout& dr, const Geo& g) { return {dr, 0, 0, g.Tq}; }
 Drop block_drop(const AttentionDropout& dr, const AttentionBlock& blk, int64_t tq) {
   return {dr, blk.q_start, blk.k_start, blk.seq > 0 ? blk.seq : tq};
+}
+Visible block_visible(const AttentionBlock& blk, const Geo& g) {
+  return {blk.q_start - blk.k_start, blk.causal, blk.kv_lengths.defined() ? blk.kv_lengths.data<int32_t>() : nullptr,
+          g.Tk};
+}
+Bias block_bias(const AttentionBlock& blk, const Geo& g, bool with_grad) {
+  return {blk.bias.defined() ? blk.bias.data<float>() : nullptr,
+          with_grad && blk.bias_grad.defined() ? blk.bias_grad.data<float>() : nullptr, g.Tk, g.NH};
 }
 
 }  // namespace
@@ -296,7 +323,7 @@ void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   ReadF32 fq(q), fk(k), fv(v);
   WriteF32 fo(out);
   forward_core(g, fq.get(), fk.get(), fv.get(), fo.get(), {lse.data<float>(), lse.strides()[0], lse.strides()[1]},
-               scale, Visible{blk.q_start - blk.k_start, blk.causal, nullptr, g.Tk}, block_drop(dr, blk, g.Tq));
+               scale, block_visible(blk, g), block_drop(dr, blk, g.Tq), block_bias(blk, g, false));
   fo.commit();
 }
 
@@ -309,7 +336,7 @@ void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor&
   WriteF32 fdq(dq), fdk(dk), fdv(dv);
   backward_core(g, fdo.get(), fq.get(), fk.get(), fv.get(), fo.get(),
                 {lse.data<float>(), lse.strides()[0], lse.strides()[1]}, fdq.get(), fdk.get(), fdv.get(), scale,
-                Visible{blk.q_start - blk.k_start, blk.causal, nullptr, g.Tk}, block_drop(dr, blk, g.Tq));
+                block_visible(blk, g), block_drop(dr, blk, g.Tq), block_bias(blk, g, true));
   fdq.commit();
   fdk.commit();
   fdv.commit();
