@@ -413,6 +413,53 @@ std::vector<HfKey> bert_keys() {
   return v;
 }
 
+// T5 (4.40's T5Config, T5ForConditionalGeneration): num_layers is the encoder's, num_decoder_layers the
+// decoder's (absent: as many); feed_forward_proj "relu" (the original T5) or "gated-gelu" (v1.1: the tanh
+// GELU gating wi_1); tie_word_embeddings (default true) ties lm_head to shared and scales the decoder's
+// output by d_model^−½ (mpitron's final norm carries the factor: model/param_table.h hf_factor).
+std::vector<HfKey> t5_keys() {
+  std::vector<HfKey> v = common_keys();
+  v.push_back(field("d_model", "hidden_size"));
+  v.push_back(field("d_kv", "kv_channels"));
+  v.push_back(field("num_heads", "num_attention_heads"));
+  v.push_back(field("d_ff", "ffn_hidden_size"));
+  v.push_back(field("vocab_size", "vocab_size"));
+  v.push_back(field("num_layers", "encoder_num_layers"));
+  v.push_back({"num_decoder_layers", false,
+               [](const json& x, const json&, C& c) {
+                 MPT_CHECK(x.is_number_integer() && x.get<int64_t>() >= 1,
+                           str("HF config.json key num_decoder_layers must be an integer >= 1, got ", x.dump()), "");
+                 c.num_layers = c.encoder_num_layers + x.get<int64_t>();
+               },
+               [](const C& c) { return json(c.decoder_num_layers()); }, "",
+               [](C& c) { c.num_layers = 2 * c.encoder_num_layers; }});  // T5Config: as many as the encoder's
+  v.push_back(field("relative_attention_num_buckets", "relative_attention_num_buckets", false));
+  v.push_back(field("relative_attention_max_distance", "relative_attention_max_distance", false));
+  v.push_back(eps_key("layer_norm_epsilon"));
+  v.push_back({"feed_forward_proj", false,
+               [](const json& x, const json&, C& c) {
+                 if (x == "relu") c.mlp = MlpKind::ReLU;
+                 else if (x == "gated-gelu") c.mlp = MlpKind::GeGLU;
+                 else refuse("feed_forward_proj", x, "mpitron's T5 MLP is \"relu\" (DenseReluDense) or \"gated-gelu\" (t5 v1.1)");
+               },
+               [](const C& c) { return json(c.mlp == MlpKind::GeGLU ? "gated-gelu" : "relu"); }, ""});
+  v.push_back(must("dense_act_fn", [](const json& x) { return x == "relu" || x == "gelu_new"; },
+                   "T5Config derives it from feed_forward_proj: relu, or gelu_new for gated-gelu"));
+  v.back().write = [](const C& c) { return json(c.mlp == MlpKind::GeGLU ? "gelu_new" : "relu"); };
+  v.push_back(harmless("is_gated_act", "T5Config derives it from feed_forward_proj"));
+  v.back().write = [](const C& c) { return json(mlp_gated(c.mlp)); };
+  v.push_back(must("is_encoder_decoder", [](const json& x) { return x == true; }, "T5 is an encoder-decoder", true));
+  v.push_back(bool_key("tie_word_embeddings", [](bool t, C& c) { c.untie_embeddings = !t; },
+                       [](const C& c) { return json(!c.untie_embeddings); }));
+  v.push_back(harmless("decoder_start_token_id", "generation's first decoder token (generate_text --decoder-start-token)"));
+  v.back().write = [](const C&) { return json(0); };
+  for (const char* k : {"dropout_rate", "classifier_dropout"}) v.push_back(harmless(k, "a dropout probability: training only"));
+  v.push_back(harmless("initializer_factor", "the init of a fresh model; the weights are read"));
+  v.push_back(harmless("n_positions", "T5's informative length; relative positions have no table"));
+  v.push_back(harmless("task_specific_params", "pipelines' settings, not the model's"));
+  return v;
+}
+
 // The defaults LlamaConfig and the configs built on it (Qwen2Config, MistralConfig) share where a
 // key is absent: RMSNorm, SwiGLU, rope, an untied head, no biases, epsilon 1e-6; `positions`
 // is each config's max_position_embeddings (also the sequence length of an import).
@@ -424,7 +471,7 @@ void llama_config_defaults(C& c, int64_t positions) {
 
 std::vector<Family> build() {
   // Every decoder: causal, pre-LN, no BERT heads.
-  const std::vector<FamilyPin> decoder_base = {is("bert", false), is("causal", true), is("post_ln", false),
+  const std::vector<FamilyPin> decoder_base = {is("bert", false), is("t5", false), is("causal", true), is("post_ln", false),
                                                is("num_tokentypes", 0), is("num_classes", 0)};
   // ... with dense MLPs (all but the MoE families).
   const std::vector<FamilyPin> any_window = join(decoder_base, {is("num_experts", 0)});
@@ -446,7 +493,7 @@ std::vector<Family> build() {
     f.hf_model_types = {"bert"};
     f.hf_classes_read = {"BertForPreTraining", "BertForMaskedLM"};
     f.scheme = HfScheme::Bert;
-    f.pins = {when("bert", [](const C& c) { return c.bert; }, "a BERT model"), is("causal", false),
+    f.pins = {when("bert", [](const C& c) { return c.bert; }, "a BERT model"), is("t5", false), is("causal", false),
               is("normalization", "LayerNorm"),
               when("mlp", [](const C& c) { return c.mlp == MlpKind::GeluTanh || c.mlp == MlpKind::GeluErf; },
                    "a GELU MLP (no --swiglu)"),
@@ -465,6 +512,29 @@ std::vector<Family> build() {
     f.hf_keys = bert_keys();
     f.hf_buffers = {"bert.embeddings.position_ids", "bert.embeddings.token_type_ids"};
     f.hf_aliases = {{"LayerNorm.weight", "LayerNorm.gamma"}, {"LayerNorm.bias", "LayerNorm.beta"}};  // TF-era names
+    v.push_back(f);
+  }
+  {
+    Family f;
+    f.name = "t5";
+    f.hf_class = "T5ForConditionalGeneration";
+    f.hf_model_types = {"t5"};
+    f.hf_classes_read = {"T5ForConditionalGeneration"};
+    f.scheme = HfScheme::T5;
+    f.pins = {when("t5", [](const C& c) { return c.t5; }, "a T5 model (pretrain_t5)"),
+              is("normalization", "RMSNorm"), is("position_embedding", "relative"),
+              when("mlp", [](const C& c) { return c.mlp == MlpKind::ReLU || c.mlp == MlpKind::GeGLU; },
+                   "a ReLU or GeGLU MLP (--relu or --geglu)"),
+              is("add_bias_linear", false), plain("num_query_groups", "no --group-query-attention"),
+              is("num_experts", 0), is("layernorm_1p", false), is("scale_embeddings", false)};
+    f.hf_defaults = [](C& c) {  // T5Config's defaults where a key is absent
+      c.t5 = true, c.normalization = Normalization::RMSNorm, c.mlp = MlpKind::ReLU;
+      c.position_embedding = PositionEmbedding::Relative, c.add_bias_linear = false, c.layernorm_epsilon = 1e-6f;
+      c.vocab_size = 32128, c.hidden_size = 512, c.kv_channels = 64, c.ffn_hidden_size = 2048, c.num_attention_heads = 8;
+      c.encoder_num_layers = 6, c.num_layers = 12;
+      c.max_position_embeddings = c.seq_length = c.decoder_seq_length = 512;
+    };
+    f.hf_keys = t5_keys();
     v.push_back(f);
   }
   {

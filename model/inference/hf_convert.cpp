@@ -203,6 +203,15 @@ TransformerConfig hf_file_config(const io::Safetensors& st, const std::string& c
   return c;
 }
 
+namespace {
+// t × f, computed in f64 and rounded once to f32 (a factor of a power of 2 is exact).
+Tensor scaled(const Tensor& t, double f) {
+  std::vector<float> v = t.contiguous().to_floats();
+  for (float& x : v) x = static_cast<float>(static_cast<double>(x) * f);
+  return Tensor::from_vector(v, t.shape(), DType::F32);
+}
+}  // namespace
+
 void load_hf_weights(const HfCheckpoint& ck, GPT& model) {
   const TransformerConfig& cfg = model.config();
   const Family& fam = exportable_family(cfg);
@@ -256,6 +265,7 @@ void load_hf_weights(const HfCheckpoint& ck, GPT& model) {
                     spec.name, whole ? std::string() : str(" (rows ", row, "..", row + rows[k], ")"), " needs ",
                     shape_str(part.shape())),
                 "config.json does not match the weights");
+      if (!spec.hf_factor.empty() && spec.hf_factor[k] != 1.0) t = scaled(t, spec.hf_factor[k]);
       part.copy_from(t.to(part.dtype()));
       row += rows[k];
     }
@@ -300,6 +310,12 @@ std::unique_ptr<Bert> bert_from_hf(const HfCheckpoint& ck, const TransformerConf
   return model;
 }
 
+std::unique_ptr<T5> t5_from_hf(const HfCheckpoint& ck, const TransformerConfig& cfg) {
+  auto model = std::make_unique<T5>(cfg, Device::cpu());
+  load_hf_weights(ck, model->core());
+  return model;
+}
+
 bool hf_exportable(const TransformerConfig& c, std::string* why) {
   const Family* fam = family_of(c);
   const Family& f = fam ? *fam : closest_family(c);
@@ -328,6 +344,8 @@ io::Safetensors hf_from_gpt(const GPT& model, const HfExportOptions& o, const Te
     for (size_t k = 0; k < spec.hf.size(); ++k) {
       Tensor part = spec.hf.size() == 1 ? t : t.slice(0, row, row + rows[k]);
       if (spec.hf_transform == HfTransform::Transpose) part = part.transpose(0, 1);
+      if (!spec.hf_factor.empty() && spec.hf_factor[k] != 1.0)  // values: ours / factor; gradients: ours × factor
+        part = scaled(part.contiguous(), o.gradients ? spec.hf_factor[k] : 1.0 / spec.hf_factor[k]);
       st.add_f32(prefix + spec.hf[k], part.contiguous(), o.dtype);
       row += rows[k];
     }

@@ -24,6 +24,7 @@
 
 #include "io/safetensors.h"
 #include "model/bert.h"
+#include "model/t5.h"
 #include "model/gpt.h"
 
 namespace mpitron {
@@ -62,6 +63,7 @@ void load_hf_weights(const HfCheckpoint& ck, GPT& model);
 std::unique_ptr<GPT> gpt_from_hf(const HfCheckpoint& ck, const TransformerConfig& cfg);
 std::unique_ptr<GPT> gpt_from_hf(const io::Safetensors& st, const TransformerConfig& cfg);  // tensors in memory
 std::unique_ptr<Bert> bert_from_hf(const HfCheckpoint& ck, const TransformerConfig& cfg);
+std::unique_ptr<T5> t5_from_hf(const HfCheckpoint& ck, const TransformerConfig& cfg);
 
 // True when the configuration is a family whose HF class can hold it; why: what it lacks,
 // as flags ("a LlamaForCausalLM needs --swiglu").
@@ -70,6 +72,8 @@ struct HfExportOptions {
   std::string dtype = "F32";          // F32, F16 or BF16
   std::optional<std::string> prefix;  // GPT-2: "transformer." (the default) or "" (GPT2Model names)
   bool lm_head = false;               // GPT-2: also write lm_head.weight (a copy of wte)
+  bool gradients = false;             // `flat` holds gradients: a row's hf_factor applies the other way
+                                      //   (T5's query and tied final norm: HF grad = ours × factor)
 };
 // The HF tensors of a model (vocabulary padding dropped). flat: the ParamSet-shaped values
 // to export (default the model's; the tests pass its gradients).
