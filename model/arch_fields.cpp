@@ -649,10 +649,9 @@ std::string field_differences(const TransformerConfig& run, const TransformerCon
 
 void reconcile_with_checkpoint(const GivenFlags& given, const TransformerConfig& saved, TransformerConfig& m,
                                bool fill, const std::string& where, const std::set<std::string>& skip) {
-  MPT_CHECK(saved.bert == m.bert,
-            str("checkpoint ", where, " holds a ", saved.bert ? "BERT (pretrain_bert)" : "decoder (pretrain_gpt)",
-                " but this run builds a ", m.bert ? "BERT" : "decoder"),
-            saved.bert ? "load it with pretrain_bert" : "load it with pretrain_gpt");
+  MPT_CHECK(saved.bert == m.bert && saved.t5 == m.t5,
+            str("checkpoint ", where, " holds a ", saved.kind(), " (", saved.tool(), ") but this run builds a ", m.kind()),
+            str("load it with ", saved.tool()));
   std::string wrong, hint;
   for (const ArchField& f : arch_fields()) {
     if (f.scope == FlagScope::None || skip.count(f.key)) continue;

@@ -164,6 +164,10 @@ struct TransformerConfig {
   // The family this configuration is (model/families.h: "gpt2", "llama", "qwen2", "gemma", "bert", "t5"), or "custom"
   // for a mix no family has (it trains; HF export needs a family).
   std::string family() const;
+  // The kind of model ("BERT", "T5", "decoder") and the tool that trains it ("pretrain_bert", …): what a
+  // checkpoint of another kind is refused with.
+  const char* kind() const { return bert ? "BERT" : t5 ? "T5" : "decoder"; }
+  const char* tool() const { return bert ? "pretrain_bert" : t5 ? "pretrain_t5" : "pretrain_gpt"; }
   // Validate; throws naming the flags that conflict.
   void validate() const;
   void validate_moe() const;

@@ -117,7 +117,8 @@ ModelRunner::ModelRunner(MPI_Comm world, const std::string& load_dir, const Runn
   MPI_Comm_dup(world, &control_);
 
   GPTConfig cfg = read_checkpoint_config(load_dir);
-  MPT_CHECK(!cfg.bert, str("checkpoint ", load_dir, " holds a BERT: the inference tools run decoder models"), "");
+  MPT_CHECK(!cfg.bert && !cfg.t5, str("checkpoint ", load_dir, " holds a ", cfg.kind(), ": the inference tools run decoder models"),
+            "");
   cfg.compute_dtype = o.dtype;
   cfg.hidden_dropout = cfg.attention_dropout = 0.0f;
   ModelParallel mp;

@@ -28,6 +28,13 @@ namespace mpitron {
 
 namespace {
 
+// The model-flag groups a tool's model takes: every model's, plus BERT's or T5's own.
+std::set<FlagScope> model_scopes(const GPTConfig& m) {
+  if (m.bert) return {FlagScope::Model, FlagScope::Bert};
+  if (m.t5) return {FlagScope::Model, FlagScope::T5};
+  return {FlagScope::Model};
+}
+
 po::options_description describe_flags(TrainArgs& a, std::string& config_file, std::vector<std::string>& rampup) {
   po::options_description model("Model"), train("Training"), lr("Learning rate"), prec("Mixed precision"),
       data("Data"), log("Logging and evaluation"), ckpt("Checkpoints"), misc("Other");
@@ -170,19 +177,25 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("help,h", "print this help");
   po::options_description all(a.model.bert ? "pretrain_bert: pretrain a BERT (masked LM + sentence order) on Megatron "
                                               "sentence data (preprocess_data --split-sentences)"
-                                            : "pretrain_gpt: train a GPT on Megatron .bin/.idx data");
-  add_model_flags(model, a.model.bert ? std::set<FlagScope>{FlagScope::Model, FlagScope::Bert}
-                                      : std::set<FlagScope>{FlagScope::Model},
-                  "Model and architecture (docs/model-families.md)");
+                              : a.model.t5 ? "pretrain_t5: pretrain a T5 encoder-decoder (span corruption) on Megatron "
+                                             "sentence data (preprocess_data --split-sentences)"
+                                           : "pretrain_gpt: train a GPT on Megatron .bin/.idx data");
+  add_model_flags(model, model_scopes(a.model), "Model and architecture (docs/model-families.md)");
   all.add(model).add(train).add(lr).add(prec).add(data).add(log).add(ckpt).add(misc);
-  if (a.model.bert) {
-    po::options_description bert("BERT (pretrain_bert)");
-    bert.add_options()
+  if (a.model.bert || a.model.t5) {
+    po::options_description masked(a.model.bert ? "BERT (pretrain_bert)" : "T5 (pretrain_t5)");
+    masked.add_options()
         ("mask-prob", po::value(&a.mask_prob)->default_value(0.15, "0.15"), "fraction of tokens masked")
         ("short-seq-prob", po::value(&a.short_seq_prob)->default_value(0.1, "0.1"), "chance of a shorter sample");
-    all.add(bert);
+    if (a.model.t5)
+      masked.add_options()
+          ("encoder-seq-length", po::value<int64_t>(), "the encoder's tokens per sample (Megatron's name; = --seq-length)")
+          ("vocab-extra-ids", po::value(&a.vocab_extra_ids)->default_value(0),
+           "sentinel tokens <extra_id_j> appended to the WordPiece vocabulary (span corruption needs them; "
+           "Megatron's pretrain_t5 uses 100)");
+    all.add(masked);
   }
-  if (!a.model.bert) add_moe_flags(all, a);
+  if (!a.model.bert && !a.model.t5) add_moe_flags(all, a);
   add_noop_flags(all);
   return all;
 }
@@ -246,6 +259,44 @@ void check_bert_flags(const TrainArgs& a) {
   need(a.short_seq_prob >= 0 && a.short_seq_prob <= 1, str("--short-seq-prob must be in [0, 1], got ", a.short_seq_prob));
   need(a.seed > 0 && a.seed < (uint64_t{1} << 31), str("pretrain_bert: --seed ", a.seed, " must be in [1, 2^31)"),
        "Megatron's BERT sample mapping takes a positive 32-bit seed");
+}
+
+// pretrain_t5: the tokenizer, the sentinels, and the parallelism T5 takes (model/t5.h).
+void check_t5_flags(const TrainArgs& a) {
+  need(a.tokenizer_type == "BertWordPieceLowerCase" || a.tokenizer_type == "BertWordPieceCase",
+       str("pretrain_t5: --tokenizer-type ", a.tokenizer_type, " is not a WordPiece tokenizer"),
+       "use --tokenizer-type BertWordPieceLowerCase or BertWordPieceCase with --vocab-file vocab.txt (Megatron's T5)");
+  need(!a.vocab_file.empty(), "pretrain_t5 needs --vocab-file (a BERT vocab.txt)",
+       "the vocabulary the data was preprocessed with");
+  need(a.vocab_extra_ids >= 1, str("pretrain_t5: --vocab-extra-ids is ", a.vocab_extra_ids,
+                                   ": span corruption replaces each masked span with a sentinel <extra_id_j>"),
+       "pass --vocab-extra-ids 100 (Megatron's pretrain_t5 setting)");
+  need(a.pipeline_model_parallel_size == 1,
+       str("pretrain_t5: --pipeline-model-parallel-size ", a.pipeline_model_parallel_size,
+           " is not supported: the encoder-decoder is not pipelined (Megatron-Core refuses pipeline parallelism for T5 "
+           "too)"),
+       "train T5 with --tensor-model-parallel-size, --sequence-parallel and data parallelism");
+  need(a.context_parallel_size == 1, "pretrain_t5: --context-parallel-size > 1 is not supported",
+       "train T5 with --tensor-model-parallel-size, --sequence-parallel and data parallelism");
+  need(a.mask_prob > 0 && a.mask_prob < 1, str("--mask-prob must be in (0, 1), got ", a.mask_prob));
+  need(a.short_seq_prob >= 0 && a.short_seq_prob <= 1, str("--short-seq-prob must be in [0, 1], got ", a.short_seq_prob));
+  need(a.seed > 0 && a.seed < (uint64_t{1} << 31), str("pretrain_t5: --seed ", a.seed, " must be in [1, 2^31)"),
+       "Megatron's T5 sample mapping takes a positive 32-bit seed");
+}
+
+// Megatron's T5 stacks: --encoder-num-layers and --decoder-num-layers, each defaulting to --num-layers;
+// mpitron's num_layers is then their sum (layers 0 … Le−1 the encoder's).
+void resolve_t5_layers(const po::variables_map& vm, GPTConfig& m) {
+  const bool enc = vm.count("encoder-num-layers") > 0, dec = vm.count("decoder-num-layers") > 0;
+  if (!enc && !dec && !vm.count("num-layers")) return;  // --use-checkpoint-args filled them
+  need((enc && dec) || vm.count("num-layers") > 0,
+       "pretrain_t5 needs --num-layers, or both --encoder-num-layers and --decoder-num-layers",
+       "--num-layers N gives each stack N layers");
+  const int64_t n = vm.count("num-layers") ? vm["num-layers"].as<int64_t>() : 0;
+  const int64_t le = enc ? vm["encoder-num-layers"].as<int64_t>() : n, ld = dec ? vm["decoder-num-layers"].as<int64_t>() : n;
+  need(le >= 1 && ld >= 1, str("pretrain_t5: the encoder (", le, ") and decoder (", ld, ") need >= 1 layer each"));
+  m.encoder_num_layers = le;
+  m.num_layers = le + ld;
 }
 
 // Megatron's recompute flags onto mpitron's block recompute. Fused attention keeps
@@ -334,18 +385,20 @@ int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
 
 const po::options_description& pretrain_flag_descriptions() {
   struct Sink {  // where the descriptions' values would go; never read
-    TrainArgs gpt, bert;
-    std::string config_gpt, config_bert;
-    std::vector<std::string> rampup_gpt, rampup_bert;
+    TrainArgs gpt, bert, t5;
+    std::string config_gpt, config_bert, config_t5;
+    std::vector<std::string> rampup_gpt, rampup_bert, rampup_t5;
     po::options_description all;
   };
   static const Sink* const sink = [] {
     auto* s = new Sink;  // lives as long as the process: the descriptions point into it
     s->bert.model.bert = true;
     s->all.add(describe_flags(s->gpt, s->config_gpt, s->rampup_gpt));
-    const po::options_description bert = describe_flags(s->bert, s->config_bert, s->rampup_bert);
-    for (const auto& o : bert.options())
-      if (!s->all.find_nothrow(o->long_name(), false)) s->all.add(o);
+    s->t5.model.t5 = true;
+    for (const po::options_description& d : {describe_flags(s->bert, s->config_bert, s->rampup_bert),
+                                              describe_flags(s->t5, s->config_t5, s->rampup_t5)})
+      for (const auto& o : d.options())
+        if (!s->all.find_nothrow(o->long_name(), false)) s->all.add(o);
     return s;
   }();
   return sink->all;
@@ -362,7 +415,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     po::parsed_options parsed = po::command_line_parser(argc, argv).options(parse_desc).run();
     strip_digit_underscores(parsed.options);
     keep_last_occurrence(parsed.options, parse_desc);
-    refuse_negative_unsigned(parsed, parse_desc, a.model.bert ? "pretrain_bert" : "pretrain_gpt");
+    refuse_negative_unsigned(parsed, parse_desc, a.model.tool());
     po::store(parsed, vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";
@@ -376,7 +429,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     }
     po::notify(vm);
   } catch (const po::error& e) {
-    const char* prog = a.model.bert ? "pretrain_bert" : "pretrain_gpt";
+    const char* prog = a.model.tool();
     MPT_THROW(str(prog, ": ", e.what()), str("run ", prog, " --help for the flags mpitron supports"));
   }
 
@@ -513,18 +566,28 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
 
   GPTConfig& m = a.model;
   const GivenFlags given = given_model_flags(vm);
-  apply_model_flags(given, m, m.bert ? std::set<FlagScope>{FlagScope::Model, FlagScope::Bert}
-                                     : std::set<FlagScope>{FlagScope::Model});
+  if (m.t5 && vm.count("encoder-seq-length")) {  // Megatron's name of the encoder's --seq-length
+    need(!vm.count("seq-length") || vm["seq-length"].as<int64_t>() == vm["encoder-seq-length"].as<int64_t>(),
+         "--seq-length and --encoder-seq-length disagree", "give one of them: it is the encoder's length");
+    m.seq_length = vm["encoder-seq-length"].as<int64_t>();
+  }
+  apply_model_flags(given, m, model_scopes(m));
   if (m.bert) m.causal = false;  // pretrain_bert (model/bert.h)
+  if (m.t5) resolve_t5_layers(vm, m);
   if (vm["use-checkpoint-args"].as<bool>()) {
     need(!a.load.empty(), "--use-checkpoint-args needs --load DIR", "name the checkpoint directory to take them from");
     reconcile_with_checkpoint(given, read_checkpoint_config(a.load), m, /*fill=*/true, a.load);
   } else {
-    for (const char* flag : {"num-layers", "hidden-size", "num-attention-heads", "seq-length"})
-      need(vm.count(flag) > 0, str(m.bert ? "pretrain_bert" : "pretrain_gpt", ": the option '--", flag,
-                                   "' is required but missing"),
+    for (const char* flag : {"num-layers", "hidden-size", "num-attention-heads", "seq-length"}) {
+      if (m.t5 && std::string(flag) == "num-layers" && vm.count("encoder-num-layers") && vm.count("decoder-num-layers"))
+        continue;
+      if (m.t5 && std::string(flag) == "seq-length" && vm.count("encoder-seq-length")) continue;
+      need(vm.count(flag) > 0, str(m.tool(), ": the option '--", flag, "' is required but missing"),
            "give it, or --use-checkpoint-args with --load to take the model flags from a checkpoint");
-    if (!vm.count("max-position-embeddings")) m.max_position_embeddings = m.seq_length;
+    }
+    need(!m.t5 || vm.count("decoder-seq-length") > 0,
+         "pretrain_t5: the option '--decoder-seq-length' is required but missing", "Megatron's pretrain_t5 uses 128");
+    if (!vm.count("max-position-embeddings")) m.max_position_embeddings = std::max(m.seq_length, m.decoder_seq_length);
   }
   if (m.bert) m.num_tokentypes = m.binary_head ? 2 : 0;  // Megatron's 2 token types with the binary head
   for (const std::string& t : rampup_tokens) {
@@ -547,6 +610,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(!vm.count("loss-scale") || a.fp16, "--loss-scale only applies with --fp16", "add --fp16 or drop --loss-scale");
   m.compute_dtype = a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32;
   if (m.bert) check_bert_flags(a);
+  else if (m.t5) check_t5_flags(a);
   else need(a.tokenizer_type == "GPT2BPETokenizer" || a.tokenizer_type == "HuggingFaceTokenizer" ||
            a.tokenizer_type == "SentencePieceTokenizer" || a.tokenizer_type == "Llama2Tokenizer" ||
            a.tokenizer_type == "GPTSentencePieceTokenizer",
@@ -567,7 +631,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     a.data_parallel_size = a.world_size / (tp * cp * pp);
   }
   check_context_parallel_flags(vm, a);
-  if (!a.model.bert) check_moe_flags(vm, a);
+  if (!a.model.bert && !a.model.t5) check_moe_flags(vm, a);
   need(m.num_attention_heads % tp == 0,
        str("--num-attention-heads ", m.num_attention_heads, " is not divisible by --tensor-model-parallel-size ", tp));
   need(m.query_groups() % tp == 0,
@@ -578,6 +642,9 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     a.sequence_parallel = false;
     a.startup_notes.push_back("--sequence-parallel: turned off, it needs --tensor-model-parallel-size > 1");
   }
+  need(!a.sequence_parallel || !m.t5 || (a.micro_batch_size * m.decoder_seq_length) % tp == 0,
+       str("--sequence-parallel splits --micro-batch-size x --decoder-seq-length = ", a.micro_batch_size * m.decoder_seq_length,
+           " tokens over ", tp, " ranks: not divisible"));
   need(!a.sequence_parallel || (a.micro_batch_size * m.seq_length / cp) % tp == 0,
        str("--sequence-parallel splits --micro-batch-size x --seq-length", cp > 1 ? " / --context-parallel-size" : "",
            " = ", a.micro_batch_size * m.seq_length / cp, " tokens over ", tp, " ranks: not divisible"));

@@ -67,6 +67,9 @@ struct TrainArgs {
   // pretrain_bert only (the caller sets model.bert before parsing; docs/model-families.md "BERT")
   double mask_prob = 0.15;                 // --mask-prob: fraction of tokens masked for the MLM loss
   double short_seq_prob = 0.1;             // --short-seq-prob: chance a sample targets a shorter length
+  // pretrain_t5 only (the caller sets model.t5 before parsing; docs/model-families.md "T5"; --mask-prob and
+  // --short-seq-prob too)
+  int64_t vocab_extra_ids = 0;             // --vocab-extra-ids: the sentinel tokens <extra_id_j> (Megatron: 100)
   // logging, evaluation, exit
   int64_t log_interval = 100;              // --log-interval
   int64_t eval_interval = 1000;            // --eval-interval

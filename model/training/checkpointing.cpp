@@ -191,10 +191,10 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
   // read_verified throw CheckpointDamaged on every rank and the next older one is tried.
   io::CheckpointReader r = io::CheckpointReader::load_latest(load_dir, comm, [&](const io::CheckpointReader& ck) {
     const GPTConfig saved_cfg = config_from_json(ck.attr_json("model_config"), ck.path());
-    MPT_CHECK(saved_cfg.bert == c.bert,
-              str("checkpoint ", ck.path(), " holds a ", saved_cfg.bert ? "BERT (pretrain_bert)" : "decoder (pretrain_gpt)",
-                  " but this run trains a ", c.bert ? "BERT" : "decoder"),
-              saved_cfg.bert ? "load it with pretrain_bert" : "load it with pretrain_gpt");
+    MPT_CHECK(saved_cfg.bert == c.bert && saved_cfg.t5 == c.t5,
+              str("checkpoint ", ck.path(), " holds a ", saved_cfg.kind(), " (", saved_cfg.tool(), ") but this run trains a ",
+                  c.kind()),
+              str("load it with ", saved_cfg.tool()));
     // Every Shape and Choice field of the architecture table (model/arch_fields.h).
     const std::string diff = field_differences(c, saved_cfg);
     MPT_CHECK(diff.empty(), str("checkpoint ", ck.path(), " has another architecture than this run: ", diff),

@@ -172,10 +172,11 @@ void check_inference_flags(const po::variables_map& vm, InferenceFlags& f) {
 
 void check_against_checkpoint(const po::variables_map& vm, const InferenceFlags& f, const GPTConfig& checkpoint,
                               const std::string& load_dir) {
-  MPT_CHECK(!checkpoint.bert,
-            str("checkpoint ", load_dir, " holds a BERT (pretrain_bert): generate_text, evaluate and the server run "
-                "decoder language models (GPT-2, Llama)"),
-            "use a pretrain_gpt checkpoint; a BERT is fine-tuned with finetune or exported with convert_checkpoint");
+  MPT_CHECK(!checkpoint.bert && !checkpoint.t5,
+            str("checkpoint ", load_dir, " holds a ", checkpoint.kind(), " (", checkpoint.tool(),
+                "): generate_text, evaluate and the server run decoder language models (GPT-2, Llama)"),
+            checkpoint.t5 ? "a T5 is exported with convert_checkpoint (transformers' T5ForConditionalGeneration generates)"
+                          : "use a pretrain_gpt checkpoint; a BERT is fine-tuned with finetune or exported with convert_checkpoint");
   (void)vm;
   GPTConfig m;
   apply_model_flags(f.given, m);

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/t5_dataset.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
 #include "model/inference/inference_load.h"
@@ -42,6 +43,7 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
   try {
     TrainArgs args;
     args.model.bert = which == PretrainModel::BERT;  // pretrain_bert's flags and model
+    args.model.t5 = which == PretrainModel::T5;      // pretrain_t5's
     args.world_size = world;  // parsing sets dp = world / (tp x pp)
     if (parse_train_args(argc, argv, args)) {
       ParallelRuntime runtime(MPI_COMM_WORLD, args);
@@ -54,14 +56,22 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
       const data::TextTokenizer& tok = *tok_ptr;
       // Recorded in every checkpoint and compared on --load (model/training/checkpointing.h).
       args.tokenizer_identity = data::tokenizer_identity(spec, tok).dump();
-      args.model.vocab_size = tok.vocab_size();
-      args.model.padded_vocab_size = data::padded_vocab_size(tok.vocab_size(), static_cast<int>(args.tensor_model_parallel_size),
+      // T5: the WordPiece vocabulary with [BOS], [EOS] and the --vocab-extra-ids sentinels appended (Megatron's).
+      const int64_t vocab = args.model.t5 ? data::T5Vocab::from(tok, args.vocab_extra_ids).vocab_size : tok.vocab_size();
+      if (args.model.t5) {
+        nlohmann::json id = nlohmann::json::parse(args.tokenizer_identity);
+        id["vocab_extra_ids"] = args.vocab_extra_ids;
+        id["vocab_size"] = vocab;
+        args.tokenizer_identity = id.dump();
+      }
+      args.model.vocab_size = vocab;
+      args.model.padded_vocab_size = data::padded_vocab_size(vocab, static_cast<int>(args.tensor_model_parallel_size),
                                                              static_cast<int>(args.make_vocab_size_divisible_by));
       // A checkpoint saved at another TP size may have another padded vocabulary;
       // adopt it when it still divides by this TP size (rows past the vocabulary are never used).
       if (!args.load.empty() && checkpoint_exists(args.load)) {
         const int64_t saved = read_checkpoint_config(args.load).padded_vocab_size;
-        if (saved != args.model.padded_vocab_size && saved >= tok.vocab_size() &&
+        if (saved != args.model.padded_vocab_size && saved >= vocab &&
             saved % args.tensor_model_parallel_size == 0) {
           log_info("--load ", args.load, ": the checkpoint's padded vocabulary ", saved, " divides by TP ",
                    args.tensor_model_parallel_size, ": using it instead of ", args.model.padded_vocab_size);
@@ -70,7 +80,9 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
       }
       // Rank 0 builds the index caches first; the others then load them.
       auto make_data = [&] {
-        return args.model.bert ? make_bert_data(args, tok) : make_gpt_data(args, tok.vocab_size());
+        return args.model.bert ? make_bert_data(args, tok)
+               : args.model.t5 ? make_t5_data(args, tok)
+                               : make_gpt_data(args, tok.vocab_size());
       };
       std::shared_ptr<SampleSource> data;
       const auto barrier = [] {

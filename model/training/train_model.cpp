@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "data/bert_dataset.h"
+#include "data/t5_dataset.h"
 #include "model/training/finetune.h"
 #include "model/training/trainer.h"
 
@@ -12,6 +13,11 @@ namespace mpitron {
 void SampleSource::bert_sample(int, int64_t, data::BertSample&) const {
   MPT_THROW("this data source has no BERT samples", "pretrain_bert reads a sentence-level dataset "
                                                     "(preprocess_data --split-sentences)");
+}
+
+void SampleSource::t5_sample(int, int64_t, data::T5Sample&) const {
+  MPT_THROW("this data source has no T5 samples", "pretrain_t5 reads a sentence-level dataset "
+                                                  "(preprocess_data --split-sentences)");
 }
 
 void SampleSource::classification_sample(int, int64_t, ClassificationSample&) const {
@@ -28,6 +34,9 @@ TrainModel::TrainModel(const GPTConfig& cfg, Device device, const ModelParallel&
     bert_ = std::make_unique<Bert>(cfg, device, mp);
     names_ = {"lm loss"};  // a classifier's loss too, under Megatron's key (tasks/finetune_utils.py)
     if (cfg.binary_head && cfg.num_classes == 0) names_.push_back("sop loss");
+  } else if (cfg.t5) {
+    t5_ = std::make_unique<T5>(cfg, device, mp);
+    names_ = {"lm loss"};
   } else {
     gpt_ = std::make_unique<GPT>(cfg, device, mp);
     names_ = {"lm loss"};
@@ -61,7 +70,15 @@ MicroBatch TrainModel::micro_batch(const SampleSource& data, int split, int64_t 
     mb.bert = BertBatch::from(s);
     return mb;
   }
-  MPT_CHECK(!data.masked_lm(), "a GPT trains on token runs, but the data source gives BERT samples",
+  if (t5_) {
+    MPT_CHECK(data.span_corruption(), "T5 trains on span-corruption samples, but the data source has none",
+              "this is a bug in the caller of Trainer (pretrain_t5 builds the T5 data)");
+    std::vector<data::T5Sample> s(static_cast<size_t>(mbs));
+    for (int64_t b = 0; b < mbs; ++b) data.t5_sample(split, (first + b) % n, s[static_cast<size_t>(b)]);
+    mb.t5 = T5Batch::from(s);
+    return mb;
+  }
+  MPT_CHECK(!data.masked_lm() && !data.span_corruption(), "a GPT trains on token runs, but the data source gives BERT or T5 samples",
             "this is a bug in the caller of Trainer");
   // Context parallelism: this rank gets only its chunks of each sample (T/cp tokens
   // and their targets, chunks r and 2·cp − 1 − r; parallel/context_parallel.h).
@@ -82,6 +99,11 @@ MicroBatch TrainModel::micro_batch(const SampleSource& data, int split, int64_t 
 
 Var TrainModel::chunk_forward(Tape& tape, int c, const MicroBatch& batch, const Var& input, const ForwardOptions& opt) {
   const bool last = core().chunk(c).last_stage;
+  if (t5_) {  // one chunk: T5 is not pipelined
+    Var out = t5_->forward(tape, batch.t5, opt);
+    parts_.add({out.value().item()});
+    return out;
+  }
   if (!bert_) {
     Var out = gpt_->chunk_forward(tape, c, batch.tokens, batch.targets, input, opt);
     if (last) parts_.add({out.value().item()});

@@ -1,5 +1,5 @@
-// model/training/train_model.h — what the trainer trains: a GPT (next-token loss)
-// or a BERT (masked-LM + sentence-order losses), behind one micro-batch type and
+// model/training/train_model.h — what the trainer trains: a GPT (next-token loss),
+// a BERT (masked-LM + sentence-order losses) or a T5 (span corruption's lm loss), behind one micro-batch type and
 // one chunk forward. The trainer, the pipeline stage runner and evaluation call
 // only this; everything else (optimizer, buckets, ZeRO, checkpoints) works on the
 // GPT core's flat parameters and is the same for both.
@@ -11,6 +11,7 @@
 
 #include "model/bert.h"
 #include "model/gpt.h"
+#include "model/t5.h"
 
 namespace mpitron {
 
@@ -20,6 +21,7 @@ class SampleSource;
 struct MicroBatch {
   Tensor tokens, targets;  // GPT: (mbs, T) i32 inputs and next tokens
   BertBatch bert;          // BERT: the masked samples, or a classifier's (model/bert.h)
+  T5Batch t5;              // T5: the span-corruption samples (model/t5.h)
   int64_t counted = 0;     // classification: the first `counted` samples count for accuracy
                            //   (the rest wrap around the end of an evaluation set)
 };
@@ -38,11 +40,11 @@ struct LossParts {
 
 class TrainModel {
  public:
-  // A BERT when cfg.bert (a sequence classifier when cfg.num_classes > 0: finetune),
+  // A BERT when cfg.bert (a sequence classifier when cfg.num_classes > 0: finetune), a T5 when cfg.t5,
   // else a GPT of the family cfg describes.
   TrainModel(const GPTConfig& cfg, Device device, const ModelParallel& mp);
-  GPT& core() { return bert_ ? bert_->core() : *gpt_; }
-  const GPT& core() const { return bert_ ? bert_->core() : *gpt_; }
+  GPT& core() { return bert_ ? bert_->core() : t5_ ? t5_->core() : *gpt_; }
+  const GPT& core() const { return bert_ ? bert_->core() : t5_ ? t5_->core() : *gpt_; }
   bool is_bert() const { return bert_ != nullptr; }
   bool is_classifier() const { return bert_ && bert_->config().num_classes > 0; }
   // Names of the loss parts ("lm loss", "sop loss").
@@ -60,6 +62,7 @@ class TrainModel {
  private:
   std::unique_ptr<GPT> gpt_;
   std::unique_ptr<Bert> bert_;
+  std::unique_ptr<T5> t5_;
   std::vector<std::string> names_;
   LossParts parts_;
   Accuracy accuracy_;

@@ -783,8 +783,10 @@ TrainSummary Trainer::run() {
   const TrainArgs& a = m.args;
   TrainSummary sum;
   const GPTConfig& c = a.model;
-  log_info(m.task->is_classifier() ? "mpitron finetune: " : c.bert ? "mpitron pretrain_bert: " : "mpitron pretrain_gpt: ", c.num_layers, " layers, hidden ", c.hidden_size, ", heads ", c.num_attention_heads,
-           ", seq ", c.seq_length, ", vocab ", c.padded_vocab_size, " (padded from ", c.vocab_size, "), ",
+  log_info(m.task->is_classifier() ? "mpitron finetune: " : str("mpitron ", c.tool(), ": "),
+           c.t5 ? str(c.encoder_num_layers, " encoder + ", c.decoder_num_layers(), " decoder layers") : str(c.num_layers, " layers"),
+           ", hidden ", c.hidden_size, ", heads ", c.num_attention_heads,
+           c.t5 ? str(", seq ", c.seq_length, " (decoder ", c.decoder_seq_length, ")") : str(", seq ", c.seq_length), ", vocab ", c.padded_vocab_size, " (padded from ", c.vocab_size, "), ",
            c.num_parameters(), " parameters, ", dtype_name(c.compute_dtype), " on ", m.device.name(),
            a.recompute_activations
                ? (a.recompute_num_layers > 0 ? str(", recompute of the first ", a.recompute_num_layers, " blocks per chunk")

@@ -22,6 +22,7 @@ namespace mpitron {
 
 namespace data {
 struct BertSample;
+struct T5Sample;
 }
 class GPT;
 struct ClassificationSample;  // model/training/finetune.h
@@ -38,6 +39,9 @@ class SampleSource {
   // have none refuse.
   virtual bool masked_lm() const { return false; }
   virtual void bert_sample(int split, int64_t index, data::BertSample& out) const;
+  // T5 span-corruption samples (encoder and decoder inputs, labels); sources that have none refuse.
+  virtual bool span_corruption() const { return false; }
+  virtual void t5_sample(int split, int64_t index, data::T5Sample& out) const;
   // Sequence-classification samples (finetune, model/training/finetune.h); sources that
   // have none refuse.
   virtual bool classification() const { return false; }
