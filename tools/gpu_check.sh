@@ -184,7 +184,8 @@ want() { [ "$PARTS" = all ] || [ "$PARTS" = "$1" ]; }
 # Every test with a CUDA path: the tensor ops (cuDNN attention, vector kernels), core, the bf16 GPT
 # reference against PyTorch, the trainer on the device (MPITRON_TEST_DEVICE=cuda), comm/grid/ZeRO
 # with device buffers, the inference engine and runner (the paged KV cache on the device; TP/PP at 2 and 4 ranks),
-# context parallelism's attention.
+# context parallelism's attention (new tensor_test_* join by the regex: e.g. attention_bias, T5's biased,
+# padded blocks on the fallback, and relu).
 CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_trainer$|model_test_inference_|parallel_test_(comm|grid|zero|context_parallel))'
 # CUDA_RERUN (a ctest -R regex) reruns only those tests, e.g. what failed in the first call.
 want tests && step ctest_cuda 120 60 bash -c "set -o pipefail; MPITRON_TEST_DEVICE=cuda ctest --test-dir '$RUN' -R '${CUDA_RERUN:-$CUDA_TESTS}' --output-on-failure -j 12 --timeout 90 2>&1 | tee -a '$OUT/ctest.log'"

@@ -37,7 +37,8 @@
 // the diagonal block (q_start = k_start, Tq = Tk: top-left causal), a block every
 // query sees whole (k_start + Tk − 1 <= q_start, or not causal: no mask), or
 // bottom-right causal (q_start + Tq = k_start + Tk, Tq <= Tk) — with its operands'
-// own strides; any other block runs the fallback.
+// own strides; any other block, and every block with a score bias or kv_lengths
+// (attention_block.h), runs the fallback.
 // Built graphs are cached by the problem's sizes, strides, dtype, scale, direction and
 // mask form; the cuDNN workspace comes from the caching allocator. Compiled by the host
 // compiler (the frontend is plain C++), so kernels live in the .cu files.
@@ -355,11 +356,14 @@ AttnProblem block_problem(const Tensor& q, const Tensor& k, const Tensor& v, con
   d.lse = static_cast<float*>(lse.data_ptr()), d.lse_sb = lse.strides()[0], d.lse_sh = lse.strides()[1];
   d.q_start = blk.q_start, d.k_start = blk.k_start, d.seq = blk.seq > 0 ? blk.seq : d.Tq;
   d.causal = blk.causal;
+  d.kv_len = blk.kv_lengths.defined() ? static_cast<const int32_t*>(blk.kv_lengths.data_ptr()) : nullptr;
+  d.bias = blk.bias.defined() ? static_cast<const float*>(blk.bias.data_ptr()) : nullptr;
   return d;
 }
 #ifdef MPITRON_WITH_CUDNN
 // The cuDNN mask form that is exactly this block's mask; false when there is none.
 bool block_mask_form(const AttnProblem& d, MaskForm* form) {
+  if (d.kv_len || d.bias || d.bias_grad) return false;  // the fallback's alone (attention_block.h)
   const int64_t q_last = d.q_start + d.Tq - 1, k_last = d.k_start + d.Tk - 1;
   if (!d.causal || k_last <= d.q_start) *form = MaskForm::None;  // every query sees every key
   else if (d.q_start == d.k_start && d.Tq == d.Tk) *form = MaskForm::TopLeft;
@@ -391,6 +395,7 @@ void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor&
                               Stream s) {
   AttnProblem d = block_problem(q, k, v, out, lse, blk);
   d.dout = rows_of(dout), d.dq = rows_of(dq), d.dk = rows_of(dk), d.dv = rows_of(dv);
+  d.bias_grad = blk.bias_grad.defined() ? static_cast<float*>(blk.bias_grad.data_ptr()) : nullptr;
 #ifdef MPITRON_WITH_CUDNN
   MaskForm form;
   if (drop.p == 0.0f && block_mask_form(d, &form) && try_cudnn(d, false, scale, form, s)) {

@@ -34,6 +34,12 @@
 // max(0, i + q_start − k_start − W) with a sliding window W (else 0); the
 // full Tq×Tk GEMMs run regardless and the kernels write P = dS = 0 outside, so
 // masked keys get dK = dV = 0; a row with hi = 0 gets out 0, lse −∞.
+// A block's score bias (Tq, Tk, NH) (attention_block.h) is added to S's visible
+// entries in the kernels, before the max/exp (forward) and exp(S − lse) (backward);
+// the backward kernel adds the unscaled f32 dS into bias_grad[i, j, h]. No atomics
+// are needed: within one launch every (head, i, j) is one lane's, and launches (per
+// sample, group chunk, head offset) run in order on the stream — so the sum is
+// deterministic.
 #include <algorithm>
 
 #include "tensor/attention.h"
@@ -81,6 +87,21 @@ struct DropRows {
     return attention_keep(seed, offset, b, head0 + k * head_step, q0 + i, k0 + j, seq, p) ? 1.0f / (1.0f - p) : 0.0f;
   }
 };
+// The score bias of one launch: batch entry k is local head h0 + k·head_step; element
+// (i, j, h) at (i·Tk + j)·nh + h.
+struct BiasRows {
+  const float* b;  // null: none
+  float* grad;     // null: none
+  int64_t nh, h0;
+  __device__ int64_t at(int64_t k, int i, int j, int tk, int head_step) const {
+    return (static_cast<int64_t>(i) * tk + j) * nh + h0 + k * head_step;
+  }
+  __device__ float add(int64_t k, int i, int j, int tk, int head_step) const {
+    return b ? b[at(k, i, j, tk, head_step)] : 0.0f;
+  }
+};
+BiasRows bias_rows(const AttnProblem& d, int64_t h0) { return {d.bias, d.bias_grad, d.NH, h0}; }
+
 DropRows drop_rows(const AttnProblem& d, const AttentionDropout& drop, int64_t b, int64_t h0) {
   return DropRows{drop.p, drop.seed, drop.offset, b, drop.first_head + h0, d.kv_len, d.causal,
                   d.q_start, d.k_start, d.seq > 0 ? d.seq : d.Tq, d.window};
@@ -91,36 +112,38 @@ DropRows drop_rows(const AttnProblem& d, const AttentionDropout& drop, int64_t b
 // statistics are at + k·head_step·lse_sh.
 template <typename T>
 __global__ void masked_softmax_forward_kernel(const float* S, T* P, float* lse, int64_t lse_sh, int64_t rows, int tq,
-                                              int tk, int head_step, DropRows dr) {
+                                              int tk, int head_step, DropRows dr, BiasRows bias) {
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int i = static_cast<int>(r % tq);
+  const int64_t k = r / tq;
   const int hi = dr.hi(i, tk), lo = dr.lo(i);
   const float* sr = S + r * tk;
   T* pr = P + r * tk;
   float m = -INFINITY;
-  for (int j = lo + lane; j < hi; j += 32) m = fmaxf(m, sr[j]);
+  for (int j = lo + lane; j < hi; j += 32) m = fmaxf(m, sr[j] + bias.add(k, i, j, tk, head_step));
   m = warp_max(m);
   float sum = 0.0f;
-  for (int j = lo + lane; j < hi; j += 32) sum += expf(sr[j] - m);
+  for (int j = lo + lane; j < hi; j += 32) sum += expf(sr[j] + bias.add(k, i, j, tk, head_step) - m);
   sum = warp_sum(sum);
   const float l = hi > lo ? m + logf(sum) : -INFINITY;  // no visible key: P = 0, lse −∞
-  const int64_t k = r / tq;
   for (int j = lane; j < tk; j += 32)
-    pr[j] = from_float<T>(j >= lo && j < hi ? expf(sr[j] - l) * dr.keep(k, i, j, head_step) : 0.0f);
+    pr[j] = from_float<T>(j >= lo && j < hi
+                              ? expf(sr[j] + bias.add(k, i, j, tk, head_step) - l) * dr.keep(k, i, j, head_step)
+                              : 0.0f);
   if (lane == 0) lse[k * head_step * lse_sh + i] = l;
 }
 
-// Row r = k·Tq + i: P = exp(S − lse) (masked: 0 for j >= hi), dS = P ⊙ (dP·M/(1−p) − D_i), D_i = dO_i·O_i;
-// the P written (for dV) is P·M/(1 − p).
+// Row r = k·Tq + i: P = exp(S + bias − lse) (masked: 0 for j >= hi), dS = P ⊙ (dP·M/(1−p) − D_i),
+// D_i = dO_i·O_i; the P written (for dV) is P·M/(1 − p); bias_grad[i, j, h] += dS (f32).
 // dout/out/lse point at head h0 of sample b; batch entry k is head h0 + k·head_step,
 // whose row i is at i·st + k·head_step·HD.
 template <typename T>
 __global__ void masked_softmax_backward_kernel(const float* S, const float* dP, const float* lse, int64_t lse_sh,
                                                const T* dout, int64_t dout_st, const T* out, int64_t out_st, T* P,
                                                T* dS, int64_t rows, int tq, int tk, int hd, int head_step,
-                                               DropRows dr) {
+                                               DropRows dr, BiasRows bias) {
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -139,10 +162,12 @@ __global__ void masked_softmax_backward_kernel(const float* S, const float* dP, 
   const int hi = dr.hi(i, tk), lo = dr.lo(i);
   for (int j = lane; j < tk; j += 32) {
     const bool seen = j >= lo && j < hi;
-    const float p = seen ? expf(sr[j] - l) : 0.0f;
+    const float p = seen ? expf(sr[j] + bias.add(r / tq, i, j, tk, head_step) - l) : 0.0f;
     const float m = seen ? dr.keep(r / tq, i, j, head_step) : 0.0f;
+    const float ds = p * (dpr[j] * m - dsum);
     pr[j] = from_float<T>(p * m);
-    dsr[j] = from_float<T>(p * (dpr[j] * m - dsum));
+    dsr[j] = from_float<T>(ds);
+    if (bias.grad && seen) bias.grad[bias.at(r / tq, i, j, tk, head_step)] += ds;
   }
 }
 
@@ -214,7 +239,8 @@ void attention_fallback_forward(const AttnProblem& d, float scale, const Attenti
           using T = decltype(tag);
           MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, masked_softmax_forward_kernel<T>)(
               S.get<float>(), P.get<T>(), d.lse + b * d.lse_sb + h0 * d.lse_sh, d.lse_sh, rows,
-              static_cast<int>(d.Tq), static_cast<int>(d.Tk), static_cast<int>(rep), drop_rows(d, drop, b, h0));
+              static_cast<int>(d.Tq), static_cast<int>(d.Tk), static_cast<int>(rep), drop_rows(d, drop, b, h0),
+              bias_rows(d, h0));
         });
         MPT_KERNEL_CHECK("attention_forward (softmax)");
         // O (gc heads, Tq, HD) = P · V, written into out
@@ -264,7 +290,7 @@ void attention_fallback_backward(const AttnProblem& d, float scale, const Attent
               reinterpret_cast<const T*>(row0(d.dout, b, h0, HD, es)), d.dout.st,
               reinterpret_cast<const T*>(row0(d.out, b, h0, HD, es)), d.out.st, P.get<T>(), dS.get<T>(), rows,
               static_cast<int>(d.Tq), static_cast<int>(d.Tk), static_cast<int>(HD), static_cast<int>(rep),
-              drop_rows(d, drop, b, h0));
+              drop_rows(d, drop, b, h0), bias_rows(d, h0));
         });
         MPT_KERNEL_CHECK("attention_backward (softmax)");
         const MatOperand Pm{P.get(), d.Tq, d.Tk, d.Tk, d.Tq * d.Tk};
