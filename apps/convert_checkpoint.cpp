@@ -61,7 +61,7 @@ int run(int argc, char** argv) {
   std::string direction, input, output, hf_config, hf_config_out, dtype = "F32", prefix = "transformer.";
   int64_t heads = 0, divisible_by = 128, tp = 1;
   bool lm_head = false, overwrite = false;
-  po::options_description d("convert_checkpoint: Hugging Face GPT-2 / Llama / BERT (BertForPreTraining) safetensors "
+  po::options_description d("convert_checkpoint: Hugging Face GPT-2 / Llama / BERT (BertForPreTraining) / T5 (T5ForConditionalGeneration) safetensors "
                             "<-> mpitron checkpoint (the family is read from config.json or the checkpoint)");
   d.add_options()("help,h", "print this help")
       ("direction", po::value(&direction)->required(), "hf-to-mpitron or mpitron-to-hf")
@@ -123,8 +123,11 @@ int run(int argc, char** argv) {
     }
     std::string dir;
     if (cfg.bert) dir = save_model_checkpoint(output, bert_from_hf(ck, cfg)->core(), input);
+    else if (cfg.t5) dir = save_model_checkpoint(output, t5_from_hf(ck, cfg)->core(), input);
     else dir = save_model_checkpoint(output, *gpt_from_hf(ck, cfg), input);
-    log_info("wrote ", dir, ": ", cfg.family(), ", ", cfg.num_layers, " layers, hidden ", cfg.hidden_size, ", ",
+    log_info("wrote ", dir, ": ", cfg.family(), ", ",
+             cfg.t5 ? str(cfg.encoder_num_layers, " encoder + ", cfg.decoder_num_layers(), " decoder") : str(cfg.num_layers),
+             " layers, hidden ", cfg.hidden_size, ", ",
              cfg.num_attention_heads, " heads, ", cfg.query_groups(), " kv heads, head dim ", cfg.head_dim(), ", ffn ",
              cfg.ffn(), ", vocab ", cfg.vocab_size, " (padded ", cfg.padded_vocab_size, "), positions ",
              cfg.max_position_embeddings, cfg.untie_embeddings ? "" : ", tied head", ", MLP ", to_string(cfg.mlp));
