@@ -22,6 +22,7 @@ BlockShape block_shape(const GPTConfig& c, int64_t batch, int64_t seq, const Ten
   s.mask = c.attention_mask(layer);
   s.window = c.window_size;
   s.post_ln = c.post_ln;
+  if (c.is_decoder_layer(layer)) s.cross.seq = c.seq_length;  // T5: the encoder's length (the memory's rows)
   if (c.is_moe_layer(layer)) {
     s.moe.experts = c.num_experts;
     s.moe.topk = c.moe_router_topk;
@@ -237,6 +238,16 @@ BlockMemory block_memory(const BlockShape& s) {
   // copies with sequence parallelism), the norms' inputs and output gradients.
   const int64_t in_rows = sp ? N : Nl;
   m.deferred_act = (sp ? N : Nl) * C * 2 + N * Cl + N * QL + 2 * in_rows * C + N * Fl + N * FCl + 4 * Nl * C;
+  if (s.cross.seq > 0) {
+    // T5's cross-attention (model/layers/cross_attention_layer.h), M = B·Te memory rows: its norm's output
+    // and x3 (Nl, C each), q and att (N, Cl), kv (M, 2·Gl·HD), lse (B, NHl, Td) f32. Its backward holds
+    // d(xatt) (Nl, C), datt, dq (N, Cl), dkv (M, 2·Gl·HD) and d(mem) (M, C).
+    const int64_t M = s.batch * s.cross.seq, KV = 2 * s.local_groups() * s.head_dim();
+    m.saved_act += 2 * Nl * C + 2 * N * Cl + M * KV;
+    m.saved_f32 += s.batch * s.local_heads() * s.seq;
+    m.backward_act += Nl * C + 2 * N * Cl + M * (KV + C);
+    m.deferred_act += 2 * N * Cl + M * (KV + C) + 2 * Nl * C;
+  }
   if (s.moe.active()) {
     // The MoE MLP (model/layers/moe_layer.h) in place of the dense one's fc and g: R ≤ N·k rows
     // (dropless: N·k), the router's logits (N, E), probabilities and choices (N, k) in f32,

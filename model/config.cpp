@@ -261,7 +261,30 @@ double TransformerConfig::attended_keys() const {
   return ((m + 1) * (m + 2) / 2 + (T - 1 - m) * (W + 1)) / T - 0.5;
 }
 
+// T5: per encoder token (the trainer counts seq_length tokens per sample). Per sample, every matmul weight
+// of the encoder runs on Te tokens and of the decoder on Td, but for the cross-attention's key|value
+// projection, which reads the Te memory rows; the head runs on Td; attention scores and values:
+// bidirectional Te·Te in the encoder, causal Td·Td/2 and cross Td·Te in the decoder.
+double t5_flops_per_token(const TransformerConfig& c) {
+  const double Te = static_cast<double>(c.seq_length), Td = static_cast<double>(c.decoder_seq_length);
+  double per_sample = 0;
+  for (const ParamSpec& s : outer_param_table(c))
+    if (s.matmul) per_sample += Td * static_cast<double>(shape_numel(s.global_shape));
+  for (const bool dec : {false, true}) {
+    const int64_t l = dec ? c.encoder_num_layers : 0;
+    const double layers = static_cast<double>(dec ? c.decoder_num_layers() : c.encoder_num_layers);
+    for (const ParamSpec& s : block_param_table(c, l))
+      if (s.matmul)
+        per_sample += layers * (dec && s.role != ParamRole::CrossKvWeight ? Td : Te) * static_cast<double>(shape_numel(s.global_shape));
+  }
+  const double A = static_cast<double>(c.attention_width());
+  const double attn = static_cast<double>(c.encoder_num_layers) * Te * Te +
+                      static_cast<double>(c.decoder_num_layers()) * (Td * Td / 2 + Td * Te);
+  return (6.0 * per_sample + 12.0 * A * attn) / Te;
+}
+
 double TransformerConfig::flops_per_token() const {
+  if (t5) return t5_flops_per_token(*this);
   double matmul_params = 0;
   for (const ParamSpec& s : outer_param_table(*this))
     if (s.matmul) matmul_params += static_cast<double>(shape_numel(s.global_shape));

@@ -183,6 +183,7 @@ struct TransformerConfig {
   // keys a query attends on average less one half (the diagonal counted half): T/2 causal (the
   // convention of llm.c and current Megatron), T bidirectional (BERT), the mean of min(i, W) + 1/2
   // over the queries i with a sliding window W (Mistral: ≈ W + 1/2 when T ≫ W).
+  // T5: per encoder token, the encoder's and the decoder's work of a sample over its Te tokens (docs/flops.md).
   double flops_per_token() const;
   // K above.
   double attended_keys() const;

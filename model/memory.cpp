@@ -109,7 +109,14 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   ContextParallel cpl;
   cpl.size = r.cp;
   cpl.type = r.cp_comm;
-  const BlockMemory bm = block_memory(block_shape(c, micro_batch, c.seq_length / r.cp, tpl, true, 0, cpl));
+  BlockMemory bm = block_memory(block_shape(c, micro_batch, c.seq_length / r.cp, tpl, true, 0, cpl));
+  if (c.t5) {  // T5: the mean of the encoder's and the decoder's blocks (Td tokens and cross-attention), the larger backward
+    const BlockMemory d = block_memory(block_shape(c, micro_batch, c.decoder_seq_length, tpl, true, c.encoder_num_layers));
+    const int64_t le = c.encoder_num_layers, ld = c.decoder_num_layers(), L = c.num_layers;
+    const auto mean = [&](int64_t a, int64_t b) { return (le * a + ld * b + L - 1) / L; };
+    bm = {mean(bm.saved_act, d.saved_act), mean(bm.saved_f32, d.saved_f32), std::max(bm.backward_act, d.backward_act),
+          mean(bm.deferred_act, d.deferred_act)};
+  }
   const int64_t per_block = bm.saved_act * e + 4 * bm.saved_f32;
   const int64_t L = r.layers_per_chunk;
   int64_t first_ends = 0, last_ends = 0;

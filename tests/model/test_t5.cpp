@@ -26,6 +26,7 @@
 #include <sstream>
 
 #include "autograd/tape.h"
+#include "core/device.h"
 #include "io/safetensors.h"
 #include "model/arch_fields.h"
 #include "model/families.h"
@@ -220,4 +221,73 @@ TEST_CASE("HF T5: bad config keys are named") {
   j = json::parse(ck.config_json);
   j["is_encoder_decoder"] = false;
   CHECK_THROWS_WITH_AS(hf_config(j.dump()), doctest::Contains("is_encoder_decoder"), Error);
+}
+
+// The same model on the CUDA device (the simulated one in `make test-cuda-sim`; a GPU in tools/gpu_check.sh):
+// the cross-attention, the biased attention blocks (the cuBLAS fallback: cuDNN takes no bias) and the ReLU
+// and GeGLU kernels. f32: within 1e-4 of transformers (cuBLAS's f32 GEMMs sum in another order than
+// OpenBLAS's; the CPU path is 1e-6 away); bf16: 8 significant bits through ~20 roundings per value, a 3%
+// relative L2 error on the logits (as test_gpt_reference's bf16 bound).
+TEST_CASE("T5 on CUDA: f32 logits, loss, gradients and greedy decoding equal transformers'; bf16 within its bounds") {
+  if (!cuda_available()) {
+    MESSAGE("SKIPPED cuda: ", cuda_unavailable_reason());
+    return;
+  }
+  for (const std::string variant : {"gated", "relu"}) {
+    CAPTURE(variant);
+    const json ref = ref_json(variant);
+    Loaded l = load(variant);
+    for (const DType dt : {DType::F32, DType::BF16}) {
+      GPTConfig cfg = l.cfg;
+      cfg.compute_dtype = dt;
+      T5 m(cfg, Device::cuda(0));
+      m.params().values().copy_from(l.model->params().values().to(dt).to(Device::cuda(0)));
+      const json& r = ref["batches"][0];
+      const T5Batch batch = batch_of(r);
+      const Tensor logits = m.logits(batch);
+      if (dt == DType::BF16) {
+        const std::vector<float> got = logits.to_floats();
+        double d2 = 0, n2 = 0;
+        int64_t row = 0;
+        for (const auto& b : r["logits"])
+          for (const auto& t : b) {
+            for (size_t k = 0; k < t.size(); ++k) {
+              const double w = t[k], g = got[static_cast<size_t>(row * logits.dim(1)) + k];
+              d2 += (g - w) * (g - w), n2 += w * w;
+            }
+            ++row;
+          }
+        MESSAGE(variant, " bf16 on CUDA: relative L2 logit error ", std::sqrt(d2 / n2));
+        CHECK(std::sqrt(d2 / n2) < 3e-2);
+        continue;
+      }
+      const double el = max_err(logits, r["logits"]);
+      MESSAGE(variant, " f32 on CUDA: max |logit - transformers f64| = ", el);
+      CHECK(el < 1e-4);
+      Tape tape;
+      m.params().zero_grad();
+      ForwardOptions o;
+      o.train = false;
+      Var loss = m.forward(tape, batch, o);
+      CHECK(std::abs(loss.value().item() - r["loss"].get<double>()) <= 1e-4 * r["loss"].get<double>());
+      tape.backward(loss);
+      const Tensor grads = m.params().grads().to(Device::cpu()).to(DType::F32);
+      HfExportOptions eo;
+      eo.gradients = true;
+      const io::Safetensors g = hf_from_gpt(l.model->core(), eo, &grads);  // the CPU model's layout, the device's values
+      for (auto it = r["grads"].begin(); it != r["grads"].end(); ++it) {
+        const std::vector<float> v = g.to_f32(it.key()).to_floats();
+        double n2 = 0;
+        for (float x : v) n2 += double(x) * x;
+        const double want = it.value()["norm"];
+        CHECK_MESSAGE(std::abs(std::sqrt(n2) - want) <= 1e-3 * want + 1e-6, it.key(), ": |grad| ", std::sqrt(n2), " vs ", want);
+      }
+      for (const json& gr : ref["greedy"]) {
+        const Tensor enc = ints1(gr["input_ids"]).view({1, -1});
+        std::vector<int64_t> want;
+        for (const auto& x : gr["output"]) want.push_back(x.get<int64_t>());
+        CHECK(m.greedy(enc, enc.dim(1), 0, 1, 8) == want);
+      }
+    }
+  }
 }
