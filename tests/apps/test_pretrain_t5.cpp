@@ -3,6 +3,9 @@
 // Hugging Face's layout (RMSNorm, relative positions, no biases, ReLU):
 //  * the lm loss falls and is validated, with Megatron's log lines;
 //  * a run stopped at iteration 6 and resumed logs the uninterrupted run's losses digit for digit;
+//  * the trained checkpoint exported to Hugging Face (convert_checkpoint mpitron-to-hf) reads back to the
+//    same logits, and transformers' T5ForConditionalGeneration greedy-decodes it to the same tokens as
+//    mpitron (when /usr/bin/python3 has torch and transformers; else a SKIPPED message);
 //  * under mpirun, TP2 with sequence parallelism, DP2 with ZeRO-1 (the distributed optimizer), DP2 with
 //    ZeRO-3 and TP2 x DP2 with ZeRO-2 log the one-process losses within 1e-5 relative over 10 steps (with
 //    hidden and attention dropout: the masks are named by the one-process positions);
@@ -15,6 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/inference/hf_convert.h"
+#include "model/inference/inference_load.h"
+#include "model/t5.h"
 #include "tests/apps/apps_test_util.h"
 
 using namespace apps_test;
@@ -78,7 +84,8 @@ TEST_CASE("pretrain_t5 trains on --split-sentences data: the lm loss falls, vali
   TempDir dir("pretrain_t5");
   const std::string data = prepare(dir);
   const std::string run = model_flags() + " --data-path " + data + " --hidden-dropout 0.1 --attention-dropout 0.1 ";
-  const int rc = run_app("pretrain_t5", run + "--train-iters 40 --log-interval 2 --eval-interval 20 --eval-iters 2",
+  const int rc = run_app("pretrain_t5", run + "--train-iters 40 --log-interval 2 --eval-interval 20 --eval-iters 2 "
+                                             "--make-vocab-size-divisible-by 256 --save " + (dir / "trained"),
                          dir / "train.log");
   const std::string log = slurp(dir / "train.log");
   REQUIRE_MESSAGE(rc == 0, log);
@@ -89,6 +96,43 @@ TEST_CASE("pretrain_t5 trains on --split-sentences data: the lm loss falls, vali
   MESSAGE("lm loss ", lm.front(), " -> ", lm.back());
   CHECK(std::stod(lm.front()) > 7.0);                       // ln(2000 + 102) = 7.65 at the start
   CHECK(std::stod(lm.back()) < std::stod(lm.front()) - 1.5);  // the loss falls (measured 7.69 -> 5.81)
+
+  // The trained model exported to Hugging Face: the same model, and transformers decodes it as mpitron does.
+  REQUIRE(std::filesystem::exists(dir / "trained"));
+  REQUIRE_MESSAGE(run_app("convert_checkpoint", "--direction mpitron-to-hf --input " + (dir / "trained") + " --output " +
+                                                    (dir / "hf"), dir / "export.log") == 0,
+                  slurp(dir / "export.log"));
+  InferenceModel saved = load_model_for_inference(dir / "trained");
+  mpitron::T5 ours(saved.model->config(), mpitron::Device::cpu());
+  ours.params().values().copy_from(saved.model->params().values());
+  const HfCheckpoint hf = read_hf_checkpoint(dir / "hf");
+  const auto theirs = t5_from_hf(hf, hf_config(hf.config_json, 256));  // 2204 rows padded as the run's
+  const std::vector<std::vector<int64_t>> inputs = {{2, 1500, 1234, 103, 999, 1500, 1777, 3}, {2, 1037, 1047, 1086, 3}};
+  // Megatron's T5 decoder starts with [BOS] and stops at [EOS]: the ids appended after the vocabulary.
+  const int64_t bos = 2000, eos = 2001;
+  nlohmann::json req = {{"start", bos}, {"eos", eos}, {"max_new", 8}, {"inputs", inputs}};
+  std::vector<std::vector<int64_t>> want;
+  for (const auto& in : inputs) {
+    const mpitron::Tensor enc = mpitron::Tensor::from_ints(in, {1, static_cast<int64_t>(in.size())}, mpitron::DType::I32);
+    want.push_back(ours.greedy(enc, enc.dim(1), bos, eos, 8));
+    CHECK(theirs->greedy(enc, enc.dim(1), bos, eos, 8) == want.back());
+  }
+  if (std::system("/usr/bin/python3 -c 'import torch, transformers' > /dev/null 2>&1") != 0) {
+    MESSAGE("SKIPPED transformers greedy decoding of the export: /usr/bin/python3 has no torch + transformers");
+  } else {
+    std::ofstream(dir / "ids.json") << req.dump();
+    const int prc = std::system(("/usr/bin/python3 " + kSource + "/tests/reference/t5_export_greedy.py " + (dir / "hf") +
+                                 " " + (dir / "ids.json") + " " + (dir / "hf_out.json") + " > " + (dir / "py.log") + " 2>&1")
+                                    .c_str());
+    REQUIRE_MESSAGE(prc == 0, slurp(dir / "py.log"));
+    const nlohmann::json got = nlohmann::json::parse(slurp(dir / "hf_out.json"));
+    for (size_t i = 0; i < want.size(); ++i) {
+      const std::vector<int64_t> hf_ids = got["outputs"][i].get<std::vector<int64_t>>();
+      MESSAGE("prompt ", i, ": mpitron and transformers greedy ", nlohmann::json(want[i]).dump(), " / ",
+              nlohmann::json(hf_ids).dump());
+      CHECK(hf_ids == want[i]);
+    }
+  }
 
   // Stopped at iteration 6 with a checkpoint, then resumed to 12: the last 6 losses as printed.
   const std::string short_run = run + "--train-iters 12 --log-interval 1 --eval-iters 0 ";
