@@ -9,6 +9,9 @@
 //                                            context parallelism (s.cp) over the whole sequence's
 //                                            keys across the cp group (parallel/context_parallel.h),
 //                                            rope at the rows' global positions
+//                                            T5 (s.attn_bias defined): the block form over the whole
+//                                            sequence with the stack's relative bias (T, T, NHl) added to
+//                                            the scores, its gradient added into s.attn_bias_grad
 //   lse  (B, NHl, T) f32
 //   out  (Nl, C)   = reduce(att · Wprojᵀ + bproj)   all-reduce, or reduce-scatter rows (SP);
 //                                                   bproj added by TP rank 0 only
