@@ -46,8 +46,8 @@ std::unique_ptr<TextTokenizer> make_tokenizer(const TokenizerSpec& s) {
   const bool wordpiece = s.type == "BertWordPieceLowerCase" || s.type == "BertWordPieceCase";
   MPT_CHECK(s.vocab_extra_ids >= 0, str("--vocab-extra-ids must be >= 0, got ", s.vocab_extra_ids), "");
   MPT_CHECK(wordpiece || s.vocab_extra_ids == 0,
-            str("--vocab-extra-ids ", s.vocab_extra_ids, " is built for BertWordPieceLowerCase / BertWordPieceCase, not ",
-                s.type),
+            str("--vocab-extra-ids ", s.vocab_extra_ids, ": ", s.type,
+                " is not a WordPiece tokenizer (the sentinels are built for BertWordPieceLowerCase / BertWordPieceCase)"),
             "drop --vocab-extra-ids, or use a WordPiece vocab.txt (T5)");
   if (s.type == "GPT2BPETokenizer") {
     MPT_CHECK(s.model.empty(), "--tokenizer-model is not used by GPT2BPETokenizer",
