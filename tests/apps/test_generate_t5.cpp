@@ -2,9 +2,12 @@
 //  * a random Hugging Face T5 imported with convert_checkpoint, prompts given as ids (--sample-input-ids-file):
 //    exactly transformers' greedy tokens (tests/apps/ref/hf_t5_relu/ref.json "greedy", from 0 to eos 1);
 //  * a pretrain_t5 checkpoint with a WordPiece tokenizer and --vocab-extra-ids 100: text prompts (with a
-//    sentinel in them) decode from [BOS] to [EOS], JSON lines, ids in the vocabulary, the same output twice;
+//    sentinel in them) decode from [BOS] to [EOS], JSON lines, ids in the vocabulary, the same output twice
+//    (and from --interactive's stdin without --greedy: T5 decodes greedily);
 //  * what T5 cannot take is refused by name (--num-samples, sampling, another --vocab-extra-ids, mpirun),
-//    and pretrain_t5 --load with another --vocab-extra-ids is refused by the tokenizer identity.
+//    and pretrain_t5 --load with another --vocab-extra-ids is refused by the tokenizer identity;
+//  * --sample-input-ids-file with a GPT: the ids of a text prompt give that prompt's tokens, with or
+//    without a tokenizer ("text" null without), and --eos-token-id stops a sample.
 #include <doctest/doctest.h>
 
 #include <fstream>
@@ -14,6 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/safetensors.h"
+#include "model/inference/hf_convert.h"
+#include "model/inference/inference_load.h"
 #include "tests/apps/apps_test_util.h"
 
 using namespace apps_test;
@@ -122,6 +128,11 @@ TEST_CASE("generate_text on a pretrain_t5 checkpoint: text prompts, [BOS] to [EO
     CHECK(j["text"].is_string());
   }
   CHECK(slurp(dir / "a.jsonl") == slurp(dir / "b.jsonl"));
+  // --interactive with the prompts on stdin (not a terminal: one prompt per line) decodes the same.
+  REQUIRE(run_app("generate_text", "--load " + (dir / "ck") + tok + " --vocab-extra-ids 100 --out-seq-length 6 "
+                                       "--interactive --genfile " + (dir / "c.jsonl") + " < " + (dir / "prompts.txt"),
+                  dir / "gen.log") == 0);
+  CHECK(slurp(dir / "c.jsonl") == slurp(dir / "a.jsonl"));
 
   struct Bad {
     std::string flags, message;
@@ -147,4 +158,44 @@ TEST_CASE("generate_text on a pretrain_t5 checkpoint: text prompts, [BOS] to [EO
                             " --train-iters 6 --eval-iters 0 --load " + (dir / "ck");
   CHECK(run_app("pretrain_t5", other, dir / "load.log") != 0);
   CHECK_MESSAGE(slurp(dir / "load.log").find("--vocab-extra-ids 100 -> 50") != std::string::npos, slurp(dir / "load.log"));
+}
+
+TEST_CASE("generate_text --sample-input-ids-file with a GPT: the text prompt's tokens; without a tokenizer text is null") {
+  TempDir dir("generate_ids_gpt");
+  const std::string ref = kSource + "/tests/apps/ref/";
+  {
+    const mpitron::io::Safetensors st = mpitron::io::read_safetensors(ref + "gpt2_tiny.safetensors");
+    auto model = mpitron::gpt_from_hf(st, mpitron::hf_file_config(st, slurp(ref + "gpt2_tiny_config.json"), 0));
+    mpitron::save_model_checkpoint(dir / "ck", *model, "test");
+  }
+  std::ofstream(dir / "p.txt") << "Hello, world\n";
+  std::ofstream(dir / "ids.txt") << "15496 11 995\n";  // GPT-2's ids of "Hello, world"
+  const std::string gen = "--load " + (dir / "ck") + " --greedy --out-seq-length 5 --genfile ";
+  REQUIRE(run_app("generate_text", gen + (dir / "a.jsonl") + " --sample-input-file " + (dir / "p.txt"), dir / "a.log") == 0);
+  REQUIRE(run_app("generate_text", gen + (dir / "b.jsonl") + " --sample-input-ids-file " + (dir / "ids.txt"),
+                  dir / "b.log") == 0);
+  REQUIRE(run_app("generate_text", gen + (dir / "c.jsonl") + " --sample-input-ids-file " + (dir / "ids.txt") +
+                                       " --tokenizer-type GPT2BPETokenizer",
+                  dir / "c.log") == 0);
+  const json a = json_lines(dir / "a.jsonl").at(0), b = json_lines(dir / "b.jsonl").at(0), c = json_lines(dir / "c.jsonl").at(0);
+  CHECK(a["tokens"].size() == 5);
+  CHECK(b["tokens"] == a["tokens"]);
+  CHECK(b["text"].is_null());
+  CHECK(b["prompt"] == "15496 11 995");
+  CHECK(c["tokens"] == a["tokens"]);
+  CHECK(c["text"] == a["text"]);
+  // --eos-token-id: the second generated token ends the sample.
+  const int second = a["tokens"][1].get<int>();
+  if (second != a["tokens"][0].get<int>()) {
+    REQUIRE(run_app("generate_text", gen + (dir / "d.jsonl") + " --sample-input-ids-file " + (dir / "ids.txt") +
+                                         " --eos-token-id " + std::to_string(second),
+                    dir / "d.log") == 0);
+    const json d = json_lines(dir / "d.jsonl").at(0);
+    CHECK(d["tokens"].size() == 2);
+    CHECK(d["finished"] == true);
+  }
+  CHECK(run_app("generate_text", gen + (dir / "e.jsonl") + " --sample-input-ids-file " + (dir / "ids.txt") +
+                                     " --decoder-start-token-id 0",
+                dir / "e.log") != 0);
+  CHECK(slurp(dir / "e.log").find("--decoder-start-token-id") != std::string::npos);
 }
