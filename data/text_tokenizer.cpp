@@ -43,18 +43,24 @@ class GPT2Adapter : public TextTokenizer {
 }  // namespace
 
 std::unique_ptr<TextTokenizer> make_tokenizer(const TokenizerSpec& s) {
+  const bool wordpiece = s.type == "BertWordPieceLowerCase" || s.type == "BertWordPieceCase";
+  MPT_CHECK(s.vocab_extra_ids >= 0, str("--vocab-extra-ids must be >= 0, got ", s.vocab_extra_ids), "");
+  MPT_CHECK(wordpiece || s.vocab_extra_ids == 0,
+            str("--vocab-extra-ids ", s.vocab_extra_ids, ": ", s.type,
+                " is not a WordPiece tokenizer (the sentinels are built for BertWordPieceLowerCase / BertWordPieceCase)"),
+            "drop --vocab-extra-ids, or use a WordPiece vocab.txt (T5)");
   if (s.type == "GPT2BPETokenizer") {
     MPT_CHECK(s.model.empty(), "--tokenizer-model is not used by GPT2BPETokenizer",
               "pass --vocab-file and --merge-file, or --tokenizer-type HuggingFaceTokenizer / SentencePieceTokenizer");
     return std::make_unique<GPT2Adapter>(s.vocab_file.empty() ? Tokenizer::default_vocab_file() : s.vocab_file,
                                          s.merge_file.empty() ? Tokenizer::default_merges_file() : s.merge_file);
   }
-  if (s.type == "BertWordPieceLowerCase" || s.type == "BertWordPieceCase") {
+  if (wordpiece) {
     MPT_CHECK(!s.vocab_file.empty(), str("--tokenizer-type ", s.type, " needs --vocab-file"),
               "pass --vocab-file path/to/vocab.txt (the BERT WordPiece vocab, one token per line)");
     MPT_CHECK(s.model.empty() && s.merge_file.empty(),
               str("--tokenizer-model / --merge-file are not used by ", s.type), "drop them; pass only --vocab-file vocab.txt");
-    return std::make_unique<WordPieceTokenizer>(s.vocab_file, s.type == "BertWordPieceLowerCase");
+    return std::make_unique<WordPieceTokenizer>(s.vocab_file, s.type == "BertWordPieceLowerCase", s.vocab_extra_ids);
   }
   const bool hf = s.type == "HuggingFaceTokenizer";
   const bool sp = s.type == "SentencePieceTokenizer" || s.type == "Llama2Tokenizer" || s.type == "GPTSentencePieceTokenizer";
@@ -85,6 +91,7 @@ nlohmann::json tokenizer_identity(const TokenizerSpec& s, const TextTokenizer& t
     }
   }
   nlohmann::json j = {{"type", tok.type()}, {"vocab_size", tok.vocab_size()}, {"files", nlohmann::json::array()}};
+  if (s.vocab_extra_ids > 0) j["vocab_extra_ids"] = s.vocab_extra_ids;  // absent at 0: older identities unchanged
   for (const std::string& f : files)
     j["files"].push_back({{"name", std::filesystem::path(f).filename().string()}, {"sha256", sha256_file(f)}});
   return j;
@@ -97,6 +104,8 @@ std::string tokenizer_difference(const nlohmann::json& saved, const nlohmann::js
     add(str("type ", saved.value("type", "?"), " -> ", now.value("type", "?")));
   if (saved.value("vocab_size", int64_t{-1}) != now.value("vocab_size", int64_t{-1}))
     add(str("vocab_size ", saved.value("vocab_size", int64_t{-1}), " -> ", now.value("vocab_size", int64_t{-1})));
+  if (saved.value("vocab_extra_ids", int64_t{0}) != now.value("vocab_extra_ids", int64_t{0}))
+    add(str("--vocab-extra-ids ", saved.value("vocab_extra_ids", int64_t{0}), " -> ", now.value("vocab_extra_ids", int64_t{0})));
   std::vector<std::string> a, b;
   for (const auto& f : saved.value("files", nlohmann::json::array())) a.push_back(f.value("sha256", ""));
   for (const auto& f : now.value("files", nlohmann::json::array())) b.push_back(f.value("sha256", ""));
@@ -106,6 +115,8 @@ std::string tokenizer_difference(const nlohmann::json& saved, const nlohmann::js
 
 std::string describe_tokenizer_identity(const nlohmann::json& id) {
   std::string s = str(id.value("type", "?"), ", ", id.value("vocab_size", int64_t{-1}), " tokens");
+  if (id.value("vocab_extra_ids", int64_t{0}) > 0)
+    s += str(" (with --vocab-extra-ids ", id.value("vocab_extra_ids", int64_t{0}), " sentinels)");
   for (const auto& f : id.value("files", nlohmann::json::array()))
     s += str(", ", f.value("name", "?"), " sha256 ", f.value("sha256", "").substr(0, 12), "...");
   return s;

@@ -67,6 +67,10 @@ struct TokenizerSpec {
   std::string model;       // --tokenizer-model
   std::string vocab_file;  // --vocab-file  (GPT-2: defaults to assets/gpt2; BERT: vocab.txt)
   std::string merge_file;  // --merge-file
+  // --vocab-extra-ids N: <extra_id_0> … <extra_id_{N−1}> appended to a WordPiece vocab (after
+  // [BOS] / [EOS]), as Megatron's BertWordPieceLowerCase/Case(vocab_extra_ids=N); T5's sentinels.
+  // Other types refuse N > 0.
+  int64_t vocab_extra_ids = 0;
 };
 
 // Throws naming the flag when the type is unknown or a needed file is not given.
@@ -79,8 +83,9 @@ std::unique_ptr<TextTokenizer> make_tokenizer(const TokenizerSpec& spec);
 // files: the vocab/merges (GPT-2; the bundled ones when none is given), vocab.txt (BERT),
 // tokenizer.json and the tokenizer_config.json beside it when there is one (its eos/bos
 // change the ids), tokenizer.model (SentencePiece); sha256 as `sha256sum` prints it.
+// "vocab_extra_ids": N only when --vocab-extra-ids N > 0 (vocab_size then counts the sentinels).
 nlohmann::json tokenizer_identity(const TokenizerSpec& spec, const TextTokenizer& tok);
-// "" when both identities name the same tokenizer (type, vocab size, the files' hashes;
+// "" when both identities name the same tokenizer (type, vocab size, extra ids, the files' hashes;
 // file names may differ), else what differs, for an error message.
 std::string tokenizer_difference(const nlohmann::json& saved, const nlohmann::json& now);
 // "GPT2BPETokenizer, 50257 tokens, gpt2-vocab.json sha256 3fa2a1…, …" for messages.

@@ -107,8 +107,10 @@ class WPEncoder : public TextEncoder {
 
 }  // namespace
 
-WordPieceTokenizer::WordPieceTokenizer(const std::string& vocab_file, bool lower_case)
-    : lower_case_(lower_case), file_(vocab_file) {
+WordPieceTokenizer::WordPieceTokenizer(const std::string& vocab_file, bool lower_case, int64_t extra_ids)
+    : lower_case_(lower_case), file_(vocab_file), extra_ids_(extra_ids) {
+  MPT_CHECK(extra_ids >= 0 && extra_ids <= 1000000, str("--vocab-extra-ids ", extra_ids, " is out of range"),
+            "pass 0 (none) or the sentinel count, 100 for Megatron's T5");
   std::ifstream f(vocab_file, std::ios::binary);
   MPT_CHECK(f.good(), str("cannot open --vocab-file '", vocab_file, "'"),
             "pass the BERT vocab.txt (one WordPiece token per line)");
@@ -144,6 +146,14 @@ WordPieceTokenizer::WordPieceTokenizer(const std::string& vocab_file, bool lower
     }
   }
   bos_ = ids_["[BOS]"], eos_ = ids_["[EOS]"];
+  // Then the --vocab-extra-ids sentinels, in order, each absent one at the next id (add_token).
+  for (int64_t j = 0; j < extra_ids; ++j) {
+    const std::string s = "<extra_id_" + std::to_string(j) + ">";
+    if (!ids_.count(s)) {
+      ids_.emplace(s, static_cast<int32_t>(tokens_.size()));
+      tokens_.push_back(s);
+    }
+  }
 }
 
 std::unique_ptr<TextEncoder> WordPieceTokenizer::make_encoder(bool) const { return std::make_unique<WPEncoder>(*this); }
@@ -311,29 +321,39 @@ void WordPieceTokenizer::encode_to(std::string_view text, std::vector<int32_t>& 
     }
   };
   while (pos < text.size()) {
-    size_t at = text.find('[', pos);
-    int32_t id = -1;
-    size_t len = 0;
-    while (at != std::string_view::npos) {
-      for (const char* s : kSpecials) {
-        const std::string_view sv(s);
-        if (text.compare(at, sv.size(), sv) == 0) {
-          id = ids_.at(s);
-          len = sv.size();
-          break;
-        }
-      }
-      if (id >= 0) break;
-      at = text.find('[', at + 1);
-    }
-    if (id < 0) {
+    size_t at = text.find_first_of(extra_ids_ > 0 ? "[<" : "[", pos);
+    std::pair<int32_t, size_t> sp{-1, 0};
+    while (at != std::string_view::npos && (sp = special_at(text, at)).first < 0)
+      at = text.find_first_of(extra_ids_ > 0 ? "[<" : "[", at + 1);
+    if (sp.first < 0) {
       segment(text.substr(pos));
       break;
     }
     segment(text.substr(pos, at - pos));
-    out.push_back(id);
-    pos = at + len;
+    out.push_back(sp.first);
+    pos = at + sp.second;
   }
+}
+
+std::pair<int32_t, size_t> WordPieceTokenizer::special_at(std::string_view text, size_t at) const {
+  if (text[at] == '[') {
+    for (const char* s : kSpecials) {
+      const std::string_view sv(s);
+      if (text.compare(at, sv.size(), sv) == 0) return {ids_.at(s), sv.size()};
+    }
+    return {-1, 0};
+  }
+  // "<extra_id_J>" with J < extra_ids_ (digits as written: "<extra_id_03>" is not a sentinel).
+  constexpr std::string_view kPrefix = "<extra_id_";
+  if (text.compare(at, kPrefix.size(), kPrefix) != 0) return {-1, 0};
+  const size_t close = text.find('>', at + kPrefix.size());
+  if (close == std::string_view::npos || close - at > kPrefix.size() + 8) return {-1, 0};
+  const std::string_view digits = text.substr(at + kPrefix.size(), close - at - kPrefix.size());
+  if (digits.empty() || (digits.size() > 1 && digits[0] == '0') ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return {-1, 0};
+  if (std::stoll(std::string(digits)) >= extra_ids_) return {-1, 0};
+  return {ids_.at(std::string(text.substr(at, close - at + 1))), close - at + 1};
 }
 
 }  // namespace mpitron::data

@@ -21,6 +21,10 @@
 // (make_encoder(true) and make_encoder(false) are the same). Like Megatron's
 // _BertWordPieceTokenizer, [BOS] and [EOS] are appended to the vocab when vocab.txt lacks
 // them; eod() is [EOS] (Megatron's tokenizer.eod = eos), bos() is [BOS].
+// extra_ids N (--vocab-extra-ids, Megatron's _BertWordPieceTokenizer(vocab_extra_ids=N)): then
+// <extra_id_0> … <extra_id_{N−1}> are appended, each absent one getting the next id (add_token). They
+// are special like [MASK]: "<extra_id_3>" written in the text is cut out as that one id (HF and
+// Megatron's added tokens), and decode() prints it as written.
 // Differences from Megatron's own Python (Google's FullTokenizer, same vocab): there a
 // "[MASK]" written in the text is split as "[", "mask", "]", words may be 200 characters,
 // and lower-casing comes before accent stripping; see docs/data.md.
@@ -31,6 +35,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "data/text_tokenizer.h"
@@ -41,7 +46,7 @@ class WordPieceTokenizer : public TextTokenizer {
  public:
   static constexpr int kMaxWordChars = 100;  // HF's max_input_chars_per_word
 
-  WordPieceTokenizer(const std::string& vocab_file, bool lower_case);
+  WordPieceTokenizer(const std::string& vocab_file, bool lower_case, int64_t extra_ids = 0);
 
   std::string type() const override { return lower_case_ ? "BertWordPieceLowerCase" : "BertWordPieceCase"; }
   using TextTokenizer::make_encoder;
@@ -58,6 +63,7 @@ class WordPieceTokenizer : public TextTokenizer {
   int32_t mask() const override { return mask_; }
   int32_t pad() const override { return pad_; }
   int32_t unk() const { return unk_; }
+  int64_t extra_ids() const { return extra_ids_; }  // the <extra_id_j> sentinels (--vocab-extra-ids)
   int32_t token_to_id(std::string_view token) const override;
   const std::string& id_to_token(int32_t id) const { return tokens_.at(static_cast<size_t>(id)); }
   // True for "##..." pieces (a word's continuation; Megatron's whole-word boundaries).
@@ -73,12 +79,15 @@ class WordPieceTokenizer : public TextTokenizer {
 
  private:
   void wordpiece(const std::string& word, std::vector<int32_t>& out) const;
+  // The special token starting at text[at] (its id and length), or id −1.
+  std::pair<int32_t, size_t> special_at(std::string_view text, size_t at) const;
 
   bool lower_case_;
   std::string file_;
   std::vector<std::string> tokens_;                   // [vocab] id → token
   std::unordered_map<std::string, int32_t> ids_;      // token → id
   std::unordered_map<std::string, int32_t> cont_;     // "piece" → id of "##piece"
+  int64_t extra_ids_ = 0;
   int32_t pad_ = -1, unk_ = -1, cls_ = -1, sep_ = -1, mask_ = -1, bos_ = -1, eos_ = -1;
   size_t max_piece_bytes_ = 0;                        // longest token, to bound the search
 };

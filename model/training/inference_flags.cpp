@@ -171,14 +171,15 @@ void check_inference_flags(const po::variables_map& vm, InferenceFlags& f) {
 }
 
 void check_against_checkpoint(const po::variables_map& vm, const InferenceFlags& f, const GPTConfig& checkpoint,
-                              const std::string& load_dir) {
-  MPT_CHECK(!checkpoint.bert && !checkpoint.t5,
+                              const std::string& load_dir, bool allow_t5) {
+  MPT_CHECK(!checkpoint.bert && (allow_t5 || !checkpoint.t5),
             str("checkpoint ", load_dir, " holds a ", checkpoint.kind(), " (", checkpoint.tool(),
-                "): generate_text, evaluate and the server run decoder language models (GPT-2, Llama)"),
-            checkpoint.t5 ? "a T5 is exported with convert_checkpoint (transformers' T5ForConditionalGeneration generates)"
+                "): generate_text, evaluate and the server run decoder language models (GPT-2, Llama), and generate_text a T5"),
+            checkpoint.t5 ? "decode it with generate_text (greedy); a T5 is exported with convert_checkpoint (transformers' T5ForConditionalGeneration generates)"
                           : "use a pretrain_gpt checkpoint; a BERT is fine-tuned with finetune or exported with convert_checkpoint");
   (void)vm;
   GPTConfig m;
+  m.t5 = checkpoint.t5;  // (allowed above) its flags are compared as a T5's
   apply_model_flags(f.given, m);
   reconcile_with_checkpoint(f.given, checkpoint, m, /*fill=*/false, load_dir,
                             f.with_seq_length ? std::set<std::string>{} : std::set<std::string>{"seq_length"});

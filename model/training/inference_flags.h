@@ -64,9 +64,10 @@ void add_inference_flags(boost::program_options::options_description& desc, Infe
 // After parsing: validates the values (a training flag's as pretraining would) and collects the notes.
 void check_inference_flags(const boost::program_options::variables_map& vm, InferenceFlags& f);
 
-// Every model and architecture flag given must equal the checkpoint's value.
+// Every model and architecture flag given must equal the checkpoint's value. A BERT is refused, and a
+// T5 unless allow_t5 (generate_text decodes one; evaluate and the server run decoder models only).
 void check_against_checkpoint(const boost::program_options::variables_map& vm, const InferenceFlags& f,
-                              const GPTConfig& checkpoint, const std::string& load_dir);
+                              const GPTConfig& checkpoint, const std::string& load_dir, bool allow_t5 = false);
 
 // Blocks of the KV pool on every rank for the runner's model and these flags
 // (the same number on every rank). Throws naming the flag when

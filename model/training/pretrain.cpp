@@ -51,19 +51,15 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
       if (world > 1)
         log_info(runtime.describe(), args.sequence_parallel ? ", sequence parallel" : "",
                  args.zero_stage ? str(", ZeRO stage ", args.zero_stage) : "");
-      const data::TokenizerSpec spec{args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file};
+      data::TokenizerSpec spec{args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file};
+      // T5: the WordPiece vocabulary with [BOS], [EOS] and the --vocab-extra-ids sentinels appended (Megatron's).
+      if (args.model.t5) spec.vocab_extra_ids = args.vocab_extra_ids;
       const auto tok_ptr = data::make_tokenizer(spec);
       const data::TextTokenizer& tok = *tok_ptr;
       // Recorded in every checkpoint and compared on --load (model/training/checkpointing.h).
       args.tokenizer_identity = data::tokenizer_identity(spec, tok).dump();
-      // T5: the WordPiece vocabulary with [BOS], [EOS] and the --vocab-extra-ids sentinels appended (Megatron's).
-      const int64_t vocab = args.model.t5 ? data::T5Vocab::from(tok, args.vocab_extra_ids).vocab_size : tok.vocab_size();
-      if (args.model.t5) {
-        nlohmann::json id = nlohmann::json::parse(args.tokenizer_identity);
-        id["vocab_extra_ids"] = args.vocab_extra_ids;
-        id["vocab_size"] = vocab;
-        args.tokenizer_identity = id.dump();
-      }
+      if (args.model.t5) (void)data::T5Vocab::from(tok, args.vocab_extra_ids);  // checks [MASK], [PAD], the sentinels
+      const int64_t vocab = tok.vocab_size();
       args.model.vocab_size = vocab;
       args.model.padded_vocab_size = data::padded_vocab_size(vocab, static_cast<int>(args.tensor_model_parallel_size),
                                                              static_cast<int>(args.make_vocab_size_divisible_by));
