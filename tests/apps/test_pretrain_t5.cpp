@@ -24,6 +24,7 @@
 #include "tests/apps/apps_test_util.h"
 
 using namespace apps_test;
+using namespace mpitron;
 
 namespace {
 
@@ -106,11 +107,12 @@ TEST_CASE("pretrain_t5 trains on --split-sentences data: the lm loss falls, vali
   mpitron::T5 ours(saved.model->config(), mpitron::Device::cpu());
   ours.params().values().copy_from(saved.model->params().values());
   const HfCheckpoint hf = read_hf_checkpoint(dir / "hf");
-  const auto theirs = t5_from_hf(hf, hf_config(hf.config_json, 256));  // 2204 rows padded as the run's
+  const auto theirs = t5_from_hf(hf, hf_config(hf.config_json, 256));  // 2102 rows padded as the run's
   const std::vector<std::vector<int64_t>> inputs = {{2, 1500, 1234, 103, 999, 1500, 1777, 3}, {2, 1037, 1047, 1086, 3}};
   // Megatron's T5 decoder starts with [BOS] and stops at [EOS]: the ids appended after the vocabulary.
   const int64_t bos = 2000, eos = 2001;
-  nlohmann::json req = {{"start", bos}, {"eos", eos}, {"max_new", 8}, {"inputs", inputs}};
+  const std::vector<std::vector<int64_t>> decoder = {{bos, 2002, 1500, 1234, 2003}, {bos, 2002, 1037, 2003, 1086}};
+  nlohmann::json req = {{"start", bos}, {"eos", eos}, {"max_new", 8}, {"inputs", inputs}, {"decoder", decoder}};
   std::vector<std::vector<int64_t>> want;
   for (const auto& in : inputs) {
     const mpitron::Tensor enc = mpitron::Tensor::from_ints(in, {1, static_cast<int64_t>(in.size())}, mpitron::DType::I32);
@@ -126,6 +128,23 @@ TEST_CASE("pretrain_t5 trains on --split-sentences data: the lm loss falls, vali
                                     .c_str());
     REQUIRE_MESSAGE(prc == 0, slurp(dir / "py.log"));
     const nlohmann::json got = nlohmann::json::parse(slurp(dir / "hf_out.json"));
+    for (size_t i = 0; i < inputs.size(); ++i) {  // the teacher-forced logits: the same function
+      T5Batch b;
+      const int64_t te = static_cast<int64_t>(inputs[i].size()), td = static_cast<int64_t>(decoder[i].size());
+      b.enc = Tensor::from_ints(inputs[i], {1, te}, DType::I32);
+      b.dec = Tensor::from_ints(decoder[i], {1, td}, DType::I32);
+      b.labels = b.dec;
+      b.enc_lengths = Tensor::from_ints({te}, {1}, DType::I32);
+      const std::vector<float> lg = ours.logits(b).to_floats();
+      const int64_t Vp = static_cast<int64_t>(lg.size()) / td;
+      double worst = 0;
+      for (int64_t t = 0; t < td; ++t)
+        for (int64_t v = 0; v < 2102; ++v)
+          worst = std::max(worst, std::abs(double(lg[static_cast<size_t>(t * Vp + v)]) -
+                                           got["logits"][i][static_cast<size_t>(t)][static_cast<size_t>(v)].get<double>()));
+      MESSAGE("prompt ", i, ": max |logit - transformers on the export| = ", worst);
+      CHECK(worst < 1e-4);
+    }
     for (size_t i = 0; i < want.size(); ++i) {
       const std::vector<int64_t> hf_ids = got["outputs"][i].get<std::vector<int64_t>>();
       MESSAGE("prompt ", i, ": mpitron and transformers greedy ", nlohmann::json(want[i]).dump(), " / ",
