@@ -42,12 +42,42 @@ inline std::string slurp(const std::string& p) {
   return ss.str();
 }
 
+// The uncased WordPiece vocabulary of the BERT and T5 app tests (2000 words).
+inline const std::string kBertVocab = kSource + "/tests/data/ref/bert_uncased/vocab.txt";
+
+// The first `docs` WikiText-2 paragraphs (lines of more than 200 characters) of the validation, then
+// the test file (3208 in all), as JSON lines.
+inline void write_wiki_corpus(const std::string& path, size_t docs) {
+  std::ofstream out(path);
+  size_t n = 0;
+  for (const char* file : {"valid", "test"}) {
+    std::istringstream in(slurp(kSource + "/assets/text/wikitext-2." + file + ".txt"));
+    std::string line;
+    while (n < docs && std::getline(in, line))
+      if (line.size() > 200) {
+        out << nlohmann::json({{"text", line}}).dump() << "\n";
+        ++n;
+      }
+  }
+}
+
 // Runs a built app (the tests' working directory is the build dir: apps/<name>) with a
 // shell command line; stdout+stderr go to log. Returns the exit status.
 inline int run_app(const std::string& name, const std::string& args, const std::string& log) {
   const std::string cmd = "OMP_NUM_THREADS=1 apps/" + name + " " + args + " > " + log + " 2>&1";
   const int rc = std::system(cmd.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+}
+
+// A sentence dataset (preprocess_data --split-sentences with kBertVocab) of the first `docs` paragraphs,
+// written under dir; returns its prefix (…_text_sentence).
+inline std::string wiki_sentence_data(const TempDir& dir, size_t docs) {
+  write_wiki_corpus(dir / "wiki.jsonl", docs);
+  REQUIRE(run_app("preprocess_data", "--input " + (dir / "wiki.jsonl") + " --output-prefix " + (dir / "wiki") +
+                                         " --split-sentences --tokenizer-type BertWordPieceLowerCase --vocab-file " +
+                                         kBertVocab + " --workers 1",
+                  dir / "pp.log") == 0);
+  return dir / "wiki_text_sentence";
 }
 
 // HF export at BF16 (torch_dtype bfloat16, `tensor` stored BF16), import (widened exactly)

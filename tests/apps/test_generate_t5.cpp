@@ -27,7 +27,7 @@ using nlohmann::json;
 
 namespace {
 
-const std::string kVocab = kSource + "/tests/data/ref/bert_uncased/vocab.txt";
+const std::string& kVocab = kBertVocab;
 
 std::vector<json> json_lines(const std::string& path) {
   std::vector<json> v;
@@ -45,20 +45,6 @@ std::string model_flags() {
          "--tokenizer-type BertWordPieceLowerCase --vocab-file " + kVocab;
 }
 
-// A sentence dataset of the first WikiText-2 paragraphs (lines of more than 200 characters).
-std::string prepare(const TempDir& dir) {
-  std::ofstream out(dir / "wiki.jsonl");
-  std::istringstream in(slurp(kSource + "/assets/text/wikitext-2.valid.txt"));
-  size_t n = 0;
-  for (std::string line; n < 80 && std::getline(in, line);)
-    if (line.size() > 200) out << json({{"text", line}}).dump() << "\n", ++n;
-  out.close();
-  REQUIRE(run_app("preprocess_data", "--input " + (dir / "wiki.jsonl") + " --output-prefix " + (dir / "wiki") +
-                                         " --split-sentences --tokenizer-type BertWordPieceLowerCase --vocab-file " +
-                                         kVocab + " --workers 1",
-                  dir / "pp.log") == 0);
-  return dir / "wiki_text_sentence";
-}
 
 }  // namespace
 
@@ -102,7 +88,7 @@ TEST_CASE("generate_text on an imported HF T5: --sample-input-ids-file prompts g
 
 TEST_CASE("generate_text on a pretrain_t5 checkpoint: text prompts, [BOS] to [EOS], deterministic; refusals by name") {
   TempDir dir("generate_t5");
-  const std::string data = prepare(dir);
+  const std::string data = wiki_sentence_data(dir, 80);
   const std::string train = model_flags() + " --vocab-extra-ids 100 --data-path " + data +
                             " --train-iters 4 --log-interval 1 --eval-iters 0 --save " + (dir / "ck") + " --save-interval 4";
   REQUIRE_MESSAGE(run_app("pretrain_t5", train, dir / "train.log") == 0, slurp(dir / "train.log"));

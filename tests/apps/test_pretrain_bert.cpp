@@ -19,23 +19,8 @@ using namespace apps_test;
 
 namespace {
 
-const std::string kVocab = kSource + "/tests/data/ref/bert_uncased/vocab.txt";
+const std::string& kVocab = kBertVocab;
 
-// The first `docs` WikiText-2 paragraphs (lines of more than 200 characters) of the
-// validation, then the test file, as JSON lines (3208 in all).
-void write_corpus(const std::string& path, size_t docs) {
-  std::ofstream out(path);
-  size_t n = 0;
-  for (const char* file : {"valid", "test"}) {
-    std::istringstream in(slurp(kSource + "/assets/text/wikitext-2." + file + ".txt"));
-    std::string line;
-    while (n < docs && std::getline(in, line))
-      if (line.size() > 200) {
-        out << nlohmann::json({{"text", line}}).dump() << "\n";
-        ++n;
-      }
-  }
-}
 
 // The values after `key: ` on the iteration log lines.
 std::vector<double> logged(const std::string& log, const std::string& key) {
@@ -57,7 +42,7 @@ std::string model_flags() {
 
 TEST_CASE("pretrain_bert trains on --split-sentences data: lm and sop losses fall, validation, resume") {
   TempDir dir("pretrain_bert");
-  write_corpus(dir / "wiki.jsonl", 400);
+  write_wiki_corpus(dir / "wiki.jsonl", 400);
   REQUIRE(run_app("preprocess_data", "--input " + (dir / "wiki.jsonl") + " --output-prefix " + (dir / "wiki") +
                                          " --split-sentences --tokenizer-type BertWordPieceLowerCase --vocab-file " +
                                          kVocab + " --workers 1",
@@ -95,7 +80,7 @@ TEST_CASE("pretrain_bert trains on --split-sentences data: lm and sop losses fal
 
 TEST_CASE("pretrain_bert refuses what it cannot train, naming the flag or file") {
   TempDir dir("pretrain_bert_bad");
-  write_corpus(dir / "wiki.jsonl", 40);
+  write_wiki_corpus(dir / "wiki.jsonl", 40);
   REQUIRE(run_app("preprocess_data", "--input " + (dir / "wiki.jsonl") + " --output-prefix " + (dir / "doc") +
                                          " --tokenizer-type BertWordPieceLowerCase --vocab-file " + kVocab +
                                          " --workers 1",
@@ -133,7 +118,7 @@ TEST_CASE("pretrain_bert refuses what it cannot train, naming the flag or file")
 // numerical change moves this run below the bound, look at those numbers before the code.
 TEST_CASE("a pretrain_bert checkpoint fine-tunes on MNLI above the stated accuracy") {
   TempDir dir("bert_to_mnli");
-  write_corpus(dir / "wiki.jsonl", 4000);  // all of them
+  write_wiki_corpus(dir / "wiki.jsonl", 4000);  // all of them
   REQUIRE(run_app("preprocess_data", "--input " + (dir / "wiki.jsonl") + " --output-prefix " + (dir / "wiki") +
                                          " --split-sentences --tokenizer-type BertWordPieceLowerCase --vocab-file " +
                                          kVocab + " --workers 1",

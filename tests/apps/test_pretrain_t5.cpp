@@ -28,22 +28,8 @@ using namespace mpitron;
 
 namespace {
 
-const std::string kVocab = kSource + "/tests/data/ref/bert_uncased/vocab.txt";
+const std::string& kVocab = kBertVocab;
 
-// The first `docs` WikiText-2 paragraphs (lines of more than 200 characters), as JSON lines.
-void write_corpus(const std::string& path, size_t docs) {
-  std::ofstream out(path);
-  size_t n = 0;
-  for (const char* file : {"valid", "test"}) {
-    std::istringstream in(slurp(kSource + "/assets/text/wikitext-2." + file + ".txt"));
-    std::string line;
-    while (n < docs && std::getline(in, line))
-      if (line.size() > 200) {
-        out << nlohmann::json({{"text", line}}).dump() << "\n";
-        ++n;
-      }
-  }
-}
 
 // The "lm loss: X" of each iteration line, as printed.
 std::vector<std::string> losses(const std::string& log) {
@@ -69,21 +55,12 @@ std::string model_flags() {
          "--tokenizer-type BertWordPieceLowerCase --vocab-extra-ids 100 --vocab-file " + kVocab;
 }
 
-// A sentence dataset of the first 200 paragraphs, preprocessed once per test case.
-std::string prepare(const TempDir& dir) {
-  write_corpus(dir / "wiki.jsonl", 200);
-  REQUIRE(run_app("preprocess_data", "--input " + (dir / "wiki.jsonl") + " --output-prefix " + (dir / "wiki") +
-                                         " --split-sentences --tokenizer-type BertWordPieceLowerCase --vocab-file " +
-                                         kVocab + " --workers 1",
-                  dir / "pp.log") == 0);
-  return dir / "wiki_text_sentence";
-}
 
 }  // namespace
 
 TEST_CASE("pretrain_t5 trains on --split-sentences data: the lm loss falls, validation, a bitwise resume") {
   TempDir dir("pretrain_t5");
-  const std::string data = prepare(dir);
+  const std::string data = wiki_sentence_data(dir, 200);
   const std::string run = model_flags() + " --data-path " + data + " --hidden-dropout 0.1 --attention-dropout 0.1 ";
   const int rc = run_app("pretrain_t5", run + "--train-iters 40 --log-interval 2 --eval-interval 20 --eval-iters 2 "
                                              "--make-vocab-size-divisible-by 256 --save " + (dir / "trained"),
@@ -169,7 +146,7 @@ TEST_CASE("pretrain_t5 trains on --split-sentences data: the lm loss falls, vali
 
 TEST_CASE("pretrain_t5 under TP2 + SP, DP2 ZeRO-1, DP2 ZeRO-3 and TP2 x DP2 ZeRO-2 logs the one-process losses") {
   TempDir dir("pretrain_t5_mp");
-  const std::string data = prepare(dir);
+  const std::string data = wiki_sentence_data(dir, 200);
   const std::string run = model_flags() + " --data-path " + data +
                           " --hidden-dropout 0.1 --attention-dropout 0.1 --train-iters 10 --log-interval 1 --eval-iters 0 ";
   // The one-process padded vocabulary equals TP2's (2102 rounded up to 256 = 128 x 2): the same parameters.
@@ -200,7 +177,7 @@ TEST_CASE("pretrain_t5 under TP2 + SP, DP2 ZeRO-1, DP2 ZeRO-3 and TP2 x DP2 ZeRO
 
 TEST_CASE("pretrain_t5 refuses what it cannot train, naming the flag") {
   TempDir dir("pretrain_t5_bad");
-  const std::string data = prepare(dir);
+  const std::string data = wiki_sentence_data(dir, 200);
   const std::string base = model_flags() + " --data-path " + data + " --train-iters 2 ";
   struct Bad {
     std::string flags, message;
