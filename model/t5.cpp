@@ -108,12 +108,16 @@ void T5::relative_bias(Tape& tape, StackInputs& st, int64_t T, bool encoder) {
   const GPTConfig& c = config();
   const Var& table = core_.params().var(encoder ? ParamRole::EncoderRelativeBias : ParamRole::DecoderRelativeBias);
   const int64_t NHl = table.value().dim(1);  // (buckets, NH/t): this rank's heads
-  std::vector<int64_t> ids(static_cast<size_t>(T * T));
-  for (int64_t i = 0; i < T; ++i)
-    for (int64_t j = 0; j < T; ++j)
-      ids[static_cast<size_t>(i * T + j)] =
-          relative_bucket(i, j, encoder, c.relative_attention_num_buckets, c.relative_attention_max_distance);
-  const Var e = ag::embedding(tape, Tensor::from_ints(ids, {T * T}, DType::I32).to(core_.device()), table);  // (T·T, NHl)
+  Tensor& ids = bucket_ids_[{T, encoder}];    // the (T·T) buckets of a length, computed once
+  if (!ids.defined()) {
+    std::vector<int64_t> v(static_cast<size_t>(T * T));
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < T; ++j)
+        v[static_cast<size_t>(i * T + j)] =
+            relative_bucket(i, j, encoder, c.relative_attention_num_buckets, c.relative_attention_max_distance);
+    ids = Tensor::from_ints(v, {T * T}, DType::I32).to(core_.device());
+  }
+  const Var e = ag::embedding(tape, ids, table);  // (T·T, NHl)
   st.attn_bias = e.value().to(DType::F32).contiguous().view({T, T, NHl});
   if (!tape.recording()) return;
   st.attn_bias_grad = Tensor::zeros({T, T, NHl}, DType::F32, core_.device());
@@ -185,33 +189,32 @@ Var T5::forward(Tape& tape, const T5Batch& batch, const ForwardOptions& opt) {
   return lm_loss(tape, c, core_.parallel().tp, logits, batch.labels);
 }
 
-Tensor T5::encode(const Tensor& enc, const Tensor& enc_lengths) {
-  const ModelParallel& mp = core_.parallel();
-  MPT_CHECK(mp.tp.size == 1, "T5::encode needs the whole model on one rank",
+ForwardOptions T5::inference(const char* what) const {
+  MPT_CHECK(core_.parallel().tp.size == 1, str("T5::", what, " needs the whole model on one rank"),
             "load the checkpoint into a single process (it loads under any layout)");
-  Tape tape;
-  tape.set_recording(false);
   ForwardOptions o;
   o.train = false;
+  return o;
+}
+
+Tensor T5::encode(const Tensor& enc, const Tensor& enc_lengths) {
+  const ForwardOptions o = inference("encode");
+  Tape tape;
+  tape.set_recording(false);
   return encoder(tape, enc, enc_lengths, o).value();
 }
 
 Tensor T5::logits(const T5Batch& batch) {
-  const ModelParallel& mp = core_.parallel();
-  MPT_CHECK(mp.tp.size == 1, "T5::logits needs the whole model on one rank",
-            "load the checkpoint into a single process (it loads under any layout)");
+  const ForwardOptions o = inference("logits");
   Tape tape;
   tape.set_recording(false);
-  ForwardOptions o;
-  o.train = false;
   const Tensor lengths = batch.padded() ? batch.enc_lengths : Tensor();
   const Var mem = encoder(tape, batch.enc, lengths, o);
   return decoder_logits(tape, mem, batch.enc.dim(1), lengths, batch.dec, o).value().to(Device::cpu()).to(DType::F32);
 }
 
 std::vector<int64_t> T5::greedy(const Tensor& enc, int64_t enc_length, int64_t start, int64_t eos, int64_t max_new) {
-  const ModelParallel& mp = core_.parallel();
-  MPT_CHECK(mp.tp.size == 1, "T5::greedy needs the whole model on one rank", "");
+  const ForwardOptions o = inference("greedy");
   MPT_CHECK(enc.ndim() == 2 && enc.dim(0) == 1 && enc_length >= 1 && enc_length <= enc.dim(1),
             str("T5::greedy: one sample (1, Te) with 1 <= length <= Te, got ", shape_str(enc.shape()), " length ",
                 enc_length),
@@ -219,8 +222,6 @@ std::vector<int64_t> T5::greedy(const Tensor& enc, int64_t enc_length, int64_t s
   const GPTConfig& c = config();
   Tape tape;
   tape.set_recording(false);
-  ForwardOptions o;
-  o.train = false;
   const Tensor lengths = enc_length < enc.dim(1) ? Tensor::from_ints({enc_length}, {1}, DType::I32) : Tensor();
   const Var mem = encoder(tape, enc, lengths, o);
   std::vector<int64_t> out{start};

@@ -29,6 +29,8 @@
 // parameters); pipeline and context parallelism are refused by name (Megatron-Core refuses PP for T5 too).
 #pragma once
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "model/gpt.h"
@@ -85,7 +87,11 @@ class T5 {
                      const ForwardOptions& opt);
   Var encoder(Tape& tape, const Tensor& enc, const Tensor& enc_lengths, const ForwardOptions& opt);
 
+  // The options of a forward without dropout or a tape, after checking the model is whole on this rank.
+  ForwardOptions inference(const char* what) const;
+
   GPT core_;
+  std::map<std::pair<int64_t, bool>, Tensor> bucket_ids_;  // (T, encoder) → the (T·T) relative buckets (device)
 };
 
 }  // namespace mpitron

@@ -47,8 +47,9 @@ std::string one_prefix(const std::vector<std::string>& path, const char* flag, c
 }
 
 // The sentence dataset of each split pretrain_bert and pretrain_t5 read (--data-path cut by --split, or
-// one prefix per split): build(s, file, range, samples wanted) makes split s's dataset and returns its size.
-void for_each_sentence_split(const TrainArgs& a, const char* tool,
+// one prefix per split): build(s, file, range, samples wanted) makes split s's dataset (of `kind` samples)
+// and returns its size.
+void for_each_sentence_split(const TrainArgs& a, const char* tool, const char* kind,
                              const std::function<int64_t(int, std::shared_ptr<const data::IndexedDataset>, data::DocRange,
                                                          int64_t)>& build) {
   MPT_CHECK(!a.mock_data, str("--mock-data is not implemented for ", tool),
@@ -86,7 +87,7 @@ void for_each_sentence_split(const TrainArgs& a, const char* tool,
       continue;
     }
     const int64_t n = build(s, file, range, wanted[s]);
-    log_info("> ", kSplitNames[s], " ", tool == std::string("pretrain_t5") ? "T5" : "BERT", " samples: ", n, " (needed ",
+    log_info("> ", kSplitNames[s], " ", kind, " samples: ", n, " (needed ",
              wanted[s], ") from ", range.size(), " documents of ", prefix);
   }
 }
@@ -96,7 +97,7 @@ void for_each_sentence_split(const TrainArgs& a, const char* tool,
 std::shared_ptr<SampleSource> make_bert_data(const TrainArgs& a, const data::TextTokenizer& tok) {
   const data::BertVocab vocab = data::BertVocab::from(tok);
   auto out = std::make_shared<BertSamples>();
-  for_each_sentence_split(a, "pretrain_bert", [&](int s, auto file, data::DocRange range, int64_t wanted) {
+  for_each_sentence_split(a, "pretrain_bert", "BERT", [&](int s, auto file, data::DocRange range, int64_t wanted) {
     data::BertDatasetConfig cfg;
     cfg.seq_length = a.model.seq_length;
     cfg.binary_head = a.model.binary_head;
@@ -118,7 +119,7 @@ std::shared_ptr<SampleSource> make_bert_data(const TrainArgs& a, const data::Tex
 std::shared_ptr<SampleSource> make_t5_data(const TrainArgs& a, const data::TextTokenizer& tok) {
   const data::T5Vocab vocab = data::T5Vocab::from(tok, a.vocab_extra_ids);
   auto out = std::make_shared<T5Samples>();
-  for_each_sentence_split(a, "pretrain_t5", [&](int s, auto file, data::DocRange range, int64_t wanted) {
+  for_each_sentence_split(a, "pretrain_t5", "T5", [&](int s, auto file, data::DocRange range, int64_t wanted) {
     data::T5DatasetConfig cfg;
     cfg.encoder_seq_length = a.model.seq_length;
     cfg.decoder_seq_length = a.model.decoder_seq_length;
