@@ -547,6 +547,44 @@ int64_t rope_rotary_dim(int64_t head_dim, double percent) {
 }
 
 namespace {
+// The rope_scaling fields its type reads (rope.h), as transformers' rope_config_validation
+// asks of them, plus what keeps the formulas finite.
+void check_rope_scaling(const char* op, const RopeArgs& args) {
+  const RopeScaling& s = args.scaling;
+  const auto t = static_cast<int32_t>(s.type);
+  need(t >= static_cast<int32_t>(RopeScalingType::None) && t <= static_cast<int32_t>(RopeScalingType::Yarn),
+       str(op, ": rope scaling type ", t, " is not none, linear, dynamic, llama3 or yarn"));
+  if (s.type == RopeScalingType::None) return;
+  const char* name[] = {"none", "linear", "dynamic", "llama3", "yarn"};
+  const std::string what = str(op, ": rope scaling ", name[t], ": ");
+  need(std::isfinite(s.factor) && s.factor >= 1.0, str(what, "factor must be >= 1, got ", s.factor));
+  if (s.type == RopeScalingType::Linear) return;
+  need(s.original_max_position_embeddings > 0,
+       str(what, "original_max_position_embeddings must be > 0, got ", s.original_max_position_embeddings,
+           s.type == RopeScalingType::Dynamic ? " (the config's max_position_embeddings)" : ""));
+  if (s.type == RopeScalingType::Dynamic) {
+    need(s.dynamic_seq_len >= 0, str(what, "dynamic_seq_len must be >= 0, got ", s.dynamic_seq_len));
+  } else if (s.type == RopeScalingType::Llama3) {
+    need(std::isfinite(s.low_freq_factor) && s.low_freq_factor > 0.0 && std::isfinite(s.high_freq_factor) &&
+             s.high_freq_factor > s.low_freq_factor,
+         str(what, "needs 0 < low_freq_factor < high_freq_factor, got ", s.low_freq_factor, " and ",
+             s.high_freq_factor));
+  } else {  // yarn
+    need(args.base != 1.0, str(what, "--rotary-base 1 leaves the correction range undefined (ln base = 0)"));
+    need(std::isfinite(s.beta_fast) && s.beta_fast > 0.0 && std::isfinite(s.beta_slow) && s.beta_slow > 0.0,
+         str(what, "beta_fast and beta_slow must be > 0, got ", s.beta_fast, " and ", s.beta_slow));
+    need(std::isfinite(s.attention_factor) && s.attention_factor >= 0.0,
+         str(what, "attention_factor must be >= 0 (0: derived from factor, mscale, mscale_all_dim), got ",
+             s.attention_factor));
+    need(std::isfinite(s.mscale) && std::isfinite(s.mscale_all_dim),
+         str(what, "mscale and mscale_all_dim must be finite, got ", s.mscale, " and ", s.mscale_all_dim));
+    const double a = rope_cos_sin_scale(args);
+    need(std::isfinite(a) && a > 0.0, str(what, "the attention factor ", a, " (derived from factor ", s.factor,
+                                          ", mscale ", s.mscale, ", mscale_all_dim ", s.mscale_all_dim,
+                                          ") must be finite and > 0"));
+  }
+}
+
 void check_rope(const char* op, const Tensor& x, const char* xn, const Tensor& o, const char* on,
                 int64_t rotate_heads, const RopeArgs& args) {
   need_float(op, x, xn);
@@ -557,6 +595,7 @@ void check_rope(const char* op, const Tensor& x, const char* xn, const Tensor& o
   need(args.base > 0.0, str(op, ": --rotary-base must be > 0, got ", args.base));
   need(args.position_offset >= 0, str(op, ": position_offset must be >= 0, got ", args.position_offset));
   rotary_dim_checked(op, x.dim(3), args.percent);
+  check_rope_scaling(op, args);
   check_same_device(op, {&x, &o});
   check_contiguous(op, {{&x, xn}, {&o, on}});
 }
