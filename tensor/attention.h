@@ -16,7 +16,10 @@
 //   mask (AttentionMask below): query i of sample b sees key j iff
 //        j < len_b (the key padding mask; len_b = kv_lengths[b], T without it) and,
 //        when causal, j <= i, and, with a sliding window W > 0, i − W <= j. Masked scores are −∞ before the softmax (dropout acts
-//        after it, on the kept probabilities). A row with no visible key (only
+//        after it, on the kept probabilities).
+//   softcap (mask.softcap = c > 0, Gemma 2's attn_logit_softcapping): the scaled scores are
+//        capped before the mask and the softmax, score_ij = c·tanh(scale·q_i·k_j / c) (lse
+//        includes it); backward multiplies dS by 1 − tanh²(scale·q_i·k_j / c). 0: off. A row with no visible key (only
 //        possible with len_b = 0, which the op rejects) would be out 0, lse −∞,
 //        gradient 0: the CUDA fallback clamps len_b to [0, T] and does exactly that.
 // dtypes: qkv/out/dout/dqkv share f32, bf16 or f16; math in f32.
@@ -30,7 +33,7 @@
 // The mask is never stored: backward regenerates it, so a recomputed forward and
 // every backend use the same one.
 // CUDA: cuDNN fused flash attention when available (bf16/f16), otherwise a
-// cuBLAS + softmax path; CPU: a direct implementation (the reference).
+// cuBLAS + softmax path (always with dropout or softcap); CPU: a direct implementation (the reference).
 #pragma once
 #include <cstdint>
 
@@ -76,10 +79,13 @@ MPT_HD bool attention_keep(uint64_t seed, uint64_t offset, int64_t b, int64_t h,
 // window W > 0: sliding-window attention (Mistral's sliding_window, Megatron's
 //   --window-size W,0; causal only): query i sees keys i − W … i, W + 1 keys (flash
 //   attention's window_size = (W, 0), HF Mistral's mask). 0: every earlier key.
+// softcap c > 0: logit soft-capping (above), finite; 0: off. Not a mask, but like one it
+//   changes which scores the softmax sees, and every call that masks takes it.
 struct AttentionMask {
   bool causal = true;
   Tensor kv_lengths;
   int64_t window = 0;
+  float softcap = 0.0f;
 };
 
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, float scale,

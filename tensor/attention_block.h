@@ -19,6 +19,10 @@
 //          sample (T5's relative position bias), h this call's local head index:
 //            S[b,h,i,j] = scale·q_i·k_j + bias[i, j, h]   on visible keys
 //          lse and the softmax include it; masked keys stay masked whatever the bias.
+//   softcap blk.softcap = c > 0 (Gemma 2's attn_logit_softcapping): the score, bias included
+//          (the bias is added BEFORE the cap), becomes c·tanh(S/c) before the mask and the softmax:
+//            S[b,h,i,j] = c·tanh((scale·q_i·k_j + bias[i, j, h]) / c)
+//          0: off (S as above).
 //
 // Views: q, k, v, out, dout, dq, dk, dv may be strided views of bigger tensors
 // (e.g. the Q, K, V heads of a packed qkv, or one chunk of the rows) as long as
@@ -42,13 +46,15 @@
 // the whole attention. With blk.bias, P is exp(scale·q·kᵀ + bias − L); with
 // blk.bias_grad defined, backward ADDS Σ_b dS[b,h,i,j] (the unscaled dS above: the
 // gradient of the loss w.r.t. bias[i, j, h]) into bias_grad[i, j, h]. Masked keys
-// (causal, padding) get P = 0, dK = dV = 0 and add 0 to bias_grad.
+// (causal, padding) get P = 0, dK = dV = 0 and add 0 to bias_grad. With blk.softcap = c > 0, P is
+// exp(c·tanh(U/c) − L) (U = scale·q·kᵀ + bias, the score before the cap) and the dS that dq, dk and
+// bias_grad take is P ∘ (dO·vᵀ ∘ M/(1 − p) − D) ∘ (1 − tanh²(U/c)): the gradient w.r.t. U.
 //
 // CPU: one implementation with attention_forward/backward (tensor/cpu/attention.cpp).
 // CUDA: cuDNN fused attention where its mask forms cover the block (16-bit, no
 // dropout, aligned: the diagonal block (top-left causal, Tq = Tk, q_start = k_start),
 // a block every query sees whole (no mask), or bottom-right causal (q_start + Tq =
-// k_start + Tk)); otherwise — and always with bias or kv_lengths — the cuBLAS +
+// k_start + Tk)); otherwise — and always with bias, kv_lengths or softcap — the cuBLAS +
 // softmax fallback, as attention.h.
 #pragma once
 #include <cstdint>
@@ -79,6 +85,8 @@ struct AttentionBlock {
                       // shared by every sample b (T5's relative position bias). lse includes it.
   Tensor bias_grad;   // (Tq, Tk, NH) f32 contiguous, on the op's device: backward ADDS Σ_b dS[b,h,i,j]
                       // (d loss / d bias) into it when defined; forward ignores it.
+  float softcap = 0.0f;  // c > 0: scores (bias included) become c·tanh(S/c) before the softmax
+                         // (Gemma 2's attn_logit_softcapping); 0: off. Finite, >= 0.
 };
 
 // Which keys of the block query row i sees: j < visible_keys(i) (keys are a prefix),

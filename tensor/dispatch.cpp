@@ -203,6 +203,107 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
   MPT_BACKEND(x, rmsnorm_backward, dout, x, weight, rstd, dx, dweight, accumulate_dx, s);
 }
 
+// ---- head_norm (QK-norm over head views) -------------------------------------------------
+namespace {
+// A (N, H, D) head view: float, 3-D, the heads of a row packed (stride(2) == 1, stride(1) == D),
+// the row stride free (>= 0). ref: the view whose shape and dtype it must share (null: itself).
+void check_head_view(const char* op, const Tensor& t, const char* name, const Tensor* ref, const char* rn) {
+  need_float(op, t, name);
+  need(t.ndim() == 3, str(op, ": ", name, " must be an (N, H, D) view of the heads, got ", t.describe()));
+  if (ref) {
+    need(t.shape() == ref->shape(), str(op, ": ", name, " ", t.describe(), " must have ", rn, "'s shape ",
+                                        shape_str(ref->shape())));
+    need(t.dtype() == ref->dtype(), str(op, ": ", name, " must have ", rn, "'s dtype, got ", t.describe()));
+  }
+  const Shape& st = t.strides();
+  need((t.dim(2) <= 1 || st[2] == 1) && (t.dim(1) <= 1 || st[1] == t.dim(2)) && st[0] >= 0,
+       str(op, ": ", name, " ", t.describe(), " must have each row's heads packed (strides (·, D, 1)), has strides ",
+           shape_str(st), " (slice whole heads of a packed row; do not transpose)"));
+}
+// A statistic (N, G) f32 contiguous, G = H (per head) or 1 (whole row); returns G.
+int64_t check_head_stat(const char* op, const Tensor& t, const char* name, const Tensor& x) {
+  const int64_t N = x.dim(0), H = x.dim(1);
+  need(t.defined(), str(op, ": ", name, " is undefined"));
+  need(t.ndim() == 2 && t.dim(0) == N && (t.dim(1) == H || t.dim(1) == 1),
+       str(op, ": ", name, " must be (N, H) = (", N, ", ", H, ") (a group per head) or (N, 1) (the whole row), got ",
+           t.describe()));
+  need_f32(op, t, name);
+  need(t.device() == x.device(), str(op, ": ", name, " is on ", t.device().name(), " but x on ", x.device().name()));
+  need(t.is_contiguous(), str(op, ": ", name, " must be contiguous, got strides ", shape_str(t.strides())));
+  return t.dim(1);
+}
+// weight: (L) of x's dtype, L = D per head (G = H > 1), H·D for the whole row.
+void check_head_weight(const char* op, const Tensor& w, const Tensor& x, int64_t G) {
+  const int64_t L = G == 1 ? x.dim(1) * x.dim(2) : x.dim(2);
+  need(w.defined(), str(op, ": weight is undefined"));
+  need(w.shape() == Shape{L}, str(op, ": weight must be (", L, ") — ", G == 1 ? "(H·D) for whole-row groups"
+                                                                               : "(D) shared by the heads",
+                                  " — got ", w.describe()));
+  need(w.dtype() == x.dtype(), str(op, ": weight must have x's dtype, got ", w.describe()));
+  need(w.device() == x.device(), str(op, ": weight is on ", w.device().name(), " but x on ", x.device().name()));
+  need(w.is_contiguous(), str(op, ": weight must be contiguous"));
+}
+void check_head_count(const char* op, int64_t count, const Tensor& x, int64_t G) {
+  const int64_t L = G == 1 ? x.dim(1) * x.dim(2) : x.dim(2);
+  need(count >= L && count > 0,
+       str(op, ": count ", count, " must be the group's global element count, >= this call's ", L,
+           " (D per head; NH·HD of the whole row over the tensor-parallel ranks)"));
+}
+}  // namespace
+
+void head_norm_sumsq(const Tensor& x, const Tensor& ss, Stream s) {
+  const char* op = "head_norm_sumsq";
+  check_head_view(op, x, "x", nullptr, nullptr);
+  check_head_stat(op, ss, "ss", x);
+  MPT_BACKEND(x, head_norm_sumsq, x, ss, s);
+}
+
+void head_norm_forward(const Tensor& x, const Tensor& ss, int64_t count, float eps, const Tensor& weight,
+                       const Tensor& out, const Tensor& rstd, Stream s) {
+  const char* op = "head_norm_forward";
+  check_head_view(op, x, "x", nullptr, nullptr);
+  check_head_view(op, out, "out", &x, "x");
+  const int64_t G = check_head_stat(op, ss, "ss", x);
+  need(check_head_stat(op, rstd, "rstd", x) == G, str(op, ": rstd ", rstd.describe(), " must have ss's shape ",
+                                                      shape_str(ss.shape())));
+  check_head_weight(op, weight, x, G);
+  check_head_count(op, count, x, G);
+  need(std::isfinite(eps) && eps >= 0.0f, str(op, ": eps must be finite and >= 0, got ", eps));
+  check_same_device(op, {&x, &out});
+  MPT_BACKEND(x, head_norm_forward, x, ss, count, eps, weight, out, rstd, s);
+}
+
+void head_norm_backward_dot(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                            const Tensor& dot, Stream s) {
+  const char* op = "head_norm_backward_dot";
+  check_head_view(op, x, "x", nullptr, nullptr);
+  check_head_view(op, dout, "dout", &x, "x");
+  const int64_t G = check_head_stat(op, rstd, "rstd", x);
+  need(check_head_stat(op, dot, "dot", x) == G, str(op, ": dot ", dot.describe(), " must have rstd's shape ",
+                                                    shape_str(rstd.shape())));
+  check_head_weight(op, weight, x, G);
+  check_same_device(op, {&x, &dout});
+  MPT_BACKEND(x, head_norm_backward_dot, dout, x, weight, rstd, dot, s);
+}
+
+void head_norm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                        const Tensor& dot, int64_t count, const Tensor& dx, const Tensor& dweight, Stream s) {
+  const char* op = "head_norm_backward";
+  check_head_view(op, x, "x", nullptr, nullptr);
+  check_head_view(op, dout, "dout", &x, "x");
+  if (dx.defined()) check_head_view(op, dx, "dx", &x, "x");
+  const int64_t G = check_head_stat(op, rstd, "rstd", x);
+  need(check_head_stat(op, dot, "dot", x) == G, str(op, ": dot ", dot.describe(), " must have rstd's shape ",
+                                                    shape_str(rstd.shape())));
+  check_head_weight(op, weight, x, G);
+  check_head_count(op, count, x, G);
+  if (dweight.defined()) need_shape(op, dweight, "dweight", weight.shape());
+  need_grad_dtype(op, dweight, "dweight", x.dtype());
+  check_same_device(op, {&x, &dout, &dx, &dweight});
+  check_contiguous(op, {{&dweight, "dweight"}});
+  MPT_BACKEND(x, head_norm_backward, dout, x, weight, rstd, dot, count, dx, dweight, s);
+}
+
 // ---- pointwise families ------------------------------------------------------------
 namespace {
 void need_like(const char* op, const Tensor& ref, const char* rn, const Tensor& t, const char* tn) {
@@ -261,6 +362,27 @@ void relu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx, Stream
   check_same_device("relu_backward", {&dout, &x, &dx});
   check_contiguous("relu_backward", {{&x, "x"}, {&dout, "dout"}, {&dx, "dx"}});
   MPT_BACKEND(x, relu_backward, dout, x, dx, s);
+}
+
+void softcap_forward(const Tensor& x, const Tensor& out, float cap, Stream s) {
+  const char* op = "softcap_forward";
+  need_float(op, x, "x");
+  need_like(op, x, "x", out, "out");
+  need(std::isfinite(cap) && cap > 0.0f, str(op, ": cap must be finite and > 0 (final_logit_softcapping), got ", cap));
+  check_same_device(op, {&x, &out});
+  check_contiguous(op, {{&x, "x"}, {&out, "out"}});
+  MPT_BACKEND(x, softcap_forward, x, out, cap, s);
+}
+
+void softcap_backward(const Tensor& dout, const Tensor& out, const Tensor& dx, float cap, Stream s) {
+  const char* op = "softcap_backward";
+  need_float(op, out, "out");
+  need_like(op, out, "out", dout, "dout");
+  need_like(op, out, "out", dx, "dx");
+  need(std::isfinite(cap) && cap > 0.0f, str(op, ": cap must be finite and > 0 (final_logit_softcapping), got ", cap));
+  check_same_device(op, {&dout, &out, &dx});
+  check_contiguous(op, {{&out, "out"}, {&dout, "dout"}, {&dx, "dx"}});
+  MPT_BACKEND(out, softcap_backward, dout, out, dx, cap, s);
 }
 
 namespace {
@@ -355,8 +477,14 @@ void check_attention_dropout(const char* op, const AttentionDropout& d) {
   need(d.first_head >= 0 && d.first_head < (int64_t{1} << 24), str(op, ": first_head ", d.first_head, " out of range"));
 }
 // kv_lengths: (B) i32 on qkv's device; its values 1..T are checked when they are on the host.
+// Logit soft-capping c·tanh(S/c): c finite and > 0, or 0 (off).
+void check_softcap(const char* op, float c, const char* what) {
+  need(std::isfinite(c) && c >= 0.0f,
+       str(op, ": ", what, " softcap must be finite and >= 0 (0: off; Gemma 2's attn_logit_softcapping), got ", c));
+}
 void check_attention_mask(const char* op, const AttentionMask& m, const Tensor& qkv, const Tensor& out) {
   need(m.window >= 0, str(op, ": mask window must be >= 0 (0: no sliding window), got ", m.window));
+  check_softcap(op, m.softcap, "mask");
   need(m.window == 0 || m.causal, str(op, ": a sliding window (mask window ", m.window, ") needs causal attention"));
   const Tensor& l = m.kv_lengths;
   if (!l.defined()) return;
@@ -443,6 +571,7 @@ void check_block(const char* op, const Tensor& q, const Tensor& k, const Tensor&
 // The block's optional padding mask and score bias (and, backward, the bias gradient).
 void check_block_extras(const char* op, const Tensor& q, const Tensor& k, const AttentionBlock& blk, bool backward) {
   const int64_t B = q.dim(0), Tq = q.dim(1), NH = q.dim(2), Tk = k.dim(1);
+  check_softcap(op, blk.softcap, "block");
   const Tensor& l = blk.kv_lengths;
   if (l.defined()) {
     need(l.dtype() == DType::I32, str(op, ": block kv_lengths must be i32, got ", l.describe()));
@@ -547,6 +676,44 @@ int64_t rope_rotary_dim(int64_t head_dim, double percent) {
 }
 
 namespace {
+// The rope_scaling fields its type reads (rope.h), as transformers' rope_config_validation
+// asks of them, plus what keeps the formulas finite.
+void check_rope_scaling(const char* op, const RopeArgs& args) {
+  const RopeScaling& s = args.scaling;
+  const auto t = static_cast<int32_t>(s.type);
+  need(t >= static_cast<int32_t>(RopeScalingType::None) && t <= static_cast<int32_t>(RopeScalingType::Yarn),
+       str(op, ": rope scaling type ", t, " is not none, linear, dynamic, llama3 or yarn"));
+  if (s.type == RopeScalingType::None) return;
+  const char* name[] = {"none", "linear", "dynamic", "llama3", "yarn"};
+  const std::string what = str(op, ": rope scaling ", name[t], ": ");
+  need(std::isfinite(s.factor) && s.factor >= 1.0, str(what, "factor must be >= 1, got ", s.factor));
+  if (s.type == RopeScalingType::Linear) return;
+  need(s.original_max_position_embeddings > 0,
+       str(what, "original_max_position_embeddings must be > 0, got ", s.original_max_position_embeddings,
+           s.type == RopeScalingType::Dynamic ? " (the config's max_position_embeddings)" : ""));
+  if (s.type == RopeScalingType::Dynamic) {
+    need(s.dynamic_seq_len >= 0, str(what, "dynamic_seq_len must be >= 0, got ", s.dynamic_seq_len));
+  } else if (s.type == RopeScalingType::Llama3) {
+    need(std::isfinite(s.low_freq_factor) && s.low_freq_factor > 0.0 && std::isfinite(s.high_freq_factor) &&
+             s.high_freq_factor > s.low_freq_factor,
+         str(what, "needs 0 < low_freq_factor < high_freq_factor, got ", s.low_freq_factor, " and ",
+             s.high_freq_factor));
+  } else {  // yarn
+    need(args.base != 1.0, str(what, "--rotary-base 1 leaves the correction range undefined (ln base = 0)"));
+    need(std::isfinite(s.beta_fast) && s.beta_fast > 0.0 && std::isfinite(s.beta_slow) && s.beta_slow > 0.0,
+         str(what, "beta_fast and beta_slow must be > 0, got ", s.beta_fast, " and ", s.beta_slow));
+    need(std::isfinite(s.attention_factor) && s.attention_factor >= 0.0,
+         str(what, "attention_factor must be >= 0 (0: derived from factor, mscale, mscale_all_dim), got ",
+             s.attention_factor));
+    need(std::isfinite(s.mscale) && std::isfinite(s.mscale_all_dim),
+         str(what, "mscale and mscale_all_dim must be finite, got ", s.mscale, " and ", s.mscale_all_dim));
+    const double a = rope_cos_sin_scale(args);
+    need(std::isfinite(a) && a > 0.0, str(what, "the attention factor ", a, " (derived from factor ", s.factor,
+                                          ", mscale ", s.mscale, ", mscale_all_dim ", s.mscale_all_dim,
+                                          ") must be finite and > 0"));
+  }
+}
+
 void check_rope(const char* op, const Tensor& x, const char* xn, const Tensor& o, const char* on,
                 int64_t rotate_heads, const RopeArgs& args) {
   need_float(op, x, xn);
@@ -557,6 +724,7 @@ void check_rope(const char* op, const Tensor& x, const char* xn, const Tensor& o
   need(args.base > 0.0, str(op, ": --rotary-base must be > 0, got ", args.base));
   need(args.position_offset >= 0, str(op, ": position_offset must be >= 0, got ", args.position_offset));
   rotary_dim_checked(op, x.dim(3), args.percent);
+  check_rope_scaling(op, args);
   check_same_device(op, {&x, &o});
   check_contiguous(op, {{&x, xn}, {&o, on}});
 }

@@ -24,6 +24,9 @@
 // get dK = dV = 0, and a row that sees nothing gets out 0, lse −∞.
 // Attention dropout (attention.h): P is scaled by M/(1 − p) before P·V, M regenerated
 // from the Philox stream at the GLOBAL position (q_start + i, k_start + j, seq).
+// Logit soft-capping (AttentionMask/AttentionBlock::softcap c > 0) then replaces S (bias
+// included) by c·tanh(S/c) on the visible entries; backward keeps 1 − tanh² per entry (a
+// third tile scratch) and multiplies dS by it before dQ, dK and bias_grad take it.
 // A block's score bias (attention_block.h) is added to S's visible entries before the
 // softmax (forward) and before exp(S − lse) (backward); backward keeps dS unscaled
 // (scale goes into the dQ and dK sgemms' alpha) and adds it into bias_grad[i, j, h]:
@@ -136,11 +139,13 @@ struct Drop {
   }
 };
 
-// A block's score bias and its gradient, (Tq, Tk, NH) f32 contiguous; null: none.
+// What becomes of the scaled scores before the mask: a block's score bias and its gradient,
+// (Tq, Tk, NH) f32 contiguous (null: none), then the logit soft-cap c·tanh(S/c) (0: none).
 struct Bias {
   const float* b = nullptr;
   float* grad = nullptr;
   int64_t tk = 0, nh = 0;
+  float softcap = 0.0f;
   int64_t at(int64_t i, int64_t j, int64_t h) const { return (i * tk + j) * nh + h; }
 };
 
@@ -187,6 +192,8 @@ void forward_core(const Geo& g, In q, In k, In v, Out o, Stats<float> lse, float
           }
           if (bias.b)  // S += bias[i, c0 + j, h]
             for (int64_t j = lo; j < hi; ++j) row[j] += bias.b[bias.at(i, c0 + j, h)];
+          if (bias.softcap > 0.0f)  // S = c·tanh(S/c)
+            for (int64_t j = lo; j < hi; ++j) row[j] = bias.softcap * std::tanh(row[j] / bias.softcap);
           float mx = -INFINITY;
           for (int64_t j = lo; j < hi; ++j) mx = std::max(mx, row[j]);
           float sum = 0;
@@ -213,7 +220,7 @@ void backward_core(const Geo& g, In dO, In q, In k, In v, In o, Stats<const floa
 #pragma omp parallel for schedule(static) if (Tk >= 64)
       for (int64_t t = 0; t < Tk; ++t) std::fill(d.at(b, t, 0, HD), d.at(b, t, 0, HD) + g.G * HD, 0.0f);
   const size_t sq = static_cast<size_t>(std::min(kTileRows, g.Tq) * Tk);
-  std::vector<float> p(sq), dp(sq);
+  std::vector<float> p(sq), dp(sq), dcap(bias.softcap > 0.0f ? sq : 0);  // dcap: 1 − tanh² of the capped scores
   for (int64_t b = 0; b < g.B; ++b)
     for (int64_t h = 0; h < g.NH; ++h) {
       const int64_t grp = g.group(h);
@@ -243,6 +250,13 @@ void backward_core(const Geo& g, In dO, In q, In k, In v, In o, Stats<const floa
           for (int64_t j = 0; j < lo; ++j) prow[j] = dprow[j] = 0.0f;
           if (bias.b)  // S += bias[i, c0 + j, h]
             for (int64_t j = lo; j < hi; ++j) prow[j] += bias.b[bias.at(i, c0 + j, h)];
+          float* crow = dcap.empty() ? nullptr : dcap.data() + r * w;
+          if (crow)  // S = c·tanh(S/c); keep its derivative 1 − tanh²
+            for (int64_t j = lo; j < hi; ++j) {
+              const float t = std::tanh(prow[j] / bias.softcap);
+              crow[j] = 1.0f - t * t;
+              prow[j] = bias.softcap * t;
+            }
 #pragma omp simd
           for (int64_t j = lo; j < hi; ++j) prow[j] = fast_exp(prow[j] - l);  // P from the (merged) lse
           for (int64_t j = std::max(hi, lo); j < w; ++j) prow[j] = dprow[j] = 0.0f;
@@ -256,6 +270,8 @@ void backward_core(const Geo& g, In dO, In q, In k, In v, In o, Stats<const floa
 #pragma omp simd
             for (int64_t j = lo; j < hi; ++j) dprow[j] = prow[j] * (dprow[j] - d);  // dS (unscaled)
           }
+          if (crow)  // the gradient w.r.t. the score before the cap
+            for (int64_t j = lo; j < hi; ++j) dprow[j] *= crow[j];
           if (bias.grad)  // d loss / d bias[i, j, h] += dS (row i is this thread's alone)
             for (int64_t j = lo; j < hi; ++j) bias.grad[bias.at(i, c0 + j, h)] += dprow[j];
         }
@@ -276,6 +292,7 @@ Visible whole_visible(const AttentionMask& m, const Geo& g) {
   return {0, m.causal, m.kv_lengths.defined() ? m.kv_lengths.data<int32_t>() : nullptr, g.Tk, m.window};
 }
 Drop whole_drop(const AttentionDropout& dr, const Geo& g) { return {dr, 0, 0, g.Tq}; }
+Bias whole_scores(const AttentionMask& m, const Geo& g) { return {nullptr, nullptr, g.Tk, g.NH, m.softcap}; }
 Drop block_drop(const AttentionDropout& dr, const AttentionBlock& blk, int64_t tq) {
   return {dr, blk.q_start, blk.k_start, blk.seq > 0 ? blk.seq : tq};
 }
@@ -285,7 +302,7 @@ Visible block_visible(const AttentionBlock& blk, const Geo& g) {
 }
 Bias block_bias(const AttentionBlock& blk, const Geo& g, bool with_grad) {
   return {blk.bias.defined() ? blk.bias.data<float>() : nullptr,
-          with_grad && blk.bias_grad.defined() ? blk.bias_grad.data<float>() : nullptr, g.Tk, g.NH};
+          with_grad && blk.bias_grad.defined() ? blk.bias_grad.data<float>() : nullptr, g.Tk, g.NH, blk.softcap};
 }
 
 }  // namespace
@@ -298,7 +315,7 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
   F32Out fout(out, false);
   const In x{fin.get(), T * W, W};
   forward_core(g, x, x.shift(g.NH * g.HD), x.shift((g.NH + g.G) * g.HD), Out{fout.get(), T * C, C},
-               {lse.data<float>(), g.NH * T, T}, scale, whole_visible(am, g), whole_drop(dr, g));
+               {lse.data<float>(), g.NH * T, T}, scale, whole_visible(am, g), whole_drop(dr, g), whole_scores(am, g));
   fout.commit();
 }
 
@@ -312,7 +329,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
   const Out dx{fdq.get(), T * W, W};
   backward_core(g, In{fd.get(), T * C, C}, x, x.shift(g.NH * g.HD), x.shift((g.NH + g.G) * g.HD),
                 In{fo.get(), T * C, C}, {lse.data<float>(), g.NH * T, T}, dx, dx.shift(g.NH * g.HD),
-                dx.shift((g.NH + g.G) * g.HD), scale, whole_visible(am, g), whole_drop(dr, g));
+                dx.shift((g.NH + g.G) * g.HD), scale, whole_visible(am, g), whole_drop(dr, g), whole_scores(am, g));
   fdq.commit();
 }
 

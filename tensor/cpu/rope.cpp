@@ -1,8 +1,9 @@
 // tensor/cpu/rope.cpp — rotary position embeddings, forward and backward (rotate_half pairs).
 //
-// A (T, R/2) table of cos/sin (computed in double, stored as f32) serves every batch
-// entry and head; tokens run in parallel, each rotating its heads pair by pair (so
-// out may alias x). Backward is the same rotation with sin negated.
+// A (T, R/2) table of a·cos/a·sin (θ_i = rope_inv_freq, a = rope_cos_sin_scale: rope.h;
+// computed in double, stored as f32) serves every batch entry and head; tokens run in
+// parallel, each rotating its heads pair by pair (so out may alias x). Backward is the
+// same rotation with sin negated (the transpose, a included).
 #include <cmath>
 
 #include "tensor/cpu/common.h"
@@ -16,14 +17,16 @@ void rope_apply(const Tensor& x, const Tensor& out, int64_t rotate_heads, const 
                 const char* what) {
   const int64_t B = x.dim(0), T = x.dim(1), H = x.dim(2), D = x.dim(3);
   const int64_t R = rope_rotary_dim(D, args.percent), half = R / 2;
+  std::vector<double> theta(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) theta[static_cast<size_t>(i)] = rope_inv_freq(i, R, args);
+  const double scale = rope_cos_sin_scale(args);  // YaRN's attention factor, else 1
   std::vector<float> cs(static_cast<size_t>(T * half)), sn(static_cast<size_t>(T * half));
 #pragma omp parallel for schedule(static) if (T * half > 4096)
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      const double theta = std::pow(args.base, -2.0 * static_cast<double>(i) / static_cast<double>(R));
-      const double ang = static_cast<double>(t + args.position_offset) * theta;
-      cs[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(ang));
-      sn[static_cast<size_t>(t * half + i)] = sign * static_cast<float>(std::sin(ang));
+      const double ang = static_cast<double>(t + args.position_offset) * theta[static_cast<size_t>(i)];
+      cs[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(ang) * scale);
+      sn[static_cast<size_t>(t * half + i)] = sign * static_cast<float>(std::sin(ang) * scale);
     }
   const bool in_place = x.data_ptr() == out.data_ptr();
   dispatch_float(x.dtype(), what, [&](auto tag) {

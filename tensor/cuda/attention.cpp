@@ -32,13 +32,14 @@
 //   Otherwise the fallback — and always the fallback with attention dropout
 //   (drop.p > 0): cuDNN's SDPA dropout draws its own Philox mask, which cannot
 //   equal attention_keep's (attention.h), so CPU, CUDA, TP ranks and recompute
-//   would disagree (docs/cuda.md). Such calls count as `.fallback`.
+//   would disagree (docs/cuda.md); and with logit soft-capping (mask.softcap > 0,
+//   Gemma 2), which cuDNN's SDPA graph has no option for. Such calls count as `.fallback`.
 // Blocks (attention_block.h): cuDNN takes a block whose mask is one of its forms —
 // the diagonal block (q_start = k_start, Tq = Tk: top-left causal), a block every
 // query sees whole (k_start + Tk − 1 <= q_start, or not causal: no mask), or
 // bottom-right causal (q_start + Tq = k_start + Tk, Tq <= Tk) — with its operands'
-// own strides; any other block, and every block with a score bias or kv_lengths
-// (attention_block.h), runs the fallback.
+// own strides; any other block, and every block with a score bias, kv_lengths or a
+// softcap (attention_block.h), runs the fallback.
 // Built graphs are cached by the problem's sizes, strides, dtype, scale, direction and
 // mask form; the cuDNN workspace comes from the caching allocator. Compiled by the host
 // compiler (the frontend is plain C++), so kernels live in the .cu files.
@@ -277,6 +278,12 @@ void execute(const GraphEntry& e, cudnnHandle_t h, int device, std::unordered_ma
               "cuda_attention_force_fallback(true) uses the cuBLAS path");
 }
 
+// Attention dropout (our Philox mask, not cuDNN's) and logit soft-capping (no SDPA option)
+// are the fallback's alone.
+bool cudnn_may_take(const AttentionDropout& drop, const AttentionMask& mask) {
+  return drop.p == 0.0f && mask.softcap == 0.0f;
+}
+
 // Runs the problem on cuDNN when it can (true), else returns false and the caller
 // runs the fallback. padded: the whole call's padding mask (kv_len).
 bool try_cudnn(const AttnProblem& d, bool forward, float scale, MaskForm mask, Stream s) {
@@ -312,7 +319,7 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
                        const AttentionDropout& drop, const AttentionMask& mask, Stream s) {
   const AttnProblem d = attention_problem(qkv, out, lse, mask);
 #ifdef MPITRON_WITH_CUDNN
-  if (drop.p == 0.0f && try_cudnn(d, true, scale, mask.causal ? MaskForm::TopLeft : MaskForm::None, s)) {
+  if (cudnn_may_take(drop, mask) && try_cudnn(d, true, scale, mask.causal ? MaskForm::TopLeft : MaskForm::None, s)) {
     path_count_add("attention_forward", "cudnn");
     return;
   }
@@ -327,12 +334,12 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
                         Stream s) {
   const AttnProblem d = attention_problem(qkv, out, lse, mask, dout, dqkv);
 #ifdef MPITRON_WITH_CUDNN
-  if (drop.p == 0.0f && d.kv_len) {
+  if (cudnn_may_take(drop, mask) && d.kv_len) {
     // Padded keys' dK/dV rows: 0, whether or not cuDNN writes them (the fallback writes every row).
     DeviceGuard g(qkv);
     MPT_CUDA_CHECK(cudaMemsetAsync(dqkv.data_ptr(), 0, dqkv.nbytes(), stream_of(s)));
   }
-  if (drop.p == 0.0f && try_cudnn(d, false, scale, mask.causal ? MaskForm::TopLeft : MaskForm::None, s)) {
+  if (cudnn_may_take(drop, mask) && try_cudnn(d, false, scale, mask.causal ? MaskForm::TopLeft : MaskForm::None, s)) {
     path_count_add("attention_backward", "cudnn");
     return;
   }
@@ -358,12 +365,13 @@ AttnProblem block_problem(const Tensor& q, const Tensor& k, const Tensor& v, con
   d.causal = blk.causal;
   d.kv_len = blk.kv_lengths.defined() ? static_cast<const int32_t*>(blk.kv_lengths.data_ptr()) : nullptr;
   d.bias = blk.bias.defined() ? static_cast<const float*>(blk.bias.data_ptr()) : nullptr;
+  d.softcap = blk.softcap;
   return d;
 }
 #ifdef MPITRON_WITH_CUDNN
 // The cuDNN mask form that is exactly this block's mask; false when there is none.
 bool block_mask_form(const AttnProblem& d, MaskForm* form) {
-  if (d.kv_len || d.bias || d.bias_grad) return false;  // the fallback's alone (attention_block.h)
+  if (d.kv_len || d.bias || d.bias_grad || d.softcap > 0.0f) return false;  // the fallback's alone (attention_block.h)
   const int64_t q_last = d.q_start + d.Tq - 1, k_last = d.k_start + d.Tk - 1;
   if (!d.causal || k_last <= d.q_start) *form = MaskForm::None;  // every query sees every key
   else if (d.q_start == d.k_start && d.Tq == d.Tk) *form = MaskForm::TopLeft;

@@ -34,6 +34,8 @@
 // max(0, i + q_start − k_start − W) with a sliding window W (else 0); the
 // full Tq×Tk GEMMs run regardless and the kernels write P = dS = 0 outside, so
 // masked keys get dK = dV = 0; a row with hi = 0 gets out 0, lse −∞.
+// Logit soft-capping (softcap c > 0, Gemma 2; never cuDNN's) replaces S (bias included) by
+// c·tanh(S/c) in the same kernels, and the backward kernel multiplies dS by 1 − tanh².
 // A block's score bias (Tq, Tk, NH) (attention_block.h) is added to S's visible
 // entries in the kernels, before the max/exp (forward) and exp(S − lse) (backward);
 // the backward kernel adds the unscaled f32 dS into bias_grad[i, j, h]. No atomics
@@ -87,20 +89,26 @@ struct DropRows {
     return attention_keep(seed, offset, b, head0 + k * head_step, q0 + i, k0 + j, seq, p) ? 1.0f / (1.0f - p) : 0.0f;
   }
 };
-// The score bias of one launch: batch entry k is local head h0 + k·head_step; element
-// (i, j, h) at (i·Tk + j)·nh + h.
+// What becomes of a launch's scaled scores before the mask: the score bias (batch entry k is
+// local head h0 + k·head_step; element (i, j, h) at (i·Tk + j)·nh + h), then the logit soft-cap.
 struct BiasRows {
   const float* b;  // null: none
   float* grad;     // null: none
   int64_t nh, h0;
+  float cap;       // > 0: U → cap·tanh(U/cap) (U: the score with its bias); 0: none
   __device__ int64_t at(int64_t k, int i, int j, int tk, int head_step) const {
     return (static_cast<int64_t>(i) * tk + j) * nh + h0 + k * head_step;
   }
   __device__ float add(int64_t k, int i, int j, int tk, int head_step) const {
     return b ? b[at(k, i, j, tk, head_step)] : 0.0f;
   }
+  // The score the softmax sees for S[k, i, j] = s.
+  __device__ float score(float s, int64_t k, int i, int j, int tk, int head_step) const {
+    const float u = s + add(k, i, j, tk, head_step);
+    return cap > 0.0f ? cap * tanhf(u / cap) : u;
+  }
 };
-BiasRows bias_rows(const AttnProblem& d, int64_t h0) { return {d.bias, d.bias_grad, d.NH, h0}; }
+BiasRows bias_rows(const AttnProblem& d, int64_t h0) { return {d.bias, d.bias_grad, d.NH, h0, d.softcap}; }
 
 DropRows drop_rows(const AttnProblem& d, const AttentionDropout& drop, int64_t b, int64_t h0) {
   return DropRows{drop.p, drop.seed, drop.offset, b, drop.first_head + h0, d.kv_len, d.causal,
@@ -122,21 +130,23 @@ __global__ void masked_softmax_forward_kernel(const float* S, T* P, float* lse, 
   const float* sr = S + r * tk;
   T* pr = P + r * tk;
   float m = -INFINITY;
-  for (int j = lo + lane; j < hi; j += 32) m = fmaxf(m, sr[j] + bias.add(k, i, j, tk, head_step));
+  for (int j = lo + lane; j < hi; j += 32) m = fmaxf(m, bias.score(sr[j], k, i, j, tk, head_step));
   m = warp_max(m);
   float sum = 0.0f;
-  for (int j = lo + lane; j < hi; j += 32) sum += expf(sr[j] + bias.add(k, i, j, tk, head_step) - m);
+  for (int j = lo + lane; j < hi; j += 32) sum += expf(bias.score(sr[j], k, i, j, tk, head_step) - m);
   sum = warp_sum(sum);
   const float l = hi > lo ? m + logf(sum) : -INFINITY;  // no visible key: P = 0, lse −∞
   for (int j = lane; j < tk; j += 32)
     pr[j] = from_float<T>(j >= lo && j < hi
-                              ? expf(sr[j] + bias.add(k, i, j, tk, head_step) - l) * dr.keep(k, i, j, head_step)
+                              ? expf(bias.score(sr[j], k, i, j, tk, head_step) - l) * dr.keep(k, i, j, head_step)
                               : 0.0f);
   if (lane == 0) lse[k * head_step * lse_sh + i] = l;
 }
 
 // Row r = k·Tq + i: P = exp(S + bias − lse) (masked: 0 for j >= hi), dS = P ⊙ (dP·M/(1−p) − D_i),
 // D_i = dO_i·O_i; the P written (for dV) is P·M/(1 − p); bias_grad[i, j, h] += dS (f32).
+// With the soft-cap, P = exp(cap·tanh(U/cap) − lse), U = S + bias, and dS is multiplied by
+// 1 − tanh²(U/cap) (the gradient w.r.t. U).
 // dout/out/lse point at head h0 of sample b; batch entry k is head h0 + k·head_step,
 // whose row i is at i·st + k·head_step·HD.
 template <typename T>
@@ -162,9 +172,16 @@ __global__ void masked_softmax_backward_kernel(const float* S, const float* dP, 
   const int hi = dr.hi(i, tk), lo = dr.lo(i);
   for (int j = lane; j < tk; j += 32) {
     const bool seen = j >= lo && j < hi;
-    const float p = seen ? expf(sr[j] + bias.add(r / tq, i, j, tk, head_step) - l) : 0.0f;
+    float u = seen ? sr[j] + bias.add(r / tq, i, j, tk, head_step) : 0.0f, cap_grad = 1.0f;
+    if (bias.cap > 0.0f && seen) {  // U → cap·tanh(U/cap), whose derivative is 1 − tanh²
+      const float t = tanhf(u / bias.cap);
+      u = bias.cap * t;
+      cap_grad = 1.0f - t * t;
+    }
+    const float p = seen ? expf(u - l) : 0.0f;
     const float m = seen ? dr.keep(r / tq, i, j, head_step) : 0.0f;
-    const float ds = p * (dpr[j] * m - dsum);
+    float ds = p * (dpr[j] * m - dsum);
+    if (bias.cap > 0.0f) ds *= cap_grad;  // the gradient w.r.t. U (dQ, dK and bias_grad take it)
     pr[j] = from_float<T>(p * m);
     dsr[j] = from_float<T>(ds);
     if (bias.grad && seen) bias.grad[bias.at(r / tq, i, j, tk, head_step)] += ds;
@@ -209,6 +226,7 @@ AttnProblem attention_problem(const Tensor& qkv, const Tensor& out, const Tensor
   d.seq = T;
   d.causal = mask.causal;
   d.window = mask.window;
+  d.softcap = mask.softcap;
   d.kv_len = mask.kv_lengths.defined() ? static_cast<const int32_t*>(mask.kv_lengths.data_ptr()) : nullptr;
   return d;
 }

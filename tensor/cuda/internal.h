@@ -57,6 +57,7 @@ struct AttnProblem {
   int64_t window = 0;                // > 0 (causal): key p visible from query q iff q − window <= p
   const float* bias = nullptr;       // (Tq, Tk, NH) f32: added to S[b,h,i,j] (attention_block.h); null: none
   float* bias_grad = nullptr;        // (Tq, Tk, NH) f32: backward adds Σ_b dS into it; null: none
+  float softcap = 0.0f;              // > 0: scores (bias included) → softcap·tanh(S/softcap); the fallback's alone
 };
 // The packed whole call of attention.h: qkv (B, T, NH + 2G, HD) or 5-D, out, lse, mask;
 // dout/dqkv may be undefined (forward).

@@ -1,8 +1,9 @@
 // tensor/cuda/rope.cu — rotary position embeddings, forward and backward (rotate_half pairs).
 //
 //   x, out (B, T, H, D); heads [0, rotate_heads) rotate dims [0, R), pairs (i, i + R/2).
-// rope_rotate_kernel: one thread per (token, i < R/2) computes cos/sin of p·θ_i once
-// (in double, see rope.h) and rotates that pair in every rotated head of the token;
+// rope_rotate_kernel: one thread per (token, i < R/2) computes a·cos and a·sin of p·θ_i
+// once (in double; θ_i = rope_inv_freq, a = rope_cos_sin_scale, the CPU kernel's very
+// functions: rope.h) and rotates that pair in every rotated head of the token;
 // consecutive threads take consecutive i, so each head's loads are coalesced. A
 // thread reads and writes only its own pairs, so out may alias x.
 // rope_copy_kernel: when out is not x, copies the elements that do not rotate.
@@ -15,17 +16,16 @@ namespace mpitron::cuda {
 namespace {
 template <typename T>
 __global__ void rope_rotate_kernel(const T* x, T* out, int64_t tokens, int t_len, int heads, int head_dim,
-                                   int rotate_heads, int half, double log2_base, int64_t position_offset,
-                                   float sign) {
+                                   int rotate_heads, int half, RopeArgs args, double scale, float sign) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < tokens * half; k += stride) {
     const int64_t tok = k / half;
     const int i = static_cast<int>(k - tok * half);
-    const double theta = exp2(-2.0 * i / (2.0 * half) * log2_base);  // base^(−2i/R)
-    const double ang = static_cast<double>(tok % t_len + position_offset) * theta;
+    const double theta = rope_inv_freq(i, 2 * half, args);  // base^(−2i/R) unless scaled (rope.h)
+    const double ang = static_cast<double>(tok % t_len + args.position_offset) * theta;
     double sd, cd;
     sincos(ang, &sd, &cd);
-    const float c = static_cast<float>(cd), s = sign * static_cast<float>(sd);
+    const float c = static_cast<float>(cd * scale), s = sign * static_cast<float>(sd * scale);
     const int64_t row = tok * heads * head_dim;
     for (int h = 0; h < rotate_heads; ++h) {
       const int64_t o = row + static_cast<int64_t>(h) * head_dim + i;
@@ -64,7 +64,7 @@ void rope_apply(const Tensor& x, const Tensor& out, int64_t rotate_heads, const 
     if (rotate_heads > 0) {
       MPT_LAUNCH(grid_for(tokens * half, kThreads), kThreads, 0, st, rope_rotate_kernel<T_>)(
           px, po, tokens, static_cast<int>(T), static_cast<int>(H), static_cast<int>(D),
-          static_cast<int>(rotate_heads), static_cast<int>(half), std::log2(args.base), args.position_offset, sign);
+          static_cast<int>(rotate_heads), static_cast<int>(half), args, rope_cos_sin_scale(args), sign);
       MPT_KERNEL_CHECK(str(what, " (rotate)").c_str());
     }
     if (px != po && (rotate_heads < H || R < D)) {
