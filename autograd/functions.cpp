@@ -197,6 +197,36 @@ Var gelu(Tape& tape, const Var& x, bool exact) {
   return out;
 }
 
+// ---- softcap ----------------------------------------------------------------------
+namespace {
+// The backward recomputes the output from x: a fused loss after it (cross_entropy) takes the output's
+// buffer for its gradient.
+struct SoftcapNode final : Node {
+  Var x, y;
+  float cap = 1.0f;
+  const char* name() const override { return "softcap"; }
+  void backward() override {
+    if (!y.grad().defined() || !x.requires_grad()) return;
+    Tensor out = empty_like(x.value()), dx = empty_like(x.value());
+    softcap_forward(x.value(), out, cap);
+    softcap_backward(y.grad(), out, dx, cap);
+    axpby(1.0f, dx, 1.0f, x.grad_or_zeros());
+  }
+};
+}  // namespace
+
+Var softcap(Tape& tape, const Var& x, float cap) {
+  Tensor y = empty_like(x.value());
+  softcap_forward(x.value(), y, cap);
+  Var out(y, x.requires_grad());
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<SoftcapNode>();
+    n->x = x, n->y = out, n->cap = cap;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
 // ---- add ----------------------------------------------------------------------------
 namespace {
 struct AddNode final : Node {

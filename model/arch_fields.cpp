@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "core/error.h"
 
@@ -112,6 +113,95 @@ ArchField plain_row(std::string key, FieldKind kind, T C::*m, std::string meanin
   f.required = required;
   return f;
 }
+
+// A float (or double) member set by one value flag, in [lo, hi] (0 meaning "none" where lo is 0).
+template <class T>
+ArchField float_row(std::string key, FieldKind kind, std::string flag, std::string help, T C::*m, double lo, double hi,
+                    std::string meaning, std::string inference) {
+  ArchField f;
+  f.key = key;
+  f.kind = kind;
+  f.scope = FlagScope::Model;
+  f.flags = {{flag, FlagType::Float, help}};
+  f.meaning = std::move(meaning);
+  f.inference = std::move(inference);
+  f.get = [m](const C& c) { return json(static_cast<double>(c.*m)); };
+  f.set = [m, lo, hi](C& c, const json& v, const std::string& what) { c.*m = static_cast<T>(as_num(v, what, lo, hi, false, false)); };
+  f.reset = [m](C& c) { c.*m = C{}.*m; };
+  f.apply = [f](const GivenFlags& g, C& c) { f.set(c, *given(g, f.flags[0].name), "--" + f.flags[0].name); };
+  f.text = [flag](const json& v) { return v.get<double>() == 0 ? str("no --", flag) : str("--", flag, " ", v.get<double>()); };
+  return f;
+}
+
+// Rope scaling as transformers writes it in config.json (null: none).
+json rope_scaling_json(const RopeScaling& r) {
+  if (r.type == RopeScalingType::None) return json(nullptr);
+  json j = {{"rope_type", to_string(r.type)}, {"factor", r.factor}};
+  if (r.type == RopeScalingType::Llama3) j["low_freq_factor"] = r.low_freq_factor, j["high_freq_factor"] = r.high_freq_factor;
+  if (r.type == RopeScalingType::Llama3 || r.type == RopeScalingType::Yarn || r.type == RopeScalingType::Dynamic)
+    j["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  if (r.type == RopeScalingType::Yarn) {
+    j["beta_fast"] = r.beta_fast, j["beta_slow"] = r.beta_slow;
+    if (r.attention_factor > 0) j["attention_factor"] = r.attention_factor;
+    if (r.mscale != 0) j["mscale"] = r.mscale;
+    if (r.mscale_all_dim != 0) j["mscale_all_dim"] = r.mscale_all_dim;
+    if (!r.truncate) j["truncate"] = false;
+  }
+  return j;
+}
+
+}  // namespace
+
+RopeScaling rope_scaling_from_json(const json& v, const std::string& what) {
+  RopeScaling r;
+  if (v.is_null()) return r;
+  MPT_CHECK(v.is_object(), str(what, " must be an object with rope_type (or null), got ", v.dump()), "");
+  const json* t = v.contains("rope_type") ? &v["rope_type"] : v.contains("type") ? &v["type"] : nullptr;
+  MPT_CHECK(t && t->is_string(), str(what, " ", v.dump(), " has no rope_type"), "");
+  const std::string type = t->get<std::string>();
+  if (type == "default") return r;
+  if (type == "linear") r.type = RopeScalingType::Linear;
+  else if (type == "dynamic") r.type = RopeScalingType::Dynamic;
+  else if (type == "llama3") r.type = RopeScalingType::Llama3;
+  else if (type == "yarn") r.type = RopeScalingType::Yarn;
+  else
+    MPT_THROW(str(what, " rope_type ", type, " is not built"),
+              "mpitron scales rope as linear, dynamic, llama3 and yarn (longrope, su and mrope are not built)");
+  std::set<std::string> known = {"rope_type", "type", "factor"};
+  const auto num = [&](const char* key, double lo, double hi, bool open_lo, double& out) {
+    known.insert(key);
+    if (v.contains(key) && !v[key].is_null()) out = as_num(v[key], str(what, " ", key), lo, hi, open_lo, false);
+  };
+  num("factor", 1.0, 1e9, false, r.factor);
+  MPT_CHECK(v.contains("factor"), str(what, " ", v.dump(), " has no factor"), "");
+  if (r.type == RopeScalingType::Llama3) {
+    num("low_freq_factor", 0, 1e9, true, r.low_freq_factor);
+    num("high_freq_factor", 0, 1e9, true, r.high_freq_factor);
+    MPT_CHECK(r.high_freq_factor > r.low_freq_factor,
+              str(what, " high_freq_factor ", r.high_freq_factor, " must exceed low_freq_factor ", r.low_freq_factor), "");
+  }
+  if (r.type == RopeScalingType::Yarn) {
+    num("beta_fast", 0, 1e9, true, r.beta_fast);
+    num("beta_slow", 0, 1e9, true, r.beta_slow);
+    num("attention_factor", 0, 1e9, true, r.attention_factor);
+    num("mscale", 0, 1e9, false, r.mscale);
+    num("mscale_all_dim", 0, 1e9, false, r.mscale_all_dim);
+    known.insert("truncate");
+    if (v.contains("truncate")) r.truncate = as_bool(v["truncate"], str(what, " truncate"));
+  }
+  if (r.type != RopeScalingType::Linear) {
+    known.insert("original_max_position_embeddings");
+    MPT_CHECK(v.contains("original_max_position_embeddings"),
+              str(what, " ", type, " needs original_max_position_embeddings"), "");
+    r.original_max_position_embeddings = as_int(v["original_max_position_embeddings"], str(what, " original_max_position_embeddings"), 1, kBig);
+  }
+  for (auto it = v.begin(); it != v.end(); ++it)
+    MPT_CHECK(known.count(it.key()), str(what, " key ", it.key(), " is not read for rope_type ", type),
+              "a key that changes rope cannot be ignored");
+  return r;
+}
+
+namespace {
 
 std::vector<ArchField> build() {
   std::vector<ArchField> v;
@@ -388,6 +478,180 @@ std::vector<ArchField> build() {
     f.text = [](const json& v) { return v.get<int64_t>() > 0 ? str("--window-size ", v.get<int64_t>()) : std::string("no --window-size"); };
     v.push_back(f);
   }
+  {
+    // Megatron-Core's window_attn_skip_freq: N (every N-th layer attends globally) or a 0/1 list (1: sliding).
+    ArchField f;
+    f.key = "window_attn_skip_freq";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    f.flags = {{"window-attn-skip-freq", FlagType::Text,
+                "with --window-size, which layers slide: N (layers l with (l+1) % N == 0 attend globally, the others "
+                "slide; Gemma 2: 2, Gemma 3: 6) or a list of 1 (sliding) / 0 (global) per layer; default: all slide"}};
+    f.meaning = "which layers slide: every N-th attends globally, or a 1/0 pattern per layer (0: every layer slides)";
+    f.inference = checked;
+    f.get = [](const C& c) {
+      if (c.window_layer_pattern.empty()) return json(c.window_attn_skip_freq);
+      json a = json::array();
+      for (const uint8_t b : c.window_layer_pattern) a.push_back(static_cast<int>(b));
+      return a;
+    };
+    f.set = [](C& c, const json& v, const std::string& what) {
+      c.window_layer_pattern.clear();
+      c.window_attn_skip_freq = 0;
+      if (v.is_array()) {
+        MPT_CHECK(!v.empty(), str(what, " is an empty list"), "give one 0/1 per layer, or an integer N");
+        for (const json& e : v) c.window_layer_pattern.push_back(static_cast<uint8_t>(as_int(e, what + " entry", 0, 1)));
+      } else {
+        c.window_attn_skip_freq = as_int(v, what, 0, kBig);
+      }
+    };
+    f.reset = [](C& c) {
+      c.window_attn_skip_freq = 0;
+      c.window_layer_pattern.clear();
+    };
+    f.apply = [f](const GivenFlags& g, C& c) {
+      std::string t;
+      for (const char ch : as_text(*given(g, "window-attn-skip-freq"), "--window-attn-skip-freq"))
+        if (ch != ' ') t += ch;
+      json parsed;
+      if (!t.empty() && t.front() == '[') {
+        parsed = json::parse(t, nullptr, false);
+        MPT_CHECK(parsed.is_array(), str("--window-attn-skip-freq ", t, " is not a list of 0 and 1"),
+                  "give an integer N or a list such as [1,1,1,1,1,0] (one entry per layer)");
+      } else {
+        MPT_CHECK(!t.empty() && t.size() < 12 && t.find_first_not_of("0123456789") == std::string::npos,
+                  str("--window-attn-skip-freq ", t, " is neither an integer nor a list"),
+                  "give an integer N or a list such as [1,1,1,1,1,0]");
+        parsed = std::stoll(t);
+      }
+      f.set(c, parsed, "--window-attn-skip-freq");
+    };
+    f.text = [](const json& v) { return str("--window-attn-skip-freq ", v.dump()); };
+    v.push_back(f);
+  }
+  v.push_back(float_row("rotary_base_local", FieldKind::Choice, "local-rotary-base",
+                        "the sliding layers' rope base, unscaled (Gemma 3's rope_local_base_freq: 10000); "
+                        "default: the global rope",
+                        &C::rotary_base_local, 0, 1e12, "the sliding layers' rope base (0: the global rope's)", checked));
+  {
+    // Rope scaling: one row, the value as transformers' rope_scaling object ({"rope_type": …}; null: none).
+    ArchField f;
+    f.key = "rope_scaling";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    f.flags = {{"use-rope-scaling", FlagType::Switch,
+                "Llama 3.1's rope scaling (llama3: factor --rope-scaling-factor, default 8; low/high frequency "
+                "factors 1 and 4; original context 8192)"},
+               {"rope-scaling-type", FlagType::Text, "rope scaling as transformers' rope_type: linear, dynamic, llama3, yarn"},
+               {"rope-scaling-factor", FlagType::Float, "the rope scaling factor (Megatron's default 8 with --use-rope-scaling)"},
+               {"rotary-scaling-factor", FlagType::Float, "the same as --rope-scaling-factor (Megatron-Core's YaRN name)"},
+               {"original-max-position-embeddings", FlagType::Int,
+                "llama3, yarn, dynamic: the context the model was pre-trained with (llama3 default 8192)"},
+               {"rope-scaling-low-freq-factor", FlagType::Float, "llama3: low_freq_factor (default 1)"},
+               {"rope-scaling-high-freq-factor", FlagType::Float, "llama3: high_freq_factor (default 4)"},
+               {"beta-fast", FlagType::Float, "yarn: beta_fast (default 32)"},
+               {"beta-slow", FlagType::Float, "yarn: beta_slow (default 1)"},
+               {"mscale", FlagType::Float, "yarn: mscale (with --mscale-all-dim: the attention factor's ratio)"},
+               {"mscale-all-dim", FlagType::Float, "yarn: mscale_all_dim"},
+               {"rope-attention-factor", FlagType::Float, "yarn: attention_factor (default: 0.1·ln(factor) + 1)"}};
+    f.meaning = "rope's frequency scaling, as transformers' rope_scaling (llama3, linear, dynamic, yarn; null: none)";
+    f.inference = checked;
+    f.get = [](const C& c) { return rope_scaling_json(c.rope_scaling); };
+    f.set = [](C& c, const json& v, const std::string& what) { c.rope_scaling = rope_scaling_from_json(v, what); };
+    f.reset = [](C& c) { c.rope_scaling = RopeScaling{}; };
+    f.apply = [f](const GivenFlags& g, C& c) {
+      MPT_CHECK(c.position_embedding == PositionEmbedding::Rope, "rope scaling flags apply to rotary positions",
+                "add --position-embedding-type rope, or drop them");
+      json r = rope_scaling_json(c.rope_scaling);
+      if (r.is_null()) r = json::object();
+      const json* type = given(g, "rope-scaling-type");
+      if (on(g, "use-rope-scaling")) {
+        MPT_CHECK(!type || as_text(*type, "--rope-scaling-type") == "llama3",
+                  str("--use-rope-scaling (llama3) with --rope-scaling-type ", dump(*type)), "give one of the two");
+        r["rope_type"] = "llama3";
+        r["factor"] = 8.0, r["low_freq_factor"] = 1.0, r["high_freq_factor"] = 4.0;  // Megatron's apply_rope_scaling
+        r["original_max_position_embeddings"] = 8192;
+      } else if (type) {
+        r["rope_type"] = as_text(*type, "--rope-scaling-type");
+      }
+      MPT_CHECK(r.contains("rope_type"), "a rope scaling flag without --use-rope-scaling or --rope-scaling-type",
+                "add --rope-scaling-type linear|dynamic|llama3|yarn (or --use-rope-scaling for Llama 3.1's)");
+      const std::pair<const char*, const char*> nums[] = {
+          {"rope-scaling-factor", "factor"}, {"rotary-scaling-factor", "factor"},
+          {"original-max-position-embeddings", "original_max_position_embeddings"},
+          {"rope-scaling-low-freq-factor", "low_freq_factor"}, {"rope-scaling-high-freq-factor", "high_freq_factor"},
+          {"beta-fast", "beta_fast"}, {"beta-slow", "beta_slow"}, {"mscale", "mscale"}, {"mscale-all-dim", "mscale_all_dim"},
+          {"rope-attention-factor", "attention_factor"}};
+      for (const auto& [flag, key] : nums)
+        if (const json* x = given(g, flag)) r[key] = *x;
+      if (r["rope_type"] == "dynamic" && !r.contains("original_max_position_embeddings"))
+        r["original_max_position_embeddings"] = c.max_position_embeddings;
+      f.set(c, r, "the rope scaling flags");
+    };
+    f.text = [](const json& v) { return v.is_null() ? std::string("no rope scaling") : str("rope scaling ", v.dump()); };
+    v.push_back(f);
+  }
+  {
+    ArchField f;
+    f.key = "qk_norm";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    f.flags = {{"qk-layernorm", FlagType::Switch,
+                "QK-norm: normalise each query and key head (one weight of the head width; Qwen3, Gemma 3), with "
+                "the --normalization kind"},
+               {"qk-layernorm-full-width", FlagType::Switch,
+                "QK-norm over each token's whole query and key widths (OLMo-2)"}};
+    f.meaning = "QK-norm: none, per_head (Qwen3, Gemma 3) or full_width (OLMo-2)";
+    f.inference = checked;
+    f.get = [](const C& c) { return json(to_string(c.qk_norm)); };
+    f.set = [](C& c, const json& v, const std::string& what) {
+      const std::string s = as_text(v, what);
+      MPT_CHECK(s == "none" || s == "per_head" || s == "full_width", str(what, " ", s, " is not known"),
+                "use none, per_head or full_width");
+      c.qk_norm = s == "none" ? QkNorm::None : s == "per_head" ? QkNorm::PerHead : QkNorm::FullWidth;
+    };
+    f.reset = [](C& c) { c.qk_norm = QkNorm::None; };
+    f.apply = [](const GivenFlags& g, C& c) {
+      c.qk_norm = on(g, "qk-layernorm-full-width") ? QkNorm::FullWidth : QkNorm::PerHead;
+    };
+    f.text = [](const json& v) {
+      return v == "none" ? std::string("no --qk-layernorm")
+                         : v == "per_head" ? std::string("--qk-layernorm") : std::string("--qk-layernorm-full-width");
+    };
+    v.push_back(f);
+  }
+  {
+    ArchField f;
+    f.key = "norm_placement";
+    f.kind = FieldKind::Choice;
+    f.scope = FlagScope::Model;
+    f.flags = {{"norm-placement", FlagType::Text,
+                "where the block's norms sit: pre (into each sublayer; default), sandwich (also on each sublayer's "
+                "output before the residual add: Gemma 2/3), output (only on the output: OLMo-2)"}};
+    f.meaning = "the block's norms: pre, sandwich (pre and on each sublayer's output) or output";
+    f.inference = checked;
+    f.get = [](const C& c) { return json(to_string(c.norm_placement)); };
+    f.set = [](C& c, const json& v, const std::string& what) {
+      const std::string s = as_text(v, what);
+      MPT_CHECK(s == "pre" || s == "sandwich" || s == "output", str(what, " ", s, " is not known"),
+                "use pre, sandwich or output");
+      c.norm_placement = s == "pre" ? NormPlacement::Pre : s == "sandwich" ? NormPlacement::Sandwich : NormPlacement::Output;
+    };
+    f.reset = [](C& c) { c.norm_placement = NormPlacement::Pre; };
+    f.apply = [f](const GivenFlags& g, C& c) { f.set(c, *given(g, "norm-placement"), "--norm-placement"); };
+    f.text = [](const json& v) { return "--norm-placement " + dump(v); };
+    v.push_back(f);
+  }
+  v.push_back(float_row("attn_logit_softcapping", FieldKind::Choice, "attn-logit-softcapping",
+                        "attention scores ← cap·tanh(scores/cap) after scaling, before the mask (Gemma 2: 50); default none",
+                        &C::attn_logit_softcapping, 0, 1e30, "the attention scores' soft cap (0: none)", checked));
+  v.push_back(float_row("final_logit_softcapping", FieldKind::Choice, "final-logit-softcapping",
+                        "output logits ← cap·tanh(logits/cap) (Gemma 2: 30); default none", &C::final_logit_softcapping,
+                        0, 1e30, "the output logits' soft cap (0: none)", checked));
+  v.push_back(float_row("query_pre_attn_scalar", FieldKind::Choice, "query-pre-attn-scalar",
+                        "attention scores scaled by this to the −½ (Gemma 2/3); default the head width",
+                        &C::query_pre_attn_scalar, 0, 1e30, "the attention scale's base: scores × s^−½ (0: the head width)",
+                        checked));
   // Mixture of Experts (model/layers/moe_layer.h). Checkpoints from before these keys are dense.
   {
     ArchField f = int_row("num_experts", FieldKind::Shape, "num-experts",
@@ -623,6 +887,8 @@ TransformerConfig config_from_json(const json& j, const std::string& where) {
       MPT_THROW(e.what(), "was it written by a newer mpitron?");
     }
   }
+  // The family the checkpoint was written as (checked against its pins where it is used: families.h).
+  if (j.contains("family") && j["family"].is_string() && j["family"] != "custom") c.family_name = j["family"].get<std::string>();
   // Written as the effective values: the defaults read back as their implicit form.
   if (c.kv_channels * c.num_attention_heads == c.hidden_size) c.kv_channels = 0;
   if (c.num_query_groups == c.num_attention_heads) c.num_query_groups = 0;
@@ -665,6 +931,7 @@ void reconcile_with_checkpoint(const GivenFlags& given, const TransformerConfig&
     wrong += str(wrong.empty() ? "" : ", ", difference(f, a, b));
     if (hint.empty()) hint = f.hint;
   }
+  if (m.family_name.empty()) m.family_name = saved.family_name;  // the model keeps its identity (where it is still one)
   if (fill) {  // the implicit forms, as config_from_json
     if (m.kv_channels * m.num_attention_heads == m.hidden_size) m.kv_channels = 0;
     if (m.num_query_groups == m.num_attention_heads) m.num_query_groups = 0;

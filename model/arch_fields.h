@@ -86,6 +86,10 @@ struct ArchField {
   bool flag_given(const GivenFlags& g) const;
 };
 
+// transformers' rope_scaling object (config.json, the checkpoint's "rope_scaling") as RopeScaling; null:
+// none. Throws naming `what` and the key for a rope_type that is not built or a key it would ignore.
+RopeScaling rope_scaling_from_json(const nlohmann::json& v, const std::string& what);
+
 // Every row, in the order they are applied and listed.
 const std::vector<ArchField>& arch_fields();
 const ArchField& arch_field(const std::string& key);  // throws for an unknown key

@@ -95,8 +95,37 @@ void TransformerConfig::validate_t5() const {
             "drop them for pretrain_t5");
 }
 
+const char* to_string(NormPlacement p) {
+  switch (p) {
+    case NormPlacement::Pre: return "pre";
+    case NormPlacement::Sandwich: return "sandwich";
+    case NormPlacement::Output: return "output";
+  }
+  return "?";
+}
+
+const char* to_string(QkNorm q) {
+  switch (q) {
+    case QkNorm::None: return "none";
+    case QkNorm::PerHead: return "per_head";
+    case QkNorm::FullWidth: return "full_width";
+  }
+  return "?";
+}
+
+const char* to_string(RopeScalingType t) {
+  switch (t) {
+    case RopeScalingType::None: return "default";
+    case RopeScalingType::Linear: return "linear";
+    case RopeScalingType::Dynamic: return "dynamic";
+    case RopeScalingType::Llama3: return "llama3";
+    case RopeScalingType::Yarn: return "yarn";
+  }
+  return "?";
+}
+
 std::string TransformerConfig::family() const {
-  const Family* f = family_of(*this);
+  const Family* f = config_family(*this);
   return f ? f->name : "custom";
 }
 
@@ -162,12 +191,38 @@ void TransformerConfig::validate() const {
   }
   MPT_CHECK(init_method_std > 0, str("--init-method-std must be > 0, got ", init_method_std), "");
   MPT_CHECK(layernorm_epsilon > 0, str("--norm-epsilon must be > 0, got ", layernorm_epsilon), "");
+  validate_attention();
   if (position_embedding == PositionEmbedding::Rope) {
     MPT_CHECK(rotary_base > 0, str("--rotary-base must be > 0, got ", rotary_base), "Llama 2 uses 10000, Llama 3 500000");
     MPT_CHECK(rotary_percent > 0 && rotary_percent <= 1,
               str("--rotary-percent must be in (0, 1], got ", rotary_percent), "");
     rope_rotary_dim(head_dim(), rotary_percent);  // throws when the rotated dims are odd or zero
   }
+}
+
+void TransformerConfig::validate_attention() const {
+  MPT_CHECK(window_attn_skip_freq >= 0, str("--window-attn-skip-freq must be >= 0, got ", window_attn_skip_freq), "");
+  MPT_CHECK(window_layer_pattern.empty() || static_cast<int64_t>(window_layer_pattern.size()) == num_layers,
+            str("--window-attn-skip-freq's pattern has ", window_layer_pattern.size(), " entries for ", num_layers, " layers"),
+            "give one 0 (global) or 1 (sliding) per layer, or an integer N");
+  MPT_CHECK(window_size > 0 || (window_attn_skip_freq == 0 && window_layer_pattern.empty() && rotary_base_local == 0),
+            "--window-attn-skip-freq and --local-rotary-base choose among sliding-window layers, but there is no --window-size",
+            "add --window-size W, or drop them");
+  MPT_CHECK(rotary_base_local >= 0 && std::isfinite(rotary_base_local),
+            str("--local-rotary-base must be > 0, got ", rotary_base_local), "Gemma 3 uses 10000");
+  for (const auto& [flag, v] : {std::pair<const char*, float>{"--attn-logit-softcapping", attn_logit_softcapping},
+                                {"--final-logit-softcapping", final_logit_softcapping},
+                                {"--query-pre-attn-scalar", query_pre_attn_scalar}})
+    MPT_CHECK(std::isfinite(v) && v >= 0, str(flag, " must be a finite number >= 0 (0: none), got ", v), "");
+  MPT_CHECK(norm_placement == NormPlacement::Pre || !post_ln,
+            str("--norm-placement ", to_string(norm_placement), " with the post-LN block order (--bert-post-ln)"),
+            "the post-LN BERT has its norms after the residual adds: drop one of the two");
+  MPT_CHECK(qk_norm == QkNorm::None || normalization == Normalization::RMSNorm,
+            "--qk-layernorm with --normalization LayerNorm: QK-norm is built as RMSNorm (Qwen3, Gemma 3, OLMo-2)",
+            "add --normalization RMSNorm, or drop --qk-layernorm");
+  MPT_CHECK(rope_scaling.type == RopeScalingType::None || position_embedding == PositionEmbedding::Rope,
+            str("rope scaling (", to_string(rope_scaling.type), ") without rotary positions"),
+            "add --position-embedding-type rope, or drop the rope scaling flags");
 }
 
 void TransformerConfig::validate_moe() const {
@@ -251,14 +306,27 @@ int64_t TransformerConfig::num_active_parameters() const {
          })));
 }
 
+int64_t TransformerConfig::sliding_layers() const {
+  if (window_size <= 0) return 0;
+  if (!window_layer_pattern.empty()) {
+    int64_t n = 0;
+    for (int64_t l = 0; l < std::min<int64_t>(num_layers, static_cast<int64_t>(window_layer_pattern.size())); ++l)
+      n += window_layer_pattern[static_cast<size_t>(l)];
+    return n;
+  }
+  return window_attn_skip_freq <= 0 ? num_layers : num_layers - num_layers / window_attn_skip_freq;
+}
+
 double TransformerConfig::attended_keys() const {
   const double T = static_cast<double>(seq_length);
   if (!causal) return T;
   if (window_size <= 0) return T / 2;
   // Query i sees min(i, W) + 1 keys: Σ_i = (m + 1)(m + 2)/2 + (T − 1 − m)(W + 1), m = min(W, T − 1);
-  // the mean less one half (T/2 again when W >= T − 1).
+  // the mean less one half (T/2 again when W >= T − 1). Global layers (--window-attn-skip-freq): T/2.
   const double W = static_cast<double>(window_size), m = std::min(W, T - 1);
-  return ((m + 1) * (m + 2) / 2 + (T - 1 - m) * (W + 1)) / T - 0.5;
+  const double windowed = ((m + 1) * (m + 2) / 2 + (T - 1 - m) * (W + 1)) / T - 0.5;
+  const double s = static_cast<double>(sliding_layers()) / static_cast<double>(num_layers);
+  return s * windowed + (1 - s) * T / 2;
 }
 
 // T5: per encoder token (the trainer counts seq_length tokens per sample). Per sample, every matmul weight

@@ -15,6 +15,7 @@
 
 #include "tensor/dtype.h"
 #include "tensor/moe_router.h"
+#include "tensor/rope.h"
 
 namespace mpitron {
 
@@ -38,12 +39,30 @@ enum class AttentionMaskKind : uint8_t {
   SlidingWindow,  // i − W <= j <= i: causal within a window of W earlier keys (Mistral; --window-size)
 };
 
+// Where a block's norms sit around its sublayers (model/layers/layer_spec.h). The original BERT's
+// post-LN order (a norm after each residual add) is TransformerConfig::post_ln.
+enum class NormPlacement : uint8_t {
+  Pre,       // norm(x) into each sublayer (GPT-2, Llama, …; the default)
+  Sandwich,  // norm(x) in and a second norm on the sublayer's output, before the residual add (Gemma 2/3)
+  Output,    // only the norm on the sublayer's output (OLMo-2)
+};
+// Normalisation of the queries and keys after their projection, before rope (QK-norm).
+enum class QkNorm : uint8_t {
+  None,
+  PerHead,    // each head's HD values, one (HD) weight shared by the heads (Qwen3, Gemma 3; --qk-layernorm)
+  FullWidth,  // each token's NH·HD query and G·HD key values, one weight over the width (OLMo-2), split
+              //   over the tensor-parallel ranks with the heads (the sums of squares all-reduced)
+};
+
 // Megatron's spellings: "LayerNorm"/"RMSNorm", "learned_absolute"/"rope"/"none"/"relative";
 // MLP kinds "gelu", "gelu_erf", "swiglu", "geglu", "relu"; masks "causal", "padding", "sliding_window".
 const char* to_string(Normalization n);
 const char* to_string(PositionEmbedding p);
 const char* to_string(MlpKind k);
 const char* to_string(AttentionMaskKind k);
+const char* to_string(NormPlacement p);  // "pre", "sandwich", "output"
+const char* to_string(QkNorm q);         // "none", "per_head", "full_width"
+const char* to_string(RopeScalingType t);  // transformers' rope_type: "default", "linear", "dynamic", "llama3", "yarn"
 Normalization parse_normalization(const std::string& s);           // throws naming --normalization
 PositionEmbedding parse_position_embedding(const std::string& s);  // throws naming --position-embedding-type
 MlpKind parse_mlp_kind(const std::string& s);                      // throws naming the kinds
@@ -84,6 +103,22 @@ struct TransformerConfig {
   int64_t window_size = 0;               // --window-size W (Megatron's "W,0"): sliding-window attention, query i
                                          //   sees keys i − W … i (W + 1 keys; HF Mistral's sliding_window);
                                          //   0: every earlier key
+  // --window-attn-skip-freq (Megatron-Core's window_attn_skip_freq): which layers slide when window_size > 0.
+  // An integer N: every N-th layer (l + 1 divisible by N) attends globally, the others slide (Gemma 2: 2,
+  // Gemma 3: 6); a pattern ("[1,1,0]", one entry per layer): the layers marked 1 slide. 0 and no pattern:
+  // every layer slides.
+  int64_t window_attn_skip_freq = 0;
+  std::vector<uint8_t> window_layer_pattern;
+  double rotary_base_local = 0;          // --local-rotary-base: the sliding layers' rope base (Gemma 3's
+                                         //   rope_local_base_freq), without scaling; 0: the global rope
+  RopeScaling rope_scaling{};            // rope's frequency scaling (tensor/rope.h; --use-rope-scaling = Llama 3.1's
+                                         //   llama3, --rope-scaling-type, …); type None: none
+  QkNorm qk_norm = QkNorm::None;         // --qk-layernorm (per head), --qk-layernorm-full-width (OLMo-2)
+  NormPlacement norm_placement = NormPlacement::Pre;  // --norm-placement pre|sandwich|output
+  float attn_logit_softcapping = 0.0f;   // --attn-logit-softcapping: scores ← cap·tanh(scores/cap) (Gemma 2); 0: none
+  float final_logit_softcapping = 0.0f;  // --final-logit-softcapping: logits ← cap·tanh(logits/cap) (Gemma 2); 0: none
+  float query_pre_attn_scalar = 0.0f;    // --query-pre-attn-scalar: scores scaled by its −½ power (Gemma 2/3);
+                                         //   0: by HD^−½
   // Mixture of Experts (model/layers/moe_layer.h; docs/model-families.md "Mixture of Experts"): the MLP
   // of an MoE layer is a router over num_experts expert MLPs of the MLP kind above, each token sent to
   // moe_router_topk of them, plus optional shared experts that see every token.
@@ -103,6 +138,10 @@ struct TransformerConfig {
   bool moe_shared_expert_gate = false;   // --moe-shared-expert-gate: the shared output times sigmoid(x·wgᵀ), wg (1, C)
                                          //   (Qwen2-MoE's shared_expert_gate)
   DType compute_dtype = DType::F32;      // f32, or bf16/f16 with --bf16/--fp16
+  // The model family (model/families.h) by name: set by a Hugging Face import (config.json's model_type) and
+  // recorded in the checkpoint ("family"), so a model keeps its identity (its HF class and tensor names)
+  // even where another family has the same maths (Phi-3 and Mistral). "": derived from the fields.
+  std::string family_name;
   // BERT (model/bert.h; docs/model-families.md "BERT"; set by pretrain_bert and its flags):
   bool bert = false;                     // encoder with the MLM head (+ pooler and binary head)
   bool causal = true;                    // false: bidirectional attention (BERT)
@@ -156,13 +195,23 @@ struct TransformerConfig {
   // The output layer reads the word embedding (a copy on the last pipeline stage too);
   // untied heads and sequence classifiers (no LM head) do not.
   bool tied_output() const { return !untie_embeddings && !(bert && num_classes > 0); }  // BERT's MLM head transform uses the same GELU
-  // Layer l's self-attention mask (T5: the encoder's padding mask, the decoder's causal one).
-  AttentionMaskKind attention_mask(int64_t l = -1) const {
-    if (t5) return l >= 0 && l < encoder_num_layers ? AttentionMaskKind::Padding : AttentionMaskKind::Causal;
-    return !causal ? AttentionMaskKind::Padding : window_size > 0 ? AttentionMaskKind::SlidingWindow : AttentionMaskKind::Causal;
+  // Layer l slides (a window, --window-attn-skip-freq); false without --window-size.
+  bool is_sliding_layer(int64_t l) const {
+    if (window_size <= 0) return false;
+    if (!window_layer_pattern.empty())
+      return l >= 0 && l < static_cast<int64_t>(window_layer_pattern.size()) && window_layer_pattern[static_cast<size_t>(l)];
+    return window_attn_skip_freq <= 0 || (l + 1) % window_attn_skip_freq != 0;
   }
-  // The family this configuration is (model/families.h: "gpt2", "llama", "qwen2", "gemma", "bert", "t5"), or "custom"
-  // for a mix no family has (it trains; HF export needs a family).
+  // The layers that slide, of num_layers (closed form: num_layers may be huge).
+  int64_t sliding_layers() const;
+  // Layer l's self-attention mask (T5: the encoder's padding mask, the decoder's causal one).
+  AttentionMaskKind attention_mask(int64_t l = 0) const {
+    if (t5) return l >= 0 && l < encoder_num_layers ? AttentionMaskKind::Padding : AttentionMaskKind::Causal;
+    return !causal ? AttentionMaskKind::Padding : is_sliding_layer(l) ? AttentionMaskKind::SlidingWindow : AttentionMaskKind::Causal;
+  }
+  // The family this configuration is (model/families.h: "gpt2", "llama", "phi3", "bert", "t5", …): its
+  // family_name when set, else the first family whose pins it meets (family_of), or "custom" for a mix
+  // no family has (it trains; HF export needs a family).
   std::string family() const;
   // The kind of model ("BERT", "T5", "decoder") and the tool that trains it ("pretrain_bert", …): what a
   // checkpoint of another kind is refused with.
@@ -171,6 +220,7 @@ struct TransformerConfig {
   // Validate; throws naming the flags that conflict.
   void validate() const;
   void validate_moe() const;
+  void validate_attention() const;  // windows per layer, rope scaling, QK-norm, soft-capping, norm placement
   void validate_t5() const;   // the T5 fields (validate() calls it when t5)  // the Mixture-of-Experts fields (validate() calls it when num_experts != 0)
   // Parameters (the tied LM head counts once), from the parameter table. With experts: every expert
   // (total); num_active_parameters() counts k of the E routed experts (what one token runs through).
@@ -185,7 +235,7 @@ struct TransformerConfig {
   // over the queries i with a sliding window W (Mistral: ≈ W + 1/2 when T ≫ W).
   // T5: per encoder token, the encoder's and the decoder's work of a sample over its Te tokens (docs/flops.md).
   double flops_per_token() const;
-  // K above.
+  // K above, averaged over the layers (sliding and global).
   double attended_keys() const;
 };
 

@@ -21,17 +21,31 @@
 //   bert     BertForPreTraining        bert        encoder: LayerNorm, GELU, learned positions, tied, biases, MHA
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "model/config.h"
+#include "model/param_table.h"
 
 namespace mpitron {
 
-// The Hugging Face naming schemes of the parameter table's HF column.
-enum class HfScheme : uint8_t { Gpt2, Llama, Bert, T5 };
+// One parameter role's Hugging Face tensors in a family (the parameter table's HF column,
+// model/param_table.h): the names, one per TP part of the row (q|k|v, gate|up) or one for the
+// whole, after the family's prefix; "{l}" is the row's layer, "{e}" its expert, and any other
+// "{x}" is the family's hf_var (T5's stack prefixes).
+struct HfName {
+  std::vector<std::string> names;
+  HfTransform transform = HfTransform::Copy;
+  std::vector<std::string> tied;  // tensors tied to this one (ParamSpec::hf_tied)
+  std::vector<double> factor;     // ours = HF × factor, per name (ParamSpec::hf_factor); empty: 1
+  // Settings that depend on the configuration (a tied head, T5's factors): adjusts the resolved
+  // entry for the configuration and row. Null: none.
+  std::function<void(const TransformerConfig&, const ParamSpec&, HfName&)> adjust;
+};
+using HfNames = std::map<ParamRole, HfName>;
 
 // One key of a family's Hugging Face config.json: what it sets (through the architecture
 // table's row, so its type and bounds are that row's), what it must be, or why it does not
@@ -56,6 +70,8 @@ struct HfKey {
 struct HfMoeNames {
   std::string block, router, gate, up, down, shared, shared_gate;
 };
+// The roles of an MoE MLP named from them.
+void add_moe_names(HfNames& names, const HfMoeNames& moe);
 
 // One value a family requires of a field.
 struct FamilyPin {
@@ -69,8 +85,11 @@ struct Family {
   std::string hf_class;             // the HF class written on export (config.json "architectures")
   std::vector<std::string> hf_model_types;  // config.json "model_type" values it reads (the first is written)
   std::vector<std::string> hf_classes_read;  // classes that mean this family when model_type is absent
-  HfScheme scheme;
-  HfMoeNames hf_moe;                // an MoE family's expert names (Mixtral's, Qwen2-MoE's)
+  // Its tensors' names by parameter role. A family built on another starts from its names and
+  // changes what differs (Phi-3: Llama's with fused qkv_proj and gate_up_proj).
+  HfNames hf_names;
+  // The values of "{x}" placeholders other than {l} and {e} in the names of layer `layer` (null: none).
+  std::function<std::string(const TransformerConfig&, int64_t layer, const std::string& var)> hf_var;
   std::vector<FamilyPin> pins;      // what the family is
   std::vector<FamilyPin> hf_pins;   // what its HF class also needs (BERT: post-LN with the binary head)
   // Its config.json: the values before any key is read (the fields the family fixes and
@@ -93,6 +112,10 @@ const std::vector<Family>& families();
 const Family& find_family(const std::string& name);  // throws naming the families
 // The first family whose pins `c` meets; nullptr: a mix no family has ("custom").
 const Family* family_of(const TransformerConfig& c);
+// THE family of a configuration: its family_name (an HF import's, a checkpoint's) when c meets that
+// family's pins, else family_of(c); nullptr: "custom" (a mix no family has: it trains, an export names
+// what it lacks).
+const Family* config_family(const TransformerConfig& c);
 // The pins of f (and its HF class's with `hf`) that c misses, as the flags that would give
 // them, space-separated ("--swiglu --position-embedding-type rope"); "" when none.
 std::string family_misses(const Family& f, const TransformerConfig& c, bool hf = false);
@@ -101,6 +124,9 @@ const Family& closest_family(const TransformerConfig& c);
 // The family of an HF config.json: its model_type, else its architectures' first class.
 // Throws naming them when no family has them.
 const Family& hf_family(const nlohmann::json& config);
+// Fills the HF column of `rows` (model/param_table.h) from f's names; rows of roles f has no name
+// for keep an empty column.
+void hf_name_rows(const Family& f, const TransformerConfig& c, std::vector<ParamSpec>& rows);
 // The shortest decimal that reads back as f (1e-05, not 9.999999747378752e-06): how the
 // export writes a float epsilon.
 double hf_short_float(float f);

@@ -4,6 +4,7 @@
 
 #include "autograd/functions.h"
 #include "core/philox.h"
+#include "model/layers/attention_core.h"
 #include "model/layers/model_ends.h"
 #include "tensor/ops.h"
 
@@ -226,10 +227,24 @@ Var GPT::embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt) {
   return embed_tokens(tape, cfg_, tp, params_, rows, opt.train ? cfg_.hidden_dropout : 0.0f, opt.dropout_seed);
 }
 
+namespace {
+// How this call's self-attention runs (model/layers/attention_core.h): T5's stacks add their
+// relative bias, context parallelism attends across its group, BERT masks its padding keys.
+std::shared_ptr<const AttentionCore> call_core(const ModelParallel& mp, const ForwardOptions& opt,
+                                               const StackInputs* stack) {
+  if (stack && stack->attn_bias.defined())
+    return std::make_shared<BiasedAttention>(stack->attn_bias, stack->attn_bias_grad, opt.kv_lengths);
+  if (mp.cp.active()) return std::make_shared<ContextParallelAttention>();
+  if (opt.kv_lengths.defined()) return std::make_shared<LocalAttention>(opt.kv_lengths);
+  return nullptr;
+}
+}  // namespace
+
 Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt,
                 const StackInputs* stack) {
   // The masks' offsets count the single-process N·C elements (seq is T/cp with context parallelism).
   const uint64_t nc = static_cast<uint64_t>(batch * seq * mp_.cp.size * cfg_.hidden_size);
+  const std::shared_ptr<const AttentionCore> core = call_core(mp_, opt, stack);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const int64_t l = block_layer_[i];
     if (l < ch.first_layer || l >= ch.end_layer) continue;
@@ -242,12 +257,12 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
     if (opt.params_needed_backward) before = [cb = opt.params_needed_backward, first, end] { cb(first, end); };
     const bool recompute = opt.recompute && (opt.recompute_num_layers == 0 || l - ch.first_layer < opt.recompute_num_layers);
     BlockShape s = block_shape(cfg_, batch, seq, mp_.tp, opt.train, l, mp_.cp);
-    s.kv_lengths = opt.kv_lengths;
+    s.core = core;
     s.moe.run = opt.moe;
-    if (s.moe.active()) s.moe.ep = mp_.ep, s.moe.layer = l;
+    s.moe.ep = mp_.ep;
     uint64_t seed = opt.dropout_seed, offset = nc * (1 + 2 * static_cast<uint64_t>(l));
     if (stack) {
-      s.attn_bias = stack->attn_bias, s.attn_bias_grad = stack->attn_bias_grad, s.cross = stack->cross;
+      s.cross = stack->cross;
       seed = stack->seed, offset = stack->offset(l), s.attention_offset = stack->attention_offset(l);
       if (s.cross.active()) s.cross.attention_offset = stack->cross_attention_offset(l);
     }
@@ -260,7 +275,7 @@ const Var& GPT::output_weight() const { return mpitron::output_weight(cfg_, para
 
 Var GPT::head_loss(Tape& tape, const Var& x, const Tensor& targets) {
   const TensorParallel& tp = mp_.tp;
-  const Var logits = output_logits(tape, tp, final_norm(tape, cfg_, tp, params_, x), output_weight(), Var());
+  const Var logits = lm_logits(tape, cfg_, tp, final_norm(tape, cfg_, tp, params_, x), output_weight());
   return lm_loss(tape, cfg_, tp, logits, targets);
 }
 
@@ -299,7 +314,7 @@ Tensor GPT::logits(const Tensor& tokens) {
   ForwardOptions opt;
   opt.train = false;
   Var x = layers(tape, chunk(0), embed(tape, tokens, opt), tokens.dim(0), tokens.dim(1), opt);
-  return output_logits(tape, mp_.tp, final_norm(tape, cfg_, mp_.tp, params_, x), output_weight(), Var()).value();
+  return lm_logits(tape, cfg_, mp_.tp, final_norm(tape, cfg_, mp_.tp, params_, x), output_weight()).value();
 }
 
 }  // namespace mpitron

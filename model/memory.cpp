@@ -40,7 +40,7 @@ void check_fits_memory(const GPTConfig& c, int64_t micro_batch, int tp, int pp, 
   TensorParallel tpl;
   tpl.size = tp;
   const double block =
-      static_cast<double>(block_memory(block_shape(c, micro_batch, c.seq_length / cp, tpl, true, 0)).saved_act) * e;
+      static_cast<double>(block_memory(block_shape(c, micro_batch, c.seq_length / cp, tpl, true, 0), *layer_spec(c, 0)).saved_act) * e;
   const double need = state + block;
   const double cap = static_cast<double>(capacity);
   MPT_CHECK(need <= cap,
@@ -109,9 +109,10 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   ContextParallel cpl;
   cpl.size = r.cp;
   cpl.type = r.cp_comm;
-  BlockMemory bm = block_memory(block_shape(c, micro_batch, c.seq_length / r.cp, tpl, true, 0, cpl));
+  BlockMemory bm = block_memory(block_shape(c, micro_batch, c.seq_length / r.cp, tpl, true, 0, cpl), *layer_spec(c, 0));
   if (c.t5) {  // T5: the mean of the encoder's and the decoder's blocks (Td tokens and cross-attention), the larger backward
-    const BlockMemory d = block_memory(block_shape(c, micro_batch, c.decoder_seq_length, tpl, true, c.encoder_num_layers));
+    const BlockMemory d = block_memory(block_shape(c, micro_batch, c.decoder_seq_length, tpl, true, c.encoder_num_layers),
+                                       *layer_spec(c, c.encoder_num_layers));
     const int64_t le = c.encoder_num_layers, ld = c.decoder_num_layers(), L = c.num_layers;
     const auto mean = [&](int64_t a, int64_t b) { return (le * a + ld * b + L - 1) / L; };
     bm = {mean(bm.saved_act, d.saved_act), mean(bm.saved_f32, d.saved_f32), std::max(bm.backward_act, d.backward_act),

@@ -79,6 +79,9 @@ enum class ParamRole : uint8_t {
   // projections), the encoder's final norm, and each stack's relative position bias table.
   Norm3Weight, Norm3Bias, CrossQWeight, CrossQBias, CrossKvWeight, CrossKvBias, CrossProjWeight, CrossProjBias,
   EncoderFinalNormWeight, EncoderFinalNormBias, EncoderRelativeBias, DecoderRelativeBias,
+  // Norms on a sublayer's output before the residual add (model/layers/layer_spec.h: Gemma 2/3's
+  // sandwich, OLMo-2's output norms), and self-attention's query/key norms (QK-norm).
+  Norm1PostWeight, Norm1PostBias, Norm2PostWeight, Norm2PostBias, QNormWeight, KNormWeight,
 };
 const char* to_string(ParamRole r);
 

@@ -29,189 +29,109 @@ void SamplingParams::validate() const {
 }
 
 // ---------------------------------------------------------------------------
-// KV cache decoder
+// Decoding sessions over the paged cache
 
-KVCacheDecoder::KVCacheDecoder(GPT& model, int64_t batch, int64_t max_len, bool force_ops_attention)
+namespace {
+constexpr int64_t kBlockSize = 16;
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+}  // namespace
+
+DecodeSession::DecodeSession(const GPT& model, int64_t batch, int64_t max_len, bool force_ops_attention)
     : model_(model), batch_(batch), tmax_(max_len), force_ops_(force_ops_attention) {
   const GPTConfig& c = model.config();
+  const ModelParallel& mp = model.parallel();
+  MPT_CHECK(mp.tp.size == 1 && mp.pp_size == 1 && mp.cp.size == 1, "a DecodeSession needs the whole model on one rank",
+            "load the checkpoint into a single process (it loads under any layout), or serve it with the ModelRunner");
   MPT_CHECK(batch >= 1, str("generation batch must be >= 1, got ", batch), "");
   MPT_CHECK(max_len >= 1 && max_len <= c.max_position_embeddings,
             str("KV cache length ", max_len, " must be in [1, max_position_embeddings = ", c.max_position_embeddings, "]"),
             "ask for fewer tokens");
   len_.assign(static_cast<size_t>(batch), 0);
-  const Shape cache{batch, c.query_groups(), max_len, c.head_dim()};
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    k_cache_.push_back(Tensor::zeros(cache, c.compute_dtype, model.device()));
-    v_cache_.push_back(Tensor::zeros(cache, c.compute_dtype, model.device()));
+  const int64_t per_seq = (max_len + kBlockSize - 1) / kBlockSize;
+  kv_ = std::make_unique<PagedKVCache>(c.num_layers, c.query_groups(), c.head_dim(), kBlockSize, batch * per_seq,
+                                       c.compute_dtype, model.device());
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<int32_t> t(static_cast<size_t>(per_seq));
+    std::iota(t.begin(), t.end(), static_cast<int32_t>(b * per_seq));
+    tables_.push_back(std::move(t));
   }
 }
 
-Tensor KVCacheDecoder::embed(const std::vector<int64_t>& ids, const std::vector<int64_t>& pos) {
+DecodeSession::~DecodeSession() = default;
+
+std::vector<float> DecodeSession::run(const std::vector<int32_t>& ids, const PagedRows& in_rows,
+                                      const std::vector<int64_t>& wanted) {
+  const GPTConfig& c = model_.config();
+  const int64_t n = static_cast<int64_t>(ids.size()), npad = round_up(n, kRowTile), C = c.hidden_size;
+  const int64_t Vp = c.padded_vocab_size, V = c.vocab_size;
+  PagedRows rows = in_rows;  // padded to whole tiles with rows that write and read nothing
+  rows.pos.resize(static_cast<size_t>(npad), -1);
+  rows.seq.resize(static_cast<size_t>(npad), 0);
+  std::vector<int64_t> all_ids(static_cast<size_t>(npad), 0), pos(static_cast<size_t>(npad), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    all_ids[static_cast<size_t>(i)] = ids[static_cast<size_t>(i)];
+    pos[static_cast<size_t>(i)] = rows.pos[static_cast<size_t>(i)];
+  }
   Tape tape;
   tape.set_recording(false);
-  EmbedRows rows;
-  rows.ids = ids_tensor(ids, model_.device());
-  rows.positions = pos;
-  return embed_tokens(tape, model_.config(), TensorParallel{}, model_.params(), rows, 0.0f, 0).value();
+  EmbedRows er;
+  er.ids = ids_tensor(all_ids, model_.device());
+  er.positions = pos;
+  const Tensor x = embed_tokens(tape, c, TensorParallel{}, model_.params(), er, 0.0f, 0).value();
+  const Tensor hs = paged_layers(model_, 0, c.num_layers, x, rows, *kv_, TensorParallel{}, force_ops_);
+  // The head on the rows asked for, one tile at a time (model/layers/model_ends.h's final norm and output layer).
+  const int64_t nl = static_cast<int64_t>(wanted.size()), nlpad = round_up(nl, kHeadRowTile);
+  Tensor h = Tensor::zeros({nlpad, C}, c.compute_dtype, model_.device());
+  for (int64_t i = 0; i < nl; ++i) {
+    const int64_t r = wanted[static_cast<size_t>(i)];
+    h.slice(0, i, i + 1).copy_from(hs.slice(0, r, r + 1));
+  }
+  h = final_norm(tape, c, TensorParallel{}, model_.params(), Var(h)).value();
+  std::vector<float> out(static_cast<size_t>(nl * V));
+  for (int64_t t0 = 0; t0 < nl; t0 += kHeadRowTile) {
+    const Tensor logits =
+        lm_logits(tape, c, TensorParallel{}, Var(h.slice(0, t0, t0 + kHeadRowTile)), model_.output_weight()).value();
+    const std::vector<float> f = logits.to_floats();
+    for (int64_t i = t0; i < std::min(nl, t0 + kHeadRowTile); ++i)
+      std::copy_n(f.begin() + (i - t0) * Vp, V, out.begin() + i * V);
+  }
+  return out;
 }
 
-std::vector<float> KVCacheDecoder::prefill(int64_t b, const std::vector<int32_t>& prompt) {
+std::vector<float> DecodeSession::prefill(int64_t b, const std::vector<int32_t>& prompt) {
   const int64_t T = static_cast<int64_t>(prompt.size());
   MPT_CHECK(b >= 0 && b < batch_, str("sequence ", b, " outside the batch of ", batch_), "");
   MPT_CHECK(T >= 1 && T <= tmax_, str("prompt of ", T, " tokens does not fit the KV cache of ", tmax_, " positions"),
             "shorten the prompt");
-  std::vector<int64_t> ids(prompt.begin(), prompt.end()), pos(static_cast<size_t>(T));
-  std::iota(pos.begin(), pos.end(), int64_t{0});
-  Tensor h = run_layers(embed(ids, pos), {b}, pos, true);
+  PagedRows rows;
+  rows.tables = {tables_[static_cast<size_t>(b)]};
+  for (int64_t t = 0; t < T; ++t) rows.pos.push_back(t), rows.seq.push_back(0);
+  std::vector<float> l = run(prompt, rows, {T - 1});
   len_[static_cast<size_t>(b)] = T;
-  return head_logits(h.slice(0, T - 1, T));
+  return l;
 }
 
-std::vector<float> KVCacheDecoder::step(const std::vector<int64_t>& rows, const std::vector<int32_t>& tokens) {
-  const int64_t n = static_cast<int64_t>(rows.size());
-  MPT_CHECK(n >= 1 && tokens.size() == rows.size(), str("step: ", rows.size(), " rows but ", tokens.size(), " tokens"), "");
-  std::vector<int64_t> ids(tokens.begin(), tokens.end()), pos;
+std::vector<float> DecodeSession::step(const std::vector<int64_t>& seqs, const std::vector<int32_t>& tokens) {
+  const int64_t n = static_cast<int64_t>(seqs.size());
+  MPT_CHECK(n >= 1 && tokens.size() == seqs.size(), str("step: ", seqs.size(), " rows but ", tokens.size(), " tokens"), "");
   std::vector<bool> seen(static_cast<size_t>(batch_), false);
-  for (int64_t b : rows) {
+  PagedRows rows;
+  std::vector<int64_t> wanted;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = seqs[static_cast<size_t>(i)];
     MPT_CHECK(b >= 0 && b < batch_ && !seen[static_cast<size_t>(b)], str("step: row ", b, " invalid or repeated"), "");
     seen[static_cast<size_t>(b)] = true;
     const int64_t p = len_[static_cast<size_t>(b)];
     MPT_CHECK(p >= 1, str("step: sequence ", b, " was not prefilled"), "call prefill first");
     MPT_CHECK(p < tmax_, str("step: sequence ", b, " already holds ", p, " tokens, the KV cache's capacity"), "");
-    pos.push_back(p);
+    rows.pos.push_back(p);
+    rows.seq.push_back(static_cast<int32_t>(i));
+    rows.tables.push_back(tables_[static_cast<size_t>(b)]);
+    wanted.push_back(i);
   }
-  Tensor h = run_layers(embed(ids, pos), rows, pos, false);
-  for (int64_t b : rows) ++len_[static_cast<size_t>(b)];
-  return head_logits(h);
-}
-
-// The attention of a decode step: each new row's k/v are appended to its
-// sequence's cache at its position, then its query heads attend over the cache.
-class KVCacheDecoder::DecodeCore final : public AttentionCore {
- public:
-  DecodeCore(KVCacheDecoder& d, int64_t layer, const std::vector<int64_t>& rows, const std::vector<int64_t>& pos)
-      : d_(d), layer_(layer), rows_(rows), pos_(pos) {}
-  void attend(const BlockShape& s, const Tensor& qkv, const Tensor& att) const override {
-    const int64_t NH = s.heads, G = s.kv_groups(), HD = s.head_dim();
-    const Tensor q3 = qkv.view({qkv.dim(0), NH + 2 * G, HD});
-    const size_t l = static_cast<size_t>(layer_);
-    for (size_t i = 0; i < rows_.size(); ++i) {
-      const int64_t b = rows_[i], t = pos_[i];
-      const Tensor row = q3.select(0, static_cast<int64_t>(i));  // (NH + 2G, HD)
-      d_.k_cache_[l].select(0, b).select(1, t).copy_from(row.slice(0, NH, NH + G));
-      d_.v_cache_[l].select(0, b).select(1, t).copy_from(row.slice(0, NH + G, NH + 2 * G));
-    }
-    d_.cached_attention(s, qkv, att, layer_, rows_, pos_);
-  }
-  const std::vector<int64_t>* positions() const override { return &pos_; }
-
- private:
-  KVCacheDecoder& d_;
-  int64_t layer_;
-  const std::vector<int64_t>& rows_;
-  const std::vector<int64_t>& pos_;
-};
-
-Tensor KVCacheDecoder::run_layers(Tensor x, const std::vector<int64_t>& rows, const std::vector<int64_t>& pos,
-                                  bool prefill) {
-  const GPTConfig& c = model_.config();
-  const int64_t n = x.dim(0), NH = c.num_attention_heads, G = c.query_groups(), HD = c.head_dim();
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    // Prefill: one sequence (batch 1, T = n) through the training block's causal
-    // attention; a step: n sequences of one new token each, with the cache.
-    const BlockShape s = block_shape(c, prefill ? 1 : n, prefill ? n : 1, TensorParallel{}, false, l);
-    const DecodeCore core(*this, l, rows, pos);
-    BlockActs acts;
-    Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-    block_forward(s, model_.block_params(l), x, y, acts, 0, 0, prefill ? nullptr : &core);
-    if (prefill) {  // the rotated keys and values of positions [0, n)
-      const Tensor q3 = acts.attn.qkv.view({n, NH + 2 * G, HD});
-      const size_t li = static_cast<size_t>(l);
-      k_cache_[li].select(0, rows[0]).slice(1, 0, n).copy_from(q3.slice(1, NH, NH + G).transpose(0, 1));
-      v_cache_[li].select(0, rows[0]).slice(1, 0, n).copy_from(q3.slice(1, NH + G, NH + 2 * G).transpose(0, 1));
-    }
-    x = y;
-  }
-  Tape tape;
-  tape.set_recording(false);
-  return final_norm(tape, c, TensorParallel{}, model_.params(), Var(x)).value();
-}
-
-void KVCacheDecoder::cached_attention(const BlockShape& s, const Tensor& qkv, const Tensor& att, int64_t layer,
-                                      const std::vector<int64_t>& rows, const std::vector<int64_t>& pos) {
-  const GPTConfig& c = model_.config();
-  const int64_t n = qkv.dim(0), NH = c.num_attention_heads, G = c.query_groups(), HD = c.head_dim();
-  const int64_t r = NH / G, QL = (NH + 2 * G) * HD, C = NH * HD;  // r query heads per group; C: att width
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  const Tensor& kc = k_cache_[static_cast<size_t>(layer)];
-  const Tensor& vc = v_cache_[static_cast<size_t>(layer)];
-  if (!force_ops_ && model_.device().is_cpu() && qkv.dtype() == DType::F32) {
-    // Direct loop: row i, head h attends over the (L, HD) block of its group's cache.
-    const float* q = qkv.data<float>();
-    const float* K = kc.data<float>();
-    const float* V = vc.data<float>();
-    float* o = att.data<float>();
-    const int64_t tmax = tmax_;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = 0; h < NH; ++h) {
-        const int64_t b = rows[static_cast<size_t>(i)], p = pos[static_cast<size_t>(i)], g = h / r;
-        const int64_t t0 = s.first_key(p), L = p + 1 - t0;  // keys t0 … p
-        const float* qi = q + i * QL + h * HD;
-        const float* kb = K + ((b * G + g) * tmax + t0) * HD;
-        const float* vb = V + ((b * G + g) * tmax + t0) * HD;
-        std::vector<float> sc(static_cast<size_t>(L));
-        float mx = -INFINITY;
-        for (int64_t t = 0; t < L; ++t) {
-          float d = 0.0f;
-          for (int64_t e = 0; e < HD; ++e) d += qi[e] * kb[t * HD + e];
-          sc[static_cast<size_t>(t)] = d * scale;
-          mx = std::max(mx, sc[static_cast<size_t>(t)]);
-        }
-        float sum = 0.0f;
-        for (int64_t t = 0; t < L; ++t) sum += (sc[static_cast<size_t>(t)] = std::exp(sc[static_cast<size_t>(t)] - mx));
-        float* oi = o + i * C + h * HD;
-        for (int64_t e = 0; e < HD; ++e) oi[e] = 0.0f;
-        for (int64_t t = 0; t < L; ++t) {
-          const float w = sc[static_cast<size_t>(t)] / sum;
-          for (int64_t e = 0; e < HD; ++e) oi[e] += w * vb[t * HD + e];
-        }
-      }
-    return;
-  }
-  // Tensor ops only (any device / dtype): per row and group, the group's r query
-  // heads (r, HD) against its cached keys (L, HD).
-  const Tensor q3 = qkv.view({n, NH + 2 * G, HD});
-  const Tensor o3 = att.view({n, NH, HD});
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t b = rows[static_cast<size_t>(i)], p = pos[static_cast<size_t>(i)];
-    const int64_t t0 = s.first_key(p), L = p + 1 - t0;  // keys t0 … p
-    for (int64_t g = 0; g < G; ++g) {
-      const Tensor k = kc.select(0, b).select(0, g).slice(0, t0, p + 1);  // (L, HD)
-      const Tensor v = vc.select(0, b).select(0, g).slice(0, t0, p + 1);
-      const Tensor qg = q3.select(0, i).slice(0, g * r, (g + 1) * r).contiguous();  // (r, HD)
-      Tensor scores = Tensor::empty({r, L}, qkv.dtype(), qkv.device());
-      gemm(qg, k.contiguous(), scores, GemmArgs{false, true, scale, 0.0f});
-      Tensor probs = Tensor::empty({r, L}, qkv.dtype(), qkv.device());
-      softmax_forward(scores, probs);
-      Tensor og = Tensor::empty({r, HD}, qkv.dtype(), qkv.device());
-      gemm(probs, v.contiguous(), og, GemmArgs{});
-      o3.select(0, i).slice(0, g * r, (g + 1) * r).copy_from(og);
-    }
-  }
-}
-
-std::vector<float> KVCacheDecoder::head_logits(const Tensor& h) {
-  const GPTConfig& c = model_.config();
-  const int64_t n = h.dim(0), Vp = c.padded_vocab_size, V = c.vocab_size;
-  Tape tape;
-  tape.set_recording(false);
-  const Tensor logits = output_logits(tape, TensorParallel{}, Var(h.contiguous()), model_.output_weight(), Var()).value();
-  const std::vector<float> all = logits.to_floats();
-  std::vector<float> out(static_cast<size_t>(n * V));
-  for (int64_t i = 0; i < n; ++i)
-    std::copy_n(all.begin() + i * Vp, V, out.begin() + i * V);
-  return out;
+  std::vector<float> l = run(tokens, rows, wanted);
+  for (int64_t b : seqs) ++len_[static_cast<size_t>(b)];
+  return l;
 }
 
 // ---------------------------------------------------------------------------
@@ -301,7 +221,7 @@ GenerateOutput generate(GPT& model, const std::vector<std::vector<int32_t>>& pro
   }
   if (B == 0 || o.max_new_tokens == 0) return out;
 
-  KVCacheDecoder dec(model, B, tmax, o.force_ops_attention);
+  DecodeSession dec(model, B, tmax, o.force_ops_attention);
   std::vector<bool> done(static_cast<size_t>(B), false);
   const auto take = [&](int64_t b, const float* logits) {
     auto& gen = out.generated[static_cast<size_t>(b)];

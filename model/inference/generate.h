@@ -1,47 +1,20 @@
 // model/inference/generate.h — autoregressive generation with a KV cache, and sampling.
 //
-// Decoding never recomputes the prefix: the prompt of each sequence runs once
-// through the training block (model/block.h, block_forward without dropout) and
-// every layer's (rotated) keys and values are written into
-//   k_cache[l], v_cache[l]: (B, G, Tmax, HD)   (G query groups; compute dtype, model device)
-// and then every new token runs alone through the same block_forward with a
-// decode AttentionCore: its q/k/v come from one row of the qkv projection
-// (rotated at its own position with rope), its k/v are appended at the sequence's
-// position, and its query heads attend over positions [0, pos] of their group's
-// cache (no mask needed: the cache holds only the past).
-//
-// Prompts of different lengths: each prompt is prefilled on its own (B = 1,
-// T = its length, causal attention_forward), then the decode steps run every
-// unfinished sequence as one batch of rows, each row with its own position.
-// No padding anywhere, so a sequence's tokens do not depend on the others in
-// the batch (only its Philox stream index does, see below).
-//
-// Attention with the cache, per device:
-//   CPU, f32: a direct loop per (row, head) over the contiguous (Tmax, HD)
-//     block of the head's group cache (OpenMP over rows × heads);
-//   anything else (CUDA, or bf16/f16): tensor ops only — per row and group, the
-//     group's query heads (r, HD) · cached keys (L, HD)ᵀ, softmax_forward, and a
-//     second gemm with the values. Device-agnostic; the
-//     tests run it on the CPU (force_ops_attention) against the loop. Not yet
-//     run on a GPU.
-//
-// Sampling (per sequence, on the host, over the first vocab_size logits: the
-// padded vocabulary rows are never sampled):
-//   greedy (also when top_k == 1 or temperature == 0): argmax, ties → lowest id;
-//   otherwise logits / temperature, then top-k (keep the k largest), then top-p
-//   (Megatron's rule: sort descending, keep token i when the cumulative
-//   probability of the tokens before it is <= top_p; the first is always kept),
-//   then one uniform u = philox_uniform(seed, b, step) (b = index of the
-//   sequence in the batch, step = index of the new token) picks the token by
-//   inverse CDF in descending-probability order. Same seed → same tokens.
-// Stop: at EOD (when stop_at_eod; the EOD token is kept in the output) or
-// after max_new_tokens, or at max_position_embeddings total tokens.
-// An empty prompt means an unconditional sample: the context is [EOD].
+// Decoding never recomputes the prefix, and runs on THE decoder of every caller
+// (model/inference/paged_kv_cache.h's paged_layers: the training block with a
+// PagedAttentionCore over the paged KV cache), as the serving engine does. A
+// DecodeSession is one rank's bookkeeping over it: each sequence owns the cache
+// blocks of positions [0, max_len); a prompt runs through once (prefill), then
+// every new token runs alone (a row at its own position) with the cache.
+// Rows are cut into tiles of kRowTile rows, so a sequence's tokens do not depend
+// on the others in the batch (only its Philox stream index does, see below).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/gpt.h"
+#include "model/inference/paged_kv_cache.h"
 
 namespace mpitron {
 
@@ -70,11 +43,12 @@ struct GenerateOutput {
   std::vector<int64_t> prompt_lengths;          // [b] length of the context
 };
 
-// Incremental inference over a fixed batch of sequences (the KV cache owner).
-class KVCacheDecoder {
+// Incremental inference over a fixed batch of sequences on one rank (the whole model, tp = pp = 1).
+class DecodeSession {
  public:
   // batch sequences, each at most max_len tokens (<= max_position_embeddings).
-  KVCacheDecoder(GPT& model, int64_t batch, int64_t max_len, bool force_ops_attention = false);
+  DecodeSession(const GPT& model, int64_t batch, int64_t max_len, bool force_ops_attention = false);
+  ~DecodeSession();
 
   // Runs sequence b's prompt (1 <= length <= max_len), filling its cache from
   // position 0. Returns the logits of its last position, (vocab_size) on the host.
@@ -88,20 +62,15 @@ class KVCacheDecoder {
   int64_t vocab_size() const { return model_.config().vocab_size; }
 
  private:
-  // x (n, C) → final hidden states (n, C) of the new rows; writes their k/v at positions pos[i].
-  Tensor run_layers(Tensor x, const std::vector<int64_t>& rows, const std::vector<int64_t>& pos, bool prefill);
-  std::vector<float> head_logits(const Tensor& h);  // (n, C) → n × vocab_size host
-  Tensor embed(const std::vector<int64_t>& ids, const std::vector<int64_t>& pos);  // (n, C)
-  class DecodeCore;
-  // Each row's query heads over its sequence's cached keys s.first_key(pos) … pos.
-  void cached_attention(const BlockShape& s, const Tensor& qkv, const Tensor& att, int64_t layer,
-                        const std::vector<int64_t>& rows, const std::vector<int64_t>& pos);
+  // Feeds ids at rows (their positions and sequences) and returns the logits of `wanted` rows.
+  std::vector<float> run(const std::vector<int32_t>& ids, const PagedRows& rows, const std::vector<int64_t>& wanted);
 
-  GPT& model_;
+  const GPT& model_;
   int64_t batch_, tmax_;
   bool force_ops_;
   std::vector<int64_t> len_;
-  std::vector<Tensor> k_cache_, v_cache_;  // [layer] (B, G, Tmax, HD): G query groups (G = NH without grouping)
+  std::unique_ptr<PagedKVCache> kv_;
+  std::vector<std::vector<int32_t>> tables_;  // [b] the blocks of positions [0, tmax)
 };
 
 // Samples one token from logits (n = vocab entries) with p; draw index (stream, step).

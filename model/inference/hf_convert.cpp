@@ -58,7 +58,7 @@ const Family& exportable_family(const TransformerConfig& c) {
   std::string why;
   MPT_CHECK(hf_exportable(c, &why), str("the model has no Hugging Face class: ", why),
             "mpitron-to-hf exports the families of docs/model-families.md");
-  return *family_of(c);
+  return *config_family(c);
 }
 
 }  // namespace
@@ -151,6 +151,12 @@ TransformerConfig hf_config(const std::string& config_json, int64_t divisible_by
   c.hidden_dropout = 0.0f;
   c.attention_dropout = 0.0f;
   c.padded_vocab_size = data::padded_vocab_size(c.vocab_size, 1, static_cast<int>(divisible_by));
+  c.family_name = fam.name;  // the model keeps its identity (its HF class and names) through training
+  if (c.window_size == 0) {  // no window (sliding_window null): every layer is global, whatever the pattern
+    c.window_attn_skip_freq = 0;
+    c.window_layer_pattern.clear();
+    c.rotary_base_local = 0;
+  }
   c.validate();
   return c;
 }
@@ -317,8 +323,8 @@ std::unique_ptr<T5> t5_from_hf(const HfCheckpoint& ck, const TransformerConfig& 
 }
 
 bool hf_exportable(const TransformerConfig& c, std::string* why) {
-  const Family* fam = family_of(c);
-  const Family& f = fam ? *fam : closest_family(c);
+  const Family* fam = config_family(c);
+  const Family& f = fam ? *fam : !c.family_name.empty() ? find_family(c.family_name) : closest_family(c);
   const std::string misses = family_misses(f, c, /*hf=*/true);
   if (why) *why = misses.empty() ? misses : str("a ", f.hf_class, " needs ", misses);
   return misses.empty();

@@ -269,17 +269,7 @@ std::vector<float> ModelRunner::run_step(const StepPlan& plan) {
     x = recv_activation(npad);
   }
   const ChunkInfo& ch = model_->chunk(0);
-  for (int64_t l = ch.first_layer; l < ch.end_layer; ++l) {
-    const BlockShape s = block_shape(c, 1, kRowTile, tp(), false, l);
-    Tensor y = Tensor::empty({npad, C}, c.compute_dtype, device());
-    BlockActs acts;
-    for (int64_t t0 = 0; t0 < npad; t0 += kRowTile) {
-      const PagedAttentionCore core(*kv_, l - ch.first_layer, rows, t0, kRowTile, opts_.force_ops_attention);
-      block_forward(s, model_->block_params(l), x.slice(0, t0, t0 + kRowTile), y.slice(0, t0, t0 + kRowTile), acts, 0,
-                    0, &core);
-    }
-    x = y;
-  }
+  x = paged_layers(*model_, ch.first_layer, ch.end_layer, x, rows, *kv_, tp(), opts_.force_ops_attention);
   const int64_t nl = static_cast<int64_t>(plan.logits_rows.size()), V = c.vocab_size;
   if (!last_stage()) {
     send_activation(x);
@@ -302,6 +292,7 @@ std::vector<float> ModelRunner::run_step(const StepPlan& plan) {
   for (int64_t t0 = 0; t0 < nlpad; t0 += kHeadRowTile)
     gemm(h.slice(0, t0, t0 + kHeadRowTile), model_->output_weight().value(), logits.slice(0, t0, t0 + kHeadRowTile),
          kLinear);
+  cap_logits(c, logits);
   const std::vector<float> mine = logits.slice(0, 0, nl).to_floats();
   std::vector<float> all(grid_->tp_rank() == 0 ? mine.size() * static_cast<size_t>(opts_.tp) : 0);
   if (opts_.tp > 1)
@@ -360,6 +351,7 @@ ScoreOutput ModelRunner::score(const std::vector<int32_t>& tokens, const std::ve
   const int64_t Vl = c.padded_vocab_size / opts_.tp, v0 = grid_->tp_rank() * Vl, vend = std::min(v0 + Vl, V);
   Tensor logits = Tensor::empty({N, Vl}, c.compute_dtype, device());
   gemm(final_norm(x), model_->output_weight().value(), logits, kLinear);
+  cap_logits(c, logits);
   const std::vector<float> lg = logits.to_floats();
   std::vector<RowStats> st(static_cast<size_t>(N));
 #pragma omp parallel for schedule(static)

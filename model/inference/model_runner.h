@@ -48,12 +48,7 @@
 
 namespace mpitron {
 
-// Rows per GEMM in a step (see the top of the file). The output layer has its own, larger
-// tile: its weight (V/t × C) is the biggest matrix and BLAS reads (packs) all of it once per
-// call, so a decode step of 32 requests costs one call instead of four (on the 2-core CPU
-// a 32-row head GEMM costs ~1.3x an 8-row one, not 4x); a lone request pays for the padding.
-constexpr int64_t kRowTile = 8;
-constexpr int64_t kHeadRowTile = 32;
+// Rows per GEMM in a step: kRowTile and kHeadRowTile (model/inference/paged_kv_cache.h).
 
 struct RunnerOptions {
   int tp = 1, pp = 1;          // --tensor-model-parallel-size, --pipeline-model-parallel-size

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/block.h"
 #include "tensor/ops.h"
 
 namespace mpitron {
@@ -33,7 +34,16 @@ PagedAttentionCore::PagedAttentionCore(const PagedKVCache& cache, int64_t local_
                                        int64_t first, int64_t n, bool force_ops)
     : cache_(cache), layer_(local_layer), rows_(rows), first_(first), n_(n), force_ops_(force_ops) {
   rope_pos_.resize(static_cast<size_t>(n));
+  rope_len_.resize(static_cast<size_t>(n), 1);
+  std::vector<int64_t> last(rows.tables.size(), 0);  // per sequence: its last position in the step + 1
+  for (size_t r = 0; r < rows.pos.size(); ++r)
+    if (rows.pos[r] >= 0) {
+      int64_t& l = last[static_cast<size_t>(rows.seq[r])];
+      l = std::max(l, rows.pos[r] + 1);
+    }
   for (int64_t i = 0; i < n; ++i) {
+    if (rows.pos[static_cast<size_t>(first + i)] >= 0)
+      rope_len_[static_cast<size_t>(i)] = last[static_cast<size_t>(rows.seq[static_cast<size_t>(first + i)])];
     const int64_t p = rows.pos[static_cast<size_t>(first + i)];
     rope_pos_[static_cast<size_t>(i)] = std::max<int64_t>(p, 0);
     if (p < 0) continue;
@@ -47,17 +57,19 @@ const int32_t* PagedAttentionCore::table(int64_t i) const {
   return rows_.tables[static_cast<size_t>(rows_.seq[static_cast<size_t>(first_ + i)])].data();
 }
 
-void PagedAttentionCore::attend(const BlockShape& s, const Tensor& qkv, const Tensor& att) const {
+void PagedAttentionCore::forward(const BlockShape& s, const AttentionSpec& a, const Tensor& qkv, const Tensor& att,
+                                 const Tensor&, uint64_t) const {
   MPT_CHECK(qkv.dim(0) == n_, str("paged attention: ", qkv.dim(0), " rows of qkv for a tile of ", n_), "");
-  if (!force_ops_ && qkv.device().is_cpu() && qkv.dtype() == DType::F32) attend_loop(s, qkv, att);
-  else attend_ops(s, qkv, att);
+  if (!force_ops_ && qkv.device().is_cpu() && qkv.dtype() == DType::F32) attend_loop(s, a, qkv, att);
+  else attend_ops(s, a, qkv, att);
 }
 
 // CPU f32: write each row's k/v, then one loop per (row, head) over its positions.
-void PagedAttentionCore::attend_loop(const BlockShape& s, const Tensor& qkv, const Tensor& att) const {
-  const int64_t NH = s.local_heads(), G = s.local_groups(), HD = s.head_dim(), r = NH / G;
+void PagedAttentionCore::attend_loop(const BlockShape& s, const AttentionSpec& a, const Tensor& qkv,
+                                     const Tensor& att) const {
+  const int64_t NH = a.local_heads(s.tp), G = a.local_groups(s.tp), HD = a.head_dim, r = NH / G;
   const int64_t QL = (NH + 2 * G) * HD, C = NH * HD, bs = cache_.block_size();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const float scale = a.scale;
   const float* q = qkv.data<float>();
   float* K = cache_.k(layer_).data<float>();
   float* V = cache_.v(layer_).data<float>();
@@ -82,7 +94,7 @@ void PagedAttentionCore::attend_loop(const BlockShape& s, const Tensor& qkv, con
         std::fill(oi, oi + HD, 0.0f);
         continue;
       }
-      const int64_t p = rope_pos_[static_cast<size_t>(i)], t0 = s.first_key(p), L = p + 1 - t0, g = h / r;
+      const int64_t p = rope_pos_[static_cast<size_t>(i)], t0 = a.first_key(p), L = p + 1 - t0, g = h / r;
       const int32_t* tab = table(i);
       const float* qi = q + i * QL + h * HD;
       std::vector<float> sc(static_cast<size_t>(L));
@@ -91,7 +103,7 @@ void PagedAttentionCore::attend_loop(const BlockShape& s, const Tensor& qkv, con
         const float* k = K + slot(tab, g, t0 + t);
         float d = 0.0f;
         for (int64_t e = 0; e < HD; ++e) d += qi[e] * k[e];
-        sc[static_cast<size_t>(t)] = d * scale;
+        sc[static_cast<size_t>(t)] = a.softcap > 0 ? a.softcap * std::tanh(d * scale / a.softcap) : d * scale;
         mx = std::max(mx, sc[static_cast<size_t>(t)]);
       }
       float sum = 0.0f;
@@ -106,10 +118,11 @@ void PagedAttentionCore::attend_loop(const BlockShape& s, const Tensor& qkv, con
 }
 
 // Any device / dtype: tensor ops per (row, group).
-void PagedAttentionCore::attend_ops(const BlockShape& s, const Tensor& qkv, const Tensor& att) const {
-  const int64_t NH = s.local_heads(), G = s.local_groups(), HD = s.head_dim(), r = NH / G;
+void PagedAttentionCore::attend_ops(const BlockShape& s, const AttentionSpec& a, const Tensor& qkv,
+                                    const Tensor& att) const {
+  const int64_t NH = a.local_heads(s.tp), G = a.local_groups(s.tp), HD = a.head_dim, r = NH / G;
   const int64_t bs = cache_.block_size();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const float scale = a.scale;
   const Tensor q3 = qkv.view({n_, NH + 2 * G, HD});
   const Tensor o3 = att.view({n_, NH, HD});
   const Tensor& K = cache_.k(layer_);
@@ -127,7 +140,7 @@ void PagedAttentionCore::attend_ops(const BlockShape& s, const Tensor& qkv, cons
       o3.select(0, i).zero();
       continue;
     }
-    const int64_t p = rope_pos_[static_cast<size_t>(i)], first = s.first_key(p), L = p + 1 - first;  // keys first … p
+    const int64_t p = rope_pos_[static_cast<size_t>(i)], first = a.first_key(p), L = p + 1 - first;  // keys first … p
     const int32_t* tab = table(i);
     for (int64_t g = 0; g < G; ++g) {
       Tensor k = Tensor::empty({L, HD}, qkv.dtype(), qkv.device());
@@ -141,6 +154,7 @@ void PagedAttentionCore::attend_ops(const BlockShape& s, const Tensor& qkv, cons
       const Tensor qg = q3.select(0, i).slice(0, g * r, (g + 1) * r).contiguous();  // (r, HD)
       Tensor scores = Tensor::empty({r, L}, qkv.dtype(), qkv.device());
       gemm(qg, k, scores, GemmArgs{false, true, scale, 0.0f});
+      if (a.softcap > 0) softcap_forward(scores, scores, a.softcap);
       Tensor probs = Tensor::empty({r, L}, qkv.dtype(), qkv.device());
       softmax_forward(scores, probs);
       Tensor og = Tensor::empty({r, HD}, qkv.dtype(), qkv.device());
@@ -148,6 +162,27 @@ void PagedAttentionCore::attend_ops(const BlockShape& s, const Tensor& qkv, cons
       o3.select(0, i).slice(0, g * r, (g + 1) * r).copy_from(og);
     }
   }
+}
+
+Tensor paged_layers(const GPT& model, int64_t first, int64_t end, const Tensor& x_in, const PagedRows& rows,
+                    const PagedKVCache& kv, const TensorParallel& tp, bool force_ops) {
+  const GPTConfig& c = model.config();
+  const int64_t n = x_in.dim(0), C = c.hidden_size;
+  MPT_CHECK(n % kRowTile == 0 && static_cast<int64_t>(rows.pos.size()) == n,
+            str("paged_layers: ", n, " rows (", rows.pos.size(), " positions) is no whole number of ", kRowTile, "-row tiles"),
+            "");
+  Tensor x = x_in;
+  for (int64_t l = first; l < end; ++l) {
+    BlockShape s = block_shape(c, 1, kRowTile, tp, false, l);
+    Tensor y = Tensor::empty({n, C}, x.dtype(), x.device());
+    BlockActs acts;
+    for (int64_t t0 = 0; t0 < n; t0 += kRowTile) {
+      s.core = std::make_shared<PagedAttentionCore>(kv, l - first, rows, t0, kRowTile, force_ops);
+      block_forward(s, model.block_params(l), x.slice(0, t0, t0 + kRowTile), y.slice(0, t0, t0 + kRowTile), acts, 0, 0);
+    }
+    x = y;
+  }
+  return x;
 }
 
 }  // namespace mpitron

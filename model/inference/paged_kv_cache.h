@@ -6,7 +6,7 @@
 // lives in block table[p / block_size] at offset p % block_size (the tables come
 // from the scheduler's KVBlockAllocator, kv_block_allocator.h, with each step).
 //
-// PagedAttentionCore is the AttentionCore (model/layers/attention_layer.h) of a
+// PagedAttentionCore is the AttentionCore (model/layers/attention_core.h) of a
 // forward over the cache. Its rows may be anything: prompt chunks (several
 // consecutive positions of one sequence), decode tokens (one position each) of
 // many sequences, and padding rows. attend() first writes every row's rotated
@@ -26,7 +26,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/layers/attention_layer.h"
+#include "model/gpt.h"
+#include "model/layers/attention_core.h"
 #include "tensor/tensor.h"
 
 namespace mpitron {
@@ -63,13 +64,16 @@ class PagedAttentionCore final : public AttentionCore {
   // Rows [first, first + n) of `rows` are the n rows of this forward (a tile of the step).
   PagedAttentionCore(const PagedKVCache& cache, int64_t local_layer, const PagedRows& rows, int64_t first, int64_t n,
                      bool force_ops = false);
-  void attend(const BlockShape& s, const Tensor& qkv, const Tensor& att) const override;
+  void forward(const BlockShape& s, const AttentionSpec& a, const Tensor& qkv, const Tensor& att, const Tensor& lse,
+               uint64_t seed) const override;
+  bool trains() const override { return false; }
   const std::vector<int64_t>* positions() const override { return &rope_pos_; }
+  const std::vector<int64_t>* rope_lengths() const override { return &rope_len_; }
 
  private:
   const int32_t* table(int64_t i) const;  // block table of row i of this tile
-  void attend_loop(const BlockShape& s, const Tensor& qkv, const Tensor& att) const;
-  void attend_ops(const BlockShape& s, const Tensor& qkv, const Tensor& att) const;
+  void attend_loop(const BlockShape& s, const AttentionSpec& a, const Tensor& qkv, const Tensor& att) const;
+  void attend_ops(const BlockShape& s, const AttentionSpec& a, const Tensor& qkv, const Tensor& att) const;
 
   const PagedKVCache& cache_;
   int64_t layer_;
@@ -77,6 +81,24 @@ class PagedAttentionCore final : public AttentionCore {
   int64_t first_, n_;
   bool force_ops_;
   std::vector<int64_t> rope_pos_;  // [row of the tile] its position (0 for padding)
+  std::vector<int64_t> rope_len_;  // [row of the tile] its sequence's last position in the step + 1
 };
+
+// Rows per GEMM when decoding: every matmul runs on tiles of kRowTile rows (the last one padded),
+// so a row's numbers are those of a tile-sized GEMM whatever else is in the step (BLAS and cuBLAS
+// choose their kernels by shape, and a row's result depends on the kernel): a request's tokens never
+// depend on the batch. The output layer has its own, larger tile: its weight (V/t × C) is the biggest
+// matrix and BLAS reads (packs) all of it once per call, so a decode step of 32 requests costs one
+// call instead of four (on the 2-core CPU a 32-row head GEMM costs ~1.3x an 8-row one, not 4x); a lone
+// request pays for the padding.
+constexpr int64_t kRowTile = 8;
+constexpr int64_t kHeadRowTile = 32;
+
+// THE decoder of every caller (the serving engine's ModelRunner, generate()): x (n, C), n a multiple
+// of kRowTile (rows.pos padded with −1 rows), through this rank's layers [first, end) of `model` over
+// the cache, tile by tile, each layer's block (model/block.h) with a PagedAttentionCore. Returns the
+// rows' hidden states (n, C). The cache's local layer of layer l is l − first.
+Tensor paged_layers(const GPT& model, int64_t first, int64_t end, const Tensor& x, const PagedRows& rows,
+                    const PagedKVCache& kv, const TensorParallel& tp, bool force_ops = false);
 
 }  // namespace mpitron

@@ -1,141 +1,200 @@
 #include "model/layers/attention_layer.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "core/error.h"
+#include "model/block.h"
 #include "model/layers/linear_grad.h"
+#include "model/layers/norm.h"
+#include "model/param_rows.h"
 #include "tensor/ops.h"
 
 namespace mpitron {
 
-namespace {
+SelfAttention::SelfAttention(const AttentionSpec& spec, int64_t layer, int64_t hidden)
+    : spec_(spec), layer_(layer), hidden_(hidden) {}
 
-// The attention-probability dropout: the mask of (batch, GLOBAL head, i, j) — this
-// rank's heads start at rank·NH/t — so TP ranks and a recompute draw the
-// single-process masks.
-AttentionDropout attention_dropout(const BlockShape& s, uint64_t seed) {
-  if (s.attention_dropout == 0.0f) return {};
-  return {s.attention_dropout, seed, s.attention_offset, s.tp.rank * s.local_heads()};
+void SelfAttention::rows(std::vector<ParamSpec>& v) const {
+  const int64_t C = hidden_, HD = spec_.head_dim, q = spec_.heads * HD, kv = spec_.groups * HD, l = layer_;
+  const std::string p = str("layers.", l, ".attn.");
+  const ParamPlace L = ParamPlace::Layer;
+  const std::vector<int64_t> parts{q, kv, kv};
+  v.push_back(matmul_row(tp_split(param_row(p + "qkv.weight", ParamRole::QkvWeight, {q + 2 * kv, C}, ParamInit::Normal, L, l), 0, parts)));
+  if (spec_.qkv_bias)
+    v.push_back(tp_split(param_row(p + "qkv.bias", ParamRole::QkvBias, {q + 2 * kv}, ParamInit::Zeros, L, l), 0, parts));
+  if (spec_.qk_norm != QkNorm::None) {  // per head: (HD) replicated; full width: (NH·HD), (G·HD) split with the heads
+    const ParamInit one = spec_.qk_norm_spec.one_plus ? ParamInit::Zeros : ParamInit::Ones;
+    const bool full = spec_.qk_norm == QkNorm::FullWidth;
+    for (const bool k : {false, true}) {
+      ParamSpec r = param_row(p + (k ? "k_norm.weight" : "q_norm.weight"), k ? ParamRole::KNormWeight : ParamRole::QNormWeight,
+                              {full ? (k ? kv : q) : HD}, one, L, l);
+      v.push_back(full ? tp_split(r, 0) : r);
+    }
+  }
+  v.push_back(matmul_row(tp_split(param_row(p + "proj.weight", ParamRole::ProjWeight, {C, q}, ParamInit::OutputNormal, L, l), 1)));
+  if (spec_.proj_bias) v.push_back(param_row(p + "proj.bias", ParamRole::ProjBias, {C}, ParamInit::Zeros, L, l));
 }
 
-void apply_rope(const BlockShape& s, const Tensor& qkv, const AttentionCore* core, bool inverse) {
-  if (!s.rope) return;
-  const int64_t H = s.local_heads() + 2 * s.local_groups(), rot = s.local_heads() + s.local_groups();
-  const std::vector<int64_t>* pos = core ? core->positions() : nullptr;
+void SelfAttention::apply_rope(const BlockShape& s, const Tensor& qkv, bool inverse) const {
+  if (!spec_.rope) return;
+  const int64_t HD = spec_.head_dim, NHl = spec_.local_heads(s.tp), Gl = spec_.local_groups(s.tp);
+  const int64_t H = NHl + 2 * Gl, rot = NHl + Gl;
+  const std::vector<int64_t>* pos = attention_core(s).positions();
+  const std::vector<int64_t>* lens = attention_core(s).rope_lengths();
+  RopeArgs whole = spec_.rope_args;
+  whole.scaling.dynamic_seq_len = s.global_seq();  // dynamic NTK: transformers' max position + 1
   auto run = [&](const Tensor& t, const RopeArgs& args) {
     if (inverse) rope_backward(t, t, rot, args);
     else rope_forward(t, t, rot, args);
   };
   if (!pos && s.cp.active()) {  // context parallelism: each sample's chunks at their global positions
-    const int64_t row = H * s.head_dim();
+    const int64_t row = H * HD;
     for (int64_t b = 0; b < s.batch; ++b)
       for (const ContextParallel::Run& r : s.cp.runs(s.global_seq())) {
-        RopeArgs args = s.rope_args;
+        RopeArgs args = whole;
         args.position_offset = r.global;
-        run(qkv.flat_range((b * s.seq + r.local) * row, r.len * row).view({1, r.len, H, s.head_dim()}), args);
+        run(qkv.flat_range((b * s.seq + r.local) * row, r.len * row).view({1, r.len, H, HD}), args);
       }
     return;
   }
   if (!pos) {
-    run(qkv.view({s.batch, s.seq, H, s.head_dim()}), s.rope_args);
+    run(qkv.view({s.batch, s.seq, H, HD}), whole);
     return;
   }
   for (int64_t i = 0; i < qkv.dim(0); ++i) {  // decode: every row at its own position
-    RopeArgs args = s.rope_args;
+    RopeArgs args = spec_.rope_args;
     args.position_offset = (*pos)[static_cast<size_t>(i)];
-    run(qkv.slice(0, i, i + 1).view({1, 1, H, s.head_dim()}), args);
+    args.scaling.dynamic_seq_len = lens ? (*lens)[static_cast<size_t>(i)] : args.position_offset + 1;
+    run(qkv.slice(0, i, i + 1).view({1, 1, H, HD}), args);
   }
 }
 
-// The block's attention mask: causal (decoders), within a sliding window (Mistral) or
-// bidirectional (BERT), with BERT's key padding (kv_lengths (B) i32: keys j >= len[b] are masked).
-AttentionMask attention_mask(const BlockShape& s) {
-  return AttentionMask{s.mask != AttentionMaskKind::Padding, s.kv_lengths,
-                       s.mask == AttentionMaskKind::SlidingWindow ? s.window : 0};
+namespace {
+// The q (or k) heads of a packed qkv (N, QL): a (N, heads, HD) view.
+Tensor qk_heads(const Tensor& qkv, const AttentionSpec& a, const TensorParallel& tp, bool k) {
+  const int64_t NHl = a.local_heads(tp), Gl = a.local_groups(tp);
+  const Tensor t = qkv.view({qkv.dim(0), NHl + 2 * Gl, a.head_dim});
+  return k ? t.slice(1, NHl, NHl + Gl) : t.slice(1, 0, NHl);
 }
-
-// T5's self-attention: the stack's relative position bias on the scores, through the block form
-// (tensor/attention_block.h) over the whole sequence with the layer's mask.
-bool biased(const BlockShape& s) { return s.attn_bias.defined(); }
-AttentionBlock biased_block(const BlockShape& s, bool backward) {
-  AttentionBlock b;
-  b.seq = s.seq;
-  b.causal = s.mask != AttentionMaskKind::Padding;
-  if (!b.causal) b.kv_lengths = s.kv_lengths;
-  b.bias = s.attn_bias;
-  if (backward) b.bias_grad = s.attn_bias_grad;
-  return b;
-}
-// (B, T, heads, HD) views of the packed qkv's query, key and value heads.
-struct QkvViews {
-  Tensor q, k, v;
-};
-QkvViews qkv_views(const BlockShape& s, const Tensor& qkv) {
-  const int64_t NHl = s.local_heads(), Gl = s.local_groups();
-  const Tensor t = qkv.view({s.batch, s.seq, NHl + 2 * Gl, s.head_dim()});
-  return {t.slice(2, 0, NHl), t.slice(2, NHl, NHl + Gl), t.slice(2, NHl + Gl, NHl + 2 * Gl)};
-}
-
 }  // namespace
 
-Tensor attention_layer_forward(const BlockShape& s, const AttentionParams& p, const Tensor& in, AttentionActs& a,
-                               uint64_t seed, const AttentionCore* core) {
-  const int64_t N = s.tokens(), C = s.hidden, HD = s.head_dim(), NHl = s.local_heads();
-  const int64_t H = NHl + 2 * s.local_groups();
-  a.in = in;
-  const Tensor in_f = gather_rows(s, in);  // (N, C)
-  a.qkv = Tensor::empty({N, s.local_qkv()}, in.dtype(), in.device());
-  linear_forward(in_f, p.qkv_w, p.qkv_b, a.qkv);
-  apply_rope(s, a.qkv, core, false);
-  a.att = Tensor::empty({N, NHl * HD}, in.dtype(), in.device());
-  if (core) {
-    a.lse = Tensor();
-    core->attend(s, a.qkv, a.att);
-  } else {
-    a.lse = Tensor::empty({s.batch, NHl, s.seq}, DType::F32, in.device());
-    const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-    if (biased(s)) {
-      const QkvViews v = qkv_views(s, a.qkv);
-      attention_block_forward(v.q, v.k, v.v, a.att.view({s.batch, s.seq, NHl, HD}), a.lse, scale,
-                              biased_block(s, false), attention_dropout(s, seed));
-    } else if (s.cp.active())  // this rank's queries over the whole sequence's keys, across the cp group
-      cp_attention_forward(s.cp, a.qkv.view({s.batch, s.seq, H, HD}), a.att.view({s.batch, s.seq, NHl, HD}), a.lse,
-                           scale, attention_dropout(s, seed));
-    else
-      attention_forward(a.qkv.view({s.batch, s.seq, H, HD}), a.att.view({s.batch, s.seq, NHl, HD}), a.lse, scale,
-                        attention_dropout(s, seed), attention_mask(s));
+// QK-norm on the q and k heads of a->qkv, in place (tensor/head_norm.h): per head, or over the whole
+// (TP-split) width with the sums of squares all-reduced over the tensor-parallel group.
+void SelfAttention::qk_norm_forward(const BlockShape& s, const BlockParams& p, AttentionActs& a) const {
+  const bool full = spec_.qk_norm == QkNorm::FullWidth;
+  const int64_t N = a.qkv.dim(0);
+  a.qkv_raw = a.qkv.clone();
+  for (const bool k : {false, true}) {
+    const Tensor x = qk_heads(a.qkv, spec_, s.tp, k);
+    const int64_t H = x.dim(1), count = full ? (k ? spec_.groups : spec_.heads) * spec_.head_dim : spec_.head_dim;
+    const Tensor ss = Tensor::empty({N, full ? 1 : H}, DType::F32, x.device());
+    head_norm_sumsq(x, ss);
+    if (full) tp_all_reduce(s.tp, ss);
+    Tensor& rstd = k ? a.k_rstd : a.q_rstd;
+    rstd = Tensor::empty(ss.shape(), DType::F32, x.device());
+    const NormParams np{p[k ? ParamRole::KNormWeight : ParamRole::QNormWeight], Var(), spec_.qk_norm_spec.one_plus};
+    head_norm_forward(x, ss, count, spec_.qk_norm_spec.eps, norm_scale(np), x, rstd);
   }
+}
+
+// dqkv's q and k heads from d(normalised) to d(raw), in place; the weights' gradients to the weight part
+// (per head, the replicated weight's partial sums over this rank's heads are all-reduced there).
+void SelfAttention::qk_norm_backward(const BlockShape& s, const BlockParams& p, const AttentionActs& a,
+                                     const Tensor& dqkv, WeightGradWork* defer) const {
+  const bool full = spec_.qk_norm == QkNorm::FullWidth;
+  const int64_t N = dqkv.dim(0);
+  for (const bool k : {false, true}) {
+    const Tensor dx = qk_heads(dqkv, spec_, s.tp, k), x = qk_heads(a.qkv_raw, spec_, s.tp, k);
+    const Tensor& rstd = k ? a.k_rstd : a.q_rstd;
+    const int64_t count = full ? (k ? spec_.groups : spec_.heads) * spec_.head_dim : spec_.head_dim;
+    const Var w = p[k ? ParamRole::KNormWeight : ParamRole::QNormWeight];
+    const Tensor scale = norm_scale({w, Var(), spec_.qk_norm_spec.one_plus});
+    const Tensor dot = Tensor::empty(rstd.shape(), DType::F32, dx.device());
+    head_norm_backward_dot(dx, x, scale, rstd, dot);
+    if (full) tp_all_reduce(s.tp, dot);
+    const Tensor dw = Tensor::zeros(w.value().shape(), DType::F32, dx.device());
+    head_norm_backward(dx, x, scale, rstd, dot, count, dx, dw);
+    auto work = [dw, w, tp = s.tp, full] {
+      if (!full) tp_all_reduce(tp, dw);  // the heads of every rank share the weight
+      axpby(1.0f, dw, 1.0f, w.grad_or_zeros());
+    };
+    if (defer) defer->add(std::move(work));
+    else work();
+  }
+  (void)N;
+}
+
+Tensor SelfAttention::forward(const BlockShape& s, const BlockParams& p, const Tensor& in,
+                              std::unique_ptr<SublayerActs>& acts, uint64_t seed) const {
+  const int64_t N = s.tokens(), C = s.hidden, NHl = spec_.local_heads(s.tp), HD = spec_.head_dim;
+  auto a = std::make_unique<AttentionActs>();
+  const AttentionCore& core = attention_core(s);
+  a->in = in;
+  const Tensor in_f = gather_rows(s, in);  // (N, C)
+  a->qkv = Tensor::empty({N, spec_.local_qkv(s.tp)}, in.dtype(), in.device());
+  linear_forward(in_f, p[ParamRole::QkvWeight], p[ParamRole::QkvBias], a->qkv);
+  if (spec_.qk_norm != QkNorm::None) qk_norm_forward(s, p, *a);
+  apply_rope(s, a->qkv, false);
+  a->att = Tensor::empty({N, NHl * HD}, in.dtype(), in.device());
+  a->lse = core.trains() ? Tensor::empty({s.batch, NHl, s.seq}, DType::F32, in.device()) : Tensor();
+  core.forward(s, spec_, a->qkv, a->att, a->lse, seed);
   Tensor out = Tensor::empty({N, C}, in.dtype(), in.device());
-  linear_forward(a.att, p.proj_w, s.tp.rank == 0 ? p.proj_b : Var(), out);  // row-parallel bias: added once
+  // row-parallel bias: added once
+  linear_forward(a->att, p[ParamRole::ProjWeight], s.tp.rank == 0 ? p[ParamRole::ProjBias] : Var(), out);
+  acts = std::move(a);
   return reduce_rows(s, out);
 }
 
-Tensor attention_layer_backward(const BlockShape& s, const AttentionParams& p, const AttentionActs& a,
-                                const Tensor& dout, uint64_t seed, WeightGradWork* defer) {
-  const int64_t N = s.tokens(), C = s.hidden, HD = s.head_dim(), NHl = s.local_heads();
-  const int64_t H = NHl + 2 * s.local_groups();
+Tensor SelfAttention::backward(const BlockShape& s, const BlockParams& p, const SublayerActs& acts,
+                               const Tensor& dout, uint64_t seed, WeightGradWork* defer) const {
+  const AttentionActs& a = static_cast<const AttentionActs&>(acts);
+  const int64_t N = s.tokens(), C = s.hidden;
   const Tensor dout_f = gather_rows(s, dout);  // (N, C): the full output gradient on every rank
-  Tensor datt = Tensor::empty({N, NHl * HD}, dout.dtype(), dout.device());
-  linear_backward_input(dout_f, p.proj_w, datt);
-  linear_backward_weight(dout_f, a.att, p.proj_w, p.proj_b, defer);
+  Tensor datt = Tensor::empty(a.att.shape(), dout.dtype(), dout.device());
+  linear_backward_input(dout_f, p[ParamRole::ProjWeight], datt);
+  linear_backward_weight(dout_f, a.att, p[ParamRole::ProjWeight], p[ParamRole::ProjBias], defer);
   Tensor dqkv = Tensor::empty(a.qkv.shape(), dout.dtype(), dout.device());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  if (biased(s)) {
-    const QkvViews v = qkv_views(s, a.qkv), d = qkv_views(s, dqkv);
-    attention_block_backward(datt.view({s.batch, s.seq, NHl, HD}), v.q, v.k, v.v, a.att.view({s.batch, s.seq, NHl, HD}),
-                             a.lse, d.q, d.k, d.v, scale, biased_block(s, true), attention_dropout(s, seed));
-  } else if (s.cp.active())
-    cp_attention_backward(s.cp, datt.view({s.batch, s.seq, NHl, HD}), a.qkv.view({s.batch, s.seq, H, HD}),
-                          a.att.view({s.batch, s.seq, NHl, HD}), a.lse, dqkv.view({s.batch, s.seq, H, HD}), scale,
-                          attention_dropout(s, seed));
-  else
-    attention_backward(datt.view({s.batch, s.seq, NHl, HD}), a.qkv.view({s.batch, s.seq, H, HD}),
-                       a.att.view({s.batch, s.seq, NHl, HD}), a.lse, dqkv.view({s.batch, s.seq, H, HD}), scale,
-                       attention_dropout(s, seed), attention_mask(s));
-  apply_rope(s, dqkv, nullptr, true);  // rope is a rotation: its transpose is the inverse
+  attention_core(s).backward(s, spec_, datt, a.qkv, a.att, a.lse, dqkv, seed);
+  apply_rope(s, dqkv, true);  // rope is a rotation: its transpose is the inverse
+  if (spec_.qk_norm != QkNorm::None) qk_norm_backward(s, p, a, dqkv, defer);
   Tensor din_f = Tensor::empty({N, C}, dout.dtype(), dout.device());
-  linear_backward_input(dqkv, p.qkv_w, din_f);
-  linear_backward_weight(dqkv, gather_rows(s, a.in), p.qkv_w, p.qkv_b, defer);
+  linear_backward_input(dqkv, p[ParamRole::QkvWeight], din_f);
+  linear_backward_weight(dqkv, gather_rows(s, a.in), p[ParamRole::QkvWeight], p[ParamRole::QkvBias], defer);
   return reduce_rows(s, din_f);
+}
+
+void SelfAttention::memory(const BlockShape& s, BlockMemory& m) const {
+  // qkv and att saved, with lse (f32); the backward's datt (N, Cl) and dqkv (N, QL); the weight part's
+  // output gradients of the two linears.
+  const int64_t N = s.tokens(), QL = spec_.local_qkv(s.tp), Cl = spec_.local_att(s.tp);
+  m.saved_act += N * (QL + Cl);
+  m.saved_f32 += s.batch * spec_.local_heads(s.tp) * s.seq;
+  if (spec_.qk_norm != QkNorm::None) {  // the qkv before QK-norm and its statistics
+    m.saved_act += N * QL;
+    m.saved_f32 += N * (spec_.local_heads(s.tp) + spec_.local_groups(s.tp));
+  }
+  m.backward_act += N * (Cl + QL);
+  m.deferred_act += N * Cl + N * QL;
+}
+
+double attended_keys(AttentionMaskKind mask, int64_t window, int64_t seq) {
+  const double T = static_cast<double>(seq);
+  if (mask == AttentionMaskKind::Padding) return T;
+  if (mask != AttentionMaskKind::SlidingWindow || window <= 0) return T / 2;
+  // Query i sees min(i, W) + 1 keys: Σ_i = (m + 1)(m + 2)/2 + (T − 1 − m)(W + 1), m = min(W, T − 1);
+  // the mean less one half (T/2 again when W >= T − 1).
+  const double W = static_cast<double>(window), m = std::min(W, T - 1);
+  return ((m + 1) * (m + 2) / 2 + (T - 1 - m) * (W + 1)) / T - 0.5;
+}
+
+double SelfAttention::attention_flops_per_token(int64_t seq) const {
+  // Scores and values: 2 matmuls of 2 FLOPs per (query, key, channel), × 3 with backward.
+  return 12.0 * static_cast<double>(spec_.heads * spec_.head_dim) * attended_keys(spec_.mask, spec_.window, seq);
+}
+
+int64_t SelfAttention::kv_elements_per_token(const TensorParallel& tp) const {
+  return 2 * spec_.local_groups(tp) * spec_.head_dim;
 }
 
 }  // namespace mpitron

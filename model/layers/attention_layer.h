@@ -1,57 +1,63 @@
-// model/layers/attention_layer.h — the self-attention sublayer of a block.
+// model/layers/attention_layer.h — the self-attention sublayer of a block (model/layers/sublayer.h).
 //
 //   in   (Nl, C)   the norm output (this rank's rows; N/t with sequence parallelism)
 //   in_f (N, C)    = in, or all-gathered rows under sequence parallelism
 //   qkv  (N, QL)   = in_f · Wqkvᵀ + bqkv     QL = (NHl + 2·Gl)·HD: this rank's NHl query
 //                                            heads, then Gl key and Gl value heads
-//   qkv  ← rope(qkv) on the NHl + Gl query and key heads (rope only; in place)
-//   att  (N, Cl)   = attention(qkv)          causal, grouped (head h uses group h/(NH/G)); with
-//                                            context parallelism (s.cp) over the whole sequence's
-//                                            keys across the cp group (parallel/context_parallel.h),
-//                                            rope at the rows' global positions
-//                                            T5 (s.attn_bias defined): the block form over the whole
-//                                            sequence with the stack's relative bias (T, T, NHl) added to
-//                                            the scores, its gradient added into s.attn_bias_grad
-//   lse  (B, NHl, T) f32
+//   qkv  ← qk_norm(qkv) on the query and key heads (QkNorm; in place)
+//   qkv  ← rope(qkv) on the NHl + Gl query and key heads (rope only; in place; at the rows'
+//                                            global positions, or the core's positions)
+//   att  (N, Cl)   = core(qkv)               the call's attention core (model/layers/attention_core.h):
+//                                            local, context-parallel, T5's biased, or a KV cache's
+//   lse  (B, NHl, T) f32                     (cores that train)
 //   out  (Nl, C)   = reduce(att · Wprojᵀ + bproj)   all-reduce, or reduce-scatter rows (SP);
 //                                                   bproj added by TP rank 0 only
-// Dropout and the residual belong to the block skeleton (model/block.h).
 // Backward in two parts: the input part returns d(in) and either runs the weight
 // part (dWqkv, dbqkv, dWproj, dbproj +=) at once or defers it to a WeightGradWork.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
-#include "autograd/tape.h"
-#include "model/layers/block_shape.h"
+#include "model/layers/attention_core.h"
+#include "model/layers/attention_spec.h"
+#include "model/layers/sublayer.h"
 
 namespace mpitron {
 
-struct AttentionParams {
-  Var qkv_w, qkv_b;    // (QL·t, C) global ((NH + 2G)·HD, C); bias may be undefined
-  Var proj_w, proj_b;  // (C, C) split by columns; bias may be undefined
+struct AttentionActs final : SublayerActs {
+  Tensor in, qkv, att, lse;  // in (Nl, C), qkv (N, QL) after QK-norm and rope, att (N, Cl), lse (B, NHl, T)
+  Tensor qkv_raw;            // QK-norm: qkv before it (N, QL); undefined: none
+  Tensor q_rstd, k_rstd;     // QK-norm's statistics (N, NHl or 1), (N, Gl or 1) f32
 };
 
-struct AttentionActs {
-  Tensor in, qkv, att, lse;  // in (Nl, C), qkv (N, QL) after rope, att (N, Cl), lse (B, NHl, T)
-};
-
-// How the attention proper runs. Training and prefill: nullptr (causal attention
-// over (B, T)). A KV-cache decode step supplies its own (model/inference/generate.cpp):
-// it receives the rotated qkv (N, QL) and writes att (N, Cl).
-class AttentionCore {
+class SelfAttention final : public Sublayer {
  public:
-  virtual ~AttentionCore() = default;
-  virtual void attend(const BlockShape& s, const Tensor& qkv, const Tensor& att) const = 0;
-  // The position of each of the N rows, for rope (nullptr: row b·T + t is at t).
-  virtual const std::vector<int64_t>* positions() const { return nullptr; }
+  // Layer `layer` of a model of hidden width C.
+  SelfAttention(const AttentionSpec& spec, int64_t layer, int64_t hidden);
+  const AttentionSpec& spec() const { return spec_; }
+
+  const char* kind() const override { return "self_attention"; }
+  void rows(std::vector<ParamSpec>& rows) const override;
+  Tensor forward(const BlockShape& s, const BlockParams& p, const Tensor& in, std::unique_ptr<SublayerActs>& acts,
+                 uint64_t seed) const override;
+  Tensor backward(const BlockShape& s, const BlockParams& p, const SublayerActs& acts, const Tensor& dout,
+                  uint64_t seed, WeightGradWork* defer) const override;
+  void memory(const BlockShape& s, BlockMemory& m) const override;
+  double attention_flops_per_token(int64_t seq) const override;
+  int64_t kv_elements_per_token(const TensorParallel& tp) const override;
+
+ private:
+  void apply_rope(const BlockShape& s, const Tensor& qkv, bool inverse) const;
+  void qk_norm_forward(const BlockShape& s, const BlockParams& p, AttentionActs& a) const;
+  void qk_norm_backward(const BlockShape& s, const BlockParams& p, const AttentionActs& a, const Tensor& dqkv,
+                        WeightGradWork* defer) const;
+  AttentionSpec spec_;
+  int64_t layer_, hidden_;
 };
 
-// seed: the attention-dropout key (s.attention_offset names the layer's stream).
-Tensor attention_layer_forward(const BlockShape& s, const AttentionParams& p, const Tensor& in, AttentionActs& a,
-                               uint64_t seed, const AttentionCore* core = nullptr);
-// dout (Nl, C) → d(in) (Nl, C). defer null: the weight part runs now.
-Tensor attention_layer_backward(const BlockShape& s, const AttentionParams& p, const AttentionActs& a,
-                                const Tensor& dout, uint64_t seed, WeightGradWork* defer);
+// The keys a query of a sequence of T tokens attends on average, less one half (the diagonal
+// counted half): T/2 causal, T bidirectional, the mean of min(i, W) + 1/2 with a sliding window W.
+double attended_keys(AttentionMaskKind mask, int64_t window, int64_t T);
 
 }  // namespace mpitron

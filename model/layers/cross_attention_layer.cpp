@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/block.h"
 #include "model/layers/linear_grad.h"
+#include "model/param_rows.h"
 #include "tensor/ops.h"
 
 namespace mpitron {
@@ -19,55 +21,88 @@ AttentionBlock cross_block(const BlockShape& s) {
   return b;
 }
 
-AttentionDropout cross_dropout(const BlockShape& s, uint64_t seed) {
+AttentionDropout cross_dropout(const BlockShape& s, const AttentionSpec& a, uint64_t seed) {
   if (s.attention_dropout == 0.0f) return {};
-  return {s.attention_dropout, seed, s.cross.attention_offset, s.tp.rank * s.local_heads()};
+  return {s.attention_dropout, seed, s.cross.attention_offset, s.tp.rank * a.local_heads(s.tp)};
 }
 
 // (B, T, heads, HD) views of q and of kv's key and value heads.
 struct CrossViews {
   Tensor q, k, v;
 };
-CrossViews views(const BlockShape& s, const Tensor& q, const Tensor& kv) {
-  const int64_t HD = s.head_dim(), Gl = s.local_groups();
+CrossViews views(const BlockShape& s, const AttentionSpec& a, const Tensor& q, const Tensor& kv) {
+  const int64_t HD = a.head_dim, Gl = a.local_groups(s.tp);
   const Tensor kv4 = kv.view({s.batch, s.cross.seq, 2 * Gl, HD});
-  return {q.view({s.batch, s.seq, s.local_heads(), HD}), kv4.slice(2, 0, Gl), kv4.slice(2, Gl, 2 * Gl)};
+  return {q.view({s.batch, s.seq, a.local_heads(s.tp), HD}), kv4.slice(2, 0, Gl), kv4.slice(2, Gl, 2 * Gl)};
+}
+
+struct CrossAttentionParams {
+  Var q_w, q_b;        // (NH·HD, C) split by rows (heads); bias may be undefined
+  Var kv_w, kv_b;      // (2·G·HD, C) parts K | V, each split by rows
+  Var proj_w, proj_b;  // (C, NH·HD) split by columns; bias may be undefined
+};
+
+CrossAttentionParams cross_params(const BlockParams& p) {
+  return {p[ParamRole::CrossQWeight], p[ParamRole::CrossQBias], p[ParamRole::CrossKvWeight],
+          p[ParamRole::CrossKvBias], p[ParamRole::CrossProjWeight], p[ParamRole::CrossProjBias]};
 }
 
 }  // namespace
 
-Tensor cross_attention_forward(const BlockShape& s, const CrossAttentionParams& p, const Tensor& in,
-                               CrossAttentionActs& a, uint64_t seed) {
-  const int64_t N = s.tokens(), M = s.batch * s.cross.seq, C = s.hidden, HD = s.head_dim();
-  const int64_t Cl = s.local_att(), KVl = 2 * s.local_groups() * HD;
+void CrossAttention::rows(std::vector<ParamSpec>& v) const {
+  const int64_t C = hidden_, HD = spec_.head_dim, q = spec_.heads * HD, kv = spec_.groups * HD, l = layer_;
+  const std::string p = str("layers.", l, ".xattn.");
+  using R = ParamRole;
+  using I = ParamInit;
+  const ParamPlace L = ParamPlace::Layer;
+  v.push_back(matmul_row(tp_split(param_row(p + "q.weight", R::CrossQWeight, {q, C}, I::Normal, L, l), 0)));
+  if (spec_.qkv_bias) v.push_back(tp_split(param_row(p + "q.bias", R::CrossQBias, {q}, I::Zeros, L, l), 0));
+  v.push_back(matmul_row(tp_split(param_row(p + "kv.weight", R::CrossKvWeight, {2 * kv, C}, I::Normal, L, l), 0, {kv, kv})));
+  if (spec_.qkv_bias) v.push_back(tp_split(param_row(p + "kv.bias", R::CrossKvBias, {2 * kv}, I::Zeros, L, l), 0, {kv, kv}));
+  v.push_back(matmul_row(tp_split(param_row(p + "proj.weight", R::CrossProjWeight, {C, q}, I::OutputNormal, L, l), 1)));
+  if (spec_.proj_bias) v.push_back(param_row(p + "proj.bias", R::CrossProjBias, {C}, I::Zeros, L, l));
+}
+
+Tensor CrossAttention::forward(const BlockShape& s, const BlockParams& bp, const Tensor& in,
+                               std::unique_ptr<SublayerActs>& acts, uint64_t seed) const {
+  const AttentionSpec& sp = spec_;
+  const CrossAttentionParams p = cross_params(bp);
+  auto owned = std::make_unique<CrossAttentionActs>();
+  CrossAttentionActs& a = *owned;
+  const int64_t N = s.tokens(), M = s.batch * s.cross.seq, C = s.hidden, HD = sp.head_dim;
+  const int64_t Cl = sp.local_att(s.tp), KVl = 2 * sp.local_groups(s.tp) * HD;
   a.in = in;
   a.q = Tensor::empty({N, Cl}, in.dtype(), in.device());
   linear_forward(gather_rows(s, in), p.q_w, p.q_b, a.q);
   a.kv = Tensor::empty({M, KVl}, in.dtype(), in.device());
   linear_forward(gather_rows(s, s.cross.memory), p.kv_w, p.kv_b, a.kv);
   a.att = Tensor::empty({N, Cl}, in.dtype(), in.device());
-  a.lse = Tensor::empty({s.batch, s.local_heads(), s.seq}, DType::F32, in.device());
-  const CrossViews v = views(s, a.q, a.kv);
-  attention_block_forward(v.q, v.k, v.v, a.att.view({s.batch, s.seq, s.local_heads(), HD}), a.lse,
-                          1.0f / std::sqrt(static_cast<float>(HD)), cross_block(s), cross_dropout(s, seed));
+  a.lse = Tensor::empty({s.batch, sp.local_heads(s.tp), s.seq}, DType::F32, in.device());
+  const CrossViews v = views(s, sp, a.q, a.kv);
+  attention_block_forward(v.q, v.k, v.v, a.att.view({s.batch, s.seq, sp.local_heads(s.tp), HD}), a.lse,
+                          1.0f / std::sqrt(static_cast<float>(HD)), cross_block(s), cross_dropout(s, sp, seed));
   Tensor out = Tensor::empty({N, C}, in.dtype(), in.device());
   linear_forward(a.att, p.proj_w, s.tp.rank == 0 ? p.proj_b : Var(), out);  // row-parallel bias: added once
+  acts = std::move(owned);
   return reduce_rows(s, out);
 }
 
-Tensor cross_attention_backward(const BlockShape& s, const CrossAttentionParams& p, const CrossAttentionActs& a,
-                                const Tensor& dout, uint64_t seed, WeightGradWork* defer) {
-  const int64_t N = s.tokens(), M = s.batch * s.cross.seq, C = s.hidden, HD = s.head_dim();
+Tensor CrossAttention::backward(const BlockShape& s, const BlockParams& bp, const SublayerActs& acts,
+                                const Tensor& dout, uint64_t seed, WeightGradWork* defer) const {
+  const AttentionSpec& sp = spec_;
+  const CrossAttentionParams p = cross_params(bp);
+  const CrossAttentionActs& a = static_cast<const CrossAttentionActs&>(acts);
+  const int64_t N = s.tokens(), M = s.batch * s.cross.seq, C = s.hidden, HD = sp.head_dim;
   const Tensor dout_f = gather_rows(s, dout);  // (N, C)
   Tensor datt = Tensor::empty(a.att.shape(), dout.dtype(), dout.device());
   linear_backward_input(dout_f, p.proj_w, datt);
   linear_backward_weight(dout_f, a.att, p.proj_w, p.proj_b, defer);
   Tensor dq = Tensor::empty(a.q.shape(), dout.dtype(), dout.device());
   Tensor dkv = Tensor::empty(a.kv.shape(), dout.dtype(), dout.device());
-  const CrossViews v = views(s, a.q, a.kv), dv = views(s, dq, dkv);
-  const Shape o4{s.batch, s.seq, s.local_heads(), HD};
+  const CrossViews v = views(s, sp, a.q, a.kv), dv = views(s, sp, dq, dkv);
+  const Shape o4{s.batch, s.seq, sp.local_heads(s.tp), HD};
   attention_block_backward(datt.view(o4), v.q, v.k, v.v, a.att.view(o4), a.lse, dv.q, dv.k, dv.v,
-                           1.0f / std::sqrt(static_cast<float>(HD)), cross_block(s), cross_dropout(s, seed));
+                           1.0f / std::sqrt(static_cast<float>(HD)), cross_block(s), cross_dropout(s, sp, seed));
   // The encoder's share: d(mem) = dkv · Wkv, summed over the TP ranks' heads (reduce-scattered with SP).
   Tensor dmem_f = Tensor::empty({M, C}, dout.dtype(), dout.device());
   linear_backward_input(dkv, p.kv_w, dmem_f);
@@ -77,6 +112,17 @@ Tensor cross_attention_backward(const BlockShape& s, const CrossAttentionParams&
   linear_backward_input(dq, p.q_w, din_f);
   linear_backward_weight(dq, gather_rows(s, a.in), p.q_w, p.q_b, defer);
   return reduce_rows(s, din_f);
+}
+
+void CrossAttention::memory(const BlockShape& s, BlockMemory& m) const {
+  // M = B·Te memory rows: q and att (N, Cl), kv (M, 2·Gl·HD), lse (B, NHl, Td) f32. Its backward holds
+  // datt, dq (N, Cl), dkv (M, 2·Gl·HD) and d(mem) (M, C).
+  const int64_t N = s.tokens(), M = s.batch * s.cross.seq, KV = 2 * spec_.local_groups(s.tp) * spec_.head_dim;
+  const int64_t Cl = spec_.local_att(s.tp);
+  m.saved_act += 2 * N * Cl + M * KV;
+  m.saved_f32 += s.batch * spec_.local_heads(s.tp) * s.seq;
+  m.backward_act += 2 * N * Cl + M * (KV + s.hidden);
+  m.deferred_act += 2 * N * Cl + M * (KV + s.hidden);
 }
 
 }  // namespace mpitron

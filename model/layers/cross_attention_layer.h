@@ -1,5 +1,5 @@
-// model/layers/cross_attention_layer.h — the cross-attention sublayer of a T5 decoder block
-// (model/t5.h): the decoder's rows query the encoder's output.
+// model/layers/cross_attention_layer.h — the cross-attention sublayer (model/layers/sublayer.h) of a
+// T5 decoder block (model/t5.h): the decoder's rows query the encoder's output.
 //
 //   in    (Nl, C)     the norm output (this rank's decoder rows; N/t with sequence parallelism), N = B·Td
 //   mem   (Ml, C)     the encoder's output (BlockShape::cross.memory: this rank's rows), M = B·Te
@@ -17,25 +17,33 @@
 // into the encoder's tape). The weight part (dWq, dWkv, dWproj and biases, +=) runs now or is deferred.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <vector>
 
-#include "autograd/tape.h"
-#include "model/layers/block_shape.h"
+#include "model/layers/attention_spec.h"
+#include "model/layers/sublayer.h"
 
 namespace mpitron {
 
-struct CrossAttentionParams {
-  Var q_w, q_b;        // (NH·HD, C) split by rows (heads); bias may be undefined
-  Var kv_w, kv_b;      // (2·G·HD, C) parts K | V, each split by rows
-  Var proj_w, proj_b;  // (C, NH·HD) split by columns; bias may be undefined
-};
-
-struct CrossAttentionActs {
+struct CrossAttentionActs final : SublayerActs {
   Tensor in, q, kv, att, lse;  // in (Nl, C), q (N, Cl), kv (M, 2·Gl·HD), att (N, Cl), lse (B, NHl, Td)
 };
 
-Tensor cross_attention_forward(const BlockShape& s, const CrossAttentionParams& p, const Tensor& in,
-                               CrossAttentionActs& a, uint64_t seed);
-Tensor cross_attention_backward(const BlockShape& s, const CrossAttentionParams& p, const CrossAttentionActs& a,
-                                const Tensor& dout, uint64_t seed, WeightGradWork* defer);
+class CrossAttention final : public Sublayer {
+ public:
+  // spec: heads, groups, head_dim, biases (the rest unused: bidirectional, no rope, 1/√HD).
+  CrossAttention(const AttentionSpec& spec, int64_t layer, int64_t hidden) : spec_(spec), layer_(layer), hidden_(hidden) {}
+  const char* kind() const override { return "cross_attention"; }
+  void rows(std::vector<ParamSpec>& rows) const override;
+  Tensor forward(const BlockShape& s, const BlockParams& p, const Tensor& in, std::unique_ptr<SublayerActs>& acts,
+                 uint64_t seed) const override;
+  Tensor backward(const BlockShape& s, const BlockParams& p, const SublayerActs& acts, const Tensor& dout,
+                  uint64_t seed, WeightGradWork* defer) const override;
+  void memory(const BlockShape& s, BlockMemory& m) const override;
+
+ private:
+  AttentionSpec spec_;
+  int64_t layer_, hidden_;
+};
 
 }  // namespace mpitron

@@ -4,6 +4,7 @@
 
 #include "autograd/functions.h"
 #include "core/error.h"
+#include "tensor/softcap.h"
 
 namespace mpitron {
 
@@ -74,6 +75,15 @@ Var output_logits(Tape& tape, const TensorParallel& tp, const Var& h, const Var&
   if (!tp.active()) return ag::linear(tape, h, w, b);
   const Var full = tp.sequence_parallel ? ag::tp_gather(tape, h, tp) : ag::tp_copy(tape, h, tp);
   return ag::linear(tape, full, w, b);  // (N, V/t): never gathered
+}
+
+Var lm_logits(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const Var& h, const Var& w) {
+  const Var logits = output_logits(tape, tp, h, w, Var());
+  return c.final_logit_softcapping > 0 ? ag::softcap(tape, logits, c.final_logit_softcapping) : logits;
+}
+
+void cap_logits(const TransformerConfig& c, const Tensor& logits) {
+  if (c.final_logit_softcapping > 0) softcap_forward(logits, logits, c.final_logit_softcapping);
 }
 
 Var lm_loss(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const Var& logits, const Tensor& targets) {

@@ -52,6 +52,11 @@ Var final_norm(Tape& tape, const TransformerConfig& c, const TensorParallel& tp,
 const Var& output_weight(const TransformerConfig& c, const ParamSet& ps);
 // h (Nl, C) → logits (N, V/t) = h·wᵀ + b (b may be undefined).
 Var output_logits(Tape& tape, const TensorParallel& tp, const Var& h, const Var& w, const Var& b);
+// The decoder's logits (N, V/t) of the final norm's output h: the output layer, then the final
+// soft-cap logits ← cap·tanh(logits/cap) with --final-logit-softcapping (Gemma 2).
+Var lm_logits(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const Var& h, const Var& w);
+// The same soft-cap on logits computed outside a tape (the inference tools' tiled head), in place.
+void cap_logits(const TransformerConfig& c, const Tensor& logits);
 // The mean cross-entropy of logits (N, V/t) against targets (N) (global ids, < 0 ignored).
 Var lm_loss(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const Var& logits, const Tensor& targets);
 

@@ -2,6 +2,9 @@
 
 #include <cmath>
 
+#include "model/block.h"
+#include "model/param_rows.h"
+
 #include "tensor/grouped_gemm.h"
 #include "tensor/moe_router.h"
 #include "tensor/ops.h"
@@ -44,12 +47,10 @@ MoeRouterArgs router_args(const MoeShape& m, const MoeParams& p) {
 // The shared experts run the dense MLP core on the gathered rows (no second gather).
 BlockShape shared_shape(const BlockShape& s) {
   BlockShape t = s;
-  t.ffn = s.moe.shared_ffn;
-  t.moe = MoeShape();
   t.tp.sequence_parallel = false;
   return t;
 }
-MlpParams shared_params(const MoeParams& p) { return {p.shared_fc, Var(), p.shared_proj, Var(), MoeParams()}; }
+MlpParams shared_params(const MoeParams& p) { return {p.shared_fc, Var(), p.shared_proj, Var()}; }
 
 // logits (N, R) f32 = x32 (N, C) · wᵀ, w (R, C) in f32 (the router and the shared gate run in f32).
 Tensor linear_f32(const Tensor& x32, const Var& w) {
@@ -89,19 +90,28 @@ Tensor identity_dest(int64_t N, Device dev) {
 
 }  // namespace
 
-Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& in, MlpActs& acts) {
-  const MoeShape& m = s.moe;
+MoeParams MoeParams::from(const BlockParams& b) {
+  return MoeParams{b[ParamRole::RouterWeight], b.all(ParamRole::ExpertFcWeight), b.all(ParamRole::ExpertFcBias),
+                   b.all(ParamRole::ExpertProjWeight), b.all(ParamRole::ExpertProjBias),
+                   b[ParamRole::SharedFcWeight], b[ParamRole::SharedProjWeight], b[ParamRole::SharedGateWeight],
+                   b.expert_bias};
+}
+
+Tensor MoeMlp::forward(const BlockShape& s, const BlockParams& bp, const Tensor& in, std::unique_ptr<SublayerActs>& acts,
+                       uint64_t) const {
+  const MoeShape& m = m_;
+  const MoeParams p = MoeParams::from(bp);
   const int64_t C = s.hidden, E = m.experts, k = m.topk;
-  acts.moe = std::make_shared<MoeActs>();
-  MoeActs& a = *acts.moe;
+  auto owned = std::make_unique<MoeActs>();
+  MoeActs& a = *owned;
   a.in = in;
   const Tensor in_f = gather_rows(s, in);  // (N, C)
   const int64_t N = in_f.dim(0);
   // Router: logits in f32, then scores, top-k, probabilities.
   const Tensor x32 = as_f32(in_f);
   a.logits = linear_f32(x32, p.router);
-  const MoeRun* run = m.run;
-  const bool stats = run && run->stats && m.record;
+  const MoeRun* run = s.moe.run;
+  const bool stats = run && run->stats && s.moe.record;
   const bool aux = run && run->aux_loss_coeff > 0, z = run && run->z_loss_coeff > 0;
   a.probs = like(in, {N, k}, DType::F32);
   a.indices = like(in, {N, k}, DType::I32);
@@ -143,7 +153,7 @@ Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& 
     for (int64_t e = 0; e < E; ++e) st.tokens_per_expert[static_cast<size_t>(e)] += r.chosen[static_cast<size_t>(e)];
     st.dropped += N * k - R;
     if (run->expert_bias_update_rate > 0) {
-      std::vector<int64_t>& t = st.layer_tokens[m.layer];
+      std::vector<int64_t>& t = st.layer_tokens[s.moe.layer];
       t.resize(static_cast<size_t>(E), 0);
       for (int64_t e = 0; e < E; ++e) t[static_cast<size_t>(e)] += r.chosen[static_cast<size_t>(e)];
     }
@@ -152,18 +162,19 @@ Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& 
   // (back), unpermute with the probabilities.
   Tensor xp = like(in, {R, C}, in.dtype());
   moe_permute(in_f, a.dest, xp);
-  if (m.ep.active()) {
-    a.exchange = std::make_shared<const ExpertExchange>(m.ep, r.counts, in.device());
+  if (s.moe.ep.active()) {
+    a.exchange = std::make_shared<const ExpertExchange>(s.moe.ep, r.counts, in.device());
     a.xe = a.exchange->to_experts(xp);
     a.counts = a.exchange->local_counts();
   } else {
     a.xe = xp;
   }
   const int64_t Re = a.xe.dim(0);
-  a.fc = like(in, {Re, s.local_expert_fc()}, in.dtype());
+  const MlpSpec ex = expert_spec();
+  a.fc = like(in, {Re, ex.local_fc(s.tp)}, in.dtype());
   grouped_gemm(a.xe, values(p.fc_w), a.counts, a.fc, values(p.fc_b));
-  a.g = like(in, {Re, s.local_expert_ffn()}, in.dtype());
-  activation_forward(s.mlp, a.fc, a.g);
+  a.g = like(in, {Re, ex.local_ffn(s.tp)}, in.dtype());
+  activation_forward(ex.kind, a.fc, a.g);
   Tensor ye = like(in, {Re, C}, in.dtype());
   grouped_gemm(a.g, values(p.proj_w), a.counts, ye, s.tp.rank == 0 ? values(p.proj_b) : std::vector<Tensor>{});
   a.yp = a.exchange ? a.exchange->from_experts(ye) : ye;
@@ -171,7 +182,7 @@ Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& 
   moe_unpermute(a.yp, a.dest, a.probs, out);
   // Shared experts: a dense MLP of width Fs on every token, optionally gated by sigmoid(in_f · wgᵀ).
   if (p.shared_fc.defined()) {
-    a.shared_out = mlp_core_forward(shared_shape(s), shared_params(p), in_f, a.shared);
+    a.shared_out = mlp_core_forward(shared_shape(s), shared_spec(), shared_params(p), in_f, a.shared);
     Tensor shared = a.shared_out;
     if (p.shared_gate.defined()) {
       a.gate_logits = linear_f32(x32, p.shared_gate);  // (N, 1)
@@ -187,13 +198,15 @@ Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& 
     }
     add_forward(out, shared, out);
   }
+  acts = std::move(owned);
   return reduce_rows(s, out);
 }
 
-Tensor moe_layer_backward(const BlockShape& s, const MoeParams& p, const MlpActs& acts, const Tensor& dout,
-                          WeightGradWork* defer) {
-  const MoeShape& m = s.moe;
-  const MoeActs& a = *acts.moe;
+Tensor MoeMlp::backward(const BlockShape& s, const BlockParams& bp, const SublayerActs& acts, const Tensor& dout,
+                        uint64_t, WeightGradWork* defer) const {
+  const MoeShape& m = m_;
+  const MoeParams p = MoeParams::from(bp);
+  const MoeActs& a = static_cast<const MoeActs&>(acts);
   const int64_t C = s.hidden, k = m.topk;
   const Tensor dout_f = gather_rows(s, dout);  // (N, C)
   const int64_t N = dout_f.dim(0), R = a.yp.dim(0), Re = a.xe.dim(0);
@@ -206,13 +219,14 @@ Tensor moe_layer_backward(const BlockShape& s, const MoeParams& p, const MlpActs
   // The experts (on their ranks under EP: from_experts' backward is to_experts), input part now,
   // weight part to defer.
   if (a.exchange) dyp = a.exchange->to_experts(dyp);
-  Tensor dg = like(dout, {Re, s.local_expert_ffn()}, dout.dtype());
+  const MlpSpec ex = expert_spec();
+  Tensor dg = like(dout, {Re, ex.local_ffn(s.tp)}, dout.dtype());
   grouped_gemm_backward(dyp, a.g, values(p.proj_w), a.counts, dg, {}, {});
   // The row-parallel biases' gradient (Σ dyp) on every TP rank, as the dense MLP's: the replicas stay equal.
   auto proj_weights = [dyp, g = a.g, w = p.proj_w, counts = a.counts, b = p.proj_b] {
     grouped_gemm_backward(dyp, g, values(w), counts, Tensor(), grads(w), grads(b));
   };
-  const Tensor dfc = activation_backward(s.mlp, dg, a.fc);
+  const Tensor dfc = activation_backward(ex.kind, dg, a.fc);
   Tensor dxe = like(dout, {Re, C}, dout.dtype());
   grouped_gemm_backward(dfc, a.xe, values(p.fc_w), a.counts, dxe, {}, {});
   auto fc_weights = [dfc, xp = a.xe, w = p.fc_w, counts = a.counts, b = p.fc_b] {
@@ -229,14 +243,15 @@ Tensor moe_layer_backward(const BlockShape& s, const MoeParams& p, const MlpActs
   Tensor din_f = like(dout, {N, C}, dout.dtype());
   moe_permute_backward(dxp, a.dest, din_f);
   // The router: the probabilities' gradient, plus the auxiliary losses' at the main loss's scale.
-  const float ls = m.run ? m.run->loss_scale : 1.0f;
+  const MoeRun* run = s.moe.run;
+  const float ls = run ? run->loss_scale : 1.0f;
   Tensor aux_w;
   if (a.aux_weight.defined()) {
     aux_w = like(dout, a.aux_weight.shape(), DType::F32);
     aux_w.copy_from(a.aux_weight);
     scale(aux_w, ls);
   }
-  const float z_w = a.lse.defined() ? static_cast<float>(m.run->z_loss_coeff * ls / static_cast<double>(N)) : 0.0f;
+  const float z_w = a.lse.defined() ? static_cast<float>(run->z_loss_coeff * ls / static_cast<double>(N)) : 0.0f;
   Tensor dlogits = like(dout, a.logits.shape(), DType::F32);
   moe_router_backward(dprobs, a.logits, a.indices, router_args(m, p), aux_w, z_w, dlogits);
   linear_f32_backward(s, dlogits, x32, p.router, din_f, defer);
@@ -256,10 +271,57 @@ Tensor moe_layer_backward(const BlockShape& s, const MoeParams& p, const MlpActs
       moe_router_backward(dgate, a.gate_logits, one, g, Tensor(), 0.0f, dgl);
       linear_f32_backward(s, dgl, x32, p.shared_gate, din_f, defer);
     }
-    const Tensor dsh = mlp_core_backward(shared_shape(s), shared_params(p), a.shared, in_f, dshared, defer);
+    const Tensor dsh = mlp_core_backward(shared_shape(s), shared_spec(), shared_params(p), a.shared, in_f, dshared, defer);
     add_forward(din_f, dsh, din_f);
   }
   return reduce_rows(s, din_f);
+}
+
+// The router, the routed experts kind by kind (each kind's E rows consecutive: the grouped GEMM's
+// operands), the shared experts and their gate.
+void MoeMlp::rows(std::vector<ParamSpec>& v) const {
+  const int64_t C = hidden_, E = m_.experts, Fe = m_.ffn, Fs = m_.shared_ffn, l = layer_;
+  const bool gated = mlp_gated(mlp_.kind), bias = mlp_.bias;
+  const int64_t FCe = gated ? 2 * Fe : Fe, FCs = gated ? 2 * Fs : Fs;
+  const std::vector<int64_t> fc_parts = gated ? std::vector<int64_t>{Fe, Fe} : std::vector<int64_t>{};
+  const std::string p = str("layers.", l, ".mlp.");
+  using R = ParamRole;
+  using I = ParamInit;
+  const ParamPlace L = ParamPlace::Layer;
+  v.push_back(matmul_row(param_row(p + "router.weight", R::RouterWeight, {E, C}, I::Normal, L, l)));
+  for (int64_t e = 0; e < E; ++e)
+    v.push_back(expert_row(matmul_row(tp_split(param_row(str(p, "experts.", e, ".fc.weight"), R::ExpertFcWeight, {FCe, C},
+                                                         I::Normal, L, l), 0, fc_parts)), e));
+  if (bias)
+    for (int64_t e = 0; e < E; ++e)
+      v.push_back(expert_row(tp_split(param_row(str(p, "experts.", e, ".fc.bias"), R::ExpertFcBias, {FCe}, I::Zeros, L, l),
+                                      0, fc_parts), e));
+  for (int64_t e = 0; e < E; ++e)
+    v.push_back(expert_row(matmul_row(tp_split(param_row(str(p, "experts.", e, ".proj.weight"), R::ExpertProjWeight,
+                                                         {C, Fe}, I::OutputNormal, L, l), 1)), e));
+  if (bias)
+    for (int64_t e = 0; e < E; ++e)
+      v.push_back(expert_row(param_row(str(p, "experts.", e, ".proj.bias"), R::ExpertProjBias, {C}, I::Zeros, L, l), e));
+  if (Fs > 0) {
+    const std::vector<int64_t> sparts = gated ? std::vector<int64_t>{Fs, Fs} : std::vector<int64_t>{};
+    v.push_back(matmul_row(tp_split(param_row(p + "shared.fc.weight", R::SharedFcWeight, {FCs, C}, I::Normal, L, l), 0, sparts)));
+    v.push_back(matmul_row(tp_split(param_row(p + "shared.proj.weight", R::SharedProjWeight, {C, Fs}, I::OutputNormal, L, l), 1)));
+    if (m_.shared_gate) v.push_back(matmul_row(param_row(p + "shared.gate.weight", R::SharedGateWeight, {1, C}, I::Normal, L, l)));
+  }
+}
+
+void MoeMlp::memory(const BlockShape& s, BlockMemory& mem) const {
+  // R ≤ N·k rows (dropless: N·k), the router's logits (N, E), probabilities and choices (N, k) in f32,
+  // xp, fc, g and yp per row; the shared experts' fc and g (N, FCsl + Fsl). Its backward holds d(yp),
+  // d(g), d(fc) (gated), d(xp) and d(logits).
+  const int64_t N = s.tokens(), C = s.hidden, R = N * m_.topk, E = m_.experts, k = m_.topk;
+  const MlpSpec ex = expert_spec(), sh = shared_spec();
+  const int64_t FCel = ex.local_fc(s.tp), Fel = ex.local_ffn(s.tp), Fsl = sh.local_ffn(s.tp), FCsl = sh.local_fc(s.tp);
+  const bool gated = mlp_gated(mlp_.kind);
+  mem.saved_act += R * (2 * C + FCel + Fel) + N * (FCsl + Fsl);
+  mem.saved_f32 += N * (E + 3 * k) + (m_.shared_gate ? 2 * N : 0);
+  mem.backward_act += R * (2 * C + Fel + (gated ? FCel : 0)) + N * (Fsl + FCsl) + 2 * N * E;
+  mem.deferred_act += R * (2 * C + Fel + FCel) + N * (E + C) + N * (FCsl + Fsl);
 }
 
 }  // namespace mpitron

@@ -1,6 +1,6 @@
 // model/layers/moe_layer.h — the Mixture-of-Experts MLP sublayer (Megatron-Core's MoELayer:
-// TopKRouter, token permutation, grouped experts, shared experts), the MLP of a block whose
-// BlockShape::moe is active; mlp_layer.h's entry points call it. E experts of width Fe, k per
+// TopKRouter, token permutation, grouped experts, shared experts), a block's MLP sublayer
+// (model/layers/sublayer.h) in the layers --num-experts / --moe-layer-freq name. E experts of width Fe, k per
 // token; under tensor parallelism every expert is split as the dense MLP (fc column-, proj
 // row-parallel: Megatron's expert tensor parallelism = TP), the router replicated.
 //
@@ -31,10 +31,20 @@
 #include <vector>
 
 #include "model/layers/mlp_layer.h"
+#include "model/layers/moe_shape.h"
 
 namespace mpitron {
 
-struct MoeActs {
+// An MoE layer's parameters (this rank's TP slices; its experts under EP).
+struct MoeParams {
+  Var router;                                     // (E, C)
+  std::vector<Var> fc_w, fc_b, proj_w, proj_b;    // per expert (FCel, C), (FCel), (C, Fel), (C); biases may be empty
+  Var shared_fc, shared_proj, shared_gate;        // (FCsl, C), (C, Fsl), (1, C); undefined: none
+  Tensor expert_bias;                             // (E) f32 selection-only bias (BlockParams::expert_bias); may be undefined
+  static MoeParams from(const BlockParams& p);
+};
+
+struct MoeActs final : SublayerActs {
   Tensor in;                    // (Nl, C) the layer's input
   Tensor logits;                // (N, E) f32
   Tensor probs, indices;        // (N, k) f32, i32
@@ -50,8 +60,26 @@ struct MoeActs {
   Tensor gate_dest;             // (N) i32: 0 … N−1, the gate's one-choice routing (forward and backward)
 };
 
-Tensor moe_layer_forward(const BlockShape& s, const MoeParams& p, const Tensor& in, MlpActs& a);
-Tensor moe_layer_backward(const BlockShape& s, const MoeParams& p, const MlpActs& a, const Tensor& dout,
-                          WeightGradWork* defer);
+class MoeMlp final : public Sublayer {
+ public:
+  // mlp: the experts' activation and biases (its ffn unused: the experts' width is moe.ffn).
+  MoeMlp(const MoeShape& moe, const MlpSpec& mlp, int64_t layer, int64_t hidden)
+      : m_(moe), mlp_(mlp), layer_(layer), hidden_(hidden) {}
+  const MoeShape& shape() const { return m_; }
+  const char* kind() const override { return "moe"; }
+  void rows(std::vector<ParamSpec>& rows) const override;
+  Tensor forward(const BlockShape& s, const BlockParams& p, const Tensor& in, std::unique_ptr<SublayerActs>& acts,
+                 uint64_t seed) const override;
+  Tensor backward(const BlockShape& s, const BlockParams& p, const SublayerActs& acts, const Tensor& dout,
+                  uint64_t seed, WeightGradWork* defer) const override;
+  void memory(const BlockShape& s, BlockMemory& m) const override;
+
+ private:
+  MlpSpec expert_spec() const { return {mlp_.kind, m_.ffn, mlp_.bias}; }
+  MlpSpec shared_spec() const { return {mlp_.kind, m_.shared_ffn, false}; }
+  MoeShape m_;
+  MlpSpec mlp_;
+  int64_t layer_, hidden_;
+};
 
 }  // namespace mpitron

@@ -5,7 +5,6 @@
 #include <map>
 #include <vector>
 
-#include "parallel/expert_parallel.h"
 #include "tensor/moe_router.h"
 
 namespace mpitron {
@@ -37,6 +36,8 @@ struct MoeRun {
   MoeStats* stats = nullptr;    // where the forward adds its losses and counts (null: nowhere)
 };
 
+// An MoE layer's settings (its MoeMlp sublayer's, model/layers/moe_layer.h); what a call adds
+// (expert parallelism, the run's losses and statistics) is BlockShape::moe (MoeCall).
 struct MoeShape {
   int64_t experts = 0;       // E; 0: a dense MLP
   int64_t topk = 2;          // k
@@ -46,10 +47,6 @@ struct MoeShape {
   MoeScore score = MoeScore::Softmax;
   bool pre_softmax = false;
   float scaling = 1.0f;
-  int64_t layer = -1;           // the global layer (MoeStats::layer_tokens)
-  ExpertParallel ep{};          // expert parallelism: this rank runs experts [ep.first(E), … + E/ep)
-  const MoeRun* run = nullptr;  // null: no auxiliary losses, no capacity, no stats (evaluation, generation)
-  bool record = true;           // false in a recomputed forward: adds nothing to run->stats
   bool active() const { return experts > 0; }
 };
 

@@ -13,6 +13,13 @@
 
 namespace mpitron {
 
+// A norm's settings (one per norm of a layer; model/layers/layer_spec.h).
+struct NormSpec {
+  Normalization kind = Normalization::LayerNorm;
+  float eps = 1e-5f;      // --layernorm-epsilon / --norm-epsilon
+  bool one_plus = false;  // scale by (1 + w) (--apply-layernorm-1p; Gemma)
+};
+
 struct NormParams {
   Var w, b;               // (C), (C) or undefined (RMSNorm)
   bool one_plus = false;  // scale by (1 + w)

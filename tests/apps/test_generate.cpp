@@ -41,7 +41,7 @@ TEST_CASE("KV-cache logits equal full recomputation at every step (loop and tens
   GPT model(small_config(), Device::cpu());
   model.init_weights(7);
   for (bool ops : {false, true}) {
-    KVCacheDecoder dec(model, 2, 20, ops);
+    DecodeSession dec(model, 2, 20, ops);
     std::vector<int32_t> a = {3, 9, 27, 81 % 90, 15}, b = {70, 1};
     std::vector<float> la = dec.prefill(0, a), lb = dec.prefill(1, b);
     for (int step = 0; step < 8; ++step) {

@@ -12,6 +12,8 @@
 
 #include "autograd/functions.h"
 #include "model/block.h"
+#include "model/layers/attention_layer.h"
+#include "model/layers/mlp_layer.h"
 #include "model/gpt.h"
 #include "tensor/ops.h"
 
@@ -71,16 +73,16 @@ Var composed_block(Tape& tape, const GPTConfig& c, const BlockParams& p, const V
                                                      : ag::layernorm(tape, in, n.w, n.b, c.layernorm_epsilon);
   };
   if (c.post_ln) {  // x2 = LN1(x + drop(attn(x))), y = LN2(x2 + drop(mlp(x2)))
-    Var qkv = ag::linear(tape, x, p.attn().qkv_w, p.attn().qkv_b);
+    Var qkv = ag::linear(tape, x, p[ParamRole::QkvWeight], p[ParamRole::QkvBias]);
     Var att = ag::attention(tape, qkv, B, T, NH, G, AttentionMask{c.causal, Tensor()});
-    Var a = ag::dropout(tape, ag::linear(tape, att, p.attn().proj_w, p.attn().proj_b), c.hidden_dropout, seed, offset);
-    Var x2 = norm(ag::add(tape, x, a), p.norm1());
-    Var g = ag::gelu(tape, ag::linear(tape, x2, p.mlp().fc_w, p.mlp().fc_b), c.gelu_erf());
-    Var m = ag::dropout(tape, ag::linear(tape, g, p.mlp().proj_w, p.mlp().proj_b), c.hidden_dropout, seed,
+    Var a = ag::dropout(tape, ag::linear(tape, att, p[ParamRole::ProjWeight], p[ParamRole::ProjBias]), c.hidden_dropout, seed, offset);
+    Var x2 = norm(ag::add(tape, x, a), NormParams{p[ParamRole::Norm1Weight], p[ParamRole::Norm1Bias]});
+    Var g = ag::gelu(tape, ag::linear(tape, x2, p[ParamRole::FcWeight], p[ParamRole::FcBias]), c.gelu_erf());
+    Var m = ag::dropout(tape, ag::linear(tape, g, p[ParamRole::MlpProjWeight], p[ParamRole::MlpProjBias]), c.hidden_dropout, seed,
                         offset + static_cast<uint64_t>(N * C));
-    return norm(ag::add(tape, x2, m), p.norm2());
+    return norm(ag::add(tape, x2, m), NormParams{p[ParamRole::Norm2Weight], p[ParamRole::Norm2Bias]});
   }
-  Var qkv = ag::linear(tape, norm(x, p.norm1()), p.attn().qkv_w, p.attn().qkv_b);
+  Var qkv = ag::linear(tape, norm(x, NormParams{p[ParamRole::Norm1Weight], p[ParamRole::Norm1Bias]}), p[ParamRole::QkvWeight], p[ParamRole::QkvBias]);
   if (c.position_embedding == PositionEmbedding::Rope) {
     RopeArgs r;
     r.base = c.rotary_base;
@@ -88,11 +90,11 @@ Var composed_block(Tape& tape, const GPTConfig& c, const BlockParams& p, const V
     qkv = ag::rope(tape, qkv, B, T, NH + 2 * G, NH + G, r);
   }
   Var att = ag::attention(tape, qkv, B, T, NH, G, AttentionMask{c.causal, Tensor()});
-  Var a = ag::dropout(tape, ag::linear(tape, att, p.attn().proj_w, p.attn().proj_b), c.hidden_dropout, seed, offset);
+  Var a = ag::dropout(tape, ag::linear(tape, att, p[ParamRole::ProjWeight], p[ParamRole::ProjBias]), c.hidden_dropout, seed, offset);
   Var x2 = ag::add(tape, x, a);
-  Var fc = ag::linear(tape, norm(x2, p.norm2()), p.mlp().fc_w, p.mlp().fc_b);
+  Var fc = ag::linear(tape, norm(x2, NormParams{p[ParamRole::Norm2Weight], p[ParamRole::Norm2Bias]}), p[ParamRole::FcWeight], p[ParamRole::FcBias]);
   Var g = c.mlp == MlpKind::SwiGLU ? ag::swiglu(tape, fc) : ag::gelu(tape, fc, c.gelu_erf());
-  Var m = ag::dropout(tape, ag::linear(tape, g, p.mlp().proj_w, p.mlp().proj_b), c.hidden_dropout, seed,
+  Var m = ag::dropout(tape, ag::linear(tape, g, p[ParamRole::MlpProjWeight], p[ParamRole::MlpProjBias]), c.hidden_dropout, seed,
                       offset + static_cast<uint64_t>(N * C));
   return ag::add(tape, x2, m);
 }
@@ -122,8 +124,8 @@ TEST_CASE("block: the hand-written backward equals the block composed from fine-
     const Tensor xv = random_tensor({B * T, C}, 11), dy = random_tensor({B * T, C}, 12);
     const uint64_t seed = 99, offset = 1000;
     const BlockShape s = block_shape(c, B, T, TensorParallel{}, true, l);
-    CHECK(s.post_ln == (name == "bert"));
-    CHECK((s.mlp == MlpKind::GeluErf) == (name == "bert"));
+    CHECK((p.spec->branches[0].place == NormPlace::AfterResidual) == (name == "bert"));
+    CHECK((static_cast<const DenseMlp*>(p.spec->find("mlp"))->spec().kind == MlpKind::GeluErf) == (name == "bert"));
     const ParamSet& ps = model.params();
 
     // Hand-written.
@@ -157,7 +159,8 @@ TEST_CASE("block: BERT's attention is bidirectional — a later token changes an
   GPT model(c, Device::cpu());
   model.init_weights(1);
   const BlockShape s = block_shape(c, 1, c.seq_length, TensorParallel{}, false, 0);
-  CHECK(s.mask == AttentionMaskKind::Padding);
+  CHECK(static_cast<const SelfAttention*>(model.block_params(0).spec->find("self_attention"))->spec().mask ==
+        AttentionMaskKind::Padding);
   Tensor x = random_tensor({c.seq_length, c.hidden_size}, 2), x2 = x.clone();
   x2.flat_range((c.seq_length - 1) * c.hidden_size, c.hidden_size).fill(1.0f);  // change the last token only
   Tape t;

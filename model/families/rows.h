@@ -1,0 +1,18 @@
+// model/families/rows.h — every family's row (one file each under model/families/), in the order
+// model/families/registry.cpp lists them. A new family: its file, a line here and a line there.
+#pragma once
+#include "model/families.h"
+
+namespace mpitron {
+
+Family bert_family();
+Family t5_family();
+Family gpt2_family();
+Family llama_family();
+Family qwen2_family();
+Family mistral_family();
+Family gemma_family();
+Family mixtral_family();
+Family qwen2_moe_family();
+
+}  // namespace mpitron
