@@ -33,12 +33,11 @@ void check_pretraining_tp(const json& v, const json& config) {
               "are whole");
 }
 
-// The keys Llama (4.40's LlamaConfig, and mlp_bias of later versions) has.
+// The keys Llama (LlamaConfig: 4.40's, mlp_bias of 4.41, head_dim of 4.44, rope_scaling as 4.57 applies
+// it: llama3, linear, dynamic, yarn) has.
 std::vector<HfKey> llama_keys() {
   std::vector<HfKey> v = llama_core_keys();
-  v.push_back(must("rope_scaling", [](const json&) { return false; },
-                   "mpitron's rope has no scaling (linear, dynamic, yarn, llama3); only rope_scaling null converts"));
-  v.back().write = [](const C&) { return json(nullptr); };
+  v.push_back(rope_scaling_key());
   // attention_bias: q, k, v and o; mlp_bias (transformers >= 4.41): the MLP's. mpitron's
   // --disable-bias-linear is all or nothing, so they must agree.
   for (const char* key : {"attention_bias", "mlp_bias"})
@@ -53,14 +52,7 @@ std::vector<HfKey> llama_keys() {
                  [](const C& c) { return json(c.add_bias_linear); }, ""});
   v.push_back({"pretraining_tp", false, [](const json& x, const json& config, C&) { check_pretraining_tp(x, config); },
                nullptr, ""});
-  v.push_back({"head_dim", false,
-               [](const json& x, const json& config, C&) {
-                 const int64_t C = config.value("hidden_size", int64_t{0}), NH = config.value("num_attention_heads", int64_t{1});
-                 if (!(x.is_number_integer() && NH > 0 && x.get<int64_t>() * NH == C))
-                   refuse("head_dim", x, str("transformers 4.40's Llama has heads of hidden_size / num_attention_heads = ",
-                                             NH > 0 ? C / NH : 0));
-               },
-               nullptr, ""});
+  v.push_back(head_dim_key());
   v.push_back(must("partial_rotary_factor", [](const json& x) { return x.is_number() && x.get<double>() == 1.0; },
                    "transformers 4.40's Llama rotates every head dim and later versions honour the factor: the "
                    "function depends on the version"));
@@ -187,8 +179,11 @@ Family llama_family() {
   f.hf_model_types = {"llama"};
   f.hf_classes_read = {"LlamaForCausalLM"};
   f.hf_names = llama_names();
-  f.pins = join(join(join(join(decoder_base(), {is("num_experts", 0), is("window_size", 0), is("rope_scaling", nullptr)}),
-                          plain_attention()), llama_like()),
+  // Llama 3.x: rope scaling and (Llama 3.2 small) heads of their own width are Llama's too.
+  std::vector<FamilyPin> like;
+  for (const FamilyPin& p : llama_like())
+    if (p.key != "kv_channels") like.push_back(p);
+  f.pins = join(join(join(join(decoder_base(), {is("num_experts", 0), is("window_size", 0)}), plain_attention()), like),
                 join({is("add_qkv_bias", false)}, plain_ends()));
   f.hf_defaults = [](C& c) { llama_config_defaults(c, 2048); };  // LlamaConfig's
   f.hf_keys = llama_keys();

@@ -182,12 +182,14 @@ TEST_CASE("HF Llama: bad configs and checkpoints are named") {
     j[key] = v;
     return error_of([&] { hf_config(j.dump()); });
   };
-  CHECK(has(with("rope_scaling", json{{"type", "linear"}, {"factor", 2.0}}), "rope_scaling"));
+  CHECK(has(with("rope_scaling", json{{"rope_type", "longrope"}, {"factor", 2.0}}), "longrope"));
+  CHECK(has(with("rope_scaling", json{{"rope_type", "linear"}, {"factor", 2.0}, {"low_freq_factor", 1.0}}), "low_freq_factor"));
+  CHECK(with("rope_scaling", json{{"type", "linear"}, {"factor", 2.0}}).empty());  // transformers' linear scaling
   CHECK(has(with("hidden_act", "gelu"), "hidden_act"));
   CHECK(has(with("mlp_bias", true), "mlp_bias"));
   CHECK(has(with("attention_bias", true), "attention_bias"));
   CHECK(has(with("some_new_thing", 3), "some_new_thing"));
-  CHECK(has(with("head_dim", 16), "head_dim"));
+  CHECK(with("head_dim", 16).empty());  // heads of their own width (transformers >= 4.44)
   CHECK(has(with("sliding_window", 16), "sliding_window"));
   CHECK(with("sliding_window", 4096).empty());  // never reached within max_position_embeddings
   CHECK(has(with("model_type", "qwen2"), "qwen2"));

@@ -45,6 +45,7 @@ TransformerConfig bert() {
 std::vector<std::pair<std::string, TransformerConfig>> examples() {
   TransformerConfig gqa_kv = llama();
   gqa_kv.kv_channels = 16;  // NH·HD = 64 ≠ C = 32
+  gqa_kv.mlp = MlpKind::GeluTanh;  // RMSNorm with a GELU MLP: no family's
   return {{"gpt2", TransformerConfig{}}, {"llama", llama()}, {"bert", bert()}, {"custom", gqa_kv}};
 }
 
