@@ -14,5 +14,7 @@ Family mistral_family();
 Family gemma_family();
 Family mixtral_family();
 Family qwen2_moe_family();
+Family qwen3_family();
+Family qwen3_moe_family();
 
 }  // namespace mpitron
