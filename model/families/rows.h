@@ -16,5 +16,7 @@ Family mixtral_family();
 Family qwen2_moe_family();
 Family qwen3_family();
 Family qwen3_moe_family();
+Family gemma2_family();
+Family gemma3_family();
 
 }  // namespace mpitron
