@@ -18,5 +18,6 @@ Family qwen3_family();
 Family qwen3_moe_family();
 Family gemma2_family();
 Family gemma3_family();
+Family olmo2_family();
 
 }  // namespace mpitron
