@@ -14,7 +14,7 @@ namespace {
 std::vector<Family> build() {
   return {bert_family(), t5_family(), gpt2_family(), llama_family(), qwen2_family(), mistral_family(),
           gemma_family(), mixtral_family(), qwen2_moe_family(), qwen3_family(), qwen3_moe_family(),
-          gemma2_family(), gemma3_family(), olmo2_family()};
+          gemma2_family(), gemma3_family(), olmo2_family(), phi3_family()};
 }
 
 }  // namespace

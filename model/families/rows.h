@@ -19,5 +19,6 @@ Family qwen3_moe_family();
 Family gemma2_family();
 Family gemma3_family();
 Family olmo2_family();
+Family phi3_family();
 
 }  // namespace mpitron

@@ -48,7 +48,9 @@ struct FamilyCase {
 };
 
 const std::vector<FamilyCase> kFamilies = {
-    {"llama3", "llama"}, {"llama3_linear", "llama"}, {"llama3_dynamic", "llama"}, {"llama3_yarn", "llama"}, {"qwen3", "qwen3"}, {"qwen3_moe", "qwen3_moe"}, {"gemma2", "gemma2"}, {"gemma3", "gemma3"}, {"olmo2", "olmo2"},
+    {"llama3", "llama"}, {"llama3_linear", "llama"}, {"llama3_dynamic", "llama"}, {"llama3_yarn", "llama"},
+    {"qwen3", "qwen3"}, {"qwen3_moe", "qwen3_moe"}, {"gemma2", "gemma2"}, {"gemma3", "gemma3"},
+    {"olmo2", "olmo2"}, {"phi3", "phi3"}, {"phi4_mini", "phi3"},
 };
 
 std::string dir_of(const std::string& name) { return apps_test::kSource + "/tests/apps/ref/hf_" + name; }
@@ -141,6 +143,10 @@ TEST_CASE("HF families (transformers 4.57): Qwen3-MoE") { check_family({"qwen3_m
 TEST_CASE("HF families (transformers 4.57): Gemma 2") { check_family({"gemma2", "gemma2"}); }
 TEST_CASE("HF families (transformers 4.57): Gemma 3") { check_family({"gemma3", "gemma3"}); }
 TEST_CASE("HF families (transformers 4.57): OLMo-2") { check_family({"olmo2", "olmo2"}); }
+TEST_CASE("HF families (transformers 4.57): Phi-3 and Phi-4-mini") {
+  check_family({"phi3", "phi3"});
+  check_family({"phi4_mini", "phi3"});
+}
 
 TEST_CASE("HF families (transformers 4.57): HF -> mpitron -> HF is bitwise; transformers loads the export") {
   const std::string py = venv_python();
