@@ -186,7 +186,7 @@ want() { [ "$PARTS" = all ] || [ "$PARTS" = "$1" ]; }
 # with device buffers, the inference engine and runner (the paged KV cache on the device; TP/PP at 2 and 4 ranks),
 # context parallelism's attention (new tensor_test_* join by the regex: e.g. attention_bias, T5's biased,
 # padded blocks on the fallback, and relu).
-CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_t5$|model_test_trainer$|model_test_inference_|parallel_test_(comm|grid|zero|context_parallel))'
+CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_t5$|model_test_families2_cuda$|model_test_trainer$|model_test_inference_|parallel_test_(comm|grid|zero|context_parallel))'
 # CUDA_RERUN (a ctest -R regex) reruns only those tests, e.g. what failed in the first call.
 want tests && step ctest_cuda 120 60 bash -c "set -o pipefail; MPITRON_TEST_DEVICE=cuda ctest --test-dir '$RUN' -R '${CUDA_RERUN:-$CUDA_TESTS}' --output-on-failure -j 12 --timeout 90 2>&1 | tee -a '$OUT/ctest.log'"
 want bench && step bench_train 110 45 "$RUN/bench/bench_train" --device cuda --config "${BENCH_TRAIN_CONFIGS:-124M,llama-124M,moe-124M,1.3B,llama-1B}" \

@@ -21,13 +21,14 @@ start=$(date +%s)
 # 4 ranks, GPT and BERT (bidirectional attention with padding masks, the MLM and
 # sentence-order heads), their communicators through parallel/comm_nccl.cpp;
 # context parallelism at 2 ranks (every comm type's attention, and the CP2 trainer's quick set);
-# T5 against transformers on the device (cross-attention, the biased attention blocks, ReLU/GeGLU).
+# T5 against transformers on the device (cross-attention, the biased attention blocks, ReLU/GeGLU); the 2026
+# families against transformers 4.57 (rope scaling, QK-norm, soft caps, windows per layer, sandwich/output norms).
 # Every tests/tensor/test_*.cpp and tests/cuda_sim/test_*.cpp (new ones join by themselves), then the rest.
 TESTS=($(for f in tests/tensor/test_*.cpp; do f=${f##*/}; echo "tensor_${f%.cpp}"; done)
        $(for f in tests/cuda_sim/test_*.cpp; do f=${f##*/}; echo "cuda_sim_${f%.cpp}"; done)
        parallel_test_comm parallel_test_zero parallel_test_expert_parallel model_test_gpt_reference model_test_trainer model_test_trainer_mp model_test_bert_train_mp
-       parallel_test_context_parallel model_test_trainer_cp model_test_trainer_zero3 model_test_t5)
-REGEX=${SIM_TESTS:-'^(tensor_test_.*|cuda_sim_test_.*|parallel_test_(comm|zero|expert_parallel)_np2|model_test_gpt_reference|model_test_trainer_mp_np(2|4)|model_test_bert_train_mp_np2|parallel_test_context_parallel_np2|model_test_trainer_cp_np2|model_test_trainer_zero3_np2|model_test_t5)$'}
+       parallel_test_context_parallel model_test_trainer_cp model_test_trainer_zero3 model_test_t5 model_test_families2_cuda)
+REGEX=${SIM_TESTS:-'^(tensor_test_.*|cuda_sim_test_.*|parallel_test_(comm|zero|expert_parallel)_np2|model_test_gpt_reference|model_test_trainer_mp_np(2|4)|model_test_bert_train_mp_np2|parallel_test_context_parallel_np2|model_test_trainer_cp_np2|model_test_trainer_zero3_np2|model_test_t5|model_test_families2_cuda)$'}
 
 [ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -G Ninja -DMPITRON_CUDA_SIM=ON ${SIM_CMAKE_FLAGS:-}
 cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}"
