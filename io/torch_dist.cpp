@@ -57,8 +57,22 @@ const DcpBytes* DcpMetadata::bytes_item(const std::string& fqn) const {
   return nullptr;
 }
 
+namespace {
+DcpMetadata parse_dcp_metadata(const std::string& path, const PickleLimits& limits);
+}
+
 DcpMetadata read_dcp_metadata(const std::string& dir, const PickleLimits& limits) {
   const std::string path = (std::filesystem::path(dir) / ".metadata").string();
+  try {
+    return parse_dcp_metadata(path, limits);
+  } catch (const Error& e) {
+    if (e.message().find(path) != std::string::npos) throw;
+    MPT_THROW(str(path, ": ", e.message()), e.hint());  // a value of the wrong kind: name the file
+  }
+}
+
+namespace {
+DcpMetadata parse_dcp_metadata(const std::string& path, const PickleLimits& limits) {
   ReadOnlyFile f(path);
   if (f.size() > (uint64_t{1} << 30))
     MPT_THROW(str(path, " is ", f.size(), " bytes, more than the 1 GiB read for a .metadata"), "");
@@ -152,6 +166,7 @@ DcpMetadata read_dcp_metadata(const std::string& dir, const PickleLimits& limits
   }
   return md;
 }
+}  // namespace
 
 DcpCheckpoint::DcpCheckpoint(std::string dir, const PickleLimits& limits)
     : dir_(std::move(dir)), md_(read_dcp_metadata(dir_, limits)) {}

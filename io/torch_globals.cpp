@@ -180,6 +180,7 @@ TorchTensor make_tensor(const PyValue& storage, const PyValue& offset, const PyV
     numel *= static_cast<unsigned __int128>(t.shape[d]);
     if (numel > kMaxDim) throw PickleFault{str("a tensor of more than 2^62 elements"), ""};
   }
+  if (numel * es > kMaxDim) throw PickleFault{str("a tensor of more than 2^62 bytes"), ""};
   if (numel > 0) {
     for (size_t d = 0; d < t.shape.size(); ++d)
       last += static_cast<unsigned __int128>(t.shape[d] - 1) * static_cast<unsigned __int128>(t.stride[d]);
