@@ -125,7 +125,8 @@ int64_t touch_all(const TorchFile& f) {
 
 TEST_CASE("hostile pickles: globals off the allow-list are refused by name and never run") {
   // os.system('touch /tmp/pwned') as GLOBAL + REDUCE (protocol 2)
-  const std::string e1 = pickle_error(P().proto(2).global("os", "system").str("touch /tmp/mpitron_pwned").op(0x85).reduce().stop().bytes);
+  const std::string e1 =
+      pickle_error(P().proto(2).global("os", "system").str("touch /tmp/mpitron_pwned").op(0x85).reduce().stop().bytes);
   CHECK(has(e1, "'os.system'"));
   CHECK(has(e1, "allow-list"));
   CHECK(has(e1, "test.pkl"));
@@ -143,11 +144,18 @@ TEST_CASE("hostile pickles: globals off the allow-list are refused by name and n
                                                                       {"copyreg", "_reconstructor"}})
     CHECK(has(pickle_error(P().proto(2).global(m, n).stop().bytes), "'" + m + "." + n + "'"));
   // getattr is allowed only on an allow-listed class: not to reach torch.load through torch.Tensor
-  const std::string e2 = pickle_error(
-      P().proto(2).global("builtins", "getattr").global("torch", "Tensor").str("__reduce_ex__").op(0x86).reduce().stop().bytes);
+  const std::string e2 = pickle_error(P().proto(2)
+                                          .global("builtins", "getattr")
+                                          .global("torch", "Tensor")
+                                          .str("__reduce_ex__")
+                                          .op(0x86)
+                                          .reduce()
+                                          .stop()
+                                          .bytes);
   CHECK(has(e2, "getattr on 'torch.Tensor' is refused"));
   // an allowed data global is not callable
-  CHECK(has(pickle_error(P().proto(2).global("torch", "float32").empty_tuple().reduce().stop().bytes), "not something a pickle may call"));
+  CHECK(has(pickle_error(P().proto(2).global("torch", "float32").empty_tuple().reduce().stop().bytes),
+            "not something a pickle may call"));
   // _codecs.encode with another codec, OrderedDict with junk
   CHECK(has(pickle_error(P().proto(2).global("_codecs", "encode").str("x").str("rot13").op(0x86).reduce().stop().bytes),
             "(str, 'latin1')"));
@@ -193,13 +201,24 @@ TEST_CASE("hostile pickles: structure (nesting, lengths, memo, stack, opcodes, k
     // l = []; l.append(l)
     CHECK(has(pickle_error(P().proto(2).op(']').put(0).get(0).op('a').stop().bytes), "inside itself"));
     // a = []; b = [a]; a.append(b): a is changed after it was placed in b
-    const std::string cyc = P().proto(2).op(']').put(0).op(']').put(1).get(0).op('a').op('0').get(1).op('a').stop().bytes;
+    const std::string cyc =
+        P().proto(2).op(']').put(0).op(']').put(1).get(0).op('a').op('0').get(1).op('a').stop().bytes;
     CHECK(has(pickle_error(cyc), "recursive or self-referencing"));
     // d = {}; d['self'] = d
     CHECK(has(pickle_error(P().proto(2).op('}').put(0).str("self").get(0).op('s').stop().bytes), "inside itself"));
     // an object whose BUILD state contains the object
-    CHECK(has(pickle_error(P().proto(2).global("argparse", "Namespace").empty_tuple().op(0x81).put(0).op('}').str("me").get(0)
-                               .op('s').op('b').stop().bytes),
+    CHECK(has(pickle_error(P().proto(2)
+                               .global("argparse", "Namespace")
+                               .empty_tuple()
+                               .op(0x81)
+                               .put(0)
+                               .op('}')
+                               .str("me")
+                               .get(0)
+                               .op('s')
+                               .op('b')
+                               .stop()
+                               .bytes),
               "recursive"));
     // a memo key that was never stored; memo of an empty stack
     CHECK(has(pickle_error(P().proto(2).get(7).stop().bytes), "memo key 7 was never stored"));
@@ -235,8 +254,20 @@ TEST_CASE("hostile pickles: structure (nesting, lengths, memo, stack, opcodes, k
     CHECK(has(pickle_error(P().proto(2).op('}').op(']').none().op('s').stop().bytes), "unhashable (list"));
     CHECK(has(pickle_error(P().proto(2).op('}').op('}').none().op('s').stop().bytes), "unhashable (dict"));
     CHECK(has(pickle_error(P().proto(2).op(0x8f).mark().op(']').op(0x90).stop().bytes), "unhashable"));
-    const std::string ok = P().proto(2).op('}').mark().int1(3).str("three").none().str("none").int1(1).int1(2).op(0x86)
-                               .str("tuple").op('u').stop().bytes;
+    const std::string ok = P().proto(2)
+                               .op('}')
+                               .mark()
+                               .int1(3)
+                               .str("three")
+                               .none()
+                               .str("none")
+                               .int1(1)
+                               .int1(2)
+                               .op(0x86)
+                               .str("tuple")
+                               .op('u')
+                               .stop()
+                               .bytes;
     const PyPtr v = unpickle(reinterpret_cast<const uint8_t*>(ok.data()), ok.size(), "ok");
     CHECK(v->get(int64_t{3})->as_str() == "three");
     CHECK(v->size() == 3);
@@ -265,21 +296,26 @@ TEST_CASE("hostile torch files: storages, tensor views, the archive") {
     }
   }
   SUBCASE("a persistent id naming a missing record, or declaring more than its record holds") {
-    CHECK(has(file_error(dir, make_torch_zip(P().proto(2).tensor_v2("FloatStorage", "7", 4, 0, {4}, {1}).stop().bytes, {{"0", rec}})),
+    CHECK(has(file_error(dir, make_torch_zip(P().proto(2).tensor_v2("FloatStorage", "7", 4, 0, {4}, {1}).stop().bytes,
+                                             {{"0", rec}})),
               "names the record 'archive/data/7', which the archive does not have"));
-    CHECK(has(file_error(dir, make_torch_zip(P().proto(2).tensor_v2("FloatStorage", "0", 5, 0, {4}, {1}).stop().bytes, {{"0", rec}})),
+    CHECK(has(file_error(dir, make_torch_zip(P().proto(2).tensor_v2("FloatStorage", "0", 5, 0, {4}, {1}).stop().bytes,
+                                             {{"0", rec}})),
               "declares 20 bytes"));
-    CHECK(has(file_error(dir, make_torch_zip(P().proto(2).tensor_v2("FloatStorage", "0", -1, 0, {4}, {1}).stop().bytes, {{"0", rec}})),
+    CHECK(has(file_error(dir, make_torch_zip(P().proto(2).tensor_v2("FloatStorage", "0", -1, 0, {4}, {1}).stop().bytes,
+                                             {{"0", rec}})),
               "declares -1 elements"));
     CHECK(has(file_error(dir, make_torch_zip(P().proto(2).storage("DeviceStorage", "0", 4).stop().bytes, {{"0", rec}})),
               "'torch.DeviceStorage' is not on the allow-list"));
-    CHECK(has(file_error(dir, make_torch_zip(P().proto(2).mark().str("storage").tuple().op('Q').stop().bytes, {{"0", rec}})),
-              "is not ('storage', class, key, location, numel)"));
+    CHECK(has(
+        file_error(dir, make_torch_zip(P().proto(2).mark().str("storage").tuple().op('Q').stop().bytes, {{"0", rec}})),
+        "is not ('storage', class, key, location, numel)"));
   }
   SUBCASE("tensor views past their storage, negative or absurd sizes") {
     auto view = [&](int numel, int offset, std::vector<int> size, std::vector<int> stride) {
-      return file_error(dir, make_torch_zip(P().proto(2).tensor_v2("FloatStorage", "0", numel, offset, size, stride).stop().bytes,
-                                            {{"0", rec}}));
+      return file_error(
+          dir, make_torch_zip(P().proto(2).tensor_v2("FloatStorage", "0", numel, offset, size, stride).stop().bytes,
+                              {{"0", rec}}));
     };
     CHECK(has(view(4, 0, {10}, {1}), "reaches byte 40 of its storage '0' of 16 bytes"));
     CHECK(has(view(4, 3, {2}, {1}), "reaches byte 20"));
@@ -321,7 +357,8 @@ TEST_CASE("hostile torch files: storages, tensor views, the archive") {
     CHECK_THROWS_AS(TorchFile::open(dir / "missing.pt"), Error);
   }
   SUBCASE("zip damage: entries overlapping, past the end, compressed, duplicated; truncations; CD bit flips") {
-    const std::string good = make_torch_zip(P().proto(2).tensor_v2("FloatStorage", "0", 4, 0, {4}, {1}).stop().bytes, {{"0", rec}});
+    const std::string good =
+        make_torch_zip(P().proto(2).tensor_v2("FloatStorage", "0", 4, 0, {4}, {1}).stop().bytes, {{"0", rec}});
     REQUIRE(file_error(dir, good) == "");
     // central entries: find each and patch fields
     std::vector<size_t> entries;
@@ -350,7 +387,8 @@ TEST_CASE("hostile torch files: storages, tensor views, the archive") {
     CHECK(has(file_error(dir, patch16(good, entries[0] + 8, 1)), "encrypted"));
     CHECK(has(file_error(dir, patch32(good, entries[0] + 20, 3)), "sizes differ"));
     // a duplicated name
-    CHECK(has(file_error(dir, make_zip({{"archive/data.pkl", P().proto(2).none().stop().bytes}, {"archive/x", "1"},
+    CHECK(has(file_error(dir, make_zip({{"archive/data.pkl", P().proto(2).none().stop().bytes},
+                                        {"archive/x", "1"},
                                         {"archive/x", "2"}})),
               "appears twice"));
     // the EOCD's central directory bounds and entry count
@@ -417,14 +455,16 @@ TEST_CASE("hostile torch_dist: metadata naming files outside the directory, chun
   CHECK_THROWS_WITH_AS(DcpCheckpoint(dir / "ck"), doctest::Contains("not a file of this directory"), Error);
   // the metadata of something else
   copy(P().proto(4).op(']').stop().bytes);
-  CHECK_THROWS_WITH_AS(DcpCheckpoint(dir / "ck"), doctest::Contains("not a torch.distributed.checkpoint Metadata"), Error);
+  CHECK_THROWS_WITH_AS(DcpCheckpoint(dir / "ck"), doctest::Contains("not a torch.distributed.checkpoint Metadata"),
+                       Error);
   // a chunk's recorded byte range past its file
   copy(meta);
   const DcpCheckpoint good(dir / "ck");
   const DcpTensor& t = good.metadata().tensors.front();
   test::write_file_bytes(dir / ("ck/" + t.chunks[0].file), "");
-  CHECK_THROWS_WITH_AS(good.read_raw(t.fqn, std::vector<int64_t>(t.size.size(), 0), t.size, std::vector<uint8_t>(1 << 20).data()),
-                       doctest::Contains("past the end of the file"), Error);
+  CHECK_THROWS_WITH_AS(
+      good.read_raw(t.fqn, std::vector<int64_t>(t.size.size(), 0), t.size, std::vector<uint8_t>(1 << 20).data()),
+      doctest::Contains("past the end of the file"), Error);
 }
 
 TEST_CASE("torch reader fuzz: mutated real pickles and zips give a clean read or an Error") {
@@ -497,8 +537,10 @@ TEST_CASE("torch reader fuzz: mutated real pickles and zips give a clean read or
     const std::string raw = test::read_file_bytes(seed.string());
     for (int k = 0; k < 150; ++k) {
       std::string b = raw;
-      if (k % 3 == 2) b.resize(rng() % b.size());
-      else b[rng() % b.size()] ^= static_cast<char>(1 + rng() % 255);
+      if (k % 3 == 2)
+        b.resize(rng() % b.size());
+      else
+        b[rng() % b.size()] ^= static_cast<char>(1 + rng() % 255);
       attempt(b);
     }
   }
