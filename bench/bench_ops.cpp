@@ -198,6 +198,25 @@ class Bench {
         RopeArgs ra;
         mem(dev, "rope fwd (q,k in place)", shr, dt, 2 * rot, [&] { rope_forward(qkv, qkv, nh + g, ra); });
         mem(dev, "rope bwd (in place)", shr, dt, 2 * rot, [&] { rope_backward(qkv, qkv, nh + g, ra); });
+        RopeArgs yarn = ra;  // Qwen2.5-style yarn x4: per-pair frequencies and the attention factor in the kernel
+        yarn.scaling.type = RopeScalingType::Yarn;
+        yarn.scaling.factor = 4;
+        yarn.scaling.original_max_position_embeddings = 32768;
+        mem(dev, "rope yarn fwd (q,k in place)", shr, dt, 2 * rot, [&] { rope_forward(qkv, qkv, nh + g, yarn); });
+        // QK-norm (Qwen3): the q heads of the packed qkv (a strided view) normalised per head, both phases
+        const Tensor qh = qkv.view({bsz * t, nh + 2 * g, hd}).slice(1, 0, nh), qw = randn({hd}, dt, dev, 20);
+        const Tensor qn = Tensor::empty({bsz * t, nh, hd}, dt, dev), dq = Tensor::empty({bsz * t, nh, hd}, dt, dev);
+        const Tensor ss = Tensor::empty({bsz * t, nh}, DType::F32, dev), rs = Tensor::empty({bsz * t, nh}, DType::F32, dev),
+                     dot = Tensor::empty({bsz * t, nh}, DType::F32, dev), qdw = Tensor::zeros({hd}, DType::F32, dev);
+        const size_t qb = bytes({bsz, t, nh, hd}, dt);
+        mem(dev, "head_norm fwd (q per head)", shr, dt, 3 * qb, [&] {
+          head_norm_sumsq(qh, ss);
+          head_norm_forward(qh, ss, hd, 1e-6f, qw, qn, rs);
+        });
+        mem(dev, "head_norm bwd (q per head)", shr, dt, 7 * qb, [&] {
+          head_norm_backward_dot(qn, qh, qw, rs, dot);
+          head_norm_backward(qn, qh, qw, rs, dot, hd, dq, qdw);
+        });
       }
       {
         const Shape s{tok, 4 * c};
@@ -215,6 +234,8 @@ class Bench {
             [&] { cast(x, o); });
         const Tensor acc = Tensor::zeros({1}, DType::F32, dev);
         mem(dev, "sum_squares", sh, dt, bytes(s, dt), [&] { sum_squares(x, acc); });
+        mem(dev, "softcap fwd (cap 30)", sh, dt, 2 * bytes(s, dt), [&] { softcap_forward(x, y, 30.0f); });
+        mem(dev, "softcap bwd", sh, dt, 3 * bytes(s, dt), [&] { softcap_backward(x, y, dx, 30.0f); });
       }
       {  // MoE token permutation (Mixtral-like top-2 of 8 experts): rows moved by expert and back
         const int64_t k = 2, E = 8;
@@ -339,6 +360,12 @@ class Bench {
         const std::string sh = str("B", bsz, " T", t, " NH", nh, " G", g, " HD", hd);
         compute(dev, "attention GQA fwd", sh, dt, f, [&] { attention_forward(qkv, out, lse, 0.125f); });
         compute(dev, "attention GQA bwd", sh, dt, 2.5 * f, [&] { attention_backward(out, qkv, out, lse, dqkv, 0.125f); });
+        // Gemma 2's attention logit soft-capping (the CUDA fallback always: cuDNN has no soft-cap)
+        const AttentionMask capped{true, Tensor(), 0, 50.0f};
+        compute(dev, "attention GQA softcap fwd", sh, dt, f,
+                [&] { attention_forward(qkv, out, lse, 0.125f, {}, capped); });
+        compute(dev, "attention GQA softcap bwd", sh, dt, 2.5 * f,
+                [&] { attention_backward(out, qkv, out, lse, dqkv, 0.125f, {}, capped); });
       }
       {
         std::vector<int64_t> ids(static_cast<size_t>(tok));

@@ -210,6 +210,7 @@ namespace {
 void check_head_view(const char* op, const Tensor& t, const char* name, const Tensor* ref, const char* rn) {
   need_float(op, t, name);
   need(t.ndim() == 3, str(op, ": ", name, " must be an (N, H, D) view of the heads, got ", t.describe()));
+  need(t.dim(1) >= 1 && t.dim(2) >= 1, str(op, ": ", name, " ", t.describe(), " has no heads or an empty head dim"));
   if (ref) {
     need(t.shape() == ref->shape(), str(op, ": ", name, " ", t.describe(), " must have ", rn, "'s shape ",
                                         shape_str(ref->shape())));

@@ -48,8 +48,9 @@ struct RopeScaling {
                         // of the config's factor (DeepSeek-V3): pass that.
   double low_freq_factor = 1.0;   // llama3 (Llama 3.1: 1)
   double high_freq_factor = 4.0;  // llama3 (Llama 3.1: 4); > low_freq_factor
-  int64_t original_max_position_embeddings = 0;  // llama3, yarn: the pre-training context (llama3's
-                                                 // old_context_len); dynamic: the config's
+  int64_t original_max_position_embeddings = 0;  // llama3: rope_scaling's (old_context_len); yarn:
+                                                 // rope_scaling's, else the config's
+                                                 // max_position_embeddings; dynamic: the config's
                                                  // max_position_embeddings. > 0 for those types.
   double beta_fast = 32.0;  // yarn: the correction range's fast and slow rotation counts
   double beta_slow = 1.0;   //   (transformers' defaults 32 and 1)

@@ -185,7 +185,9 @@ want() { [ "$PARTS" = all ] || [ "$PARTS" = "$1" ]; }
 # reference against PyTorch, the trainer on the device (MPITRON_TEST_DEVICE=cuda), comm/grid/ZeRO
 # with device buffers, the inference engine and runner (the paged KV cache on the device; TP/PP at 2 and 4 ranks),
 # context parallelism's attention (new tensor_test_* join by the regex: e.g. attention_bias, T5's biased,
-# padded blocks on the fallback, and relu).
+# padded blocks on the fallback, and relu; attention_softcap (Gemma 2's capped scores, always the fallback),
+# softcap, head_norm (QK-norm on packed-qkv views) and rope_scaling (linear/dynamic/llama3/yarn)); the 2026
+# families against transformers (model_test_families2_cuda).
 CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_t5$|model_test_families2_cuda$|model_test_trainer$|model_test_inference_|parallel_test_(comm|grid|zero|context_parallel))'
 # CUDA_RERUN (a ctest -R regex) reruns only those tests, e.g. what failed in the first call.
 want tests && step ctest_cuda 120 60 bash -c "set -o pipefail; MPITRON_TEST_DEVICE=cuda ctest --test-dir '$RUN' -R '${CUDA_RERUN:-$CUDA_TESTS}' --output-on-failure -j 12 --timeout 90 2>&1 | tee -a '$OUT/ctest.log'"
@@ -205,7 +207,7 @@ SAN_TESTS=${SAN_TESTS:-$(cd "$RUN/tests" 2>/dev/null && ls tensor_test_* | sed '
 want tests && step sanitizer 150 30 bash -c "[ -n '$SAN' ] || { echo 'no compute-sanitizer on this machine'; exit 3; }; cd '$RUN'; \
   run1() { case \$2 in attention*) t=${SAN_TIMEOUT:-110};; *) t=${SAN_TIMEOUT:-55};; esac; timeout \$t '$SAN' --tool \$1 --error-exitcode 9 --print-limit 3 tests/tensor_test_\$2 >/tmp/san_\$1_\$2.log 2>&1; rc=\$?; \
     echo \"sanitizer \$1 \$2 rc=\$rc \$(grep -m1 'ERROR SUMMARY' /tmp/san_\$1_\$2.log)\"; [ \$rc -eq 0 ] || grep -m 8 -E '=====.*(Invalid|Race|Uninit|Error|error)' /tmp/san_\$1_\$2.log; [ \$rc -eq 0 ]; }; \
-  export -f run1; fail=0; { for t in $SAN_TESTS; do echo memcheck \$t; done; for t in ${SAN_RACE-layernorm rmsnorm softmax cross_entropy norm}; do echo racecheck \$t; done; } | \
+  export -f run1; fail=0; { for t in $SAN_TESTS; do echo memcheck \$t; done; for t in ${SAN_RACE-layernorm rmsnorm head_norm softmax cross_entropy norm}; do echo racecheck \$t; done; } | \
   xargs -P 8 -n 2 bash -c 'run1 \$0 \$1' || fail=1; exit \$fail" 2>&1 | tee -a "$OUT/ctest.log"
 want bench && step bench_mfu 100 40 "$RUN/bench/bench_mfu" --warmup 3 --steps 8 --json "$OUT/bench_mfu.json"
 # Where the 124M step's time goes: Nsight Compute times every kernel of 2 timed steps (bench_train

@@ -339,6 +339,8 @@ TEST_CASE("head_norm: invalid arguments throw naming the op") {
   check_throws_naming(s, [&] { head_norm_sumsq(Tensor::zeros({3, 16, 4}, DType::F32).transpose(1, 2), ssh); },
                       "heads not packed");
   check_throws_naming(s, [&] { head_norm_sumsq(x, Tensor::zeros({3, 2}, DType::F32)); }, "ss (N, 2) with H = 4");
+  check_throws_naming(s, [&] { head_norm_sumsq(Tensor::zeros({3, 0, 16}, DType::F32), Tensor::zeros({3, 0}, DType::F32)); },
+                      "no heads");
   check_throws_naming(s, [&] { head_norm_sumsq(x, Tensor::zeros({3, 4}, DType::BF16)); }, "ss bf16");
   check_throws_naming(s, [&] { head_norm_sumsq(x, Tensor::zeros({4, 3}, DType::F32).transpose(0, 1)); }, "ss strided");
   check_throws_naming(f, [&] { head_norm_forward(x, ssh, 16, 1e-6f, wr, out, ssh); }, "per head with a (H·D) weight");
