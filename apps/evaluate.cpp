@@ -48,8 +48,9 @@
 #include "core/timer.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
-#include "model/training/flag_given.h"
-#include "model/training/inference_flags.h"
+#include "model/flags/flag_given.h"
+#include "model/inference/inference_flags.h"
+#include "model/training/pretrain_flags.h"
 #include "model/inference/inference_load.h"
 #include "model/inference/model_runner.h"
 #include "tensor/ops.h"
@@ -84,7 +85,7 @@ bool parse(int argc, char** argv, Args& a) {
       ("log-interval", po::value(&a.log_interval),
        "a progress line every N windows (WikiText) or examples (LAMBADA): done of total, running loss, tokens/s "
        "(default 100)");
-  add_inference_flags(d, a.inf, /*with_seq_length=*/false);  // --seq-length is the window here
+  add_inference_flags(d, a.inf, /*with_seq_length=*/false, pretrain_flag_descriptions());  // --seq-length is the window here
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "evaluate", /*megatron=*/true)) return false;
   check_inference_flags(vm, a.inf);

@@ -36,7 +36,8 @@
 #include "data/text_tokenizer.h"
 #include "io/http_server.h"
 #include "model/inference/dynamic_engine.h"
-#include "model/training/inference_flags.h"
+#include "model/inference/inference_flags.h"
+#include "model/training/pretrain_flags.h"
 #include "model/inference/inference_load.h"
 #include "model/inference/text_api.h"
 
@@ -78,7 +79,7 @@ bool parse(int argc, char** argv, Args& a) {
       ("micro-batch-size", po::value<int64_t>(),
        "accepted from Megatron's server script; no effect (the engine's batch is set by the dynamic batching "
        "flags)");
-  add_inference_flags(d, a.inf, /*with_seq_length=*/true);
+  add_inference_flags(d, a.inf, /*with_seq_length=*/true, pretrain_flag_descriptions());
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "text_generation_server", /*megatron=*/true)) return false;
   check_inference_flags(vm, a.inf);

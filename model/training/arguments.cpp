@@ -1,5 +1,5 @@
 #include "model/training/arguments.h"
-#include "model/training/flag_given.h"
+#include "model/flags/flag_given.h"
 
 #include <boost/program_options.hpp>
 #include <algorithm>
@@ -12,10 +12,10 @@
 
 #include "core/error.h"
 #include "model/families.h"
-#include "model/training/model_flags.h"
+#include "model/flags/model_flags.h"
 #include "model/training/deepspeed_config.h"
-#include "model/inference/inference_load.h"
-#include "model/training/megatron_compat.h"
+#include "model/checkpoint/checkpoint_config.h"
+#include "model/flags/megatron_compat.h"
 #include "model/training/moe_flags.h"
 #include "model/training/pretrain_flags.h"
 #include "data/gpt_dataset.h"

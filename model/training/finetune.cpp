@@ -15,10 +15,10 @@
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "io/checkpoint.h"
-#include "model/training/flag_given.h"
-#include "model/training/model_flags.h"
+#include "model/flags/flag_given.h"
+#include "model/flags/model_flags.h"
 #include "model/arch_fields.h"
-#include "model/training/checkpointing.h"
+#include "model/checkpoint/checkpointing.h"
 #include "model/training/parallel_runtime.h"
 #include "model/training/trainer.h"
 

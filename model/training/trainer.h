@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "model/training/arguments.h"
-#include "model/training/checkpointing.h"
+#include "model/checkpoint/checkpointing.h"
 #include "model/training/parallel_context.h"
 #include "model/training/sample_source.h"
 #include "model/training/train_summary.h"

@@ -1,13 +1,12 @@
-#include "model/training/inference_flags.h"
+#include "model/inference/inference_flags.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
 #include "model/inference/kv_block_allocator.h"
-#include "model/training/model_flags.h"
-#include "model/training/megatron_compat.h"
-#include "model/training/pretrain_flags.h"
+#include "model/flags/model_flags.h"
+#include "model/flags/megatron_compat.h"
 
 namespace po = boost::program_options;
 
@@ -57,9 +56,11 @@ RunnerOptions InferenceFlags::runner() const {
   return o;
 }
 
-void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool with_seq_length) {
+void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool with_seq_length,
+                         const po::options_description& pretraining) {
   po::options_description g("Megatron GPT_ARGS (the model shape is checked against the checkpoint)");
   f.with_seq_length = with_seq_length;
+  f.pretraining = &pretraining;
   // Adds (name, semantic, help) unless the tool declared the name itself.
   const auto add = [&](po::options_description& grp, const char* name, const po::value_semantic* v, const char* help) {
     if (has(desc, name) || has(grp, name)) {
@@ -108,7 +109,7 @@ void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool 
 
   // Every other pretraining flag, with the arity pretraining gives it.
   po::options_description train("Pretraining flags (accepted from a Megatron script; no effect here)");
-  for (const auto& o : pretrain_flag_descriptions().options()) {
+  for (const auto& o : pretraining.options()) {
     const std::string& name = o->long_name();
     if (name.empty() || never_training_only(name) || has(desc, name) || has(train, name)) continue;
     const po::value_semantic* sem = o->semantic().get();
@@ -145,7 +146,7 @@ void check_inference_flags(const po::variables_map& vm, InferenceFlags& f) {
   std::vector<std::string> given;
   for (const std::string& name : f.training_only) {
     if (!vm.count(name)) continue;
-    const po::option_description& o = pretrain_flag_descriptions().find(name, false);
+    const po::option_description& o = f.pretraining->find(name, false);
     std::vector<std::string> tokens;
     if (o.semantic()->max_tokens() == 0) {
       if (!vm[name].as<bool>()) continue;
