@@ -49,7 +49,8 @@
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
 #include "model/flags/flag_given.h"
-#include "model/inference/inference_flags.h"
+#include "model/flags/inference_flags.h"
+#include "model/inference/runner_flags.h"
 #include "model/training/pretrain_flags.h"
 #include "model/inference/inference_load.h"
 #include "model/inference/model_runner.h"
@@ -409,7 +410,7 @@ int run(int argc, char** argv) {
   if (!parse(argc, argv, a)) return 0;
   const auto tok_ptr = data::make_tokenizer({a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file});
   const data::TextTokenizer& tok = *tok_ptr;
-  ModelRunner runner(MPI_COMM_WORLD, a.load, a.inf.runner());
+  ModelRunner runner(MPI_COMM_WORLD, a.load, runner_options(a.inf));
   const GPTConfig& c = runner.config();
   MPT_CHECK(c.vocab_size == tok.vocab_size(),
             str("the checkpoint's vocab_size ", c.vocab_size, " differs from the tokenizer's ", tok.vocab_size()),

@@ -36,7 +36,8 @@
 #include "data/text_tokenizer.h"
 #include "io/http_server.h"
 #include "model/inference/dynamic_engine.h"
-#include "model/inference/inference_flags.h"
+#include "model/flags/inference_flags.h"
+#include "model/inference/runner_flags.h"
 #include "model/training/pretrain_flags.h"
 #include "model/inference/inference_load.h"
 #include "model/inference/text_api.h"
@@ -100,7 +101,7 @@ bool parse(int argc, char** argv, Args& a) {
 int run(int argc, char** argv) {
   Args a;
   if (!parse(argc, argv, a)) return 0;
-  ModelRunner runner(MPI_COMM_WORLD, a.load, a.inf.runner());
+  ModelRunner runner(MPI_COMM_WORLD, a.load, runner_options(a.inf));
   for (const std::string& n : a.inf.notes) log_info(n);
   const auto tok_ptr = data::make_tokenizer({a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file});
   const data::TextTokenizer& tok = *tok_ptr;

@@ -1,4 +1,4 @@
-// model/inference/inference_flags.h — what a Megatron generation, serving or evaluation
+// model/flags/inference_flags.h — what a Megatron generation, serving or evaluation
 // script passes to generate_text, text_generation_server and evaluate beside their own
 // flags: the whole argument list of a pretraining script (GPT_ARGS, DATA_ARGS,
 // OUTPUT_ARGS), the parallel layout, and the dynamic engine's flags.
@@ -7,7 +7,8 @@
 //    are checked against the checkpoint: an error names each flag that disagrees, with both values;
 //  * --fp16/--bf16 choose the compute dtype, --device the device,
 //    --tensor-model-parallel-size / --pipeline-model-parallel-size the layout
-//    the tool runs under (mpirun -np TP×PP; model/inference/model_runner.h);
+//    the tool runs under (mpirun -np TP×PP); model/inference/runner_flags.h turns them
+//    into the model runner's options;
 //  * --inference-dynamic-batching* and --enable-chunked-prefill configure the
 //    dynamic engine (model/inference/dynamic_engine.h);
 //  * every other flag of pretrain_gpt or pretrain_bert (--lr, --global-batch-size,
@@ -15,8 +16,8 @@
 //    pretraining checks it and ONE start-up line lists them all as having no
 //    effect here; a few with a reason of their own (--no-load-optim, the
 //    dropouts, …) and Megatron's performance switches get a line each. The tool
-//    passes pretraining's flags in (model/training/pretrain_flags.h): inference does
-//    not include training;
+//    passes pretraining's flags in (model/training/pretrain_flags.h): this layer sits
+//    below training and inference and includes neither;
 //  * a flag no tool of ours knows stays an error naming it.
 // A tool's own flag of the same name (evaluate's --seq-length, generate_text's
 // --seed, --micro-batch-size, evaluate's --log-interval) wins: the tool declares
@@ -28,7 +29,6 @@
 
 #include "model/arch_fields.h"
 #include "model/config.h"
-#include "model/inference/model_runner.h"
 #include "tensor/dtype.h"
 
 namespace mpitron {
@@ -58,7 +58,6 @@ struct InferenceFlags {
   // Pretraining's flags (add_inference_flags' argument): each one's name, arity and value check.
   const boost::program_options::options_description* pretraining = nullptr;
   DType dtype() const { return bf16 ? DType::BF16 : fp16 ? DType::F16 : DType::F32; }
-  RunnerOptions runner() const;
 };
 
 // `with_seq_length`: false for evaluate, whose --seq-length is its window length.
@@ -74,10 +73,5 @@ void check_inference_flags(const boost::program_options::variables_map& vm, Infe
 // T5 unless allow_t5 (generate_text decodes one; evaluate and the server run decoder models only).
 void check_against_checkpoint(const boost::program_options::variables_map& vm, const InferenceFlags& f,
                               const GPTConfig& checkpoint, const std::string& load_dir, bool allow_t5 = false);
-
-// Blocks of the KV pool on every rank for the runner's model and these flags
-// (the same number on every rank). Throws naming the flag when
-// --inference-dynamic-batching-buffer-size-gb cannot hold one whole sequence.
-int64_t kv_cache_blocks(const DynamicBatchingFlags& b, const ModelRunner& runner, int64_t max_requests);
 
 }  // namespace mpitron
