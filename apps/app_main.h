@@ -15,8 +15,8 @@
 #include <functional>
 
 #include "core/error.h"
-#include "model/training/flag_given.h"
-#include "model/training/megatron_compat.h"
+#include "model/flags/flag_given.h"
+#include "model/flags/megatron_compat.h"
 
 namespace mpitron {
 

@@ -48,8 +48,10 @@
 #include "core/timer.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
-#include "model/training/flag_given.h"
-#include "model/training/inference_flags.h"
+#include "model/flags/flag_given.h"
+#include "model/flags/inference_flags.h"
+#include "model/inference/runner_flags.h"
+#include "model/training/pretrain_flags.h"
 #include "model/inference/inference_load.h"
 #include "model/inference/model_runner.h"
 #include "tensor/ops.h"
@@ -84,7 +86,7 @@ bool parse(int argc, char** argv, Args& a) {
       ("log-interval", po::value(&a.log_interval),
        "a progress line every N windows (WikiText) or examples (LAMBADA): done of total, running loss, tokens/s "
        "(default 100)");
-  add_inference_flags(d, a.inf, /*with_seq_length=*/false);  // --seq-length is the window here
+  add_inference_flags(d, a.inf, /*with_seq_length=*/false, pretrain_flag_descriptions());  // --seq-length is the window here
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "evaluate", /*megatron=*/true)) return false;
   check_inference_flags(vm, a.inf);
@@ -408,7 +410,7 @@ int run(int argc, char** argv) {
   if (!parse(argc, argv, a)) return 0;
   const auto tok_ptr = data::make_tokenizer({a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file});
   const data::TextTokenizer& tok = *tok_ptr;
-  ModelRunner runner(MPI_COMM_WORLD, a.load, a.inf.runner());
+  ModelRunner runner(MPI_COMM_WORLD, a.load, runner_options(a.inf));
   const GPTConfig& c = runner.config();
   MPT_CHECK(c.vocab_size == tok.vocab_size(),
             str("the checkpoint's vocab_size ", c.vocab_size, " differs from the tokenizer's ", tok.vocab_size()),

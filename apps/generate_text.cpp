@@ -12,7 +12,7 @@
 // size and layout. --greedy (or --top_k 1, or --temperature 0) is argmax.
 // Output: one JSON object per sample, {"prompt", "text" (generated only), "tokens" (generated
 // ids), "finished" (stopped at <|endoftext|>)}, written (by rank 0) to --genfile or stdout.
-// Every pretraining flag of a Megatron script is accepted (model/training/inference_flags.h).
+// Every pretraining flag of a Megatron script is accepted (model/flags/inference_flags.h).
 // --sample-input-ids-file FILE: prompts as token ids (one prompt a line, ids separated by spaces); the
 // tokenizer is then optional ("text" is null without one).
 // T5 (a pretrain_t5 --save or convert_checkpoint hf-to-mpitron directory): each prompt is the ENCODER's
@@ -38,7 +38,9 @@
 #include "data/text_tokenizer.h"
 #include "io/checkpoint.h"
 #include "model/inference/dynamic_engine.h"
-#include "model/training/inference_flags.h"
+#include "model/flags/inference_flags.h"
+#include "model/inference/runner_flags.h"
+#include "model/training/pretrain_flags.h"
 #include "model/inference/inference_load.h"
 #include "model/t5.h"
 
@@ -115,7 +117,7 @@ bool parse(int argc, char** argv, Args& a) {
        "T5: the decoder's first token (default: [BOS] with --vocab-extra-ids, else 0 as Hugging Face's T5)")
       ("eos-token-id", po::value(&a.eos_token_id),
        "the token that ends a sample (default: the tokenizer's end of document; T5: [EOS] with --vocab-extra-ids, else 1)");
-  add_inference_flags(d, a.inf, /*with_seq_length=*/true);
+  add_inference_flags(d, a.inf, /*with_seq_length=*/true, pretrain_flag_descriptions());
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "generate_text", /*megatron=*/true)) return false;
   check_inference_flags(vm, a.inf);
@@ -356,7 +358,7 @@ int run(int argc, char** argv) {
   Args a;
   if (!parse(argc, argv, a)) return 0;
   if (a.t5) return run_t5(a);
-  ModelRunner runner(MPI_COMM_WORLD, a.load, a.inf.runner());
+  ModelRunner runner(MPI_COMM_WORLD, a.load, runner_options(a.inf));
   if (runner.is_driver())
     for (const std::string& n : a.inf.notes) std::fprintf(stderr, "%s\n", n.c_str());
   const auto tok = checked_tokenizer(a, runner.config());

@@ -15,7 +15,7 @@
 #include <iostream>
 
 #include "core/error.h"
-#include "model/training/flag_given.h"
+#include "model/flags/flag_given.h"
 #include "parallel/schedule.h"        // Schedule, built-ins, the text format
 #include "parallel/schedule_check.h"  // check_schedule: complete and deadlock-free
 #include "parallel/schedule_sim.h"    // simulate_schedule, timeline text/SVG

@@ -36,7 +36,9 @@
 #include "data/text_tokenizer.h"
 #include "io/http_server.h"
 #include "model/inference/dynamic_engine.h"
-#include "model/training/inference_flags.h"
+#include "model/flags/inference_flags.h"
+#include "model/inference/runner_flags.h"
+#include "model/training/pretrain_flags.h"
 #include "model/inference/inference_load.h"
 #include "model/inference/text_api.h"
 
@@ -78,7 +80,7 @@ bool parse(int argc, char** argv, Args& a) {
       ("micro-batch-size", po::value<int64_t>(),
        "accepted from Megatron's server script; no effect (the engine's batch is set by the dynamic batching "
        "flags)");
-  add_inference_flags(d, a.inf, /*with_seq_length=*/true);
+  add_inference_flags(d, a.inf, /*with_seq_length=*/true, pretrain_flag_descriptions());
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "text_generation_server", /*megatron=*/true)) return false;
   check_inference_flags(vm, a.inf);
@@ -99,7 +101,7 @@ bool parse(int argc, char** argv, Args& a) {
 int run(int argc, char** argv) {
   Args a;
   if (!parse(argc, argv, a)) return 0;
-  ModelRunner runner(MPI_COMM_WORLD, a.load, a.inf.runner());
+  ModelRunner runner(MPI_COMM_WORLD, a.load, runner_options(a.inf));
   for (const std::string& n : a.inf.notes) log_info(n);
   const auto tok_ptr = data::make_tokenizer({a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file});
   const data::TextTokenizer& tok = *tok_ptr;

@@ -3,7 +3,7 @@
 // One row per field: its checkpoint key (`model_config`), its kind, its flags (Megatron's
 // names), its bounds and what it means. Everything that handles architecture fields reads
 // this table and nothing else:
-//   - flag parsing: model/training/model_flags.h registers every row's flags with Boost and
+//   - flag parsing: model/flags/model_flags.h registers every row's flags with Boost and
 //     hands the given ones back as GivenFlags; apply_model_flags sets the fields;
 //   - the checkpoint's model_config JSON, both ways (config_to_json / config_from_json);
 //   - --use-checkpoint-args and the inference tools (reconcile_with_checkpoint);

@@ -4,8 +4,6 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "model/families.h"
-#include "model/param_table.h"
 #include "tensor/rope.h"
 
 namespace mpitron {
@@ -122,11 +120,6 @@ const char* to_string(RopeScalingType t) {
     case RopeScalingType::Yarn: return "yarn";
   }
   return "?";
-}
-
-std::string TransformerConfig::family() const {
-  const Family* f = config_family(*this);
-  return f ? f->name : "custom";
 }
 
 void TransformerConfig::validate() const {
@@ -253,59 +246,6 @@ void TransformerConfig::validate_moe() const {
             "drop --num-experts for pretrain_bert");
 }
 
-namespace {
-// Σ over the layers of a per-layer count: layers of one kind (dense or MoE) have the same rows,
-// so each kind's rows are built once and counted in closed form (num_layers may be huge).
-template <class F>
-double sum_layers(const TransformerConfig& c, F per_row) {
-  int64_t moe = 0, first_moe = -1, first_dense = -1;
-  const auto rows = [&](int64_t l) {
-    double t = 0;
-    if (l >= 0)
-      for (const ParamSpec& s : block_param_table(c, l)) t += per_row(s);
-    return t;
-  };
-  if (c.t5)  // T5: the encoder's layers, then the decoder's (with cross-attention)
-    return static_cast<double>(c.encoder_num_layers) * rows(0) +
-           static_cast<double>(c.decoder_num_layers()) * rows(c.encoder_num_layers);
-  if (!c.moe()) {
-    first_dense = 0;
-  } else if (!c.moe_layer_pattern.empty()) {
-    for (int64_t l = 0; l < static_cast<int64_t>(c.moe_layer_pattern.size()); ++l) {
-      const bool m = c.moe_layer_pattern[static_cast<size_t>(l)];
-      moe += m;
-      if (m && first_moe < 0) first_moe = l;
-      if (!m && first_dense < 0) first_dense = l;
-    }
-  } else {  // layers 0, N, 2N, …
-    moe = (c.num_layers + c.moe_layer_freq - 1) / c.moe_layer_freq;
-    first_moe = 0;
-    if (c.moe_layer_freq > 1 && c.num_layers > 1) first_dense = 1;
-  }
-  return static_cast<double>(moe) * rows(first_moe) + static_cast<double>(c.num_layers - moe) * rows(first_dense);
-}
-// The share of a row one token runs through: k / E for a routed expert's, else 1.
-double active_share(const TransformerConfig& c, const ParamSpec& s) {
-  return s.expert >= 0 ? static_cast<double>(c.moe_router_topk) / static_cast<double>(c.num_experts) : 1.0;
-}
-}  // namespace
-
-int64_t TransformerConfig::num_parameters() const {
-  int64_t outer = 0;
-  for (const ParamSpec& s : outer_param_table(*this)) outer += shape_numel(s.global_shape);
-  return outer + static_cast<int64_t>(sum_layers(*this, [](const ParamSpec& s) {
-           return static_cast<double>(shape_numel(s.global_shape));
-         }));
-}
-
-int64_t TransformerConfig::num_active_parameters() const {
-  int64_t outer = 0;
-  for (const ParamSpec& s : outer_param_table(*this)) outer += shape_numel(s.global_shape);
-  return outer + static_cast<int64_t>(std::llround(sum_layers(*this, [this](const ParamSpec& s) {
-           return active_share(*this, s) * static_cast<double>(shape_numel(s.global_shape));
-         })));
-}
-
 int64_t TransformerConfig::sliding_layers() const {
   if (window_size <= 0) return 0;
   if (!window_layer_pattern.empty()) {
@@ -327,41 +267,6 @@ double TransformerConfig::attended_keys() const {
   const double windowed = ((m + 1) * (m + 2) / 2 + (T - 1 - m) * (W + 1)) / T - 0.5;
   const double s = static_cast<double>(sliding_layers()) / static_cast<double>(num_layers);
   return s * windowed + (1 - s) * T / 2;
-}
-
-// T5: per encoder token (the trainer counts seq_length tokens per sample). Per sample, every matmul weight
-// of the encoder runs on Te tokens and of the decoder on Td, but for the cross-attention's key|value
-// projection, which reads the Te memory rows; the head runs on Td; attention scores and values:
-// bidirectional Te·Te in the encoder, causal Td·Td/2 and cross Td·Te in the decoder.
-double t5_flops_per_token(const TransformerConfig& c) {
-  const double Te = static_cast<double>(c.seq_length), Td = static_cast<double>(c.decoder_seq_length);
-  double per_sample = 0;
-  for (const ParamSpec& s : outer_param_table(c))
-    if (s.matmul) per_sample += Td * static_cast<double>(shape_numel(s.global_shape));
-  for (const bool dec : {false, true}) {
-    const int64_t l = dec ? c.encoder_num_layers : 0;
-    const double layers = static_cast<double>(dec ? c.decoder_num_layers() : c.encoder_num_layers);
-    for (const ParamSpec& s : block_param_table(c, l))
-      if (s.matmul)
-        per_sample += layers * (dec && s.role != ParamRole::CrossKvWeight ? Td : Te) * static_cast<double>(shape_numel(s.global_shape));
-  }
-  const double A = static_cast<double>(c.attention_width());
-  const double attn = static_cast<double>(c.encoder_num_layers) * Te * Te +
-                      static_cast<double>(c.decoder_num_layers()) * (Td * Td / 2 + Td * Te);
-  return (6.0 * per_sample + 12.0 * A * attn) / Te;
-}
-
-double TransformerConfig::flops_per_token() const {
-  if (t5) return t5_flops_per_token(*this);
-  double matmul_params = 0;
-  for (const ParamSpec& s : outer_param_table(*this))
-    if (s.matmul) matmul_params += static_cast<double>(shape_numel(s.global_shape));
-  matmul_params += sum_layers(*this, [this](const ParamSpec& s) {
-    return s.matmul ? active_share(*this, s) * static_cast<double>(shape_numel(s.global_shape)) : 0.0;
-  });
-  // Attention scores and values: 2 matmuls of 2 FLOPs per (query, key, channel), × 3 with backward.
-  return 6.0 * matmul_params +
-         12.0 * static_cast<double>(num_layers) * static_cast<double>(attention_width()) * attended_keys();
 }
 
 }  // namespace mpitron

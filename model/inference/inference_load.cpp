@@ -1,49 +1,19 @@
 #include "model/inference/inference_load.h"
 
-#include "model/arch_fields.h"
-
-#include <filesystem>
-
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
-#include "core/json.h"
-#include "data/tokenizer.h"
 #include "io/checkpoint.h"
-#include "model/training/checkpointing.h"
-#include "model/training/optimizer.h"
+#include "model/checkpoint/checkpointing.h"
 
 namespace mpitron {
 
-namespace {
-
-io::CheckpointReader open_or_throw(const std::string& load_dir) {
-  io::CheckpointReader r = io::CheckpointReader::open_latest(load_dir);
-  MPT_CHECK(r.found(), str("no checkpoint in ", load_dir),
-            "pass the directory given to pretrain_gpt --save (it holds latest_checkpointed_iteration.txt)");
-  return r;
-}
-
-GPTConfig config_from(const io::CheckpointReader& r) {
-  MPT_CHECK(r.has_attr("model_config"), str("checkpoint ", r.path(), " has no model_config attribute"),
-            "was it written by mpitron's save_checkpoint?");
-  return config_from_json(r.attr_json("model_config"), str("checkpoint ", r.path()));
-}
-
-}  // namespace
-
-bool checkpoint_exists(const std::string& load_dir) {
-  return std::filesystem::exists(std::filesystem::path(load_dir) / io::kTrackerFileName);
-}
-
-GPTConfig read_checkpoint_config(const std::string& load_dir) { return config_from(open_or_throw(load_dir)); }
-
 InferenceModel load_model_for_inference(const std::string& load_dir, Device device, DType dtype) {
-  io::CheckpointReader r = open_or_throw(load_dir);
-  GPTConfig cfg = config_from(r);
+  io::CheckpointReader r = open_latest_checkpoint(load_dir);
+  GPTConfig cfg = checkpoint_config(r);
   cfg.compute_dtype = dtype;
   InferenceModel out;
   out.model = std::make_unique<GPT>(cfg, device);
@@ -68,12 +38,15 @@ InferenceModel load_model_for_inference(const std::string& load_dir, Device devi
 }
 
 std::string save_model_checkpoint(const std::string& save_dir, const GPT& model, const std::string& note) {
-  // The optimizer only reads the values here (f32: master weights alias them).
-  AdamWOptimizer opt(const_cast<ParamSet&>(model.params()), OptimizerConfig{});
-  LossScaler scaler;
-  TrainState st;
+  // A fresh optimizer's state: the values as f32 master weights, zero moments, no steps.
+  const Tensor& values = model.params().values();
+  const int64_t n = values.numel();
+  OptimState opt;
+  opt.master = values.dtype() == DType::F32 ? values : values.to(DType::F32);
+  opt.exp_avg = Tensor::zeros({n}, DType::F32, values.device());
+  opt.exp_avg_sq = Tensor::zeros({n}, DType::F32, values.device());
   const nlohmann::json flags = {{"converted_from", note}};
-  return save_checkpoint(save_dir, model, opt, scaler, st, flags.dump(), "{}").dir;
+  return save_checkpoint(save_dir, model, opt, LossScaler(), TrainState(), flags.dump(), "{}").dir;
 }
 
 }  // namespace mpitron

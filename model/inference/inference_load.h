@@ -1,15 +1,14 @@
 // model/inference/inference_load.h — a GPT from a training checkpoint, for inference only.
 //
 // Reads the newest intact checkpoint of a --save directory (io/checkpoint.h),
-// builds the GPTConfig from its `model_config` attribute (num_layers,
-// hidden_size, num_attention_heads, ffn_hidden_size, seq_length,
-// max_position_embeddings, vocab_size, padded_vocab_size, layernorm_epsilon)
-// and fills the parameters from the f32 `model/<param>` datasets. Optimizer
-// moments are not read. Dropout is 0 (inference).
+// builds the GPTConfig from its `model_config` attribute
+// (model/checkpoint/checkpoint_config.h) and fills the parameters from the f32
+// `model/<param>` datasets. Optimizer moments are not read. Dropout is 0 (inference).
 #pragma once
 #include <memory>
 #include <string>
 
+#include "model/checkpoint/checkpoint_config.h"  // checkpoint_exists, read_checkpoint_config
 #include "model/gpt.h"
 
 namespace mpitron {
@@ -19,12 +18,6 @@ struct InferenceModel {
   int64_t iteration = -1;  // of the checkpoint that was loaded
   std::string dir;         // its iter_N directory
 };
-
-// True when load_dir names a --save directory that has committed a checkpoint.
-bool checkpoint_exists(const std::string& load_dir);
-
-// The GPTConfig stored in a checkpoint's `model_config` attribute (dropout 0).
-GPTConfig read_checkpoint_config(const std::string& load_dir);
 
 // Throws when load_dir holds no checkpoint. dtype: the compute dtype of the
 // returned model (f32 default; bf16/f16 round the f32 master weights).

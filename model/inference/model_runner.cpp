@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "model/inference/inference_load.h"
 #include "model/layers/model_ends.h"
-#include "model/training/checkpointing.h"
+#include "model/checkpoint/checkpointing.h"
 #include "tensor/ops.h"
 
 namespace mpitron {

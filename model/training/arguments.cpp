@@ -1,5 +1,5 @@
 #include "model/training/arguments.h"
-#include "model/training/flag_given.h"
+#include "model/flags/flag_given.h"
 
 #include <boost/program_options.hpp>
 #include <algorithm>
@@ -12,10 +12,10 @@
 
 #include "core/error.h"
 #include "model/families.h"
-#include "model/training/model_flags.h"
+#include "model/flags/model_flags.h"
 #include "model/training/deepspeed_config.h"
-#include "model/inference/inference_load.h"
-#include "model/training/megatron_compat.h"
+#include "model/checkpoint/checkpoint_config.h"
+#include "model/flags/megatron_compat.h"
 #include "model/training/moe_flags.h"
 #include "model/training/pretrain_flags.h"
 #include "data/gpt_dataset.h"
@@ -35,15 +35,8 @@ std::set<FlagScope> model_scopes(const GPTConfig& m) {
   return {FlagScope::Model};
 }
 
-po::options_description describe_flags(TrainArgs& a, std::string& config_file, std::vector<std::string>& rampup) {
-  po::options_description model("Model"), train("Training"), lr("Learning rate"), prec("Mixed precision"),
-      data("Data"), log("Logging and evaluation"), ckpt("Checkpoints"), misc("Other");
-  GPTConfig& m = a.model;
-  model.add_options()
-      ("init-method-std", po::value(&m.init_method_std)->default_value(0.02f), "weight init std")
-      ("hidden-dropout", po::value(&m.hidden_dropout)->default_value(0.1f), "dropout after embeddings and blocks")
-      ("attention-dropout", po::value(&m.attention_dropout)->default_value(0.1f), "dropout on the attention probabilities")
-      ("make-vocab-size-divisible-by", po::value(&a.make_vocab_size_divisible_by)->default_value(128), "vocab padding");
+// pretrain's "Training" flags: batch sizes, run length, AdamW, recompute, NaN and spike checks.
+void add_train_flags(po::options_description& train, TrainArgs& a, std::vector<std::string>& rampup) {
   train.add_options()
       ("micro-batch-size", po::value(&a.micro_batch_size)->default_value(1), "samples per forward/backward")
       ("global-batch-size", po::value(&a.global_batch_size), "samples per optimizer step (default micro × dp)")
@@ -73,6 +66,10 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("spike-rerun", po::bool_switch(&a.spike_rerun),
        "on a spike, reload the newest checkpoint of --save and go on with the data after the spike")
       ("seed", po::value(&a.seed)->default_value(1234), "random seed");
+}
+
+// pretrain's "Learning rate" flags: the learning-rate schedule.
+void add_lr_flags(po::options_description& lr, TrainArgs& a) {
   lr.add_options()
       ("lr", po::value(&a.lr)->required(), "peak learning rate")
       ("min-lr", po::value(&a.min_lr)->default_value(0.0f), "learning rate floor")
@@ -82,6 +79,10 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("lr-warmup-fraction", po::value(&a.lr_warmup_fraction), "warmup as a fraction of the decay length")
       ("lr-warmup-iters", po::value(&a.lr_warmup_iters), "warmup iterations")
       ("lr-warmup-samples", po::value(&a.lr_warmup_samples), "warmup samples");
+}
+
+// pretrain's "Mixed precision" flags: fp16 / bf16 and fp16's loss scaler.
+void add_prec_flags(po::options_description& prec, TrainArgs& a) {
   prec.add_options()
       ("fp16", po::bool_switch(&a.fp16), "fp16 compute with dynamic loss scaling")
       ("bf16", po::bool_switch(&a.bf16), "bf16 compute, fp32 master weights")
@@ -90,6 +91,10 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("min-loss-scale", po::value(&a.scaler.min_scale)->default_value(1.0f), "dynamic scale floor")
       ("loss-scale-window", po::value(&a.scaler.window)->default_value(1000), "clean steps before doubling")
       ("hysteresis", po::value(&a.scaler.hysteresis)->default_value(2), "overflows before halving");
+}
+
+// pretrain's "Data" flags: the samples and the tokenizer.
+void add_data_flags(po::options_description& data, TrainArgs& a) {
   data.add_options()
       ("data-path", po::value(&a.data_path)->multitoken()->composing(), "PREFIX, or W1 PREFIX1 W2 PREFIX2 …")
       ("train-data-path", po::value(&a.train_data_path)->multitoken()->composing(),
@@ -104,6 +109,10 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("tokenizer-type", po::value(&a.tokenizer_type)->default_value("GPT2BPETokenizer"),
        "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer")
       ("tokenizer-model", po::value(&a.tokenizer_model), "tokenizer.json (HuggingFaceTokenizer) or tokenizer.model");
+}
+
+// pretrain's "Logging and evaluation" flags: log lines, TensorBoard, metrics, evaluation, the memory cap.
+void add_log_flags(po::options_description& log, TrainArgs& a) {
   log.add_options()
       ("log-interval", po::value(&a.log_interval)->default_value(100), "iterations between log lines")
       ("eval-interval", po::value(&a.eval_interval)->default_value(1000), "iterations between evaluations")
@@ -118,6 +127,10 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("log-timers-to-tensorboard", po::bool_switch(&a.log_timers_to_tensorboard),
        "write forward-backward-time and optimizer-time (ms per iteration) to TensorBoard")
       ("metrics-file", po::value(&a.metrics_file), "JSONL metrics (default <tensorboard-dir>/metrics.jsonl)");
+}
+
+// pretrain's "Checkpoints" flags: saving, loading, exiting.
+void add_ckpt_flags(po::options_description& ckpt, TrainArgs& a) {
   ckpt.add_options()
       ("save", po::value(&a.save), "checkpoint directory to save to")
       ("load", po::value(&a.load), "checkpoint directory to resume from")
@@ -136,6 +149,10 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("exit-signal-handler", po::bool_switch(&a.exit_signal_handler),
        "on SIGTERM or SIGUSR1 finish the step, save (--save) and exit 0")
       ("exit-duration-in-mins", po::value(&a.exit_duration_in_mins), "save and exit after this many minutes");
+}
+
+// pretrain's "Other" flags: device, sharding, parallel layout, pipeline schedule, DeepSpeed, --config.
+void add_misc_flags(po::options_description& misc, TrainArgs& a, std::string& config_file) {
   misc.add_options()
       ("device", po::value(&a.device)->default_value("auto"), "auto | cpu | cuda")
       ("use-distributed-optimizer", po::bool_switch(), "shard optimizer state over data-parallel ranks (ZeRO-1)")
@@ -175,6 +192,24 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
       ("deepspeed_config", po::value<std::string>(), "DeepSpeed JSON: batch sizes, clipping, ZeRO stage, fp16/bf16")
       ("config", po::value(&config_file), "file of `flag = value` lines (command line wins)")
       ("help,h", "print this help");
+}
+
+po::options_description describe_flags(TrainArgs& a, std::string& config_file, std::vector<std::string>& rampup) {
+  po::options_description model("Model"), train("Training"), lr("Learning rate"), prec("Mixed precision"),
+      data("Data"), log("Logging and evaluation"), ckpt("Checkpoints"), misc("Other");
+  GPTConfig& m = a.model;
+  model.add_options()
+      ("init-method-std", po::value(&m.init_method_std)->default_value(0.02f), "weight init std")
+      ("hidden-dropout", po::value(&m.hidden_dropout)->default_value(0.1f), "dropout after embeddings and blocks")
+      ("attention-dropout", po::value(&m.attention_dropout)->default_value(0.1f), "dropout on the attention probabilities")
+      ("make-vocab-size-divisible-by", po::value(&a.make_vocab_size_divisible_by)->default_value(128), "vocab padding");
+  add_train_flags(train, a, rampup);
+  add_lr_flags(lr, a);
+  add_prec_flags(prec, a);
+  add_data_flags(data, a);
+  add_log_flags(log, a);
+  add_ckpt_flags(ckpt, a);
+  add_misc_flags(misc, a, config_file);
   po::options_description all(a.model.bert ? "pretrain_bert: pretrain a BERT (masked LM + sentence order) on Megatron "
                                               "sentence data (preprocess_data --split-sentences)"
                               : a.model.t5 ? "pretrain_t5: pretrain a T5 encoder-decoder (span corruption) on Megatron "
@@ -381,41 +416,16 @@ int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
   return out;
 }
 
-}  // namespace
-
-const po::options_description& pretrain_flag_descriptions() {
-  struct Sink {  // where the descriptions' values would go; never read
-    TrainArgs gpt, bert, t5;
-    std::string config_gpt, config_bert, config_t5;
-    std::vector<std::string> rampup_gpt, rampup_bert, rampup_t5;
-    po::options_description all;
-  };
-  static const Sink* const sink = [] {
-    auto* s = new Sink;  // lives as long as the process: the descriptions point into it
-    s->bert.model.bert = true;
-    s->all.add(describe_flags(s->gpt, s->config_gpt, s->rampup_gpt));
-    s->t5.model.t5 = true;
-    for (const po::options_description& d : {describe_flags(s->bert, s->config_bert, s->rampup_bert),
-                                              describe_flags(s->t5, s->config_t5, s->rampup_t5)})
-      for (const auto& o : d.options())
-        if (!s->all.find_nothrow(o->long_name(), false)) s->all.add(o);
-    return s;
-  }();
-  return sink->all;
-}
-
-bool parse_train_args(int argc, char** argv, TrainArgs& a) {
-  std::string config_file;
-  std::vector<std::string> rampup_tokens;
-  po::options_description desc = describe_flags(a, config_file, rampup_tokens);
-  const po::options_description& parse_desc = desc;
-  po::variables_map vm;
+// Parses argv against desc into vm (a repeated flag's last value wins; --config adds a
+// file's `flag = value` lines). False: --help was printed.
+bool read_command_line(int argc, char** argv, const po::options_description& desc, const char* tool,
+                       po::variables_map& vm) {
   try {
     // argparse semantics: a repeated flag's last value wins.
-    po::parsed_options parsed = po::command_line_parser(argc, argv).options(parse_desc).run();
+    po::parsed_options parsed = po::command_line_parser(argc, argv).options(desc).run();
     strip_digit_underscores(parsed.options);
-    keep_last_occurrence(parsed.options, parse_desc);
-    refuse_negative_unsigned(parsed, parse_desc, a.model.tool());
+    keep_last_occurrence(parsed.options, desc);
+    refuse_negative_unsigned(parsed, desc, tool);
     po::store(parsed, vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";
@@ -425,14 +435,18 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
       const std::string file = vm["config"].as<std::string>();
       std::ifstream f(file);
       need(f.good(), str("--config: cannot open ", file), "check the path");
-      po::store(po::parse_config_file(f, parse_desc), vm);
+      po::store(po::parse_config_file(f, desc), vm);
     }
     po::notify(vm);
   } catch (const po::error& e) {
-    const char* prog = a.model.tool();
+    const char* prog = tool;
     MPT_THROW(str(prog, ": ", e.what()), str("run ", prog, " --help for the flags mpitron supports"));
   }
+  return true;
+}
 
+// Every flag's value (given or defaulted) as JSON: what a checkpoint records of the run.
+std::string flags_to_json(const po::variables_map& vm) {
   nlohmann::json flags;
   for (const auto& [k, v] : vm) {
     const auto& val = v.value();
@@ -444,10 +458,11 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     else if (auto p = boost::any_cast<std::string>(&val)) flags[k] = *p;
     else if (auto p = boost::any_cast<std::vector<std::string>>(&val)) flags[k] = *p;
   }
-  a.flags_json = flags.dump();
+  return flags.dump();
+}
 
-  // Megatron / DeepSpeed flags that change nothing here: one start-up line each.
-  check_noop_flags(vm, a.startup_notes);
+// --deepspeed --deepspeed_config FILE: the JSON's batch sizes, clipping, ZeRO stage and precision.
+std::optional<DeepSpeedConfig> apply_deepspeed_flags(const po::variables_map& vm, TrainArgs& a) {
   std::optional<DeepSpeedConfig> ds;
   const bool deepspeed = a.deepspeed = vm["deepspeed"].as<bool>();
   if (deepspeed) {
@@ -459,70 +474,77 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     need(!vm.count("deepspeed_config"), "--deepspeed_config given without --deepspeed",
          "add --deepspeed (as DeepSpeed itself requires) or drop --deepspeed_config");
   }
-  apply_recompute_flags(vm, a);
-  // Every numeric flag: finite, in range, and 0 only where 0 means 0.
-  {
-    const double inf = std::numeric_limits<double>::infinity();
-    const int64_t big = int64_t{1} << 40, huge = std::numeric_limits<int64_t>::max();
-    const GPTConfig& m = a.model;
-    check_ranges(
-        vm,
-        {{"init-method-std", m.init_method_std, 0, inf, true, false, ""},
-         {"hidden-dropout", m.hidden_dropout, 0, 1, false, true, ""},
-         {"attention-dropout", m.attention_dropout, 0, 1, false, true, ""},
-         {"clip-grad", a.optim.clip_grad, 0, inf, false, false, "0 turns clipping off"},
-         {"weight-decay", a.optim.weight_decay, 0, inf, false, false, "0 turns weight decay off"},
-         {"adam-beta1", a.optim.beta1, 0, 1, false, true, "the default is 0.9"},
-         {"adam-beta2", a.optim.beta2, 0, 1, false, true, "the default is 0.999"},
-         {"adam-eps", a.optim.eps, 0, inf, true, false, "the default is 1e-8"},
-         {"lr", a.lr, 0, inf, false, false, ""},
-         {"min-lr", a.min_lr, 0, a.lr, false, false, "--min-lr is a floor below --lr"},
-         {"lr-warmup-fraction", a.lr_warmup_fraction, 0, 1, false, false, ""},
-         {"loss-scale", a.scaler.constant, 0, inf, true, false, "a static fp16 loss scale, e.g. 128"},
-         {"initial-loss-scale", a.scaler.initial_scale, 0, inf, true, false, "a power of two, e.g. 65536"},
-         {"min-loss-scale", a.scaler.min_scale, 0, a.scaler.initial_scale, true, false,
-          "a power of two no larger than --initial-loss-scale"},
-         {"exit-duration-in-mins", a.exit_duration_in_mins, 0, inf, true, false, ""},
-         {"skip-spike-zscore", a.spike_zscore, 0, inf, true, false, "e.g. 6 (leave it out to turn spike skipping off)"}},
-        {{"make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, 1, 1 << 20, "the default is 128"},
-         {"micro-batch-size", a.micro_batch_size, 1, big, ""},
-         {"global-batch-size", a.global_batch_size, 1, big, "leave it out for micro batch x data-parallel size"},
-         {"train-iters", a.train_iters, 1, big, ""},
-         {"train-samples", a.train_samples, 1, big, ""},
-         {"lr-decay-iters", a.lr_decay_iters, 1, big, "leave it out to decay over --train-iters"},
-         {"lr-decay-samples", a.lr_decay_samples, 1, big, "leave it out to decay over --train-samples"},
-         {"lr-warmup-iters", a.lr_warmup_iters, 0, big, ""},
-         {"lr-warmup-samples", a.lr_warmup_samples, 0, big, ""},
-         {"loss-scale-window", a.scaler.window, 1, big, ""},
-         {"hysteresis", a.scaler.hysteresis, 1, big, "overflows tolerated before the scale halves; the default is 2"},
-         {"log-interval", a.log_interval, 1, huge, ""},
-         {"eval-interval", a.eval_interval, 1, huge, ""},
-         {"eval-iters", a.eval_iters, 0, big, "0 turns evaluation off"},
-         {"exit-interval", a.exit_interval, 1, huge, ""},
-         {"memory-cap", a.memory_cap_mb, 1, huge, "MB per rank; leave it out to use the device's memory"},
-         {"save-interval", a.save_interval, 1, huge, "leave it out to save only at the end"},
-         {"keep-last", a.keep_last, 0, huge, "0 keeps every checkpoint"},
-         {"tensor-model-parallel-size", a.tensor_model_parallel_size, 1, 1 << 20, ""},
-         {"pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1, 1 << 20, ""},
-         {"context-parallel-size", a.context_parallel_size, 1, 1 << 20, ""},
-         {"num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage, 1, big, ""},
-         {"zero-stage", a.zero_stage, 0, 3, ""},
-         {"ddp-bucket-size", a.ddp_bucket_size, 0, huge, "0 means one bucket"},
-         {"spike-window", a.spike_window, 2, big, ""},
-         {"spike-max-consecutive-skips", a.spike_max_skips, 1, big, ""}});
-  }
-  {
-    const bool on = vm["check-for-nan-in-loss-and-grad"].as<bool>();
-    const bool off = vm["no-check-for-nan-in-loss-and-grad"].as<bool>();
-    need(!(on && off), "--check-for-nan-in-loss-and-grad and --no-check-for-nan-in-loss-and-grad were both given",
-         "pick one");
-    a.check_for_nan = !off;
-  }
+  return ds;
+}
+
+// Every numeric flag: finite, in range, and 0 only where 0 means 0.
+void check_numeric_flags(const po::variables_map& vm, const TrainArgs& a) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const int64_t big = int64_t{1} << 40, huge = std::numeric_limits<int64_t>::max();
+  const GPTConfig& m = a.model;
+  check_ranges(
+      vm,
+      {{"init-method-std", m.init_method_std, 0, inf, true, false, ""},
+       {"hidden-dropout", m.hidden_dropout, 0, 1, false, true, ""},
+       {"attention-dropout", m.attention_dropout, 0, 1, false, true, ""},
+       {"clip-grad", a.optim.clip_grad, 0, inf, false, false, "0 turns clipping off"},
+       {"weight-decay", a.optim.weight_decay, 0, inf, false, false, "0 turns weight decay off"},
+       {"adam-beta1", a.optim.beta1, 0, 1, false, true, "the default is 0.9"},
+       {"adam-beta2", a.optim.beta2, 0, 1, false, true, "the default is 0.999"},
+       {"adam-eps", a.optim.eps, 0, inf, true, false, "the default is 1e-8"},
+       {"lr", a.lr, 0, inf, false, false, ""},
+       {"min-lr", a.min_lr, 0, a.lr, false, false, "--min-lr is a floor below --lr"},
+       {"lr-warmup-fraction", a.lr_warmup_fraction, 0, 1, false, false, ""},
+       {"loss-scale", a.scaler.constant, 0, inf, true, false, "a static fp16 loss scale, e.g. 128"},
+       {"initial-loss-scale", a.scaler.initial_scale, 0, inf, true, false, "a power of two, e.g. 65536"},
+       {"min-loss-scale", a.scaler.min_scale, 0, a.scaler.initial_scale, true, false,
+        "a power of two no larger than --initial-loss-scale"},
+       {"exit-duration-in-mins", a.exit_duration_in_mins, 0, inf, true, false, ""},
+       {"skip-spike-zscore", a.spike_zscore, 0, inf, true, false, "e.g. 6 (leave it out to turn spike skipping off)"}},
+      {{"make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, 1, 1 << 20, "the default is 128"},
+       {"micro-batch-size", a.micro_batch_size, 1, big, ""},
+       {"global-batch-size", a.global_batch_size, 1, big, "leave it out for micro batch x data-parallel size"},
+       {"train-iters", a.train_iters, 1, big, ""},
+       {"train-samples", a.train_samples, 1, big, ""},
+       {"lr-decay-iters", a.lr_decay_iters, 1, big, "leave it out to decay over --train-iters"},
+       {"lr-decay-samples", a.lr_decay_samples, 1, big, "leave it out to decay over --train-samples"},
+       {"lr-warmup-iters", a.lr_warmup_iters, 0, big, ""},
+       {"lr-warmup-samples", a.lr_warmup_samples, 0, big, ""},
+       {"loss-scale-window", a.scaler.window, 1, big, ""},
+       {"hysteresis", a.scaler.hysteresis, 1, big, "overflows tolerated before the scale halves; the default is 2"},
+       {"log-interval", a.log_interval, 1, huge, ""},
+       {"eval-interval", a.eval_interval, 1, huge, ""},
+       {"eval-iters", a.eval_iters, 0, big, "0 turns evaluation off"},
+       {"exit-interval", a.exit_interval, 1, huge, ""},
+       {"memory-cap", a.memory_cap_mb, 1, huge, "MB per rank; leave it out to use the device's memory"},
+       {"save-interval", a.save_interval, 1, huge, "leave it out to save only at the end"},
+       {"keep-last", a.keep_last, 0, huge, "0 keeps every checkpoint"},
+       {"tensor-model-parallel-size", a.tensor_model_parallel_size, 1, 1 << 20, ""},
+       {"pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1, 1 << 20, ""},
+       {"context-parallel-size", a.context_parallel_size, 1, 1 << 20, ""},
+       {"num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage, 1, big, ""},
+       {"zero-stage", a.zero_stage, 0, 3, ""},
+       {"ddp-bucket-size", a.ddp_bucket_size, 0, huge, "0 means one bucket"},
+       {"spike-window", a.spike_window, 2, big, ""},
+       {"spike-max-consecutive-skips", a.spike_max_skips, 1, big, ""}});
+}
+
+// The step's checks: NaN/Inf in the loss and grad norm, and --spike-rerun's needs.
+void apply_step_check_flags(const po::variables_map& vm, TrainArgs& a) {
+  const bool on = vm["check-for-nan-in-loss-and-grad"].as<bool>();
+  const bool off = vm["no-check-for-nan-in-loss-and-grad"].as<bool>();
+  need(!(on && off), "--check-for-nan-in-loss-and-grad and --no-check-for-nan-in-loss-and-grad were both given",
+       "pick one");
+  a.check_for_nan = !off;
   need(!a.spike_rerun || vm.count("skip-spike-zscore"), "--spike-rerun needs --skip-spike-zscore",
        "give the z-score threshold that defines a spike");
   need(!a.spike_rerun || !a.save.empty(), "--spike-rerun reloads the newest checkpoint of --save, but --save is not given",
        "add --save DIR (and --save-interval)");
+}
 
+// How the model states are sharded and reduced: ZeRO stage (and Megatron-FSDP's names for
+// it), optimizer offload, gradient-reduce and parameter-gather overlap, buckets.
+void apply_sharding_flags(const po::variables_map& vm, TrainArgs& a) {
   if (vm.count("use-distributed-optimizer") && vm["use-distributed-optimizer"].as<bool>()) {
     if (a.zero_stage == 0) a.zero_stage = 1;
   }
@@ -563,7 +585,11 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
        "--overlap-param-gather overlaps the distributed optimizer's parameter all-gather, but there is none",
        "add --use-distributed-optimizer (or --zero-stage 1|2|3), or drop --overlap-param-gather");
   need(a.ddp_bucket_size >= 0, str("--ddp-bucket-size must be >= 0, got ", a.ddp_bucket_size));
+}
 
+// The model's shape from the model flags (T5's stacks, BERT's token types), or from the
+// --load checkpoint with --use-checkpoint-args; the shape flags a run must give.
+void apply_model_shape_flags(const po::variables_map& vm, TrainArgs& a) {
   GPTConfig& m = a.model;
   const GivenFlags given = given_model_flags(vm);
   if (m.t5 && vm.count("encoder-seq-length")) {  // Megatron's name of the encoder's --seq-length
@@ -590,6 +616,12 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
     if (!vm.count("max-position-embeddings")) m.max_position_embeddings = std::max(m.seq_length, m.decoder_seq_length);
   }
   if (m.bert) m.num_tokentypes = m.binary_head ? 2 : 0;  // Megatron's 2 token types with the binary head
+}
+
+// --rampup-batch-size's three numbers, --split's weights, and the compute dtype.
+void apply_batch_and_precision_flags(const po::variables_map& vm, TrainArgs& a,
+                                     const std::vector<std::string>& rampup_tokens) {
+  GPTConfig& m = a.model;
   for (const std::string& t : rampup_tokens) {
     size_t used = 0;
     int64_t v = -1;
@@ -609,6 +641,11 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(!(a.fp16 && a.bf16), "--fp16 and --bf16 were both given", "pick one");
   need(!vm.count("loss-scale") || a.fp16, "--loss-scale only applies with --fp16", "add --fp16 or drop --loss-scale");
   m.compute_dtype = a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32;
+}
+
+// The tokenizer each tool trains with (and BERT's and T5's own flags).
+void check_tool_flags(const TrainArgs& a) {
+  const GPTConfig& m = a.model;
   if (m.bert) check_bert_flags(a);
   else if (m.t5) check_t5_flags(a);
   else need(a.tokenizer_type == "GPT2BPETokenizer" || a.tokenizer_type == "HuggingFaceTokenizer" ||
@@ -616,6 +653,12 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
            a.tokenizer_type == "GPTSentencePieceTokenizer",
        str("--tokenizer-type ", a.tokenizer_type, " is not supported"),
        "use GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, Llama2Tokenizer or GPTSentencePieceTokenizer");
+}
+
+// The layout: tp x cp x pp dividing the world (the data-parallel size follows), each
+// parallelism's divisibility, virtual pipeline stages and schedules.
+void check_parallel_flags(const po::variables_map& vm, TrainArgs& a) {
+  const GPTConfig& m = a.model;
   const int64_t tp = a.tensor_model_parallel_size, pp = a.pipeline_model_parallel_size;
   need(tp >= 1 && pp >= 1, str("--tensor-model-parallel-size (", tp, ") and --pipeline-model-parallel-size (", pp,
                                ") must be >= 1"));
@@ -679,6 +722,11 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
                                     "schedules interleave: it is not available with --pipeline-model-parallel-size > 1",
        "use --zero-stage 1 (--use-distributed-optimizer) or --zero-stage 3 with pipeline parallelism (DeepSpeed's "
        "pipeline engine refuses stage 2 too)");
+}
+
+// The run: LR schedule, device, length, batch sizes, data sources, intervals, checkpoints.
+void check_run_flags(const po::variables_map& vm, TrainArgs& a, const std::optional<DeepSpeedConfig>& ds) {
+  const int64_t cp = a.context_parallel_size;
   need(a.lr_decay_style == "constant" || a.lr_decay_style == "linear" || a.lr_decay_style == "cosine",
        str("--lr-decay-style ", a.lr_decay_style, " is not supported"), "use constant, linear or cosine");
   need(a.device == "auto" || a.device == "cpu" || a.device == "cuda", str("--device ", a.device, " unknown"),
@@ -734,7 +782,51 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   need(a.keep_last >= 0, str("--keep-last must be >= 0, got ", a.keep_last));
   need(a.keep_last == 0 || !a.save.empty(), "--keep-last given without --save", "add --save DIR");
   need(!a.async_save || !a.save.empty(), "--async-save given without --save", "add --save DIR");
-  m.validate();
+}
+
+}  // namespace
+
+const po::options_description& pretrain_flag_descriptions() {
+  struct Sink {  // where the descriptions' values would go; never read
+    TrainArgs gpt, bert, t5;
+    std::string config_gpt, config_bert, config_t5;
+    std::vector<std::string> rampup_gpt, rampup_bert, rampup_t5;
+    po::options_description all;
+  };
+  static const Sink* const sink = [] {
+    auto* s = new Sink;  // lives as long as the process: the descriptions point into it
+    s->bert.model.bert = true;
+    s->all.add(describe_flags(s->gpt, s->config_gpt, s->rampup_gpt));
+    s->t5.model.t5 = true;
+    for (const po::options_description& d : {describe_flags(s->bert, s->config_bert, s->rampup_bert),
+                                              describe_flags(s->t5, s->config_t5, s->rampup_t5)})
+      for (const auto& o : d.options())
+        if (!s->all.find_nothrow(o->long_name(), false)) s->all.add(o);
+    return s;
+  }();
+  return sink->all;
+}
+
+bool parse_train_args(int argc, char** argv, TrainArgs& a) {
+  std::string config_file;
+  std::vector<std::string> rampup_tokens;
+  const po::options_description desc = describe_flags(a, config_file, rampup_tokens);
+  po::variables_map vm;
+  if (!read_command_line(argc, argv, desc, a.model.tool(), vm)) return false;
+  a.flags_json = flags_to_json(vm);
+  // Megatron / DeepSpeed flags that change nothing here: one start-up line each.
+  check_noop_flags(vm, a.startup_notes);
+  const std::optional<DeepSpeedConfig> ds = apply_deepspeed_flags(vm, a);
+  apply_recompute_flags(vm, a);
+  check_numeric_flags(vm, a);
+  apply_step_check_flags(vm, a);
+  apply_sharding_flags(vm, a);
+  apply_model_shape_flags(vm, a);
+  apply_batch_and_precision_flags(vm, a, rampup_tokens);
+  check_tool_flags(a);
+  check_parallel_flags(vm, a);
+  check_run_flags(vm, a, ds);
+  a.model.validate();
   return true;
 }
 

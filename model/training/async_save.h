@@ -22,7 +22,7 @@
 #include <string>
 #include <thread>
 
-#include "model/training/checkpointing.h"
+#include "model/checkpoint/checkpointing.h"
 
 namespace mpitron {
 

@@ -15,25 +15,17 @@ namespace {
 
 const char* kSplitNames[3] = {"train", "valid", "test"};
 
-class BertSamples final : public SampleSource {
+class BertSamples final : public MaskedLMSource {
  public:
   std::shared_ptr<const data::BertDataset> split[3];
   int64_t num_samples(int s) const override { return split[s] ? split[s]->size() : 0; }
-  void sample(int, int64_t, int32_t*) const override {
-    MPT_THROW("BERT data has no next-token samples", "this is a bug: the trainer reads BERT samples with bert_sample");
-  }
-  bool masked_lm() const override { return true; }
   void bert_sample(int s, int64_t i, data::BertSample& out) const override { out = split[s]->sample(i); }
 };
 
-class T5Samples final : public SampleSource {
+class T5Samples final : public SpanCorruptionSource {
  public:
   std::shared_ptr<const data::T5Dataset> split[3];
   int64_t num_samples(int s) const override { return split[s] ? split[s]->size() : 0; }
-  void sample(int, int64_t, int32_t*) const override {
-    MPT_THROW("T5 data has no next-token samples", "this is a bug: the trainer reads T5 samples with t5_sample");
-  }
-  bool span_corruption() const override { return true; }
   void t5_sample(int s, int64_t i, data::T5Sample& out) const override { out = split[s]->sample(i); }
 };
 

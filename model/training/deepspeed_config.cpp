@@ -1,5 +1,5 @@
 #include "model/training/deepspeed_config.h"
-#include "model/training/flag_given.h"
+#include "model/flags/flag_given.h"
 
 #include <cmath>
 #include <fstream>

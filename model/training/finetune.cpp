@@ -15,10 +15,10 @@
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "io/checkpoint.h"
-#include "model/training/flag_given.h"
-#include "model/training/model_flags.h"
+#include "model/flags/flag_given.h"
+#include "model/flags/model_flags.h"
 #include "model/arch_fields.h"
-#include "model/training/checkpointing.h"
+#include "model/checkpoint/checkpointing.h"
 #include "model/training/parallel_runtime.h"
 #include "model/training/trainer.h"
 
@@ -376,9 +376,9 @@ Dataset load_dataset(const ClassificationTask& task, const std::vector<std::stri
 // the train samples in that epoch's order (a shuffle seeded seed + epoch, Megatron's),
 // cut to whole global batches (drop_last); split 1: the --valid-data files one after
 // another, each an evaluation set counted for accuracy.
-class ClassificationSource final : public SampleSource {
+class TaskSamples final : public ClassificationSource {
  public:
-  ClassificationSource(Dataset train, std::vector<Dataset> valid, int64_t epoch_samples, int64_t epochs, uint64_t seed)
+  TaskSamples(Dataset train, std::vector<Dataset> valid, int64_t epoch_samples, int64_t epochs, uint64_t seed)
       : train_(std::move(train)), valid_(std::move(valid)), epoch_samples_(epoch_samples) {
     const int64_t n = static_cast<int64_t>(train_.samples.size());
     for (int64_t e = 0; e < epochs; ++e) {
@@ -397,10 +397,6 @@ class ClassificationSource final : public SampleSource {
   int64_t num_samples(int split) const override {
     return split == 0 ? epoch_samples_ * static_cast<int64_t>(orders_.size()) : split == 1 ? valid_total_ : 0;
   }
-  void sample(int, int64_t, int32_t*) const override {
-    MPT_THROW("finetune's data are classification samples, not token runs", "this is a bug in the caller");
-  }
-  bool classification() const override { return true; }
   void classification_sample(int split, int64_t index, ClassificationSample& out) const override {
     if (split == 0) {
       const std::vector<int64_t>& order = orders_.at(static_cast<size_t>(index / epoch_samples_));
@@ -506,8 +502,8 @@ FinetuneResult run_finetune(const FinetuneArgs& args, MPI_Comm world) {
                 static_cast<long long>(gbs), static_cast<long long>(cfg.num_parameters()));
   std::fflush(stdout);
 
-  auto source = std::make_shared<ClassificationSource>(std::move(train), std::move(valid), steps_per_epoch * gbs,
-                                                       args.epochs, args.seed);
+  auto source = std::make_shared<TaskSamples>(std::move(train), std::move(valid), steps_per_epoch * gbs, args.epochs,
+                                              args.seed);
   // --pretrained-checkpoint: the encoder's weights over the init, before any sharding.
   auto pretrained = [&](GPT& core) {
     if (args.pretrained_checkpoint.empty()) return;

@@ -29,7 +29,7 @@
 
 #include "model/gpt.h"
 #include "model/memory.h"
-#include "model/training/checkpointing.h"
+#include "model/checkpoint/checkpointing.h"
 #include "parallel/data_parallel.h"
 #include "parallel/flat_adamw.h"
 #include "parallel/zero.h"

@@ -1,7 +1,7 @@
 #include "model/training/moe_flags.h"
 
 #include "core/error.h"
-#include "model/training/flag_given.h"
+#include "model/flags/flag_given.h"
 
 namespace mpitron {
 

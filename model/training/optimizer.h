@@ -1,6 +1,7 @@
 // model/training/optimizer.h — AdamW over the whole flat parameter buffer (one
 // process, or replicated over data parallelism): parallel/flat_adamw.h over [0, N),
-// with the grad norm summed over the model-parallel group; and fp16's loss scaler.
+// with the grad norm summed over the model-parallel group. (fp16's loss scaler:
+// model/checkpoint/loss_scaler.h.)
 //
 // With f32 compute the master weights ARE the parameter values; with bf16/f16
 // compute a separate f32 master copy is updated and rounded into the values.
@@ -10,6 +11,7 @@
 #include <functional>
 #include <vector>
 
+#include "model/checkpoint/loss_scaler.h"  // LossScaler: its state is in every checkpoint
 #include "model/params.h"
 #include "parallel/flat_adamw.h"
 
@@ -47,40 +49,6 @@ class AdamWOptimizer {
   ParamSet& params_;
   Communicator* norm_group_ = nullptr;
   FlatAdamW adam_;  // the state of the whole buffer [0, numel)
-};
-
-// Megatron's dynamic loss scaler for --fp16 (DynamicGradScaler), or a constant.
-struct LossScalerConfig {
-  float initial_scale = 4294967296.0f;  // --initial-loss-scale (2^32)
-  float min_scale = 1.0f;               // --min-loss-scale
-  int64_t window = 1000;                // --loss-scale-window: clean steps before doubling
-  int64_t hysteresis = 2;               // --hysteresis: overflows tolerated before halving
-  float constant = 0.0f;                // --loss-scale: > 0 means a static scale
-};
-
-class LossScaler {
- public:
-  LossScaler() : enabled_(false) {}
-  explicit LossScaler(const LossScalerConfig& c);
-  float scale() const { return enabled_ ? scale_ : 1.0f; }
-  void update(bool found_inf);
-  // State for checkpoints.
-  struct State {
-    float scale;
-    int64_t growth_tracker, hysteresis_tracker;
-  };
-  State state() const { return {scale_, growth_tracker_, hysteresis_tracker_}; }
-  void set_state(const State& s);
-  bool enabled() const { return enabled_; }
-  // A static scale, or a dynamic one already at --min-loss-scale: an overflow
-  // now cannot be cured by scaling down.
-  bool at_minimum() const { return enabled_ && (cfg_.constant > 0 || scale_ <= cfg_.min_scale); }
-
- private:
-  bool enabled_ = true;
-  LossScalerConfig cfg_;
-  float scale_ = 1.0f;
-  int64_t growth_tracker_ = 0, hysteresis_tracker_ = 0;
 };
 
 }  // namespace mpitron

@@ -13,7 +13,7 @@
 #include "data/t5_dataset.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
-#include "model/inference/inference_load.h"
+#include "model/checkpoint/checkpoint_config.h"
 #include "model/training/arguments.h"
 #include "model/training/bert_data.h"
 #include "model/training/gpt_data.h"
@@ -56,7 +56,7 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
       if (args.model.t5) spec.vocab_extra_ids = args.vocab_extra_ids;
       const auto tok_ptr = data::make_tokenizer(spec);
       const data::TextTokenizer& tok = *tok_ptr;
-      // Recorded in every checkpoint and compared on --load (model/training/checkpointing.h).
+      // Recorded in every checkpoint and compared on --load (model/checkpoint/checkpointing.h).
       args.tokenizer_identity = data::tokenizer_identity(spec, tok).dump();
       if (args.model.t5) (void)data::T5Vocab::from(tok, args.vocab_extra_ids);  // checks [MASK], [PAD], the sentinels
       const int64_t vocab = tok.vocab_size();

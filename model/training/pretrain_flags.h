@@ -1,6 +1,6 @@
 // model/training/pretrain_flags.h — pretrain_gpt's and pretrain_bert's flags as Boost option
 // descriptions, for the tools that accept a pretraining script's arguments unchanged
-// (generate_text, evaluate, text_generation_server: model/training/inference_flags.h).
+// (generate_text, evaluate, text_generation_server: model/inference/inference_flags.h).
 #pragma once
 #include <boost/program_options.hpp>
 

@@ -33,7 +33,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/inference/hf_convert.h"
-#include "model/training/checkpointing.h"
+#include "model/checkpoint/checkpointing.h"
 #include "model/training/deepspeed_config.h"
 #include "model/training/finetune.h"
 #include "parallel/schedule.h"

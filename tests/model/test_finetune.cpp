@@ -20,7 +20,7 @@
 
 #include "data/wordpiece_tokenizer.h"
 #include "io/checkpoint.h"
-#include "model/training/checkpointing.h"
+#include "model/training/adamw_checkpoint.h"
 #include "model/training/finetune.h"
 #include "tests/data/data_test_util.h"
 #include "tests/model/model_test_util.h"

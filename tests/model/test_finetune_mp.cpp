@@ -11,7 +11,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "model/training/checkpointing.h"
+#include "model/training/adamw_checkpoint.h"
 #include "model/training/finetune.h"
 #include "parallel/communicator.h"
 #include "tests/data/data_test_util.h"

@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "model/training/arguments.h"
 #include "model/training/gpt_data.h"
-#include "model/training/megatron_compat.h"
+#include "model/flags/megatron_compat.h"
 #include "model/training/trainer.h"
 #include "tests/model/model_test_util.h"
 

@@ -1,4 +1,4 @@
-// model/training/flag_given.h — whether a command-line flag was given (not merely
+// model/flags/flag_given.h — whether a command-line flag was given (not merely
 // defaulted), and the checks every app's parser runs on the raw values.
 #pragma once
 #include <boost/program_options.hpp>

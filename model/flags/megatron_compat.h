@@ -1,4 +1,4 @@
-// model/training/megatron_compat.h — the flags Megatron-LM and Megatron-DeepSpeed scripts pass
+// model/flags/megatron_compat.h — the flags Megatron-LM and Megatron-DeepSpeed scripts pass
 // that change nothing in mpitron, accepted so the scripts run unchanged.
 //
 // Each such flag is listed once, with what mpitron does instead; a run that passes

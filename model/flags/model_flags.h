@@ -1,4 +1,4 @@
-// model/training/model_flags.h — the architecture table's flags (model/arch_fields.h) on
+// model/flags/model_flags.h — the architecture table's flags (model/arch_fields.h) on
 // Boost.Program_options: every tool that builds or loads a model registers them here, so a
 // flag exists in one place and means one thing in pretrain_gpt, pretrain_bert, finetune,
 // generate_text, evaluate and the server. model/ itself never sees Boost.

@@ -1,20 +1,23 @@
-// model/training/inference_flags.h — what a Megatron generation, serving or evaluation
+// model/flags/inference_flags.h — what a Megatron generation, serving or evaluation
 // script passes to generate_text, text_generation_server and evaluate beside their own
 // flags: the whole argument list of a pretraining script (GPT_ARGS, DATA_ARGS,
 // OUTPUT_ARGS), the parallel layout, and the dynamic engine's flags.
 //
-//  * model flags (the rows of model/arch_fields.h, registered by model/training/model_flags.h)
+//  * model flags (the rows of model/arch_fields.h, registered by model/flags/model_flags.h)
 //    are checked against the checkpoint: an error names each flag that disagrees, with both values;
 //  * --fp16/--bf16 choose the compute dtype, --device the device,
 //    --tensor-model-parallel-size / --pipeline-model-parallel-size the layout
-//    the tool runs under (mpirun -np TP×PP; model/inference/model_runner.h);
+//    the tool runs under (mpirun -np TP×PP); model/inference/runner_flags.h turns them
+//    into the model runner's options;
 //  * --inference-dynamic-batching* and --enable-chunked-prefill configure the
 //    dynamic engine (model/inference/dynamic_engine.h);
 //  * every other flag of pretrain_gpt or pretrain_bert (--lr, --global-batch-size,
 //    --data-path, --save-interval, …) is a training flag: its value is checked as
 //    pretraining checks it and ONE start-up line lists them all as having no
 //    effect here; a few with a reason of their own (--no-load-optim, the
-//    dropouts, …) and Megatron's performance switches get a line each;
+//    dropouts, …) and Megatron's performance switches get a line each. The tool
+//    passes pretraining's flags in (model/training/pretrain_flags.h): this layer sits
+//    below training and inference and includes neither;
 //  * a flag no tool of ours knows stays an error naming it.
 // A tool's own flag of the same name (evaluate's --seq-length, generate_text's
 // --seed, --micro-batch-size, evaluate's --log-interval) wins: the tool declares
@@ -26,7 +29,6 @@
 
 #include "model/arch_fields.h"
 #include "model/config.h"
-#include "model/inference/model_runner.h"
 #include "tensor/dtype.h"
 
 namespace mpitron {
@@ -53,13 +55,16 @@ struct InferenceFlags {
   std::vector<std::string> training_only;  // the pretraining flags added by add_inference_flags
   std::vector<std::string> no_op;          // the no-op flags with a reason of their own it added
   bool with_seq_length = true;           // --seq-length is the training length (not evaluate's window)
+  // Pretraining's flags (add_inference_flags' argument): each one's name, arity and value check.
+  const boost::program_options::options_description* pretraining = nullptr;
   DType dtype() const { return bf16 ? DType::BF16 : fp16 ? DType::F16 : DType::F32; }
-  RunnerOptions runner() const;
 };
 
 // `with_seq_length`: false for evaluate, whose --seq-length is its window length.
-// Adds only flags `desc` does not have yet (declare the tool's own first).
-void add_inference_flags(boost::program_options::options_description& desc, InferenceFlags& f, bool with_seq_length);
+// `pretraining`: every flag of the pretraining tools (pretrain_flag_descriptions()); it
+// must outlive f. Adds only flags `desc` does not have yet (declare the tool's own first).
+void add_inference_flags(boost::program_options::options_description& desc, InferenceFlags& f, bool with_seq_length,
+                         const boost::program_options::options_description& pretraining);
 
 // After parsing: validates the values (a training flag's as pretraining would) and collects the notes.
 void check_inference_flags(const boost::program_options::variables_map& vm, InferenceFlags& f);
@@ -68,10 +73,5 @@ void check_inference_flags(const boost::program_options::variables_map& vm, Infe
 // T5 unless allow_t5 (generate_text decodes one; evaluate and the server run decoder models only).
 void check_against_checkpoint(const boost::program_options::variables_map& vm, const InferenceFlags& f,
                               const GPTConfig& checkpoint, const std::string& load_dir, bool allow_t5 = false);
-
-// Blocks of the KV pool on every rank for the runner's model and these flags
-// (the same number on every rank). Throws naming the flag when
-// --inference-dynamic-batching-buffer-size-gb cannot hold one whole sequence.
-int64_t kv_cache_blocks(const DynamicBatchingFlags& b, const ModelRunner& runner, int64_t max_requests);
 
 }  // namespace mpitron

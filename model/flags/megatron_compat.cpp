@@ -1,4 +1,4 @@
-#include "model/training/megatron_compat.h"
+#include "model/flags/megatron_compat.h"
 
 #include <algorithm>
 #include <map>

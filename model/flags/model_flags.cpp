@@ -1,6 +1,6 @@
-#include "model/training/model_flags.h"
+#include "model/flags/model_flags.h"
 
-#include "model/training/flag_given.h"
+#include "model/flags/flag_given.h"
 
 namespace po = boost::program_options;
 

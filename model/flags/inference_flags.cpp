@@ -1,13 +1,11 @@
-#include "model/training/inference_flags.h"
+#include "model/flags/inference_flags.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
-#include "model/inference/kv_block_allocator.h"
-#include "model/training/model_flags.h"
-#include "model/training/megatron_compat.h"
-#include "model/training/pretrain_flags.h"
+#include "model/flags/model_flags.h"
+#include "model/flags/megatron_compat.h"
 
 namespace po = boost::program_options;
 
@@ -47,19 +45,11 @@ std::string joined(const std::vector<std::string>& v, const char* sep) {
 
 }  // namespace
 
-RunnerOptions InferenceFlags::runner() const {
-  RunnerOptions o;
-  o.tp = static_cast<int>(tp);
-  o.pp = static_cast<int>(pp);
-  o.dtype = dtype();
-  o.device = device;
-  o.force_mpi_for_device = force_mpi_for_device;
-  return o;
-}
-
-void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool with_seq_length) {
+void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool with_seq_length,
+                         const po::options_description& pretraining) {
   po::options_description g("Megatron GPT_ARGS (the model shape is checked against the checkpoint)");
   f.with_seq_length = with_seq_length;
+  f.pretraining = &pretraining;
   // Adds (name, semantic, help) unless the tool declared the name itself.
   const auto add = [&](po::options_description& grp, const char* name, const po::value_semantic* v, const char* help) {
     if (has(desc, name) || has(grp, name)) {
@@ -108,7 +98,7 @@ void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool 
 
   // Every other pretraining flag, with the arity pretraining gives it.
   po::options_description train("Pretraining flags (accepted from a Megatron script; no effect here)");
-  for (const auto& o : pretrain_flag_descriptions().options()) {
+  for (const auto& o : pretraining.options()) {
     const std::string& name = o->long_name();
     if (name.empty() || never_training_only(name) || has(desc, name) || has(train, name)) continue;
     const po::value_semantic* sem = o->semantic().get();
@@ -145,7 +135,7 @@ void check_inference_flags(const po::variables_map& vm, InferenceFlags& f) {
   std::vector<std::string> given;
   for (const std::string& name : f.training_only) {
     if (!vm.count(name)) continue;
-    const po::option_description& o = pretrain_flag_descriptions().find(name, false);
+    const po::option_description& o = f.pretraining->find(name, false);
     std::vector<std::string> tokens;
     if (o.semantic()->max_tokens() == 0) {
       if (!vm[name].as<bool>()) continue;
@@ -183,24 +173,6 @@ void check_against_checkpoint(const po::variables_map& vm, const InferenceFlags&
   apply_model_flags(f.given, m);
   reconcile_with_checkpoint(f.given, checkpoint, m, /*fill=*/false, load_dir,
                             f.with_seq_length ? std::set<std::string>{} : std::set<std::string>{"seq_length"});
-}
-
-int64_t kv_cache_blocks(const DynamicBatchingFlags& b, const ModelRunner& runner, int64_t max_requests) {
-  const int64_t per_block = runner.kv_bytes_per_block(b.block_size);
-  const int64_t one_seq = blocks_for(runner.config().max_position_embeddings, b.block_size);
-  const double gib = 1024.0 * 1024.0 * 1024.0;
-  if (b.buffer_size_gb > 0) {
-    const int64_t n = static_cast<int64_t>(std::floor(b.buffer_size_gb * gib / static_cast<double>(per_block)));
-    MPT_CHECK(n >= one_seq,
-              str("--inference-dynamic-batching-buffer-size-gb ", b.buffer_size_gb, " holds ", n, " KV blocks of ",
-                  per_block, " bytes; one sequence of max_position_embeddings = ",
-                  runner.config().max_position_embeddings, " needs ", one_seq, " (",
-                  static_cast<double>(one_seq * per_block) / gib, " GiB)"),
-              "raise --inference-dynamic-batching-buffer-size-gb");
-    return n;
-  }
-  const int64_t cap = static_cast<int64_t>(gib / static_cast<double>(per_block));
-  return std::max(one_seq, std::min(std::max<int64_t>(max_requests, 1) * one_seq, cap));
 }
 
 }  // namespace mpitron

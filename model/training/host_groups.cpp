@@ -1,0 +1,62 @@
+#include "model/training/host_groups.h"
+
+#include <cstring>
+
+#include "tensor/tensor.h"
+
+namespace mpitron {
+
+HostGroups::HostGroups(const ParallelContext& par) : par_(par) {
+  make(world(), "world (host scalars)");
+  make(par.dp_comm, "dp (host scalars)");
+  make(par.pp_comm, "pp (host scalars)");
+  make(par.cp_comm, "cp (host scalars)");  // the loss's mean over the cp ranks
+}
+
+void HostGroups::make(MPI_Comm c, const char* name) {
+  if (c == MPI_COMM_NULL || comms_.count(c)) return;
+  CommOptions o;
+  o.name = name;
+  comms_[c] = make_mpi_communicator(c, o);
+}
+
+std::vector<double> HostGroups::sum_over(MPI_Comm comm, std::vector<double> v) const {
+  if (comm == MPI_COMM_NULL) return v;
+  // Doubles as their bits (the communicators reduce no f64): gathered, then summed in rank order.
+  Communicator& c = host(comm);
+  const int64_t n = static_cast<int64_t>(v.size());
+  std::vector<int64_t> bits(v.size());
+  std::memcpy(bits.data(), v.data(), v.size() * sizeof(double));
+  Tensor in = Tensor::from_ints(bits, {n}, DType::I64), out = Tensor::empty({c.size() * n}, DType::I64);
+  c.all_gather(in, out);
+  std::vector<double> sum(v.size(), 0.0);
+  for (int64_t r = 0; r < c.size(); ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      double x = 0;
+      std::memcpy(&x, out.data<int64_t>() + r * n + i, sizeof x);
+      sum[static_cast<size_t>(i)] += x;
+    }
+  return sum;
+}
+
+std::vector<double> HostGroups::last_stage_mean(std::vector<double> v, double count) const {
+  v = sum_over(par_.pp_comm, std::move(v));
+  v = sum_over(par_.cp_comm, std::move(v));
+  for (double& x : v) x /= static_cast<double>(par_.cp_size);
+  v = sum_over(par_.dp_comm, std::move(v));
+  for (double& x : v) x /= count;
+  return v;
+}
+
+int HostGroups::world_or(int v) const {
+  if (world() == MPI_COMM_NULL) return v;
+  std::vector<int32_t> bits(31);
+  for (int b = 0; b < 31; ++b) bits[static_cast<size_t>(b)] = (v >> b) & 1;
+  Tensor t = Tensor::from_ints(std::vector<int64_t>(bits.begin(), bits.end()), {31}, DType::I32);
+  host(world()).all_reduce(t, ReduceOp::Max);
+  int out = 0;
+  for (int b = 0; b < 31; ++b) out |= (t.data<int32_t>()[b] != 0 ? 1 : 0) << b;
+  return out;
+}
+
+}  // namespace mpitron
