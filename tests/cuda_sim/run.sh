@@ -52,6 +52,9 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0:detect_stack
 export MPITRON_CUDA_SIM_COUNTS="$counts" MPITRON_TEST_DEVICE=cuda MPITRON_TEST_LAYOUTS=${MPITRON_TEST_LAYOUTS:-6}
 export MPITRON_TEST_LAYOUTS_NP4=${MPITRON_TEST_LAYOUTS_NP4:-11}
 export MPITRON_BERT_TEST_LAYOUTS=${MPITRON_BERT_TEST_LAYOUTS:-3}
+# The 2026 families on the device: one model per new kernel path (yarn rope; soft caps, windows per layer and
+# sandwich norms; QK-norm with a local rope base and linear scaling; full-width QK-norm; partial rotary).
+export MPITRON_FAMILIES2_CUDA=${MPITRON_FAMILIES2_CUDA:-llama3_yarn,gemma2,gemma3,olmo2,phi4_mini}
 status=0
 (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" -R "$REGEX") || status=1
 if [ -z "${SIM_TESTS:-}" ]; then

@@ -3,7 +3,8 @@
 // experts; OLMo-2's output norms and full-width QK-norm, whose sums of squares cross the TP ranks;
 // Llama 3's rope scaling) train under model parallelism to the one-process losses: each trains a
 // small model for 10 steps (hidden and attention dropout 0.1) on one process, then under DP2 with
-// ZeRO-3 (np=2) and TP2 x PP2 (np=4); Llama 3's scaled rope also under context parallelism (CP2,
+// ZeRO-3 (np=2) and TP2 x PP2 (np=4: with sequence parallelism and recompute, and under the zero-bubble
+// zb-h1 schedule); Llama 3's scaled rope also under context parallelism (CP2,
 // np=2). Losses and grad norms within 1e-5 relative (fp32), TP-replicated parameters bitwise equal. The
 // learning rate (1e-3) keeps the 10 steps clear of the loss spike OLMo-2's output norms give at 3e-3 (a grad
 // norm of 12 at step 7), where the layouts' reduction-order noise (~1e-7) grows past 1e-5 within 3 steps.
@@ -111,7 +112,10 @@ TEST_CASE("Gemma 2/3, Qwen3-MoE, OLMo-2 and Llama 3: DP2 + ZeRO-3, TP2 x PP2 and
       layouts.push_back({"--zero-stage", "3"});
       if (fam.cp) layouts.push_back({"--context-parallel-size", "2"});
     } else {
-      layouts.push_back({"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"});
+      layouts.push_back({"--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2",
+                         "--recompute-activations"});
+      layouts.push_back({"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--pipeline-schedule",
+                         "zb-h1"});
     }
     std::vector<std::string> f = base_flags(data);
     f.insert(f.end(), fam.flags.begin(), fam.flags.end());
