@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "model/arch_fields.h"
+#include "model/checkpoint/megatron_checkpoint.h"
 
 namespace mpitron {
 
@@ -24,6 +25,9 @@ GPTConfig checkpoint_config(const io::CheckpointReader& r) {
   return config_from_json(r.attr_json("model_config"), str("checkpoint ", r.path()));
 }
 
-GPTConfig read_checkpoint_config(const std::string& load_dir) { return checkpoint_config(open_latest_checkpoint(load_dir)); }
+GPTConfig read_checkpoint_config(const std::string& load_dir) {
+  if (detect_megatron_checkpoint(load_dir).format != MegatronFormat::None) return megatron_config(load_dir);
+  return checkpoint_config(open_latest_checkpoint(load_dir));
+}
 
 }  // namespace mpitron

@@ -10,6 +10,7 @@
 #include "core/timer.h"
 #include "data/text_tokenizer.h"
 #include "io/checkpoint.h"
+#include "model/checkpoint/megatron_checkpoint.h"
 #include "parallel/job_exit.h"
 
 namespace mpitron {
@@ -156,6 +157,10 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
 
 bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, int64_t begin, int64_t end,
                      LossScaler& scaler, TrainState& st, const LoadOptions& o, SaveInfo* info, MPI_Comm comm) {
+  // A Megatron-LM directory (torch or torch_dist) is read by its own loader.
+  const MegatronDir megatron = detect_megatron_checkpoint(load_dir, o.ckpt_format);
+  if (megatron.format != MegatronFormat::None)
+    return load_megatron_checkpoint(megatron, model, opt, begin, end, st, o, info, comm);
   Timer timer;
   const GPTConfig& c = model.config();
   const ParamSet& ps = model.params();

@@ -77,6 +77,12 @@ struct LoadOptions {
   // identity is checked by its vocab_size only.
   std::string tokenizer;
   bool allow_tokenizer_change = false;
+  // A Megatron-LM checkpoint (model/checkpoint/megatron_checkpoint.h): the format Megatron's
+  // --ckpt-format names ("" = detect), and this run's LR schedule (Trainer's lr_json; "" = not
+  // checked) with its global batch, which the checkpoint's opt_param_scheduler must agree with.
+  std::string ckpt_format;
+  std::string lr_schedule;
+  int64_t global_batch_size = 0;
 };
 
 // The error (or, with allow, the warning) for a checkpoint whose tokenizer is

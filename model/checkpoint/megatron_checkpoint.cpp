@@ -1,0 +1,737 @@
+#include "model/checkpoint/megatron_checkpoint.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <map>
+#include <memory>
+
+#include "core/log.h"
+#include "core/timer.h"
+#include "io/checkpoint.h"
+#include "io/torch_checkpoint.h"
+#include "io/torch_dist.h"
+#include "model/arch_fields.h"
+#include "model/param_table.h"
+#include "parallel/job_exit.h"
+
+namespace mpitron {
+
+namespace fs = std::filesystem;
+
+const char* to_string(MegatronFormat f) {
+  switch (f) {
+    case MegatronFormat::Torch: return "torch";
+    case MegatronFormat::TorchDist: return "torch_dist";
+    default: return "none";
+  }
+}
+
+// ---- the directory --------------------------------------------------------------------------
+
+MegatronDir detect_megatron_checkpoint(const std::string& load_dir, const std::string& want) {
+  MegatronDir d;
+  d.root = load_dir;
+  const fs::path root(load_dir);
+  std::error_code ec;
+  if (fs::exists(root / "latest", ec) && !fs::exists(root / io::kTrackerFileName, ec)) {
+    MPT_THROW(str("--load ", load_dir,
+                  " is a DeepSpeed / Megatron-DeepSpeed checkpoint ('latest' + global_stepN/): resuming those is not "
+                  "built yet"),
+              "convert its weights with DeepSpeed's zero_to_fp32.py and Hugging Face's save_pretrained, then "
+              "convert_checkpoint --direction hf-to-mpitron (the optimizer state is not carried)");
+  }
+  std::ifstream in(root / io::kTrackerFileName);
+  if (!in) return d;
+  std::string text;
+  in >> text;
+  std::string iter_name;
+  if (text == "release") {
+    iter_name = "release";
+  } else {
+    try {
+      size_t used = 0;
+      d.iteration = std::stoll(text, &used);
+      MPT_CHECK(used == text.size() && d.iteration >= 0, "", "");
+    } catch (...) {
+      return d;  // not Megatron's tracker: mpitron's reader says what is wrong with it
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "iter_%07lld", static_cast<long long>(d.iteration));
+    iter_name = buf;
+  }
+  const fs::path it = root / iter_name;
+  if (!fs::is_directory(it, ec)) return d;
+  if (fs::exists(it / "metadata.json", ec) || fs::exists(it / ".metadata", ec)) {
+    d.format = MegatronFormat::TorchDist;
+  } else {
+    for (const auto& e : fs::directory_iterator(it, ec))
+      if (e.path().filename().string().rfind("mp_rank_", 0) == 0) d.format = MegatronFormat::Torch;
+  }
+  if (d.format == MegatronFormat::None) return d;  // mpitron's own (--ckpt-format then only names what Megatron saves)
+  if (d.format == MegatronFormat::TorchDist && fs::exists(it / "metadata.json", ec)) {
+    std::ifstream mj(it / "metadata.json");
+    const nlohmann::json j = nlohmann::json::parse(mj, nullptr, false);
+    MPT_CHECK(!j.is_object() || j.value("sharded_backend", "torch_dist") == "torch_dist",
+              str(it.string(), "/metadata.json names the ", j.value("sharded_backend", ""), " backend"),
+              "only torch_dist is read: re-save with Megatron-LM's --ckpt-format torch_dist (or --ckpt-convert-format)");
+  }
+  MPT_CHECK(want.empty() || want == to_string(d.format),
+            str("--ckpt-format ", want, " but ", it.string(), " is in Megatron's ", to_string(d.format), " format"),
+            str("pass --ckpt-format ", to_string(d.format), " or leave it out (the format is detected)"));
+  d.iter_dir = it.string();
+  return d;
+}
+
+// ---- args ------------------------------------------------------------------------------------
+
+namespace {
+
+const io::PyValue* arg(const io::PyValue& args, const char* name) {
+  const io::PyValue* v = args.attr(name);
+  return v && !v->is_none() ? v : nullptr;
+}
+int64_t arg_int(const io::PyValue& a, const char* name, int64_t dflt) {
+  const io::PyValue* v = arg(a, name);
+  return v ? v->as_int() : dflt;
+}
+bool arg_bool(const io::PyValue& a, const char* name, bool dflt) {
+  const io::PyValue* v = arg(a, name);
+  return v ? v->as_bool() : dflt;
+}
+double arg_float(const io::PyValue& a, const char* name, double dflt) {
+  const io::PyValue* v = arg(a, name);
+  return v ? v->as_float() : dflt;
+}
+std::string arg_str(const io::PyValue& a, const char* name, const std::string& dflt) {
+  const io::PyValue* v = arg(a, name);
+  return v ? v->as_str() : dflt;
+}
+
+std::string mp_dir(int64_t tp, int64_t pp, int64_t pp_size) {
+  char buf[40];
+  if (pp_size == 1) std::snprintf(buf, sizeof buf, "mp_rank_%02lld", static_cast<long long>(tp));
+  else std::snprintf(buf, sizeof buf, "mp_rank_%02lld_%03lld", static_cast<long long>(tp), static_cast<long long>(pp));
+  return buf;
+}
+
+// The file holding 'args', 'iteration', 'opt_param_scheduler': torch_dist's common.pt, or the
+// legacy format's first model-parallel rank's model_optim_rng.pt.
+io::TorchFile open_common(const MegatronDir& d) {
+  if (d.format == MegatronFormat::TorchDist) {
+    const fs::path p = fs::path(d.iter_dir) / "common.pt";
+    MPT_CHECK(fs::exists(p), str(d.iter_dir, " has no common.pt"), "the torch_dist checkpoint is incomplete");
+    return io::TorchFile::open(p.string());
+  }
+  for (const char* first : {"mp_rank_00", "mp_rank_00_000"}) {
+    const fs::path p = fs::path(d.iter_dir) / first / "model_optim_rng.pt";
+    if (fs::exists(p)) return io::TorchFile::open(p.string());
+  }
+  MPT_THROW(str(d.iter_dir, " has neither mp_rank_00/ nor mp_rank_00_000/model_optim_rng.pt"),
+            "the legacy checkpoint is incomplete (an expert-parallel layout mp_rank_TT_PPP_EEE is not read)");
+}
+
+const io::PyValue& args_of(const io::TorchFile& f) {
+  const io::PyValue* a = f.root().get("args");
+  MPT_CHECK(a && a->is(io::PyKind::Object), str(f.label(), " has no 'args' (argparse.Namespace)"),
+            "was it saved by Megatron-LM's save_checkpoint? (megatron-core alone saves no args)");
+  return *a;
+}
+
+void refuse_arg(const io::PyValue& a, const char* name, const std::string& hint) {
+  const io::PyValue* v = arg(a, name);
+  const bool on = v && ((v->is(io::PyKind::Bool) && v->as_bool()) || (v->is(io::PyKind::Int) && v->as_int() != 0) ||
+                        v->is(io::PyKind::Str) || v->is(io::PyKind::List) || v->is(io::PyKind::Tuple));
+  MPT_CHECK(!on, str("the Megatron checkpoint's args set ", name, " = ", v ? v->describe() : "", ": not loaded by mpitron"),
+            hint);
+}
+
+GPTConfig config_of_args(const io::PyValue& a, const std::string& where) {
+  refuse_arg(a, "num_experts", "MoE checkpoints from Megatron are not read yet (only dense GPT / Llama)");
+  refuse_arg(a, "multi_latent_attention", "MLA checkpoints from Megatron are not read yet");
+  refuse_arg(a, "qk_layernorm", "QK-norm checkpoints from Megatron are not read yet");
+  refuse_arg(a, "squared_relu", "mpitron has no squared-ReLU MLP");
+  refuse_arg(a, "rotary_interleaved", "mpitron's rope rotates halves, not interleaved pairs");
+  refuse_arg(a, "use_rope_scaling", "convert through Hugging Face (rope scaling is read from config.json)");
+  refuse_arg(a, "num_layers_per_virtual_pipeline_stage", "re-save without virtual pipeline stages");
+  refuse_arg(a, "decoder_first_pipeline_num_layers", "re-save with an even pipeline split");
+  refuse_arg(a, "decoder_last_pipeline_num_layers", "re-save with an even pipeline split");
+  GPTConfig c;
+  auto need = [&](const char* name) {
+    const io::PyValue* v = arg(a, name);
+    MPT_CHECK(v, str(where, ": args has no ", name), "was it saved by Megatron-LM's pretrain_gpt?");
+    return v->as_int();
+  };
+  c.num_layers = need("num_layers");
+  c.hidden_size = need("hidden_size");
+  c.num_attention_heads = need("num_attention_heads");
+  const int64_t hd = arg_int(a, "kv_channels", 0);
+  c.kv_channels = hd > 0 && hd * c.num_attention_heads != c.hidden_size ? hd : 0;
+  if (arg_bool(a, "group_query_attention", false)) {
+    const int64_t g = arg_int(a, "num_query_groups", c.num_attention_heads);
+    c.num_query_groups = g == c.num_attention_heads ? 0 : g;
+  }
+  const int64_t f = arg_int(a, "ffn_hidden_size", 4 * c.hidden_size);
+  c.ffn_hidden_size = f;
+  c.seq_length = need("seq_length");
+  c.max_position_embeddings = arg_int(a, "max_position_embeddings", c.seq_length);
+  c.padded_vocab_size = need("padded_vocab_size");
+  c.vocab_size = arg_int(a, "vocab_size", c.padded_vocab_size);
+  const std::string norm = arg_str(a, "normalization", "LayerNorm");
+  MPT_CHECK(norm == "LayerNorm" || norm == "RMSNorm", str(where, ": normalization ", norm, " is not one mpitron has"), "");
+  c.normalization = norm == "RMSNorm" ? Normalization::RMSNorm : Normalization::LayerNorm;
+  c.layernorm_epsilon = static_cast<float>(arg_float(a, "norm_epsilon", arg_float(a, "layernorm_epsilon", 1e-5)));
+  c.layernorm_1p = arg_bool(a, "apply_layernorm_1p", false);
+  // Megatron-LM's GELU: the tanh approximation when fused with a bias (bias_gelu_fusion, its
+  // default) or --openai-gelu; F.gelu (erf) otherwise.
+  c.add_bias_linear = arg_bool(a, "add_bias_linear", true);
+  c.add_qkv_bias = arg_bool(a, "add_qkv_bias", c.add_bias_linear);
+  if (c.add_qkv_bias == c.add_bias_linear) c.add_qkv_bias = false;  // mpitron: the qkv bias beyond add_bias_linear
+  if (arg_bool(a, "swiglu", false)) c.mlp = MlpKind::SwiGLU;
+  else if (arg_bool(a, "openai_gelu", false) || (arg_bool(a, "bias_gelu_fusion", true) && c.add_bias_linear))
+    c.mlp = MlpKind::GeluTanh;
+  else c.mlp = MlpKind::GeluErf;
+  const std::string pos = arg_str(a, "position_embedding_type", "learned_absolute");
+  if (pos == "learned_absolute") c.position_embedding = PositionEmbedding::Learned;
+  else if (pos == "rope") c.position_embedding = PositionEmbedding::Rope;
+  else if (pos == "none") c.position_embedding = PositionEmbedding::None;
+  else MPT_THROW(str(where, ": position_embedding_type ", pos, " is not one mpitron reads from Megatron"), "");
+  c.rotary_base = arg_float(a, "rotary_base", 10000.0);
+  c.rotary_percent = arg_float(a, "rotary_percent", 1.0);
+  c.untie_embeddings = arg_bool(a, "untie_embeddings_and_output_weights", false);
+  c.hidden_dropout = static_cast<float>(arg_float(a, "hidden_dropout", 0.1));
+  c.attention_dropout = static_cast<float>(arg_float(a, "attention_dropout", 0.1));
+  c.init_method_std = static_cast<float>(arg_float(a, "init_method_std", 0.02));
+  c.validate();
+  return c;
+}
+
+struct MegatronRun {
+  MegatronDir dir;
+  io::TorchFile common;
+  GPTConfig cfg;
+  MegatronLayoutArgs layout;
+  int64_t num_layers = 0;
+  std::vector<int64_t> stage_first;  // first global layer of each writer pipeline stage (+ the end)
+};
+
+MegatronRun open_run(const MegatronDir& d) {
+  MegatronRun r{d, open_common(d), {}, {}, 0, {}};
+  const io::PyValue& a = args_of(r.common);
+  r.cfg = config_of_args(a, r.common.label());
+  r.layout.tp = arg_int(a, "tensor_model_parallel_size", 1);
+  r.layout.pp = arg_int(a, "pipeline_model_parallel_size", 1);
+  r.layout.dp = arg_int(a, "data_parallel_size", 1);
+  r.layout.te_names = arg_str(a, "transformer_impl", "transformer_engine") == "transformer_engine";
+  if (arg_bool(a, "overlap_grad_reduce", false)) {
+    const int64_t bs = arg_int(a, "ddp_bucket_size", 0);
+    r.layout.bucket_size = bs > 0 ? bs : std::max<int64_t>(40000000, 1000000 * r.layout.dp);
+  }
+  MPT_CHECK(r.cfg.num_layers % r.layout.pp == 0,
+            str(r.common.label(), ": ", r.cfg.num_layers, " layers over ", r.layout.pp, " pipeline stages"),
+            "only an even pipeline split is read");
+  const int64_t per = r.cfg.num_layers / r.layout.pp;
+  for (int64_t p = 0; p <= r.layout.pp; ++p) r.stage_first.push_back(p * per);
+  return r;
+}
+
+}  // namespace
+
+GPTConfig megatron_config(const std::string& load_dir) {
+  const MegatronDir d = detect_megatron_checkpoint(load_dir);
+  MPT_CHECK(d.format != MegatronFormat::None, str(load_dir, " is not a Megatron checkpoint directory"), "");
+  return open_run(d).cfg;
+}
+
+// ---- names -----------------------------------------------------------------------------------
+
+namespace {
+
+// A Megatron tensor and how it is split over Megatron's TP ranks.
+struct MegTensor {
+  std::string name;                 // without the layer: "embedding.word_embeddings.weight", "self_attention.linear_qkv.weight"
+  std::string local_name;           // the local (non-TE) spec's name in a legacy state dict ("" = same)
+  int64_t layer = -1;               // a block's: the global layer
+  int tp_axis = -1;                 // 0 rows, 1 columns
+  std::vector<int64_t> parts;       // column-parallel parts (SwiGLU's gate | up)
+  bool qkv = false;                 // rows interleaved per query group
+  std::string full(int64_t local_layer) const {
+    return layer < 0 ? name : str("decoder.layers.", local_layer, ".", name);
+  }
+  std::string full_local(int64_t local_layer) const {
+    const std::string& n = local_name.empty() ? name : local_name;
+    return layer < 0 ? n : str("decoder.layers.", local_layer, ".", n);
+  }
+};
+
+MegTensor megatron_of(const ParamSpec& s, const GPTConfig& c) {
+  MegTensor t;
+  t.layer = s.place == ParamPlace::Layer ? s.layer : -1;
+  switch (s.role) {
+    case ParamRole::WordEmbedding: t.name = "embedding.word_embeddings.weight", t.tp_axis = 0; break;
+    case ParamRole::PositionEmbedding: t.name = "embedding.position_embeddings.weight"; break;
+    case ParamRole::Norm1Weight:
+      t.name = "self_attention.linear_qkv.layer_norm_weight", t.local_name = "input_layernorm.weight";
+      break;
+    case ParamRole::Norm1Bias:
+      t.name = "self_attention.linear_qkv.layer_norm_bias", t.local_name = "input_layernorm.bias";
+      break;
+    case ParamRole::QkvWeight: t.name = "self_attention.linear_qkv.weight", t.tp_axis = 0, t.qkv = true; break;
+    case ParamRole::QkvBias: t.name = "self_attention.linear_qkv.bias", t.tp_axis = 0, t.qkv = true; break;
+    case ParamRole::ProjWeight: t.name = "self_attention.linear_proj.weight", t.tp_axis = 1; break;
+    case ParamRole::ProjBias: t.name = "self_attention.linear_proj.bias"; break;
+    case ParamRole::Norm2Weight:
+      t.name = "mlp.linear_fc1.layer_norm_weight", t.local_name = "pre_mlp_layernorm.weight";
+      break;
+    case ParamRole::Norm2Bias: t.name = "mlp.linear_fc1.layer_norm_bias", t.local_name = "pre_mlp_layernorm.bias"; break;
+    case ParamRole::FcWeight:
+    case ParamRole::FcBias:
+      t.name = s.role == ParamRole::FcWeight ? "mlp.linear_fc1.weight" : "mlp.linear_fc1.bias";
+      t.tp_axis = 0;
+      if (c.fc_rows() != c.ffn()) t.parts = {c.ffn(), c.ffn()};
+      break;
+    case ParamRole::MlpProjWeight: t.name = "mlp.linear_fc2.weight", t.tp_axis = 1; break;
+    case ParamRole::MlpProjBias: t.name = "mlp.linear_fc2.bias"; break;
+    case ParamRole::FinalNormWeight: t.name = "decoder.final_layernorm.weight"; break;
+    case ParamRole::FinalNormBias: t.name = "decoder.final_layernorm.bias"; break;
+    case ParamRole::OutputWeight: t.name = "output_layer.weight", t.tp_axis = 0; break;
+    default:
+      MPT_THROW(str("mpitron's ", s.name, " (", to_string(s.role), ") has no Megatron GPTModel counterpart that is read"),
+                "only dense GPT-2 / Llama-style GPTModel checkpoints are loaded from Megatron");
+  }
+  return t;
+}
+
+// Megatron's row of mpitron's qkv row r (Q | K | V → per group [q_g; k_g; v_g]).
+int64_t megatron_qkv_row(const GPTConfig& c, int64_t r) {
+  const int64_t nh = c.num_attention_heads, g = c.query_groups(), hd = c.head_dim(), per = nh / g;
+  const int64_t block = (per + 2) * hd;
+  if (r < nh * hd) {
+    const int64_t h = r / hd, d = r % hd;
+    return (h / per) * block + (h % per) * hd + d;
+  }
+  r -= nh * hd;
+  if (r < g * hd) return (r / hd) * block + per * hd + r % hd;
+  r -= g * hd;
+  return (r / hd) * block + (per + 1) * hd + r % hd;
+}
+
+// The global tensor (shape g) assembled from the TP ranks' local ones.
+std::vector<float> assemble(const Shape& g, const MegTensor& t, int64_t tp,
+                            const std::function<std::vector<float>(int64_t)>& local) {
+  if (t.tp_axis < 0 || tp == 1) return local(0);
+  const int axis = t.tp_axis;
+  MPT_CHECK(static_cast<int>(g.size()) > axis, str("internal: ", t.name, " has no axis ", axis), "");
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < axis; ++d) outer *= g[static_cast<size_t>(d)];
+  for (size_t d = static_cast<size_t>(axis) + 1; d < g.size(); ++d) inner *= g[d];
+  const int64_t n = g[static_cast<size_t>(axis)];
+  const std::vector<int64_t> parts = t.parts.empty() ? std::vector<int64_t>{n} : t.parts;
+  const int64_t ln = n / tp;
+  std::vector<float> out(static_cast<size_t>(outer * n * inner));
+  for (int64_t r = 0; r < tp; ++r) {
+    const std::vector<float> l = local(r);
+    MPT_CHECK(static_cast<int64_t>(l.size()) == outer * ln * inner,
+              str("Megatron ", t.name, " on tensor rank ", r, " has ", l.size(), " elements, expected ", outer * ln * inner),
+              "the checkpoint's args do not match its tensors");
+    int64_t gstart = 0, lstart = 0;
+    for (const int64_t part : parts) {
+      const int64_t pl = part / tp;
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t j = 0; j < pl; ++j)
+          std::copy_n(l.begin() + ((o * ln + lstart + j) * inner), inner,
+                      out.begin() + ((o * n + gstart + r * pl + j) * inner));
+      gstart += part;
+      lstart += pl;
+    }
+  }
+  return out;
+}
+
+// The TP-local shape of a global one.
+Shape local_shape(Shape g, const MegTensor& t, int64_t tp) {
+  if (t.tp_axis >= 0) g[static_cast<size_t>(t.tp_axis)] /= tp;
+  return g;
+}
+
+}  // namespace
+
+// ---- the flat buffer -------------------------------------------------------------------------
+
+MegatronBufferLayout megatron_buffer_layout(const GPTConfig& c, const MegatronLayoutArgs& a, int64_t pp_rank) {
+  // The stage's parameters in GPTModel's registration order (named_parameters()).
+  struct P {
+    std::string name;
+    Shape shape;
+    bool shared = false;
+  };
+  std::vector<P> params;
+  const bool first = pp_rank == 0, last = pp_rank == a.pp - 1;
+  const int64_t per = c.num_layers / a.pp, l0 = pp_rank * per;
+  std::map<std::string, ParamSpec> by_name;
+  const std::vector<ParamSpec> table = param_table(c);
+  auto add = [&](const ParamSpec& s, int64_t local_layer, bool shared = false) {
+    const MegTensor t = megatron_of(s, c);
+    params.push_back({a.te_names ? t.full(local_layer) : t.full_local(local_layer), local_shape(s.global_shape, t, a.tp),
+                      shared});
+  };
+  const bool pipelined_tied = a.pp > 1 && c.tied_output();
+  for (const ParamSpec& s : table)
+    if (first && (s.role == ParamRole::WordEmbedding || s.role == ParamRole::PositionEmbedding))
+      add(s, -1, s.role == ParamRole::WordEmbedding && pipelined_tied);
+  // Within a block: GPTModel registers the norm before attention (local spec), the projection
+  // before qkv (SelfAttention builds linear_proj in Attention.__init__), TE's fused norm inside
+  // linear_qkv / linear_fc1 before their weight.
+  const std::vector<ParamRole> local_order = {ParamRole::Norm1Weight,  ParamRole::Norm1Bias,   ParamRole::ProjWeight,
+                                              ParamRole::ProjBias,     ParamRole::QkvWeight,   ParamRole::QkvBias,
+                                              ParamRole::Norm2Weight,  ParamRole::Norm2Bias,   ParamRole::FcWeight,
+                                              ParamRole::FcBias,       ParamRole::MlpProjWeight, ParamRole::MlpProjBias};
+  const std::vector<ParamRole> te_order = {ParamRole::ProjWeight,  ParamRole::ProjBias,  ParamRole::Norm1Weight,
+                                           ParamRole::Norm1Bias,   ParamRole::QkvWeight, ParamRole::QkvBias,
+                                           ParamRole::Norm2Weight, ParamRole::Norm2Bias, ParamRole::FcWeight,
+                                           ParamRole::FcBias,      ParamRole::MlpProjWeight, ParamRole::MlpProjBias};
+  for (int64_t l = l0; l < l0 + per; ++l) {
+    const std::vector<ParamSpec> rows = block_param_table(c, l);
+    for (const ParamRole role : a.te_names ? te_order : local_order)
+      for (const ParamSpec& s : rows)
+        if (s.role == role) add(s, l - l0);
+    for (const ParamSpec& s : rows) {
+      const bool known = std::find(local_order.begin(), local_order.end(), s.role) != local_order.end();
+      MPT_CHECK(known, str("mpitron's ", s.name, " (", to_string(s.role), ") has no Megatron counterpart that is read"),
+                "only dense GPT-2 / Llama-style GPTModel checkpoints are loaded from Megatron");
+    }
+  }
+  if (last) {
+    for (const ParamSpec& s : table)
+      if (s.role == ParamRole::FinalNormWeight || s.role == ParamRole::FinalNormBias) add(s, -1);
+    for (const ParamSpec& s : table) {
+      if (s.role == ParamRole::OutputWeight) add(s, -1);
+      if (s.role == ParamRole::WordEmbedding && pipelined_tied) {  // the last stage's output_layer copy
+        P p{"output_layer.weight", local_shape(s.global_shape, megatron_of(s, c), a.tp), true};
+        params.push_back(p);
+      }
+    }
+  }
+  // _ParamAndGradBuffer: reverse order, starts padded to 64, bucket ends to lcm(dp, 128).
+  auto pad = [](int64_t n, int64_t d) { return (n + d - 1) / d * d; };
+  const int64_t bucket_div = std::lcm(a.dp, int64_t{128});
+  MegatronBufferLayout out;
+  int64_t start = 0, bucket_start = 0, bucket = 0, nparams = 0, end = 0;
+  auto close_bucket = [&](int64_t param_end) {
+    out.bucket_numel_unpadded.push_back(param_end - bucket_start);
+    const int64_t e = pad(param_end, bucket_div);
+    bucket_start = e;
+    nparams = 0;
+    ++bucket;
+    return e;
+  };
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    start = pad(start, 64);
+    if (it->shared && nparams > 0) start = close_bucket(start);
+    end = start + shape_numel(it->shape);
+    out.entries.push_back({it->name, it->shape, bucket, start - bucket_start});
+    ++nparams;
+    if ((a.bucket_size > 0 && end - bucket_start >= a.bucket_size) || it->shared) start = close_bucket(end);
+    else start = end;
+  }
+  if (nparams > 0) close_bucket(end);
+  return out;
+}
+
+// ---- reading ---------------------------------------------------------------------------------
+
+namespace {
+
+// Megatron's tensors, global, f32: the model's weights and the distributed optimizer's states.
+class MegatronSource {
+ public:
+  explicit MegatronSource(const MegatronRun& run) : run_(run) {}
+  virtual ~MegatronSource() = default;
+  // The global tensor t (global shape g) of the model weights.
+  virtual std::vector<float> model(const MegTensor& t, const Shape& g) = 0;
+  // From the optimizer state: key "param" (fp32 master weights), "exp_avg", "exp_avg_sq".
+  std::vector<float> optim(const MegTensor& t, const Shape& g, const std::string& key) {
+    const int64_t pp = stage_of(t);
+    const MegatronBufferLayout& lay = layout(pp);
+    const int64_t local_layer = t.layer < 0 ? -1 : t.layer - run_.stage_first[static_cast<size_t>(pp)];
+    const std::string a = t.full(local_layer), b = t.full_local(local_layer);
+    const MegatronBufferEntry* e = nullptr;
+    for (const MegatronBufferEntry& x : lay.entries)
+      if (x.name == a || x.name == b) e = &x;
+    MPT_CHECK(e, str("internal: ", a, " is not in pipeline stage ", pp, "'s grad buffer"), "");
+    return assemble(g, t, run_.layout.tp, [&](int64_t tp) {
+      std::vector<float> v(static_cast<size_t>(shape_numel(e->shape)));
+      flat(tp, pp, e->bucket, e->start, key, v);
+      return v;
+    });
+  }
+  // The pipeline stage of the writer holding t.
+  int64_t stage_of(const MegTensor& t) const {
+    if (t.layer >= 0) {
+      for (int64_t p = 0; p < run_.layout.pp; ++p)
+        if (t.layer < run_.stage_first[static_cast<size_t>(p) + 1]) return p;
+      MPT_THROW(str("internal: layer ", t.layer, " past the last stage"), "");
+    }
+    return t.name.rfind("embedding.", 0) == 0 ? 0 : run_.layout.pp - 1;
+  }
+
+ protected:
+  const MegatronBufferLayout& layout(int64_t pp) {
+    auto it = layouts_.find(pp);
+    if (it == layouts_.end()) it = layouts_.emplace(pp, megatron_buffer_layout(run_.cfg, run_.layout, pp)).first;
+    return it->second;
+  }
+  // Elements [start, start + v.size()) of bucket `bucket`'s flat `key` of model-parallel rank (tp, pp).
+  virtual void flat(int64_t tp, int64_t pp, int64_t bucket, int64_t start, const std::string& key,
+                    std::vector<float>& v) = 0;
+  const MegatronRun& run_;
+  std::map<int64_t, MegatronBufferLayout> layouts_;
+};
+
+class LegacySource : public MegatronSource {
+ public:
+  explicit LegacySource(const MegatronRun& run) : MegatronSource(run) {}
+  std::vector<float> model(const MegTensor& t, const Shape& g) override {
+    const int64_t pp = stage_of(t);
+    const int64_t local_layer = t.layer < 0 ? -1 : t.layer - run_.stage_first[static_cast<size_t>(pp)];
+    return assemble(g, t, run_.layout.tp, [&](int64_t tp) {
+      const io::TorchFile& f = file(tp, pp, "model_optim_rng.pt");
+      const io::PyValue* sd = f.root().get("model");
+      MPT_CHECK(sd && sd->is_dict(), str(f.label(), " has no 'model' state dict"),
+                f.root().get("model0") ? "virtual pipeline stages (model0, model1, …) are not read: re-save without them"
+                                       : "");
+      const io::PyValue* v = sd->get(t.full(local_layer));
+      if (!v) v = sd->get(t.full_local(local_layer));
+      MPT_CHECK(v && v->is_tensor(), str(f.label(), " has no tensor ", t.full_local(local_layer), " (nor ", t.full(local_layer), ")"),
+                "the checkpoint's args do not match its state dict");
+      const io::TorchTensor& tt = v->tensor();
+      const Shape want = local_shape(g, t, run_.layout.tp);
+      MPT_CHECK(tt.shape == want, str(f.label(), ": ", t.full(local_layer), " is ", shape_str(tt.shape), ", expected ",
+                                      shape_str(want)),
+                "the checkpoint's args do not match its tensors");
+      return f.to_f32(tt);
+    });
+  }
+
+ private:
+  const io::TorchFile& file(int64_t tp, int64_t pp, const char* name) {
+    const std::string p = (fs::path(run_.dir.iter_dir) / mp_dir(tp, pp, run_.layout.pp) / name).string();
+    auto it = files_.find(p);
+    if (it == files_.end()) {
+      MPT_CHECK(fs::exists(p), str("Megatron checkpoint file ", p, " is missing"),
+                std::string(name) == "distrib_optim.pt"
+                    ? "it was saved without the distributed optimizer: pass --no-load-optim (the weights are read)"
+                    : "the checkpoint is incomplete");
+      it = files_.emplace(p, io::TorchFile::open(p)).first;
+    }
+    return it->second;
+  }
+  void flat(int64_t tp, int64_t pp, int64_t bucket, int64_t start, const std::string& key,
+            std::vector<float>& v) override {
+    const io::TorchFile& f = file(tp, pp, "distrib_optim.pt");
+    const io::PyValue& root = f.root();
+    const io::PyValue* coalesced = root.get("buckets_coalesced");
+    MPT_CHECK(coalesced && coalesced->as_bool(), str(f.label(), " is not in the buckets_coalesced layout"),
+              "re-save it with megatron-core >= 0.8 (DistributedOptimizer.save_parameter_state)");
+    const io::PyValue* gbuf = root.get(int64_t{0});
+    MPT_CHECK(gbuf && gbuf->is_dict() && gbuf->size() == 1 && !root.get(int64_t{1}),
+              str(f.label(), " holds several grad buffers (dtypes or expert buffers)"), "not read yet");
+    const io::PyValue& state = *gbuf->dict_items()[0].second;
+    const MegatronBufferLayout& lay = layout(pp);
+    int64_t unpadded = 0, offset = 0;
+    for (size_t b = 0; b < lay.bucket_numel_unpadded.size(); ++b) {
+      if (static_cast<int64_t>(b) == bucket) offset = unpadded;
+      unpadded += lay.bucket_numel_unpadded[b];
+    }
+    MPT_CHECK(state.at("numel_unpadded").as_int() == unpadded,
+              str(f.label(), ": numel_unpadded ", state.at("numel_unpadded").as_int(), ", but the args' model lays out ",
+                  unpadded, " elements"),
+              "the buffer was laid out differently (bucket size, parameter order): not read");
+    const io::TorchTensor& t = state.at(key).tensor();
+    f.read_f32(t, {offset + start}, {static_cast<int64_t>(v.size())}, v.data());
+  }
+  std::map<std::string, io::TorchFile> files_;
+};
+
+class DistSource : public MegatronSource {
+ public:
+  explicit DistSource(const MegatronRun& run) : MegatronSource(run), ck_(run.dir.iter_dir) {}
+  std::vector<float> model(const MegTensor& t, const Shape& g) override {
+    const std::string pre = t.layer < 0 ? "" : "decoder.layers.";
+    const std::string a = pre + t.name, b = pre + (t.local_name.empty() ? t.name : t.local_name);
+    const std::string key = ck_.metadata().tensor(a) ? a : b;
+    const io::DcpTensor* dt = ck_.metadata().tensor(key);
+    MPT_CHECK(dt, str("torch_dist checkpoint ", run_.dir.iter_dir, " has no tensor ", a), "the checkpoint's args do not match it");
+    Shape start(g.size(), 0), count = g;
+    if (t.layer >= 0) {
+      start.insert(start.begin(), t.layer);
+      count.insert(count.begin(), 1);
+    }
+    MPT_CHECK(dt->size.size() == count.size(), str(key, " is ", shape_str(dt->size), " in ", run_.dir.iter_dir,
+                                                  ", expected ", t.layer >= 0 ? "(layers, " : "(", shape_str(g), ")"),
+              "the checkpoint's args do not match its tensors");
+    for (size_t d = 0; d < count.size(); ++d)
+      MPT_CHECK(start[d] + count[d] <= dt->size[d],
+                str(key, " is ", shape_str(dt->size), ", too small for ", shape_str(g), t.layer >= 0 ? str(" at layer ", t.layer) : ""),
+                "the checkpoint's args do not match its tensors");
+    std::vector<float> v(static_cast<size_t>(shape_numel(g)));
+    ck_.read_f32(key, start, count, v.data());
+    return v;
+  }
+
+ private:
+  void flat(int64_t tp, int64_t pp, int64_t bucket, int64_t start, const std::string& key,
+            std::vector<float>& v) override {
+    const std::string head = str("optimizer.distributed.dp_group_idx_", tp + run_.layout.tp * pp, ".gbuf_idx_0.dtype_");
+    const std::string tail = str(".bucket_idx_", bucket, ".", key);
+    const io::DcpTensor* found = nullptr;
+    for (const io::DcpTensor& t : ck_.metadata().tensors)
+      if (t.fqn.rfind(head, 0) == 0 && t.fqn.size() > tail.size() &&
+          t.fqn.compare(t.fqn.size() - tail.size(), tail.size(), tail) == 0)
+        found = &t;
+    MPT_CHECK(found, str("torch_dist checkpoint ", run_.dir.iter_dir, " has no optimizer tensor ", head, "…", tail),
+              "it holds no distributed-optimizer state in the dp_reshardable layout (another "
+              "--dist-ckpt-optim-fully-reshardable layout, or none): pass --no-load-optim to read the weights only");
+    const int64_t unpadded = layout(pp).bucket_numel_unpadded[static_cast<size_t>(bucket)];
+    MPT_CHECK(found->size.size() == 1 && found->size[0] >= unpadded,
+              str(found->fqn, " is ", shape_str(found->size), ", but the args' model lays out ", unpadded, " elements"),
+              "the buffer was laid out differently (bucket size, parameter order): not read");
+    ck_.read_f32(found->fqn, {start}, {static_cast<int64_t>(v.size())}, v.data());
+  }
+  io::DcpCheckpoint ck_;
+};
+
+// Megatron's global tensor → mpitron's (the qkv rows permuted).
+std::vector<float> to_mpitron(const GPTConfig& c, const MegTensor& t, const Shape& g, std::vector<float> v) {
+  if (!t.qkv) return v;
+  const int64_t cols = g.size() == 2 ? g[1] : 1;
+  std::vector<float> out(v.size());
+  for (int64_t r = 0; r < g[0]; ++r)
+    std::copy_n(v.begin() + megatron_qkv_row(c, r) * cols, cols, out.begin() + r * cols);
+  return out;
+}
+
+// Megatron's opt_param_scheduler against this run's schedule (Megatron's own check: values
+// that differ are refused unless --override-opt_param-scheduler / --use-checkpoint-opt_param-scheduler).
+void check_scheduler(const io::PyValue& sched, const LoadOptions& o, const std::string& where) {
+  if (o.lr_schedule.empty()) return;
+  const nlohmann::json j = nlohmann::json::parse(o.lr_schedule);
+  const bool samples = j.value("unit", "iterations") == "samples";
+  const int64_t per = samples ? 1 : std::max<int64_t>(o.global_batch_size, 1);
+  auto num = [&](const char* k) {
+    const io::PyValue* v = sched.get(k);
+    MPT_CHECK(v, str(where, ": opt_param_scheduler has no ", k), "");
+    return v->as_float();
+  };
+  auto same = [](double a, double b) { return std::fabs(a - b) <= 1e-6 * std::max(std::fabs(a), std::fabs(b)); };
+  const std::string hint = "give the value the Megatron run used, or --finetune to start a new schedule from its weights";
+  MPT_CHECK(same(num("max_lr"), j.at("lr").get<double>()),
+            str(where, ": the checkpoint's max_lr ", num("max_lr"), " is not --lr ", j.at("lr").get<double>()), hint);
+  MPT_CHECK(same(num("min_lr"), j.at("min_lr").get<double>()),
+            str(where, ": the checkpoint's min_lr ", num("min_lr"), " is not --min-lr ", j.at("min_lr").get<double>()), hint);
+  const io::PyValue* style = sched.get("lr_decay_style");
+  MPT_CHECK(!style || style->as_str() == j.at("style").get<std::string>(),
+            str(where, ": the checkpoint's lr_decay_style ", style ? style->as_str() : "", " is not --lr-decay-style ",
+                j.at("style").get<std::string>()),
+            hint);
+  const int64_t warm = j.at("warmup_steps").get<int64_t>() * per, decay = j.at("decay_steps").get<int64_t>() * per;
+  MPT_CHECK(static_cast<int64_t>(num("lr_warmup_steps")) == warm,
+            str(where, ": the checkpoint warms up over ", static_cast<int64_t>(num("lr_warmup_steps")),
+                " samples, this run over ", warm, samples ? " (--lr-warmup-samples)" : " (--lr-warmup-iters × --global-batch-size)"),
+            hint);
+  MPT_CHECK(static_cast<int64_t>(num("lr_decay_steps")) == decay,
+            str(where, ": the checkpoint decays over ", static_cast<int64_t>(num("lr_decay_steps")),
+                " samples, this run over ", decay, samples ? " (--lr-decay-samples)" : " (--lr-decay-iters × --global-batch-size)"),
+            hint);
+}
+
+}  // namespace
+
+bool load_megatron_checkpoint(const MegatronDir& d, GPT& model, OptimState& opt, int64_t begin, int64_t end,
+                              TrainState& st, const LoadOptions& o, SaveInfo* info, MPI_Comm comm) {
+  Timer timer;
+  const MegatronRun run = open_run(d);
+  const GPTConfig& c = model.config();
+  const std::string where = str("Megatron ", to_string(d.format), " checkpoint ", d.iter_dir);
+  MPT_CHECK(!c.bert && !c.t5 && !c.moe(), str(where, ": only decoder (GPT / Llama) models are loaded from Megatron"), "");
+  // The architecture: every field of the args' model against this run's.
+  const std::string diff = field_differences(c, run.cfg);
+  MPT_CHECK(diff.empty(), str(where, " has another architecture than this run: ", diff),
+            "use the model flags the checkpoint was trained with (--use-checkpoint-args takes them from its args)");
+  const io::PyValue& a = args_of(run.common);
+  // Megatron records no tokenizer identity: its vocabulary size, when args has one, is checked.
+  if (!o.tokenizer.empty() && arg(a, "vocab_size"))
+    check_checkpoint_tokenizer(where, "", run.cfg.vocab_size, o.tokenizer, c.vocab_size, o.allow_tokenizer_change);
+  const bool with_optim = o.load_optim && !o.finetune;
+  MPT_CHECK(!with_optim || arg_bool(a, "use_distributed_optimizer", false),
+            str(where, " was saved without --use-distributed-optimizer: its optimizer state (a per-parameter "
+                       "torch.optim state dict) is not read"),
+            "pass --no-load-optim to resume from its weights with fresh Adam moments");
+  std::unique_ptr<MegatronSource> src;
+  if (d.format == MegatronFormat::TorchDist) src = std::make_unique<DistSource>(run);
+  else src = std::make_unique<LegacySource>(run);
+
+  const ParamSet& ps = model.params();
+  std::map<std::string, ParamSpec> specs;
+  for (const ParamSpec& s : param_table(c)) specs.emplace(s.name, s);
+  const int64_t n = end - begin;
+  std::vector<float> values(static_cast<size_t>(ps.numel()));
+  std::vector<float> m(with_optim ? static_cast<size_t>(n) : 0), v(m.size());
+  double bytes = 0;
+  for (const ParamInfo& p : ps.infos()) {
+    const ParamSpec& spec = specs.at(p.name);
+    const MegTensor t = megatron_of(spec, c);
+    const Shape& g = spec.global_shape;
+    // With the optimizer, the fp32 master weights are the values (bf16 weights are their rounding).
+    const std::vector<float> w = to_mpitron(c, t, g, with_optim ? src->optim(t, g, "param") : src->model(t, g));
+    for (int64_t i = 0; i < p.numel(); ++i)
+      values[static_cast<size_t>(p.offset + i)] = w[static_cast<size_t>(global_element(p, i))];
+    bytes += 4.0 * static_cast<double>(p.numel());
+    if (!with_optim) continue;
+    const int64_t lo = std::max(begin, p.offset) - p.offset, hi = std::min(end, p.offset + p.numel()) - p.offset;
+    if (hi <= lo) continue;
+    const std::vector<float> em = to_mpitron(c, t, g, src->optim(t, g, "exp_avg"));
+    const std::vector<float> ev = to_mpitron(c, t, g, src->optim(t, g, "exp_avg_sq"));
+    for (int64_t i = lo; i < hi; ++i) {
+      const size_t at = static_cast<size_t>(p.offset + i - begin), ge = static_cast<size_t>(global_element(p, i));
+      m[at] = em[ge];
+      v[at] = ev[ge];
+    }
+    bytes += 8.0 * static_cast<double>(hi - lo);
+  }
+  opt.begin = begin;
+  opt.master = Tensor::from_vector(std::vector<float>(values.begin() + begin, values.begin() + end), {n});
+  opt.exp_avg = with_optim ? Tensor::from_vector(m, {n}) : Tensor();
+  opt.exp_avg_sq = with_optim ? Tensor::from_vector(v, {n}) : Tensor();
+  model.params().values().copy_from(
+      Tensor::from_vector(values, {ps.numel()}).to(model.params().values().dtype()).to(model.device()));
+  if (!o.finetune) {
+    const io::PyValue* it = run.common.root().get("iteration");
+    st.iteration = it ? it->as_int() : d.iteration;
+    st.consumed_train_samples = arg_int(a, "consumed_train_samples", 0);
+    st.consumed_valid_samples = arg_int(a, "consumed_valid_samples", 0);
+    st.skipped_iterations = 0;
+    st.skipped_samples = arg_int(a, "skipped_train_samples", 0);
+    if (with_optim) opt.steps = st.iteration;  // torch's Adam counts every step (bf16 / fp32 skip none)
+    const io::PyValue* sched = run.common.root().get("opt_param_scheduler");
+    if (sched && with_optim) check_scheduler(*sched, o, where);
+    // Megatron's RNG states are torch / CUDA generator states: mpitron's streams are a pure
+    // function of (seed, iteration), so the seed is what carries over.
+    if (o.load_rng) st.seed = static_cast<uint64_t>(arg_int(a, "seed", static_cast<int64_t>(st.seed)));
+  }
+  if (comm != MPI_COMM_NULL) allreduce_bounded(&bytes, 1, MPI_DOUBLE, MPI_SUM, comm, "checkpoint bytes");
+  if (info) {
+    info->dir = d.iter_dir;
+    info->seconds = timer.seconds();
+    info->bytes = bytes;
+  }
+  return true;
+}
+
+}  // namespace mpitron
