@@ -4,6 +4,9 @@
 //   convert_checkpoint --direction hf-to-mpitron --input Llama-2-7b-hf/ --output ckpt/llama
 //   convert_checkpoint --direction hf-to-mpitron --input bert-base-uncased/ --output ckpt/bert
 //   convert_checkpoint --direction mpitron-to-hf --input ckpt/llama --output out/llama-hf/
+//   convert_checkpoint --direction megatron-to-mpitron --input megatron_run/ --output ckpt/run
+//       (a Megatron-LM torch or torch_dist directory; the weights only: pretrain_gpt --load
+//       resumes the directory itself with its optimizer, docs/checkpoint-format.md)
 //       [--dtype F32|F16|BF16] [--hf-prefix transformer.|none] [--lm-head] [--hf-config-out out/config.json]
 // The family is detected, no flag: hf-to-mpitron reads config.json's model_type (or
 // architectures) and takes the family's row of model/families.h; without a config.json the
@@ -30,6 +33,7 @@
 #include "core/log.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "model/checkpoint/megatron_checkpoint.h"
 #include "model/families.h"
 #include "model/inference/hf_convert.h"
 #include "model/inference/inference_load.h"
@@ -64,7 +68,7 @@ int run(int argc, char** argv) {
   po::options_description d("convert_checkpoint: Hugging Face GPT-2 / Llama / BERT (BertForPreTraining) / T5 (T5ForConditionalGeneration) safetensors "
                             "<-> mpitron checkpoint (the family is read from config.json or the checkpoint)");
   d.add_options()("help,h", "print this help")
-      ("direction", po::value(&direction)->required(), "hf-to-mpitron or mpitron-to-hf")
+      ("direction", po::value(&direction)->required(), "hf-to-mpitron, mpitron-to-hf or megatron-to-mpitron")
       ("input", po::value(&input)->required(), "hf-to-mpitron: a Hugging Face model directory (config.json and model.safetensors, or "
                                               "model.safetensors.index.json and its shards; Llama and BERT need this), or a GPT-2 "
                                               ".safetensors file; mpitron-to-hf: a checkpoint directory")
@@ -162,8 +166,32 @@ int run(int argc, char** argv) {
     io::write_safetensors(out, hf_from_gpt(*m.model, o));
     if (!hf_config_out.empty()) write_file_checked(hf_config_out, hf_config_json(cfg, dtype) + "\n", "--hf-config-out");
     log_info("wrote ", out, hf_config_out.empty() ? "" : " and " + hf_config_out, " (", fam.hf_class, ") from ", m.dir);
+  } else if (direction == "megatron-to-mpitron") {
+    MPT_CHECK(overwrite || (io::CheckpointReader::list_iterations(output).empty() &&
+                            io::CheckpointReader::read_tracker(output) < 0),
+              str("--output ", output, " already holds checkpoints"), "choose an empty --output directory, or pass --overwrite");
+    MPT_CHECK(detect_megatron_checkpoint(input).format != MegatronFormat::None,
+              str("--input ", input, " is not a Megatron-LM checkpoint directory (latest_checkpointed_iteration.txt + "
+                  "iter_XXXXXXX/ with mp_rank_* or metadata.json)"),
+              "");
+    GPT model(megatron_config(input), Device::cpu());
+    OptimState opt;
+    LossScaler scaler;
+    TrainState st;
+    LoadOptions lo;
+    lo.load_optim = false;
+    lo.finetune = true;
+    load_checkpoint(input, model, opt, 0, 0, scaler, st, lo);
+    const std::string dir = save_model_checkpoint(output, model, input);
+    log_info("wrote ", dir, " (the weights of ", input, ")");
+  } else if (direction == "mpitron-to-megatron" || direction == "deepspeed-to-mpitron") {
+    MPT_THROW(str("--direction ", direction, " is not built yet"),
+              direction == "mpitron-to-megatron"
+                  ? "export with --direction mpitron-to-hf and import the Hugging Face model into Megatron-LM"
+                  : "convert the weights with DeepSpeed's zero_to_fp32.py and transformers' save_pretrained, then "
+                    "--direction hf-to-mpitron");
   } else {
-    MPT_THROW(str("--direction ", direction, " is not known"), "use hf-to-mpitron or mpitron-to-hf");
+    MPT_THROW(str("--direction ", direction, " is not known"), "use hf-to-mpitron, mpitron-to-hf or megatron-to-mpitron");
   }
   return 0;
 }

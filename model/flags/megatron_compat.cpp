@@ -45,7 +45,8 @@ const std::vector<NoOpFlag>& megatron_noop_flags() {
       {"use-dist-ckpt", "",
        "checkpoints are always distributed: HDF5 in global shapes, reloadable under any layout"},
       {"ckpt-format", "torch|torch_dist|zarr",
-       "checkpoints are always mpitron's distributed HDF5 format (docs/checkpoint-format.md)"},
+       "--save always writes mpitron's distributed HDF5 format; --load reads Megatron's torch and torch_dist "
+       "directories (detected; with --ckpt-format, the format they must be; docs/checkpoint-format.md)"},
       {"override-opt_param-scheduler", "",
        "the learning-rate schedule always comes from the flags; a checkpoint gives only the iteration and samples"},
       // DeepSpeed

@@ -816,6 +816,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   a.flags_json = flags_to_json(vm);
   // Megatron / DeepSpeed flags that change nothing here: one start-up line each.
   check_noop_flags(vm, a.startup_notes);
+  if (vm.count("ckpt-format")) a.ckpt_format = vm["ckpt-format"].as<std::string>();  // a Megatron --load's format
   const std::optional<DeepSpeedConfig> ds = apply_deepspeed_flags(vm, a);
   apply_recompute_flags(vm, a);
   check_numeric_flags(vm, a);

@@ -86,6 +86,7 @@ struct TrainArgs {
   std::string save, load;                  // --save / --load
   int64_t save_interval = 0;               // --save-interval
   bool no_load_optim = false, no_load_rng = false, finetune = false;
+  std::string ckpt_format;                 // --ckpt-format torch|torch_dist: the Megatron format --load must be
   int64_t keep_last = 0;                   // --keep-last N: keep only the newest N checkpoints (0: all)
   bool overwrite_save = false;             // --overwrite-save: --save may hold another run's checkpoints
   bool async_save = false;                 // --async-save: write checkpoints in a background thread (model/training/async_save.h)

@@ -92,6 +92,9 @@ void Trainer::Impl::load_at_start() {
   lo.finetune = a.finetune;
   lo.tokenizer = a.tokenizer_identity;
   lo.allow_tokenizer_change = a.allow_tokenizer_change;
+  lo.ckpt_format = a.ckpt_format;
+  lo.lr_schedule = lr_json();
+  lo.global_batch_size = a.global_batch_size;
   SaveInfo li;
   OptimState loaded;
   const auto [sb, se] = states->state_range();
