@@ -630,7 +630,9 @@ void check_scheduler(const io::PyValue& sched, const LoadOptions& o, const std::
     return v->as_float();
   };
   auto same = [](double a, double b) { return std::fabs(a - b) <= 1e-6 * std::max(std::fabs(a), std::fabs(b)); };
-  const std::string hint = "give the value the Megatron run used, or --finetune to start a new schedule from its weights";
+  const std::string hint =
+      "give the value the Megatron run used, or --finetune (a new run from its weights) / --no-load-optim (its weights "
+      "and position, a new optimizer and schedule state)";
   MPT_CHECK(same(num("max_lr"), j.at("lr").get<double>()),
             str(where, ": the checkpoint's max_lr ", num("max_lr"), " is not --lr ", j.at("lr").get<double>()), hint);
   MPT_CHECK(same(num("min_lr"), j.at("min_lr").get<double>()),

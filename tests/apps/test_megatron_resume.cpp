@@ -113,3 +113,24 @@ TEST_CASE("convert_checkpoint --direction megatron-to-mpitron writes the weights
                            log) != 0);
   CHECK(slurp(log).find("mpitron-to-megatron is not built") != std::string::npos);
 }
+
+TEST_CASE("ZeRO-1 over two ranks; --finetune starts a new run from the weights") {
+  check_equal("llama", resume("llama", "torch_dist", 2, "--zero-stage 1"));
+  TempDir tmp("mfinetune");
+  const std::string log = tmp / "ft.log";
+  REQUIRE(run(1, flags("gpt2", "torch_dist", tmp) + " --finetune", log) == 0);
+  CHECK(losses(log).size() == 8);  // iterations 1 … 8: the iteration and samples start at 0
+}
+
+TEST_CASE("a Megatron checkpoint that disagrees with the run is refused naming the flag") {
+  TempDir tmp("mrefuse");
+  const std::string log = tmp / "r.log";
+  CHECK(run(1, flags("gpt2", "torch_dist", tmp) + " --lr 2e-3", log) != 0);
+  CHECK(slurp(log).find("is not --lr 0.002") != std::string::npos);
+  CHECK(run(1, flags("gpt2", "torch_dist", tmp) + " --lr-decay-iters 10", log) != 0);
+  CHECK(slurp(log).find("--lr-decay-iters") != std::string::npos);
+  CHECK(run(1, flags("gpt2", "torch_dist", tmp) + " --ckpt-format torch", log) != 0);
+  CHECK(slurp(log).find("--ckpt-format torch but") != std::string::npos);
+  CHECK(run(1, flags("gpt2", "torch_dist", tmp) + " --hidden-size 16", log) != 0);
+  CHECK(slurp(log).find("hidden") != std::string::npos);
+}
