@@ -322,36 +322,45 @@ int64_t megatron_qkv_row(const GPTConfig& c, int64_t r) {
   return (r / hd) * block + (per + 1) * hd + r % hd;
 }
 
-// The global tensor (shape g) assembled from the TP ranks' local ones.
-std::vector<float> assemble(const Shape& g, const MegTensor& t, int64_t tp,
-                            const std::function<std::vector<float>(int64_t)>& local) {
-  if (t.tp_axis < 0 || tp == 1) return local(0);
-  const int axis = t.tp_axis;
-  MPT_CHECK(static_cast<int>(g.size()) > axis, str("internal: ", t.name, " has no axis ", axis), "");
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < axis; ++d) outer *= g[static_cast<size_t>(d)];
-  for (size_t d = static_cast<size_t>(axis) + 1; d < g.size(); ++d) inner *= g[d];
-  const int64_t n = g[static_cast<size_t>(axis)];
-  const std::vector<int64_t> parts = t.parts.empty() ? std::vector<int64_t>{n} : t.parts;
-  const int64_t ln = n / tp;
-  std::vector<float> out(static_cast<size_t>(outer * n * inner));
-  for (int64_t r = 0; r < tp; ++r) {
-    const std::vector<float> l = local(r);
-    MPT_CHECK(static_cast<int64_t>(l.size()) == outer * ln * inner,
-              str("Megatron ", t.name, " on tensor rank ", r, " has ", l.size(), " elements, expected ", outer * ln * inner),
-              "the checkpoint's args do not match its tensors");
-    int64_t gstart = 0, lstart = 0;
-    for (const int64_t part : parts) {
-      const int64_t pl = part / tp;
-      for (int64_t o = 0; o < outer; ++o)
-        for (int64_t j = 0; j < pl; ++j)
-          std::copy_n(l.begin() + ((o * ln + lstart + j) * inner), inner,
-                      out.begin() + ((o * n + gstart + r * pl + j) * inner));
-      gstart += part;
-      lstart += pl;
+// One TP shard's part of a window of a Megatron tensor: rows [row, row + rows) × columns
+// [col, col + cols) of shard `tp`'s local tensor (a 1-D tensor: one column), landing at
+// (dst_row, dst_col) of the window.
+struct ShardRect {
+  int64_t tp, row, col, rows, cols, dst_row, dst_col;
+};
+
+// The shard rectangles that make rows [r0, r0 + nr) × columns [c0, c0 + nc) of the global tensor t
+// (shape g) as Megatron's tp ranks hold it: rows split part by part (SwiGLU's [gate_t; up_t]),
+// columns split evenly, or replicated (tensor rank 0's copy).
+std::vector<ShardRect> shard_rects(const MegTensor& t, const Shape& g, int64_t tp, int64_t r0, int64_t nr, int64_t c0,
+                                   int64_t nc) {
+  std::vector<ShardRect> out;
+  if (t.tp_axis < 0 || tp == 1) {
+    out.push_back({0, r0, c0, nr, nc, 0, 0});
+  } else if (t.tp_axis == 1) {
+    const int64_t w = g[1] / tp;
+    for (int64_t col = c0; col < c0 + nc;) {
+      const int64_t lc = col % w, n = std::min(c0 + nc - col, w - lc);
+      out.push_back({col / w, r0, lc, nr, n, 0, col - c0});
+      col += n;
+    }
+  } else {
+    const std::vector<int64_t> parts = t.parts.empty() ? std::vector<int64_t>{g[0]} : t.parts;
+    for (int64_t r = r0; r < r0 + nr;) {
+      int64_t start = 0, local_start = 0;
+      size_t k = 0;
+      while (k + 1 < parts.size() && r >= start + parts[k]) start += parts[k], local_start += parts[k] / tp, ++k;
+      const int64_t per = parts[k] / tp, i = r - start, n = std::min(r0 + nr - r, per - i % per);
+      out.push_back({i / per, local_start + i % per, c0, n, nc, r - r0, 0});
+      r += n;
     }
   }
   return out;
+}
+
+// Copies a rows × cols block into dst (row stride `stride`) at (row, col).
+void place(const float* src, int64_t rows, int64_t cols, float* dst, int64_t stride, int64_t row, int64_t col) {
+  for (int64_t i = 0; i < rows; ++i) std::copy_n(src + i * cols, cols, dst + (row + i) * stride + col);
 }
 
 // The TP-local shape of a global one.
@@ -448,15 +457,18 @@ MegatronBufferLayout megatron_buffer_layout(const GPTConfig& c, const MegatronLa
 
 namespace {
 
-// Megatron's tensors, global, f32: the model's weights and the distributed optimizer's states.
+// Windows of Megatron's global tensors, f32: the model's weights and the distributed optimizer's
+// states. A window reads only the shards' bytes it covers.
 class MegatronSource {
  public:
   explicit MegatronSource(const MegatronRun& run) : run_(run) {}
   virtual ~MegatronSource() = default;
-  // The global tensor t (global shape g) of the model weights.
-  virtual std::vector<float> model(const MegTensor& t, const Shape& g) = 0;
-  // From the optimizer state: key "param" (fp32 master weights), "exp_avg", "exp_avg_sq".
-  std::vector<float> optim(const MegTensor& t, const Shape& g, const std::string& key) {
+  // Rows [r0, r0 + nr) × columns [c0, c0 + nc) of t (global shape g; 1-D: one column), row-major in
+  // dst. key "": the model weights; "param" (fp32 master weights), "exp_avg", "exp_avg_sq": the
+  // distributed optimizer's.
+  void read(const MegTensor& t, const Shape& g, const std::string& key, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+            float* dst) {
+    if (key.empty()) return model(t, g, r0, nr, c0, nc, dst);
     const int64_t pp = stage_of(t);
     const MegatronBufferLayout& lay = layout(pp);
     const int64_t local_layer = t.layer < 0 ? -1 : t.layer - run_.stage_first[static_cast<size_t>(pp)];
@@ -465,11 +477,18 @@ class MegatronSource {
     for (const MegatronBufferEntry& x : lay.entries)
       if (x.name == a || x.name == b) e = &x;
     MPT_CHECK(e, str("internal: ", a, " is not in pipeline stage ", pp, "'s grad buffer"), "");
-    return assemble(g, t, run_.layout.tp, [&](int64_t tp) {
-      std::vector<float> v(static_cast<size_t>(shape_numel(e->shape)));
-      flat(tp, pp, e->bucket, e->start, key, v);
-      return v;
-    });
+    const int64_t lcols = e->shape.size() == 2 ? e->shape[1] : 1;
+    std::vector<float> tmp;
+    for (const ShardRect& sr : shard_rects(t, g, run_.layout.tp, r0, nr, c0, nc)) {
+      tmp.resize(static_cast<size_t>(sr.rows * sr.cols));
+      if (sr.cols == lcols) {  // whole rows: one run of the flat buffer
+        flat(sr.tp, pp, e->bucket, e->start + sr.row * lcols, key, tmp.data(), sr.rows * lcols);
+      } else {
+        for (int64_t i = 0; i < sr.rows; ++i)
+          flat(sr.tp, pp, e->bucket, e->start + (sr.row + i) * lcols + sr.col, key, tmp.data() + i * sr.cols, sr.cols);
+      }
+      place(tmp.data(), sr.rows, sr.cols, dst, nc, sr.dst_row, sr.dst_col);
+    }
   }
   // The pipeline stage of the writer holding t.
   int64_t stage_of(const MegTensor& t) const {
@@ -482,14 +501,16 @@ class MegatronSource {
   }
 
  protected:
+  virtual void model(const MegTensor& t, const Shape& g, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                     float* dst) = 0;
   const MegatronBufferLayout& layout(int64_t pp) {
     auto it = layouts_.find(pp);
     if (it == layouts_.end()) it = layouts_.emplace(pp, megatron_buffer_layout(run_.cfg, run_.layout, pp)).first;
     return it->second;
   }
-  // Elements [start, start + v.size()) of bucket `bucket`'s flat `key` of model-parallel rank (tp, pp).
-  virtual void flat(int64_t tp, int64_t pp, int64_t bucket, int64_t start, const std::string& key,
-                    std::vector<float>& v) = 0;
+  // Elements [start, start + n) of bucket `bucket`'s flat `key` of model-parallel rank (tp, pp).
+  virtual void flat(int64_t tp, int64_t pp, int64_t bucket, int64_t start, const std::string& key, float* dst,
+                    int64_t n) = 0;
   const MegatronRun& run_;
   std::map<int64_t, MegatronBufferLayout> layouts_;
 };
@@ -497,11 +518,14 @@ class MegatronSource {
 class LegacySource : public MegatronSource {
  public:
   explicit LegacySource(const MegatronRun& run) : MegatronSource(run) {}
-  std::vector<float> model(const MegTensor& t, const Shape& g) override {
+
+ protected:
+  void model(const MegTensor& t, const Shape& g, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* dst) override {
     const int64_t pp = stage_of(t);
     const int64_t local_layer = t.layer < 0 ? -1 : t.layer - run_.stage_first[static_cast<size_t>(pp)];
-    return assemble(g, t, run_.layout.tp, [&](int64_t tp) {
-      const io::TorchFile& f = file(tp, pp, "model_optim_rng.pt");
+    std::vector<float> tmp;
+    for (const ShardRect& sr : shard_rects(t, g, run_.layout.tp, r0, nr, c0, nc)) {
+      const io::TorchFile& f = file(sr.tp, pp, "model_optim_rng.pt");
       const io::PyValue* sd = f.root().get("model");
       MPT_CHECK(sd && sd->is_dict(), str(f.label(), " has no 'model' state dict"),
                 f.root().get("model0") ? "virtual pipeline stages (model0, model1, …) are not read: re-save without them"
@@ -515,8 +539,11 @@ class LegacySource : public MegatronSource {
       MPT_CHECK(tt.shape == want, str(f.label(), ": ", t.full(local_layer), " is ", shape_str(tt.shape), ", expected ",
                                       shape_str(want)),
                 "the checkpoint's args do not match its tensors");
-      return f.to_f32(tt);
-    });
+      tmp.resize(static_cast<size_t>(sr.rows * sr.cols));
+      if (g.size() == 2) f.read_f32(tt, {sr.row, sr.col}, {sr.rows, sr.cols}, tmp.data());
+      else f.read_f32(tt, {sr.row}, {sr.rows}, tmp.data());
+      place(tmp.data(), sr.rows, sr.cols, dst, nc, sr.dst_row, sr.dst_col);
+    }
   }
 
  private:
@@ -532,8 +559,8 @@ class LegacySource : public MegatronSource {
     }
     return it->second;
   }
-  void flat(int64_t tp, int64_t pp, int64_t bucket, int64_t start, const std::string& key,
-            std::vector<float>& v) override {
+  void flat(int64_t tp, int64_t pp, int64_t bucket, int64_t start, const std::string& key, float* dst,
+            int64_t n) override {
     const io::TorchFile& f = file(tp, pp, "distrib_optim.pt");
     const io::PyValue& root = f.root();
     const io::PyValue* coalesced = root.get("buckets_coalesced");
@@ -554,7 +581,7 @@ class LegacySource : public MegatronSource {
                   unpadded, " elements"),
               "the buffer was laid out differently (bucket size, parameter order): not read");
     const io::TorchTensor& t = state.at(key).tensor();
-    f.read_f32(t, {offset + start}, {static_cast<int64_t>(v.size())}, v.data());
+    f.read_f32(t, {offset + start}, {n}, dst);
   }
   std::map<std::string, io::TorchFile> files_;
 };
@@ -562,32 +589,29 @@ class LegacySource : public MegatronSource {
 class DistSource : public MegatronSource {
  public:
   explicit DistSource(const MegatronRun& run) : MegatronSource(run), ck_(run.dir.iter_dir) {}
-  std::vector<float> model(const MegTensor& t, const Shape& g) override {
+
+ protected:
+  void model(const MegTensor& t, const Shape& g, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* dst) override {
     const std::string pre = t.layer < 0 ? "" : "decoder.layers.";
     const std::string a = pre + t.name, b = pre + (t.local_name.empty() ? t.name : t.local_name);
     const std::string key = ck_.metadata().tensor(a) ? a : b;
     const io::DcpTensor* dt = ck_.metadata().tensor(key);
     MPT_CHECK(dt, str("torch_dist checkpoint ", run_.dir.iter_dir, " has no tensor ", a), "the checkpoint's args do not match it");
-    Shape start(g.size(), 0), count = g;
+    Shape want = g, start = {r0}, count = {nr};
+    if (g.size() == 2) start.push_back(c0), count.push_back(nc);
     if (t.layer >= 0) {
+      want.insert(want.begin(), run_.cfg.num_layers);
       start.insert(start.begin(), t.layer);
       count.insert(count.begin(), 1);
     }
-    MPT_CHECK(dt->size.size() == count.size(), str(key, " is ", shape_str(dt->size), " in ", run_.dir.iter_dir,
-                                                  ", expected ", t.layer >= 0 ? "(layers, " : "(", shape_str(g), ")"),
+    MPT_CHECK(dt->size == want, str(key, " is ", shape_str(dt->size), " in ", run_.dir.iter_dir, ", expected ", shape_str(want)),
               "the checkpoint's args do not match its tensors");
-    for (size_t d = 0; d < count.size(); ++d)
-      MPT_CHECK(start[d] + count[d] <= dt->size[d],
-                str(key, " is ", shape_str(dt->size), ", too small for ", shape_str(g), t.layer >= 0 ? str(" at layer ", t.layer) : ""),
-                "the checkpoint's args do not match its tensors");
-    std::vector<float> v(static_cast<size_t>(shape_numel(g)));
-    ck_.read_f32(key, start, count, v.data());
-    return v;
+    ck_.read_f32(key, start, count, dst);
   }
 
  private:
-  void flat(int64_t tp, int64_t pp, int64_t bucket, int64_t start, const std::string& key,
-            std::vector<float>& v) override {
+  void flat(int64_t tp, int64_t pp, int64_t bucket, int64_t start, const std::string& key, float* dst,
+            int64_t n) override {
     const std::string head = str("optimizer.distributed.dp_group_idx_", tp + run_.layout.tp * pp, ".gbuf_idx_0.dtype_");
     const std::string tail = str(".bucket_idx_", bucket, ".", key);
     const io::DcpTensor* found = nullptr;
@@ -602,20 +626,11 @@ class DistSource : public MegatronSource {
     MPT_CHECK(found->size.size() == 1 && found->size[0] >= unpadded,
               str(found->fqn, " is ", shape_str(found->size), ", but the args' model lays out ", unpadded, " elements"),
               "the buffer was laid out differently (bucket size, parameter order): not read");
-    ck_.read_f32(found->fqn, {start}, {static_cast<int64_t>(v.size())}, v.data());
+    ck_.read_f32(found->fqn, {start}, {n}, dst);
   }
   io::DcpCheckpoint ck_;
 };
 
-// Megatron's global tensor → mpitron's (the qkv rows permuted).
-std::vector<float> to_mpitron(const GPTConfig& c, const MegTensor& t, const Shape& g, std::vector<float> v) {
-  if (!t.qkv) return v;
-  const int64_t cols = g.size() == 2 ? g[1] : 1;
-  std::vector<float> out(v.size());
-  for (int64_t r = 0; r < g[0]; ++r)
-    std::copy_n(v.begin() + megatron_qkv_row(c, r) * cols, cols, out.begin() + r * cols);
-  return out;
-}
 
 // Megatron's opt_param_scheduler against this run's schedule (Megatron's own check: values
 // that differ are refused unless --override-opt_param-scheduler / --use-checkpoint-opt_param-scheduler).
@@ -686,26 +701,38 @@ bool load_megatron_checkpoint(const MegatronDir& d, GPT& model, OptimState& opt,
   std::vector<float> values(static_cast<size_t>(ps.numel()));
   std::vector<float> m(with_optim ? static_cast<size_t>(n) : 0), v(m.size());
   double bytes = 0;
+  // This rank's elements [lo, hi) of p from `key`, into out (local element lo first): each global
+  // rectangle it holds, its qkv rows mapped to Megatron's in runs that stay consecutive.
+  const auto fill = [&](const ParamInfo& p, const MegTensor& t, const Shape& g, const std::string& key, int64_t lo,
+                        int64_t hi, float* out) {
+    const auto meg_row = [&](int64_t r) { return t.qkv ? megatron_qkv_row(c, r) : r; };
+    for (const GlobalPiece& pc : global_pieces(p, lo, hi)) {
+      const bool two = g.size() == 2;
+      const int64_t s0 = pc.start[0], n0 = pc.count[0], s1 = two ? pc.start[1] : 0, n1 = two ? pc.count[1] : 1;
+      float* d = out + (pc.local_begin - lo);
+      for (int64_t r = s0; r < s0 + n0;) {
+        const int64_t m = meg_row(r);
+        int64_t len = 1;
+        if (!t.qkv) len = s0 + n0 - r;
+        else
+          while (r + len < s0 + n0 && meg_row(r + len) == m + len) ++len;
+        src->read(t, g, key, m, len, s1, n1, d + (r - s0) * n1);
+        r += len;
+      }
+    }
+    bytes += 4.0 * static_cast<double>(hi - lo);
+  };
   for (const ParamInfo& p : ps.infos()) {
     const ParamSpec& spec = specs.at(p.name);
     const MegTensor t = megatron_of(spec, c);
     const Shape& g = spec.global_shape;
     // With the optimizer, the fp32 master weights are the values (bf16 weights are their rounding).
-    const std::vector<float> w = to_mpitron(c, t, g, with_optim ? src->optim(t, g, "param") : src->model(t, g));
-    for (int64_t i = 0; i < p.numel(); ++i)
-      values[static_cast<size_t>(p.offset + i)] = w[static_cast<size_t>(global_element(p, i))];
-    bytes += 4.0 * static_cast<double>(p.numel());
+    fill(p, t, g, with_optim ? "param" : "", 0, p.numel(), values.data() + p.offset);
     if (!with_optim) continue;
     const int64_t lo = std::max(begin, p.offset) - p.offset, hi = std::min(end, p.offset + p.numel()) - p.offset;
     if (hi <= lo) continue;
-    const std::vector<float> em = to_mpitron(c, t, g, src->optim(t, g, "exp_avg"));
-    const std::vector<float> ev = to_mpitron(c, t, g, src->optim(t, g, "exp_avg_sq"));
-    for (int64_t i = lo; i < hi; ++i) {
-      const size_t at = static_cast<size_t>(p.offset + i - begin), ge = static_cast<size_t>(global_element(p, i));
-      m[at] = em[ge];
-      v[at] = ev[ge];
-    }
-    bytes += 8.0 * static_cast<double>(hi - lo);
+    fill(p, t, g, "exp_avg", lo, hi, m.data() + (p.offset + lo - begin));
+    fill(p, t, g, "exp_avg_sq", lo, hi, v.data() + (p.offset + lo - begin));
   }
   opt.begin = begin;
   opt.master = Tensor::from_vector(std::vector<float>(values.begin() + begin, values.begin() + end), {n});
