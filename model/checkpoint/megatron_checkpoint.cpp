@@ -690,6 +690,9 @@ bool load_megatron_checkpoint(const MegatronDir& d, GPT& model, OptimState& opt,
             str(where, " was saved without --use-distributed-optimizer: its optimizer state (a per-parameter "
                        "torch.optim state dict) is not read"),
             "pass --no-load-optim to resume from its weights with fresh Adam moments");
+  if (with_optim && arg_bool(a, "fp16", false))
+    log_warn(where, " trained in fp16: its grad scaler's state is not read; the loss scale starts from this run's "
+                    "flags (--initial-loss-scale)");
   std::unique_ptr<MegatronSource> src;
   if (d.format == MegatronFormat::TorchDist) src = std::make_unique<DistSource>(run);
   else src = std::make_unique<LegacySource>(run);

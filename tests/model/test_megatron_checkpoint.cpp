@@ -11,6 +11,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <unistd.h>
 #include <string>
 
 #include "model/checkpoint/checkpoint_config.h"
@@ -152,4 +154,30 @@ TEST_CASE("megatron: another architecture is refused naming the field") {
     load_checkpoint(ref("mcore_gpt2", "torch_dist"), model, opt, 0, model.params().numel(), scaler, st, LoadOptions{});
   });
   CHECK(e.find("hidden") != std::string::npos);
+}
+
+TEST_CASE("megatron: a checkpoint without its optimizer file, or with damaged files, gives clear errors") {
+  namespace fs = std::filesystem;
+  const fs::path tmp = fs::temp_directory_path() / ("mpitron_megatron_" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::copy(ref("mcore_gpt2", "torch"), tmp, fs::copy_options::recursive);
+  const fs::path optim = tmp / "iter_0000002" / "mp_rank_00" / "distrib_optim.pt";
+  fs::remove(optim);
+  const std::string dir = tmp.string();
+  const auto try_load = [&](bool optim) {
+    GPT model(read_checkpoint_config(dir), Device::cpu());
+    OptimState opt;
+    LossScaler scaler;
+    TrainState st;
+    LoadOptions lo;
+    lo.load_optim = optim;
+    load_checkpoint(dir, model, opt, 0, model.params().numel(), scaler, st, lo);
+  };
+  CHECK(error_of([&] { try_load(true); }).find("--no-load-optim") != std::string::npos);
+  CHECK(load(dir, false).values == load(ref("mcore_gpt2", "torch"), false).values);  // the weights alone still load
+  // A truncated model file: the reader's error, naming the file.
+  const fs::path model = tmp / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt";
+  fs::resize_file(model, fs::file_size(model) / 2);
+  CHECK(error_of([&] { try_load(false); }).find("model_optim_rng.pt") != std::string::npos);
+  fs::remove_all(tmp);
 }
