@@ -181,6 +181,13 @@ std::shared_ptr<const ReadOnlyFile> DcpCheckpoint::file(const std::string& relat
   return it->second;
 }
 
+uint64_t DcpCheckpoint::bytes_read() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t n = 0;
+  for (const auto& [name, f] : files_) n += f->bytes_read();
+  return n;
+}
+
 TorchFile DcpCheckpoint::open_chunk(const DcpChunk& c) const {
   return TorchFile::open_range(file(c.file), c.offset, c.length);
 }

@@ -80,6 +80,8 @@ class DcpCheckpoint {
                 float* dst) const;
   // An open file of the checkpoint (kept open; counts its bytes read).
   std::shared_ptr<const ReadOnlyFile> file(const std::string& relative) const;
+  // Bytes read so far from the checkpoint's files (the .metadata read at construction excluded).
+  uint64_t bytes_read() const;
 
  private:
   std::string dir_;

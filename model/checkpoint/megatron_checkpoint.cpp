@@ -490,6 +490,8 @@ class MegatronSource {
       place(tmp.data(), sr.rows, sr.cols, dst, nc, sr.dst_row, sr.dst_col);
     }
   }
+  // Bytes read from the checkpoint's files so far (open and read).
+  virtual uint64_t bytes_read() const = 0;
   // The pipeline stage of the writer holding t.
   int64_t stage_of(const MegTensor& t) const {
     if (t.layer >= 0) {
@@ -518,6 +520,11 @@ class MegatronSource {
 class LegacySource : public MegatronSource {
  public:
   explicit LegacySource(const MegatronRun& run) : MegatronSource(run) {}
+  uint64_t bytes_read() const override {
+    uint64_t n = 0;
+    for (const auto& [path, f] : files_) n += f.zip().file().bytes_read();
+    return n;
+  }
 
  protected:
   void model(const MegTensor& t, const Shape& g, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* dst) override {
@@ -589,6 +596,7 @@ class LegacySource : public MegatronSource {
 class DistSource : public MegatronSource {
  public:
   explicit DistSource(const MegatronRun& run) : MegatronSource(run), ck_(run.dir.iter_dir) {}
+  uint64_t bytes_read() const override { return ck_.bytes_read(); }
 
  protected:
   void model(const MegTensor& t, const Shape& g, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* dst) override {
@@ -757,7 +765,18 @@ bool load_megatron_checkpoint(const MegatronDir& d, GPT& model, OptimState& opt,
     // function of (seed, iteration), so the seed is what carries over.
     if (o.load_rng) st.seed = static_cast<uint64_t>(arg_int(a, "seed", static_cast<int64_t>(st.seed)));
   }
-  if (comm != MPI_COMM_NULL) allreduce_bounded(&bytes, 1, MPI_DOUBLE, MPI_SUM, comm, "checkpoint bytes");
+  // What this rank read of the checkpoint's files (tensor reads, after the metadata) beside their size.
+  double read = static_cast<double>(src->bytes_read()), most = read;
+  if (comm != MPI_COMM_NULL) {
+    allreduce_bounded(&bytes, 1, MPI_DOUBLE, MPI_SUM, comm, "checkpoint bytes");
+    allreduce_bounded(&most, 1, MPI_DOUBLE, MPI_MAX, comm, "checkpoint bytes read");
+  }
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(d.iter_dir, ec))
+    if (e.is_regular_file(ec)) total += e.file_size(ec);
+  log_info("Megatron checkpoint ", d.iter_dir, ": ", static_cast<uint64_t>(most), " bytes read by the busiest rank (",
+           static_cast<uint64_t>(read), " by this one) of ", total, " in its files");
   if (info) {
     info->dir = d.iter_dir;
     info->seconds = timer.seconds();
