@@ -24,7 +24,7 @@ FlatAdamW::FlatAdamW(const Tensor& values, int64_t begin, const std::vector<Flat
   for (const FlatParam& p : params) {
     const int64_t lo = std::max(begin, p.offset) - begin, hi = std::min(end, p.offset + p.numel) - begin;
     if (hi <= lo) continue;
-    const bool decay = p.weight_decay && cfg.weight_decay != 0.0f;
+    const bool decay = p.weight_decay;  // the amount is the step's (a schedule may start at 0)
     all_in_norm_ = all_in_norm_ && p.in_norm;
     Segment& b = segments_.empty() ? segments_.emplace_back(Segment{lo, lo, decay, p.in_norm}) : segments_.back();
     if (b.end == lo && b.decay == decay && b.in_norm == p.in_norm) b.end = hi;

@@ -30,7 +30,8 @@ struct OptimizerConfig {
   float beta1 = 0.9f;          // --adam-beta1
   float beta2 = 0.999f;        // --adam-beta2
   float eps = 1e-8f;           // --adam-eps
-  float weight_decay = 0.01f;  // --weight-decay (not applied to biases and layernorm parameters)
+  float weight_decay = 0.01f;  // --weight-decay (not applied to biases and layernorm parameters); a
+                               //   schedule sets each step's (set_weight_decay)
   float clip_grad = 1.0f;      // --clip-grad: max global L2 norm; 0 disables clipping
   // --optimizer-cpu-offload (DeepSpeed's offload_optimizer: {device: cpu}): the master
   // weights and moments in host memory, the update on the CPU (all cores), the gradients
@@ -68,6 +69,8 @@ class FlatAdamW {
                           float lr, const std::function<bool(double)>& veto = {}, int average = 0);
   // After loading master weights: round them into the compute-dtype values.
   void sync_values_from_master();
+  // The weight decay of the next steps (the schedule's, --weight-decay-incr-style).
+  void set_weight_decay(float wd) { cfg_.weight_decay = wd; }
 
   const Tensor& master() const { return master_; }      // (n) f32
   const Tensor& exp_avg() const { return m_; }          // (n) f32

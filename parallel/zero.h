@@ -114,6 +114,7 @@ class ZeroOptimizer {
   void set_steps_taken(int64_t s) { adam_.set_steps_taken(s); }
   // After loading master shards: round them into the values and all-gather.
   void sync_values_from_master();
+  void set_weight_decay(float wd) { adam_.set_weight_decay(wd); }  // for the next steps
   const ZeroConfig& config() const { return cfg_; }
   // Expert parallelism (before the first step): the ZeroOptimizer was built over groups.edp;
   // the dense gradients are summed over groups.ep too and the average is over ep × edp.

@@ -248,6 +248,7 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
   if (comm != MPI_COMM_NULL) allreduce_bounded(&bytes, 1, MPI_DOUBLE, MPI_SUM, comm, "checkpoint bytes");
   if (info) {
     info->dir = r.dir();
+    info->lr_schedule = r.has_attr("lr_schedule") ? r.attr_string("lr_schedule") : "";
     info->seconds = timer.seconds();
     info->bytes = bytes;
   }

@@ -53,6 +53,7 @@ struct SaveInfo {
   std::string dir;
   double seconds = 0;
   double bytes = 0;
+  std::string lr_schedule;  // a load: the checkpoint's lr_schedule attribute (JSON; "" if none)
 };
 
 // Collective over comm (every rank of the run; MPI_COMM_NULL: one process).

@@ -46,8 +46,6 @@ const std::vector<NoOpFlag>& megatron_noop_flags() {
        "checkpoints are always distributed: HDF5 in global shapes, reloadable under any layout"},
       {"ckpt-format", "torch|torch_dist|zarr",
        "checkpoints are always mpitron's distributed HDF5 format (docs/checkpoint-format.md)"},
-      {"override-opt_param-scheduler", "",
-       "the learning-rate schedule always comes from the flags; a checkpoint gives only the iteration and samples"},
       // DeepSpeed
       {"deepspeed-activation-checkpointing", "",
        "activation recompute uses mpitron's own implementation (--recompute-activations / --checkpoint-activations)"},

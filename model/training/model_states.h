@@ -69,6 +69,8 @@ class ModelStates {
   // The update (gradients divided by loss_scale): norm, veto, clip, AdamW; the
   // values are current for the next forward.
   virtual StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto) = 0;
+  // The weight decay of the next steps' decaying parameters (the schedule's; default --weight-decay).
+  virtual void set_weight_decay(float wd) = 0;
 
   // ---- outside steps ----
   // The ParamSet's flat value buffer holds every value (waits for in-flight gathers;

@@ -43,6 +43,7 @@ class AdamWOptimizer {
   const Tensor& exp_avg_sq() const { return adam_.exp_avg_sq(); }  // (numel) f32
   // After loading master weights: round them into the compute-dtype values.
   void sync_values_from_master() { adam_.sync_values_from_master(); }
+  void set_weight_decay(float wd) { adam_.set_weight_decay(wd); }  // for the next steps
   const OptimizerConfig& config() const { return adam_.config(); }
 
  private:

@@ -42,6 +42,7 @@ class ReplicatedStates final : public ModelStates {
     if (buckets_) buckets_->wait_all();
     return opt_.step(lr, loss_scale, veto);
   }
+  void set_weight_decay(float wd) override { opt_.set_weight_decay(wd); }
   void add_forward_hooks(ForwardOptions&) override {}
   void whole() override {}
   OptimState local_state() const override {

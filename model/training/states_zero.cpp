@@ -38,6 +38,7 @@ class ZeroStates final : public ModelStates {
   StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto) override {
     return zero_->step(lr, loss_scale, veto);
   }
+  void set_weight_decay(float wd) override { zero_->set_weight_decay(wd); }
   void add_forward_hooks(ForwardOptions& o) override { o.params_needed = zero_->params_hook(); }
   void whole() override { zero_->finish_param_gather(); }
   OptimState local_state() const override {

@@ -123,6 +123,7 @@ class Zero3States final : public ModelStates {
     if (!r.skipped) refresh_persistent();
     return r;
   }
+  void set_weight_decay(float wd) override { adam_.set_weight_decay(wd); }
 
   void add_forward_hooks(ForwardOptions& o) override {
     o.params_needed = [this](size_t first, size_t) { forward_needs(unit_of_[first]); };

@@ -98,6 +98,9 @@ void Trainer::Impl::load_at_start() {
   states->whole();  // the load writes every value
   const bool found = load_checkpoint(a.load, *model, loaded, sb, se, scaler, st, lo, &li, world_comm());
   if (found) states->install(loaded, lo.load_optim && !lo.finetune);
+  // Megatron loads the scheduler with the optimizer (not with --finetune or --no-load-optim);
+  // a run already at its end uses no schedule (below: it says so and trains nothing).
+  if (found && lo.load_optim && !lo.finetune && st.iteration < total_iters) resume_schedule(li.lr_schedule, li.dir);
   if (found && !a.finetune) {  // a resume continues the lineage it loaded (the one keep_last may prune)
     const std::string loaded_run = io::CheckpointReader::run_of(a.load, st.iteration);
     if (!loaded_run.empty()) st.run_id = loaded_run;

@@ -288,7 +288,9 @@ TEST_CASE("--use-checkpoint-args takes the model flags from --load; a given flag
   CHECK(e.find("--num-layers") == std::string::npos);  // it agrees
   // A flag that does not change the weights wins, as in Megatron: fine-tuning at a shorter
   // --seq-length than the checkpoint's positions; past them it is refused.
-  const TrainArgs shorter = parse(with(with(no_model, data_flags), {"--use-checkpoint-args", "--seq-length", "12"}));
+  // (--train-iters 8 after 6 moves the decay's end: Megatron's --override-opt_param-scheduler.)
+  const TrainArgs shorter = parse(with(with(no_model, data_flags), {"--use-checkpoint-args", "--seq-length", "12",
+                                                                     "--override-opt_param-scheduler"}));
   CHECK(shorter.model.seq_length == 12);
   CHECK(shorter.model.max_position_embeddings == 24);
   CHECK(shorter.model.ffn() == 48);
