@@ -21,6 +21,7 @@
 #include "data/gpt_dataset.h"
 #include "parallel/context_parallel.h"
 #include "parallel/schedule.h"
+#include "parallel/update_rule.h"
 
 namespace po = boost::program_options;
 
@@ -51,6 +52,9 @@ void add_train_flags(po::options_description& train, TrainArgs& a, std::vector<s
       ("end-weight-decay", po::value(&a.end_weight_decay), "weight decay at the end of the run")
       ("weight-decay-incr-style", po::value(&a.weight_decay_incr_style)->default_value("constant"),
        "constant (--weight-decay) | linear | cosine: from --start- to --end-weight-decay over the run")
+      ("optimizer", po::value(&a.optim.optimizer)->default_value("adam"),
+       "adam (AdamW: decoupled weight decay) | sgd (momentum --sgd-momentum, L2 weight decay)")
+      ("sgd-momentum", po::value(&a.optim.sgd_momentum)->default_value(0.9f), "SGD's momentum (0: none)")
       ("adam-beta1", po::value(&a.optim.beta1)->default_value(0.9f), "AdamW beta1")
       ("adam-beta2", po::value(&a.optim.beta2)->default_value(0.999f), "AdamW beta2")
       ("adam-eps", po::value(&a.optim.eps)->default_value(1e-8f), "AdamW epsilon")
@@ -507,6 +511,7 @@ void check_numeric_flags(const po::variables_map& vm, const TrainArgs& a) {
        {"clip-grad", a.optim.clip_grad, 0, inf, false, false, "0 turns clipping off"},
        {"weight-decay", a.optim.weight_decay, 0, inf, false, false, "0 turns weight decay off"},
        {"adam-beta1", a.optim.beta1, 0, 1, false, true, "the default is 0.9"},
+       {"sgd-momentum", a.optim.sgd_momentum, 0, 1, false, true, "the default is 0.9 (Megatron's); 0 turns momentum off"},
        {"adam-beta2", a.optim.beta2, 0, 1, false, true, "the default is 0.999"},
        {"adam-eps", a.optim.eps, 0, inf, true, false, "the default is 1e-8"},
        {"lr", a.lr, 0, inf, false, false, ""},
@@ -746,6 +751,21 @@ void check_parallel_flags(const po::variables_map& vm, TrainArgs& a) {
        "pipeline engine refuses stage 2 too)");
 }
 
+// --optimizer: a built rule (parallel/update_rule.h), or refused naming what Megatron has that is not built.
+void check_optimizer_flags(const po::variables_map& vm, const TrainArgs& a) {
+  const std::string& o = a.optim.optimizer;
+  const std::vector<std::string> built = built_optimizers();
+  if (std::find(built.begin(), built.end(), o) != built.end()) {
+    need(o == "sgd" || !flag_given(vm, "sgd-momentum"), "--sgd-momentum needs --optimizer sgd", "");
+    return;
+  }
+  const bool megatron = o == "muon" || o == "dist_muon" || o == "lion" || o == "soap" || o == "adaptive_muon";
+  need(false,
+       megatron ? str("--optimizer ", o, " (Megatron-Core's) is not built in mpitron")
+                : str("--optimizer ", o, " is unknown"),
+       "use --optimizer adam or sgd");
+}
+
 // The learning-rate and weight-decay schedule flags (Megatron's arguments.py rules).
 void check_schedule_flags(const po::variables_map& vm, TrainArgs& a) {
   const std::string& st = a.lr_decay_style;
@@ -788,6 +808,7 @@ void check_schedule_flags(const po::variables_map& vm, TrainArgs& a) {
 void check_run_flags(const po::variables_map& vm, TrainArgs& a, const std::optional<DeepSpeedConfig>& ds) {
   const int64_t cp = a.context_parallel_size;
   check_schedule_flags(vm, a);
+  check_optimizer_flags(vm, a);
   need(a.device == "auto" || a.device == "cpu" || a.device == "cuda", str("--device ", a.device, " unknown"),
        "use auto, cpu or cuda");
   need((a.train_iters > 0) != (a.train_samples > 0), "give exactly one of --train-iters and --train-samples", "");

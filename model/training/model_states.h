@@ -7,7 +7,7 @@
 //   ZeRO-3       + parameters sharded: a unit (a block) is all-gathered before its
 //                forward and again before its backward, freed after use
 //                (model/training/states_zero3.cpp)
-// Every implementation takes its AdamW from parallel/flat_adamw.h. The trainer calls
+// Every implementation takes its AdamW from parallel/flat_optimizer.h. The trainer calls
 // only this interface (model/training/trainer.cpp has no branch on the strategy);
 // make_model_states() picks the implementation from a table keyed by the stage.
 //
@@ -31,7 +31,7 @@
 #include "model/memory.h"
 #include "model/checkpoint/checkpointing.h"
 #include "parallel/data_parallel.h"
-#include "parallel/flat_adamw.h"
+#include "parallel/flat_optimizer.h"
 #include "parallel/zero.h"
 
 namespace mpitron {

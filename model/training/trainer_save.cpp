@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "model/training/trainer_impl.h"
+#include "parallel/update_rule.h"
 
 namespace mpitron {
 
@@ -87,7 +88,9 @@ void Trainer::Impl::resume_schedule(const std::string& saved_json, const std::st
 void Trainer::Impl::check_state_finite() {
   const OptimState s = states->local_state();
   int bad = 0;
-  const char* names[3] = {"master weights", "Adam first moments", "Adam second moments"};
+  const std::vector<std::string> states = optimizer_state_names(s.optimizer);
+  const std::string names[3] = {"master weights", states.size() > 0 ? "optimizer state " + states[0] : "",
+                                states.size() > 1 ? "optimizer state " + states[1] : ""};
   const Tensor* ts[3] = {&s.master, &s.exp_avg, &s.exp_avg_sq};
   for (int k = 0; k < 3; ++k) {
     if (!ts[k]->defined() || ts[k]->numel() == 0) continue;

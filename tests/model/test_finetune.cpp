@@ -97,7 +97,7 @@ BertBatch batch_of(const std::vector<ClassificationSample>& s) {
 std::vector<float> save_pretrained(const std::string& dir, const GPTConfig& c, uint64_t seed) {
   Bert m(c, Device::cpu());
   m.init_weights(seed);
-  AdamWOptimizer opt(m.params(), OptimizerConfig{});
+  ReplicatedOptimizer opt(m.params(), OptimizerConfig{});
   TrainState st;
   st.iteration = 10;
   save_checkpoint(dir, m.core(), opt, LossScaler(), st, "[]", "{}");

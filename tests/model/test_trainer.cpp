@@ -175,6 +175,53 @@ TEST_CASE("WSD resumed mid-decay continues megatron-core's curve (lr and weight 
   fs::remove_all(dir);
 }
 
+TEST_CASE("--optimizer sgd trains and resumes bitwise; another optimizer's checkpoint is refused unless --no-load-optim") {
+  const fs::path dir = testing::fresh_temp_dir("trainer_sgd");
+  const std::string data = testing::write_toy_dataset(dir, 7, 200);
+  auto flags = base_flags(data, 8);
+  flags.insert(flags.end(), {"--optimizer", "sgd", "--sgd-momentum", "0.9", "--lr", "0.1"});
+  flags.erase(std::find(flags.begin(), flags.end(), "--lr"), std::find(flags.begin(), flags.end(), "--lr") + 2);
+  const std::vector<double> straight = train(flags);
+  REQUIRE(straight.size() == 8);
+  CHECK(straight.back() < straight.front());
+  const std::string ckpt = (dir / "sgd").string();
+  auto first = flags;
+  first.insert(first.end(), {"--save", ckpt, "--exit-interval", "4"});
+  REQUIRE(train(first).size() == 4);
+  auto second = flags;
+  second.insert(second.end(), {"--load", ckpt});
+  const std::vector<double> b = train(second);
+  REQUIRE(b.size() == 4);
+  for (size_t i = 0; i < 4; ++i) CHECK_MESSAGE(b[i] == straight[4 + i], "iteration ", i + 5);
+  // The SGD checkpoint under --optimizer adam: its momentum is no Adam moment.
+  auto adam = base_flags(data, 8);
+  adam.insert(adam.end(), {"--load", ckpt});
+  try {
+    train(adam);
+    FAIL("an sgd checkpoint was loaded into adam");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("--optimizer sgd") != std::string::npos);
+    CHECK(m.find("--optimizer adam") != std::string::npos);
+    CHECK(m.find("--no-load-optim") != std::string::npos);
+  }
+  adam.push_back("--no-load-optim");
+  CHECK(train(adam).size() == 4);  // the weights only: Adam starts afresh at iteration 5
+  fs::remove_all(dir);
+}
+
+TEST_CASE("--optimizer values Megatron has but mpitron has not built are refused naming the flag") {
+  for (const char* o : {"lion", "soap", "adaptive_muon", "muon", "dist_muon"}) {
+    CAPTURE(o);
+    CHECK(throws_naming({"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+                         "--train-iters", "2", "--lr", "1e-3", "--mock-data", "--optimizer", o},
+                        std::string("--optimizer ") + o));
+  }
+  CHECK(throws_naming({"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+                       "--train-iters", "2", "--lr", "1e-3", "--mock-data", "--sgd-momentum", "0.5"},
+                      "--sgd-momentum"));
+}
+
 TEST_CASE("the weight decay each step applies is the schedule's (--weight-decay-incr-style)") {
   const fs::path dir = testing::fresh_temp_dir("trainer_wd_schedule");
   const std::string data = testing::write_toy_dataset(dir, 7, 200);
