@@ -1,4 +1,4 @@
-// parallel/zero.h — the distributed optimizer: ZeRO-1 / ZeRO-2 AdamW over the
+// parallel/zero.h — the distributed optimizer: ZeRO-1 / ZeRO-2 (AdamW or SGD, --optimizer) over the
 // flat parameter buffer (--use-distributed-optimizer, --zero-stage 1|2).
 //
 // Every dp rank keeps the whole compute-dtype value buffer (N) but owns only a
@@ -12,7 +12,7 @@
 //   2. the global grad norm = sqrt(all-reduce over dp [and the model-parallel
 //      group, when given] of each shard's Σg²); non-finite → step skipped on
 //      every rank; clipping as torch.nn.utils.clip_grad_norm_;
-//   3. AdamW (parallel/flat_optimizer.h, the one every way of holding states uses) on the
+//   3. the update (parallel/flat_optimizer.h, the one every way of holding states uses) on the
 //      shard, writing the new master and compute-dtype copy;
 //   4. the values are all-gathered in place (all_gather_v: the shards are uneven).
 //      With overlap_param_gather (--overlap-param-gather, Megatron's) step() only
@@ -59,7 +59,7 @@ struct Zero3Config {
 
 struct ZeroConfig {
   int stage = 1;                      // --zero-stage: 1 (= --use-distributed-optimizer) or 2
-  OptimizerConfig optim;              // AdamW's hyper-parameters and --clip-grad
+  OptimizerConfig optim;              // --optimizer, its hyper-parameters and --clip-grad
   DDPConfig ddp;                      // bucket size, overlap (averaging is always on)
   bool overlap_param_gather = false;  // --overlap-param-gather: step() leaves the all-gathers in flight
 };
@@ -87,7 +87,7 @@ class ZeroOptimizer {
 
   // Waits for outstanding reductions (when no hook ran since zero_grad(), first
   // reduces the whole accumulated buffer, so hook-less use is correct, just not
-  // overlapped), then one AdamW update with learning rate
+  // overlapped), then one optimizer update with learning rate
   // lr (gradients divided by loss_scale), then all-gathers the values.
   // veto: as ReplicatedOptimizer::step (given the unscaled grad norm; true skips the update).
   StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto = {});
