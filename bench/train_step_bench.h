@@ -7,7 +7,7 @@
 //   params.zero_grad();
 //   for k < micro_batches: loss = GPT::forward(tape, tokens_k, targets_k, {recompute});
 //                          loss.item(); Tape::backward(loss, 1 / micro_batches)
-//   AdamWOptimizer::step(lr, 1)        (clipping at 1.0, weight decay 0.01)
+//   ReplicatedOptimizer::step(lr, 1)        (clipping at 1.0, weight decay 0.01)
 // Tokens are synthetic (uniform over the vocabulary, a fixed pool of 4
 // micro-batches reused in turn), so no data loader or disk is timed.
 //
@@ -62,7 +62,7 @@
 #include "core/profiler.h"     // profiler_start/stop around the timed steps (--profile)
 #include "model/config.h"      // GPTConfig, flops_per_token
 #include "model/gpt.h"         // GPT::forward
-#include "model/training/optimizer.h"   // AdamWOptimizer::step
+#include "model/training/optimizer.h"   // ReplicatedOptimizer::step
 #include "tensor/ops.h"        // gemm (the CUDA ceiling)
 
 namespace mpitron::bench {
@@ -398,7 +398,7 @@ inline StepRow run_step_bench(const StepSetup& s, double peak_tflops, double cei
     GPT model(c, dev);
     fast_init(model, s.seed);
     OptimizerConfig oc;  // Megatron defaults: betas (0.9, 0.999), eps 1e-8, wd 0.01, clip 1.0
-    AdamWOptimizer opt(model.params(), oc);
+    ReplicatedOptimizer opt(model.params(), oc);
 
     // (B, T) i32 inputs and targets: a pool of 4 micro-batches of uniform token ids.
     const int64_t B = s.micro_batch, T = c.seq_length;

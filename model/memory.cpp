@@ -87,7 +87,7 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   m.weights = P * e;
   m.gradients = 4 * P;
   m.master_weights = c.compute_dtype == DType::F32 ? 0 : 4 * shard;
-  m.moments = 8 * shard;
+  m.moments = 4 * r.optimizer_states * shard;
   if (zero_stage == 3) {
     // Blocks whose gradients are being computed: one, or under a split backward every
     // block of this rank (each may await its W); plus the block being reduced and

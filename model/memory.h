@@ -51,6 +51,7 @@ struct MemoryEstimate {
 //     LN, logits = dlogits in place (N·V/t) and the head's backward temporaries.
 struct RankShard {
   int64_t params = 0;              // this rank's parameter count (ParamSet::numel)
+  int optimizer_states = 2;        // f32 optimizer states per element (--optimizer adam 2, sgd 1)
   int tp = 1;
   bool sequence_parallel = false;
   int64_t layers_per_chunk = 0;

@@ -15,7 +15,7 @@ ZeroOptimizer::ZeroOptimizer(const Tensor& values, const Tensor& grads, std::vec
                              Communicator& dp, const ZeroConfig& cfg, Communicator* norm_group)
     : values_(values), grads_(grads), params_(std::move(params)), dp_(dp), norm_group_(norm_group), cfg_(cfg) {
   MPT_CHECK(cfg.stage == 1 || cfg.stage == 2, str("--zero-stage ", cfg.stage, " is not 1 or 2"),
-            "use 1 (--use-distributed-optimizer) or 2; without ZeRO use AdamWOptimizer with GradBuckets");
+            "use 1 (--use-distributed-optimizer) or 2; without ZeRO use ReplicatedOptimizer with GradBuckets");
   MPT_CHECK(values.defined() && grads.defined() && values.numel() == grads.numel() && values.ndim() == 1 &&
                 values.is_contiguous() && grads.dtype() == DType::F32,
             str("ZeRO optimizer needs flat (N) values and (N) f32 grads, got ",
@@ -24,7 +24,7 @@ ZeroOptimizer::ZeroOptimizer(const Tensor& values, const Tensor& grads, std::vec
             "");
   layout_ = ShardLayout(values.numel(), dp.size());
   const int64_t b = shard_begin(), n = shard_end() - shard_begin();
-  adam_ = FlatAdamW(values.flat_range(b, n), b, params_, cfg.optim);
+  adam_ = FlatOptimizer(values.flat_range(b, n), b, params_, cfg.optim);
   // Both stages reduce in place into the grad buffer's own slice (no extra memory).
   shard_grads_ = grads.flat_range(b, n);
   // Sums, not averages: with stage 2 the owned slice already holds the reduced

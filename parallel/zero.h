@@ -1,10 +1,10 @@
-// parallel/zero.h — the distributed optimizer: ZeRO-1 / ZeRO-2 AdamW over the
+// parallel/zero.h — the distributed optimizer: ZeRO-1 / ZeRO-2 (AdamW or SGD, --optimizer) over the
 // flat parameter buffer (--use-distributed-optimizer, --zero-stage 1|2).
 //
 // Every dp rank keeps the whole compute-dtype value buffer (N) but owns only a
 // contiguous shard [begin, end) of the optimizer state (ShardLayout: shard =
 // ceil(N / dp), the last shard short):
-//   master (shard) f32   — a view of the values when they are f32 (as AdamWOptimizer)
+//   master (shard) f32   — a view of the values when they are f32 (as ReplicatedOptimizer)
 //   m, v   (shard) f32
 // One step:
 //   1. gradients are reduce-scattered (summed over dp; the 1/dp is folded into the update) to their owners in
@@ -12,7 +12,7 @@
 //   2. the global grad norm = sqrt(all-reduce over dp [and the model-parallel
 //      group, when given] of each shard's Σg²); non-finite → step skipped on
 //      every rank; clipping as torch.nn.utils.clip_grad_norm_;
-//   3. AdamW (parallel/flat_adamw.h, the one every way of holding states uses) on the
+//   3. the update (parallel/flat_optimizer.h, the one every way of holding states uses) on the
 //      shard, writing the new master and compute-dtype copy;
 //   4. the values are all-gathered in place (all_gather_v: the shards are uneven).
 //      With overlap_param_gather (--overlap-param-gather, Megatron's) step() only
@@ -21,7 +21,7 @@
 //      (params_needed, ForwardOptions::params_needed), so the gathers overlap the
 //      forward. Buckets are gathered in the order the last forward needed them
 //      (ascending offsets before any forward): the same on every dp rank.
-// The math equals AdamWOptimizer on the dp-averaged gradients up to the f32
+// The math equals ReplicatedOptimizer on the dp-averaged gradients up to the f32
 // summation order of the reductions (tests/parallel/test_zero.cpp: 1e-6 rel).
 //
 // Gradients are reduced as SUMS into the owned slice of the flat f32 grad
@@ -44,7 +44,7 @@
 #include <vector>
 
 #include "parallel/data_parallel.h"
-#include "parallel/flat_adamw.h"
+#include "parallel/flat_optimizer.h"
 
 namespace mpitron {
 
@@ -59,7 +59,7 @@ struct Zero3Config {
 
 struct ZeroConfig {
   int stage = 1;                      // --zero-stage: 1 (= --use-distributed-optimizer) or 2
-  OptimizerConfig optim;              // AdamW's hyper-parameters and --clip-grad
+  OptimizerConfig optim;              // --optimizer, its hyper-parameters and --clip-grad
   DDPConfig ddp;                      // bucket size, overlap (averaging is always on)
   bool overlap_param_gather = false;  // --overlap-param-gather: step() leaves the all-gathers in flight
 };
@@ -87,9 +87,9 @@ class ZeroOptimizer {
 
   // Waits for outstanding reductions (when no hook ran since zero_grad(), first
   // reduces the whole accumulated buffer, so hook-less use is correct, just not
-  // overlapped), then one AdamW update with learning rate
+  // overlapped), then one optimizer update with learning rate
   // lr (gradients divided by loss_scale), then all-gathers the values.
-  // veto: as AdamWOptimizer::step (given the unscaled grad norm; true skips the update).
+  // veto: as ReplicatedOptimizer::step (given the unscaled grad norm; true skips the update).
   StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto = {});
 
   // ---- the parameter all-gather (overlap_param_gather) ----
@@ -108,12 +108,14 @@ class ZeroOptimizer {
   int64_t shard_end() const { return layout_.end(dp_.rank()); }
   const Tensor& master_shard() const { return adam_.master(); }         // (shard) f32
   const Tensor& exp_avg_shard() const { return adam_.exp_avg(); }        // (shard) f32
-  const Tensor& exp_avg_sq_shard() const { return adam_.exp_avg_sq(); }  // (shard) f32
+  const Tensor& exp_avg_sq_shard() const { return adam_.exp_avg_sq(); }  // (shard) f32 (sgd: undefined)
+  const char* optimizer() const { return adam_.optimizer(); }            // --optimizer
   const Tensor& grad_shard() const { return shard_grads_; }  // (shard) f32 dp-SUM, valid after step()
   int64_t steps_taken() const { return adam_.steps_taken(); }
   void set_steps_taken(int64_t s) { adam_.set_steps_taken(s); }
   // After loading master shards: round them into the values and all-gather.
   void sync_values_from_master();
+  void set_weight_decay(float wd) { adam_.set_weight_decay(wd); }  // for the next steps
   const ZeroConfig& config() const { return cfg_; }
   // Expert parallelism (before the first step): the ZeroOptimizer was built over groups.edp;
   // the dense gradients are summed over groups.ep too and the average is over ep × edp.
@@ -136,7 +138,7 @@ class ZeroOptimizer {
   std::vector<std::pair<int64_t, int64_t>> dense_;  // its dense runs (dense_runs)
   ZeroConfig cfg_;
   ShardLayout layout_;
-  FlatAdamW adam_;  // the shard's master weights and moments
+  FlatOptimizer adam_;  // the shard's master weights and moments
   Tensor shard_grads_;
   std::unique_ptr<GradBuckets> buckets_;
   bool reduced_ = false;  // a reduction ran since zero_grad() (else step() reduces the buffer itself)

@@ -1,4 +1,5 @@
 #include "model/checkpoint/checkpointing.h"
+#include "parallel/update_rule.h"
 
 #include "model/arch_fields.h"
 
@@ -87,10 +88,14 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
     return s.device().is_cpu() && s.dtype() == DType::F32 && s.is_contiguous() ? s : s.to(Device::cpu()).to(DType::F32);
   };
   double bytes = 0;
+  // The optimizer's states (parallel/update_rule.h) in OptimState's slots, each its own datasets.
+  const std::vector<std::string> state_names = optimizer_state_names(opt.optimizer);
+  MPT_CHECK(!state_names.empty(), str("checkpoint save: optimizer '", opt.optimizer, "' is not built"), "");
+  const Tensor* slots[2] = {&opt.exp_avg, &opt.exp_avg_sq};
   // Every rank declares every global tensor (collective); each writes its slabs.
   for (const auto& [name, gshape] : GPT::global_layout(model.config())) {
     std::vector<io::Hdf5File::Hyperslab> mine;
-    Tensor master, m, v;  // this rank's slice of the parameter, host f32
+    Tensor master, state[2];  // this rank's slice of the parameter and of its optimizer states, host f32
     if (writer && ps.has(name) && ps.info(name).canonical) {
       const ParamInfo& p = ps.info(name);
       const auto [lo, hi] = overlap(p, begin, end);
@@ -98,15 +103,15 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
       if (hi > lo) {
         const int64_t first = p.offset + lo - begin;
         master = host_slice(opt.master, first, hi - lo);
-        m = host_slice(opt.exp_avg, first, hi - lo);
-        v = host_slice(opt.exp_avg_sq, first, hi - lo);
-        bytes += 12.0 * static_cast<double>(hi - lo);
+        for (size_t k = 0; k < state_names.size(); ++k) state[k] = host_slice(*slots[k], first, hi - lo);
+        bytes += 4.0 * static_cast<double>(1 + state_names.size()) * static_cast<double>(hi - lo);
       }
     }
     const bool any = !mine.empty();
     w.add_pieces("model/" + name, gshape, io::ElemType::F32, mine, any ? master.data_ptr() : nullptr);
-    w.add_pieces("optim/exp_avg/" + name, gshape, io::ElemType::F32, mine, any ? m.data_ptr() : nullptr);
-    w.add_pieces("optim/exp_avg_sq/" + name, gshape, io::ElemType::F32, mine, any ? v.data_ptr() : nullptr);
+    for (size_t k = 0; k < state_names.size(); ++k)
+      w.add_pieces("optim/" + state_names[k] + "/" + name, gshape, io::ElemType::F32, mine,
+                    any ? state[k].data_ptr() : nullptr);
   }
   // Aux-loss-free balancing's expert biases (buffers, not parameters): written by the rank whose
   // optimizer slice holds the first element of the layer's canonical router weight (one writer
@@ -127,6 +132,7 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
   w.set_attr_int("consumed_train_samples", st.consumed_train_samples);
   w.set_attr_int("consumed_valid_samples", st.consumed_valid_samples);
   w.set_attr_int("optimizer_steps", opt.steps);
+  w.set_attr_string("optimizer", opt.optimizer);
   w.set_attr_int("skipped_iterations", st.skipped_iterations);
   w.set_attr_int("skipped_samples", st.skipped_samples);
   w.set_attr_string("flags", flags_json);
@@ -167,7 +173,9 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
   const bool with_optim = o.load_optim && !o.finetune;
   const int64_t n = end - begin;
   std::vector<float> values(static_cast<size_t>(ps.numel()));
-  std::vector<float> m(with_optim ? static_cast<size_t>(n) : 0), v(m.size());
+  const std::vector<std::string> state_names = optimizer_state_names(o.optimizer);
+  MPT_CHECK(!state_names.empty(), str("checkpoint load: optimizer '", o.optimizer, "' is not built"), "");
+  std::vector<std::vector<float>> states(with_optim ? state_names.size() : 0, std::vector<float>(static_cast<size_t>(n)));
   std::map<int64_t, std::vector<float>> biases;
   double bytes = 0;
   // Runs once per candidate checkpoint (newest first); a damaged one makes
@@ -185,6 +193,14 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
                   ? arch_field("padded_vocab_size").hint
                   : "use the model flags the checkpoint was trained with (--use-checkpoint-args takes them from it; "
                     "docs/model-families.md)");
+    if (with_optim) {  // the state of another optimizer is not this one's (Adam moments are no momentum)
+      const std::string saved = ck.has_attr("optimizer") ? ck.attr_string("optimizer") : "adam";
+      MPT_CHECK(saved == o.optimizer,
+                str("checkpoint ", ck.path(), " holds the state of --optimizer ", saved, ", but this run trains with --optimizer ",
+                    o.optimizer),
+                str("give --no-load-optim to load only its weights (the ", o.optimizer,
+                    " state starts afresh), or train with --optimizer ", saved));
+    }
     if (!o.tokenizer.empty())
       check_checkpoint_tokenizer(ck.path(), ck.has_attr("tokenizer_identity") ? ck.attr_string("tokenizer_identity") : "",
                                  saved_cfg.vocab_size, o.tokenizer, c.vocab_size, o.allow_tokenizer_change);
@@ -198,9 +214,10 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
         const auto [lo, hi] = overlap(p, begin, end);
         if (hi > lo) {
           const int64_t at = p.offset + lo - begin;
-          reqs.push_back({"optim/exp_avg/" + p.name, slabs(p, lo, hi), m.data() + at, io::ElemType::F32, p.global_shape});
-          reqs.push_back({"optim/exp_avg_sq/" + p.name, slabs(p, lo, hi), v.data() + at, io::ElemType::F32, p.global_shape});
-          bytes += 8.0 * static_cast<double>(hi - lo);
+          for (size_t k = 0; k < state_names.size(); ++k)
+            reqs.push_back({"optim/" + state_names[k] + "/" + p.name, slabs(p, lo, hi), states[k].data() + at,
+                            io::ElemType::F32, p.global_shape});
+          bytes += 4.0 * static_cast<double>(state_names.size()) * static_cast<double>(hi - lo);
         }
       }
     }
@@ -217,8 +234,9 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
   if (!r.found()) return false;
   opt.begin = begin;
   opt.master = Tensor::from_vector(std::vector<float>(values.begin() + begin, values.begin() + end), {n});
-  opt.exp_avg = with_optim ? Tensor::from_vector(m, {n}) : Tensor();
-  opt.exp_avg_sq = with_optim ? Tensor::from_vector(v, {n}) : Tensor();
+  opt.optimizer = o.optimizer;
+  opt.exp_avg = with_optim ? Tensor::from_vector(states[0], {n}) : Tensor();
+  opt.exp_avg_sq = with_optim && states.size() > 1 ? Tensor::from_vector(states[1], {n}) : Tensor();
   // The compute-dtype values are the master weights rounded (bitwise the same
   // as the run that saved them, which rounded the same f32 values).
   model.params().values().copy_from(
@@ -253,6 +271,7 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
   if (comm != MPI_COMM_NULL) allreduce_bounded(&bytes, 1, MPI_DOUBLE, MPI_SUM, comm, "checkpoint bytes");
   if (info) {
     info->dir = r.dir();
+    info->lr_schedule = r.has_attr("lr_schedule") ? r.attr_string("lr_schedule") : "";
     info->seconds = timer.seconds();
     info->bytes = bytes;
   }

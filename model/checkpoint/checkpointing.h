@@ -44,15 +44,18 @@ struct TrainState {
 // flat parameter buffer (ParamSet order), f32 — the whole buffer, or the ZeRO
 // shard. Any device.
 struct OptimState {
-  Tensor master, exp_avg, exp_avg_sq;
+  Tensor master, exp_avg, exp_avg_sq;  // exp_avg / exp_avg_sq: the optimizer's states in order
+                                       //   (parallel/update_rule.h; sgd: exp_avg its momentum buffer)
   int64_t begin = 0;
   int64_t steps = 0;
+  std::string optimizer = "adam";      // --optimizer: which states, and their dataset names
 };
 
 struct SaveInfo {
   std::string dir;
   double seconds = 0;
   double bytes = 0;
+  std::string lr_schedule;  // a load: the checkpoint's lr_schedule attribute (JSON; "" if none)
 };
 
 // Collective over comm (every rank of the run; MPI_COMM_NULL: one process).
@@ -71,6 +74,9 @@ struct LoadOptions {
   bool load_optim = true;   // false: --no-load-optim / --finetune
   bool load_rng = true;     // false: --no-load-rng
   bool finetune = false;    // weights only; iteration and samples start at 0
+  // This run's --optimizer: a checkpoint of another one's state is refused when the
+  // optimizer state is loaded (load_optim), naming both.
+  std::string optimizer = "adam";
   // The tokenizer of this run (data::tokenizer_identity JSON; "" = do not check).
   // A checkpoint trained with another one is refused (the embedding rows would
   // mean other tokens) unless allow_tokenizer_change; a checkpoint without an

@@ -32,7 +32,6 @@ const std::vector<NoOpFlag>& megatron_noop_flags() {
       {"use-mcore-models", "", "mpitron has one model implementation, laid out as Megatron-Core's"},
       {"transformer-impl", "local|transformer_engine",
        "mpitron has one transformer implementation, its own kernels (no Transformer Engine)"},
-      {"optimizer", "adam", "the optimizer is always AdamW (Megatron's adam: decoupled weight decay)"},
       // data and logging
       {"data-impl", "mmap|infer", "data is always read as Megatron's mmap .bin/.idx (MMIDIDX)"},
       {"num-workers", "*", "samples are read from memory-mapped files in the training process (no loader workers)"},
@@ -47,8 +46,6 @@ const std::vector<NoOpFlag>& megatron_noop_flags() {
       {"ckpt-format", "torch|torch_dist|zarr",
        "--save always writes mpitron's distributed HDF5 format; --load reads Megatron's torch and torch_dist "
        "directories (detected; with --ckpt-format, the format they must be; docs/checkpoint-format.md)"},
-      {"override-opt_param-scheduler", "",
-       "the learning-rate schedule always comes from the flags; a checkpoint gives only the iteration and samples"},
       // DeepSpeed
       {"deepspeed-activation-checkpointing", "",
        "activation recompute uses mpitron's own implementation (--recompute-activations / --checkpoint-activations)"},

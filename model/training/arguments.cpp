@@ -21,6 +21,7 @@
 #include "data/gpt_dataset.h"
 #include "parallel/context_parallel.h"
 #include "parallel/schedule.h"
+#include "parallel/update_rule.h"
 
 namespace po = boost::program_options;
 
@@ -44,7 +45,16 @@ void add_train_flags(po::options_description& train, TrainArgs& a, std::vector<s
       ("train-iters", po::value(&a.train_iters), "optimizer steps to run (or --train-samples)")
       ("train-samples", po::value(&a.train_samples), "samples to train on (or --train-iters)")
       ("clip-grad", po::value(&a.optim.clip_grad)->default_value(1.0f), "max global gradient norm (0: off)")
-      ("weight-decay", po::value(&a.optim.weight_decay)->default_value(0.01f), "AdamW weight decay")
+      ("weight-decay", po::value(&a.optim.weight_decay)->default_value(0.01f),
+       "weight decay (decoupled, as AdamW; not on biases and norms)")
+      ("start-weight-decay", po::value(&a.start_weight_decay),
+       "weight decay at the start of the run (with --weight-decay-incr-style linear|cosine)")
+      ("end-weight-decay", po::value(&a.end_weight_decay), "weight decay at the end of the run")
+      ("weight-decay-incr-style", po::value(&a.weight_decay_incr_style)->default_value("constant"),
+       "constant (--weight-decay) | linear | cosine: from --start- to --end-weight-decay over the run")
+      ("optimizer", po::value(&a.optim.optimizer)->default_value("adam"),
+       "adam (AdamW: decoupled weight decay) | sgd (momentum --sgd-momentum, L2 weight decay)")
+      ("sgd-momentum", po::value(&a.optim.sgd_momentum)->default_value(0.9f), "SGD's momentum (0: none)")
       ("adam-beta1", po::value(&a.optim.beta1)->default_value(0.9f), "AdamW beta1")
       ("adam-beta2", po::value(&a.optim.beta2)->default_value(0.999f), "AdamW beta2")
       ("adam-eps", po::value(&a.optim.eps)->default_value(1e-8f), "AdamW epsilon")
@@ -72,8 +82,19 @@ void add_train_flags(po::options_description& train, TrainArgs& a, std::vector<s
 void add_lr_flags(po::options_description& lr, TrainArgs& a) {
   lr.add_options()
       ("lr", po::value(&a.lr)->required(), "peak learning rate")
-      ("min-lr", po::value(&a.min_lr)->default_value(0.0f), "learning rate floor")
-      ("lr-decay-style", po::value(&a.lr_decay_style)->default_value("linear"), "constant | linear | cosine")
+      ("min-lr", po::value(&a.min_lr)->default_value(0.0), "learning rate floor")
+      ("lr-decay-style", po::value(&a.lr_decay_style)->default_value("linear"),
+       "constant | linear | cosine | inverse-square-root | WSD")
+      ("lr-wsd-decay-style", po::value(&a.lr_wsd_decay_style)->default_value("exponential"),
+       "WSD's annealing: exponential | linear | cosine | minus_sqrt")
+      ("lr-wsd-decay-iters", po::value(&a.lr_wsd_decay_iters),
+       "WSD: iterations of annealing, ending at the decay's end (--lr-decay-iters)")
+      ("lr-wsd-decay-samples", po::value(&a.lr_wsd_decay_samples), "WSD: the annealing in samples (--train-samples runs)")
+      ("lr-warmup-init", po::value(&a.lr_warmup_init)->default_value(0.0), "learning rate the warmup starts from")
+      ("override-opt_param-scheduler", po::bool_switch(&a.override_opt_param_scheduler),
+       "on --load, take the schedule from the flags even where the checkpoint's differs")
+      ("use-checkpoint-opt_param-scheduler", po::bool_switch(&a.use_checkpoint_opt_param_scheduler),
+       "on --load, take the schedule (lr, min lr, warmup, decay, style, weight decays) from the checkpoint")
       ("lr-decay-iters", po::value(&a.lr_decay_iters), "decay length in iterations (default: train iters)")
       ("lr-decay-samples", po::value(&a.lr_decay_samples), "decay length in samples (default: train samples)")
       ("lr-warmup-fraction", po::value(&a.lr_warmup_fraction), "warmup as a fraction of the decay length")
@@ -490,11 +511,15 @@ void check_numeric_flags(const po::variables_map& vm, const TrainArgs& a) {
        {"clip-grad", a.optim.clip_grad, 0, inf, false, false, "0 turns clipping off"},
        {"weight-decay", a.optim.weight_decay, 0, inf, false, false, "0 turns weight decay off"},
        {"adam-beta1", a.optim.beta1, 0, 1, false, true, "the default is 0.9"},
+       {"sgd-momentum", a.optim.sgd_momentum, 0, 1, false, true, "the default is 0.9 (Megatron's); 0 turns momentum off"},
        {"adam-beta2", a.optim.beta2, 0, 1, false, true, "the default is 0.999"},
        {"adam-eps", a.optim.eps, 0, inf, true, false, "the default is 1e-8"},
        {"lr", a.lr, 0, inf, false, false, ""},
        {"min-lr", a.min_lr, 0, a.lr, false, false, "--min-lr is a floor below --lr"},
        {"lr-warmup-fraction", a.lr_warmup_fraction, 0, 1, false, false, ""},
+       {"lr-warmup-init", a.lr_warmup_init, 0, a.lr, false, false, "the warmup starts here and rises to --lr"},
+       {"start-weight-decay", a.start_weight_decay, 0, inf, false, false, ""},
+       {"end-weight-decay", a.end_weight_decay, 0, inf, false, false, ""},
        {"loss-scale", a.scaler.constant, 0, inf, true, false, "a static fp16 loss scale, e.g. 128"},
        {"initial-loss-scale", a.scaler.initial_scale, 0, inf, true, false, "a power of two, e.g. 65536"},
        {"min-loss-scale", a.scaler.min_scale, 0, a.scaler.initial_scale, true, false,
@@ -510,6 +535,8 @@ void check_numeric_flags(const po::variables_map& vm, const TrainArgs& a) {
        {"lr-decay-samples", a.lr_decay_samples, 1, big, "leave it out to decay over --train-samples"},
        {"lr-warmup-iters", a.lr_warmup_iters, 0, big, ""},
        {"lr-warmup-samples", a.lr_warmup_samples, 0, big, ""},
+       {"lr-wsd-decay-iters", a.lr_wsd_decay_iters, 1, big, "WSD's annealing, at most --lr-decay-iters"},
+       {"lr-wsd-decay-samples", a.lr_wsd_decay_samples, 1, big, "WSD's annealing, at most --lr-decay-samples"},
        {"loss-scale-window", a.scaler.window, 1, big, ""},
        {"hysteresis", a.scaler.hysteresis, 1, big, "overflows tolerated before the scale halves; the default is 2"},
        {"log-interval", a.log_interval, 1, huge, ""},
@@ -724,11 +751,64 @@ void check_parallel_flags(const po::variables_map& vm, TrainArgs& a) {
        "pipeline engine refuses stage 2 too)");
 }
 
+// --optimizer: a built rule (parallel/update_rule.h), or refused naming what Megatron has that is not built.
+void check_optimizer_flags(const po::variables_map& vm, const TrainArgs& a) {
+  const std::string& o = a.optim.optimizer;
+  const std::vector<std::string> built = built_optimizers();
+  if (std::find(built.begin(), built.end(), o) != built.end()) {
+    need(o == "sgd" || !flag_given(vm, "sgd-momentum"), "--sgd-momentum needs --optimizer sgd", "");
+    return;
+  }
+  const bool megatron = o == "muon" || o == "dist_muon" || o == "lion" || o == "soap" || o == "adaptive_muon";
+  need(false,
+       megatron ? str("--optimizer ", o, " (Megatron-Core's) is not built in mpitron")
+                : str("--optimizer ", o, " is unknown"),
+       "use --optimizer adam or sgd");
+}
+
+// The learning-rate and weight-decay schedule flags (Megatron's arguments.py rules).
+void check_schedule_flags(const po::variables_map& vm, TrainArgs& a) {
+  const std::string& st = a.lr_decay_style;
+  need(st == "constant" || st == "linear" || st == "cosine" || st == "inverse-square-root" || st == "WSD",
+       str("--lr-decay-style ", st, " is not supported"), "use constant, linear, cosine, inverse-square-root or WSD");
+  const std::string& w = a.lr_wsd_decay_style;
+  need(w == "exponential" || w == "linear" || w == "cosine" || w == "minus_sqrt",
+       str("--lr-wsd-decay-style ", w, " is not supported"), "use exponential, linear, cosine or minus_sqrt");
+  const char* wsd_flag = a.uses_samples() ? "lr-wsd-decay-samples" : "lr-wsd-decay-iters";
+  const char* other = a.uses_samples() ? "lr-wsd-decay-iters" : "lr-wsd-decay-samples";
+  need(!vm.count(other), str("--", other, " does not fit a ", a.uses_samples() ? "--train-samples" : "--train-iters",
+                             " run"),
+       str("give WSD's annealing with --", wsd_flag));
+  if (st == "WSD")
+    need(vm.count(wsd_flag) > 0, str("--lr-decay-style WSD needs --", wsd_flag, " (the annealing's length)"),
+         "e.g. a tenth to a fifth of the decay");
+  else if (vm.count(wsd_flag) || flag_given(vm, "lr-wsd-decay-style"))
+    a.startup_notes.push_back(str("--", vm.count(wsd_flag) ? wsd_flag : "lr-wsd-decay-style",
+                                  " has no effect with --lr-decay-style ", st, " (only WSD anneals)"));
+  const std::string& inc = a.weight_decay_incr_style;
+  need(inc == "constant" || inc == "linear" || inc == "cosine",
+       str("--weight-decay-incr-style ", inc, " is not supported"), "use constant, linear or cosine");
+  const bool start = vm.count("start-weight-decay") > 0, end = vm.count("end-weight-decay") > 0;
+  if (inc == "constant") {
+    need(!start && !end, "--start-weight-decay / --end-weight-decay need --weight-decay-incr-style linear or cosine",
+         "give --weight-decay alone for a constant weight decay");
+  } else {
+    need(start && end, str("--weight-decay-incr-style ", inc, " needs --start-weight-decay and --end-weight-decay"), "");
+    need(a.start_weight_decay >= 0 && a.end_weight_decay >= a.start_weight_decay,
+         str("--start-weight-decay ", a.start_weight_decay, " and --end-weight-decay ", a.end_weight_decay,
+             " must satisfy 0 <= start <= end (Megatron increments weight decay)"),
+         "");
+  }
+  need(!(a.override_opt_param_scheduler && a.use_checkpoint_opt_param_scheduler),
+       "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler contradict each other",
+       "give one: the flags' schedule, or the checkpoint's");
+}
+
 // The run: LR schedule, device, length, batch sizes, data sources, intervals, checkpoints.
 void check_run_flags(const po::variables_map& vm, TrainArgs& a, const std::optional<DeepSpeedConfig>& ds) {
   const int64_t cp = a.context_parallel_size;
-  need(a.lr_decay_style == "constant" || a.lr_decay_style == "linear" || a.lr_decay_style == "cosine",
-       str("--lr-decay-style ", a.lr_decay_style, " is not supported"), "use constant, linear or cosine");
+  check_schedule_flags(vm, a);
+  check_optimizer_flags(vm, a);
   need(a.device == "auto" || a.device == "cpu" || a.device == "cuda", str("--device ", a.device, " unknown"),
        "use auto, cpu or cuda");
   need((a.train_iters > 0) != (a.train_samples > 0), "give exactly one of --train-iters and --train-samples", "");
@@ -785,6 +865,37 @@ void check_run_flags(const po::variables_map& vm, TrainArgs& a, const std::optio
 }
 
 }  // namespace
+
+LRScheduleConfig lr_schedule_config(const TrainArgs& a) {
+  LRScheduleConfig c;
+  c.lr = a.lr;
+  c.min_lr = a.min_lr;
+  c.init_lr = a.lr_warmup_init;
+  c.style = a.lr_decay_style;
+  c.wsd_style = a.lr_wsd_decay_style;
+  const int64_t gbs = a.global_batch_size;
+  if (a.uses_samples()) {
+    c.decay_steps = a.lr_decay_samples ? a.lr_decay_samples : a.train_samples;
+    c.wd_incr_steps = a.train_samples;
+    c.wsd_decay_steps = a.lr_wsd_decay_samples;
+    c.warmup_steps = static_cast<double>(a.lr_warmup_samples);
+  } else {
+    c.decay_steps = (a.lr_decay_iters ? a.lr_decay_iters : a.train_iters) * gbs;
+    c.wd_incr_steps = a.train_iters * gbs;
+    c.wsd_decay_steps = a.lr_wsd_decay_iters * gbs;
+    c.warmup_steps = static_cast<double>(a.lr_warmup_iters * gbs);
+  }
+  // Megatron: lr_warmup_fraction * lr_decay_steps, not rounded.
+  if (a.lr_warmup_fraction >= 0) c.warmup_steps = a.lr_warmup_fraction * static_cast<double>(c.decay_steps);
+  if (a.weight_decay_incr_style == "constant") {
+    c.start_wd = c.end_wd = a.optim.weight_decay;
+  } else {
+    c.start_wd = a.start_weight_decay;
+    c.end_wd = a.end_weight_decay;
+  }
+  c.wd_incr_style = a.weight_decay_incr_style;
+  return c;
+}
 
 const po::options_description& pretrain_flag_descriptions() {
   struct Sink {  // where the descriptions' values would go; never read

@@ -28,14 +28,25 @@ struct TrainArgs {
   int64_t train_iters = 0;                 // --train-iters
   int64_t train_samples = 0;               // --train-samples
   // learning rate
-  float lr = 1e-4f;                        // --lr
-  float min_lr = 0.0f;                     // --min-lr
+  double lr = 1e-4;                        // --lr
+  double min_lr = 0.0;                     // --min-lr
   std::string lr_decay_style = "linear";   // --lr-decay-style
   int64_t lr_decay_iters = 0;              // --lr-decay-iters (default: train iters)
   int64_t lr_decay_samples = 0;            // --lr-decay-samples (default: train samples)
-  float lr_warmup_fraction = -1;           // --lr-warmup-fraction
+  double lr_warmup_fraction = -1;          // --lr-warmup-fraction
   int64_t lr_warmup_iters = 0;             // --lr-warmup-iters
   int64_t lr_warmup_samples = 0;           // --lr-warmup-samples
+  double lr_warmup_init = 0.0;             // --lr-warmup-init: the learning rate the warmup starts from
+  std::string lr_wsd_decay_style = "exponential";  // --lr-wsd-decay-style (WSD's annealing)
+  int64_t lr_wsd_decay_iters = 0;          // --lr-wsd-decay-iters: WSD's annealing length (iteration runs)
+  int64_t lr_wsd_decay_samples = 0;        // --lr-wsd-decay-samples: the same in samples (--train-samples runs)
+  // weight decay schedule (--weight-decay is optim.weight_decay): start → end over the run
+  double start_weight_decay = -1;          // --start-weight-decay (with a linear or cosine incr style)
+  double end_weight_decay = -1;            // --end-weight-decay
+  std::string weight_decay_incr_style = "constant";  // --weight-decay-incr-style constant | linear | cosine
+  // the schedule a --load checkpoint recorded (Megatron's rule): by default it must equal the flags'
+  bool override_opt_param_scheduler = false;        // --override-opt_param-scheduler: the flags win
+  bool use_checkpoint_opt_param_scheduler = false;  // --use-checkpoint-opt_param-scheduler: the checkpoint's wins
   // precision and memory
   bool fp16 = false, bf16 = false;         // --fp16 / --bf16
   bool recompute_activations = false;      // --recompute-activations (= --recompute-granularity full,
@@ -139,5 +150,10 @@ struct TrainArgs {
 // before the call these are pretrain_bert's flags: the BERT group (--bert-no-binary-head,
 // --bert-post-ln, --mask-prob, --short-seq-prob) is added and a BERT configured.
 bool parse_train_args(int argc, char** argv, TrainArgs& out);
+
+// The learning-rate and weight-decay schedule of the flags, in samples (Megatron's unit: an
+// iteration run's iterations × --global-batch-size), as megatron/training/training.py's
+// get_optimizer_param_scheduler builds it.
+LRScheduleConfig lr_schedule_config(const TrainArgs& a);
 
 }  // namespace mpitron

@@ -51,7 +51,8 @@ std::string AsyncSaver::start(const std::string& save_dir, const GPT& model, con
                               const std::string& lr_schedule_json, int keep_last, bool writer) {
   wait();  // at most one in flight
   Timer t;
-  opt_ = OptimState{host_copy(opt.master), host_copy(opt.exp_avg), host_copy(opt.exp_avg_sq), opt.begin, opt.steps};
+  opt_ = OptimState{host_copy(opt.master), host_copy(opt.exp_avg), host_copy(opt.exp_avg_sq), opt.begin, opt.steps,
+                    opt.optimizer};
   scaler_ = scaler;
   st_ = st;
   flags_ = flags_json;

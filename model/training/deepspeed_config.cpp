@@ -1,6 +1,7 @@
 #include "model/training/deepspeed_config.h"
 #include "model/flags/flag_given.h"
 
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -139,6 +140,39 @@ DeepSpeedConfig read_deepspeed_config(const std::string& path) {
         if (bk == "enabled") c.bf16 = get_bool(path, bv, "bf16.enabled");
         else unsupported.push_back("bf16." + bk);
       }
+    } else if (key == "optimizer") {
+      if (!v.is_object()) bad(path, "optimizer must be an object");
+      for (const auto& [ok, ov] : v.items()) {
+        const std::string name = "optimizer." + ok;
+        if (ok == "type") {
+          const std::string t = ov.is_string() ? ov.get<std::string>() : "";
+          std::string lower = t;
+          for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+          if (lower == "adam" || lower == "adamw") c.optimizer = "adam";
+          else if (lower == "sgd") c.optimizer = "sgd";
+          else unsupported.push_back(str(name, " ", json_excerpt(ov), " (built: Adam, AdamW, SGD)"));
+        } else if (ok == "params") {
+          if (!ov.is_object()) bad(path, name + " must be an object");
+          for (const auto& [pk, pv] : ov.items()) {
+            const std::string pname = name + "." + pk;
+            if (pk == "lr") c.lr = get_num(path, pv, pname, 0, 1e30);
+            else if (pk == "eps") c.eps = get_num(path, pv, pname, 1e-30, 1e30);
+            else if (pk == "weight_decay") c.weight_decay = get_num(path, pv, pname, 0, 1e30);
+            else if (pk == "momentum") c.momentum = get_num(path, pv, pname, 0, 1);
+            else if (pk == "betas") {
+              if (!pv.is_array() || pv.size() != 2) bad(path, pname + " must be [beta1, beta2]");
+              c.beta1 = get_num(path, pv[0], pname + "[0]", 0, 1);
+              c.beta2 = get_num(path, pv[1], pname + "[1]", 0, 1);
+            } else if (pk == "adam_w_mode") {
+              if (!get_bool(path, pv, pname)) unsupported.push_back(pname + " false (Adam with L2 weight decay)");
+            } else {
+              unsupported.push_back(pname);
+            }
+          }
+        } else {
+          unsupported.push_back(name);
+        }
+      }
     } else if (auto it = display_only().find(key); it != display_only().end()) {
       c.notes.push_back(str("DeepSpeed ", key, ": ", it->second));
     } else {
@@ -154,7 +188,7 @@ DeepSpeedConfig read_deepspeed_config(const std::string& path) {
                   "CPU: offload_optimizer: {\"device\": \"cpu\"})");
     bad(path, str("mpitron cannot honour these keys: ", list),
         "remove them (docs/megatron-compat.md lists the keys mpitron reads: batch sizes, gradient_clipping, "
-        "zero_optimization.stage 0-3 and its stage3_* keys, fp16, bf16)");
+        "zero_optimization.stage 0-3 and its stage3_* keys, fp16, bf16, optimizer)");
   }
   if (c.fp16.value_or(false) && c.bf16.value_or(false)) bad(path, "fp16.enabled and bf16.enabled are both true");
   return c;
@@ -233,6 +267,13 @@ void apply_deepspeed_config(const DeepSpeedConfig& ds, const boost::program_opti
   take(ds, vm, ds.loss_scale_window, "fp16.loss_scale_window", "loss-scale-window", a.scaler.window);
   take(ds, vm, ds.hysteresis, "fp16.hysteresis", "hysteresis", a.scaler.hysteresis);
   take(ds, vm, ds.min_loss_scale, "fp16.min_loss_scale", "min-loss-scale", a.scaler.min_scale);
+  take(ds, vm, ds.optimizer, "optimizer.type", "optimizer", a.optim.optimizer);
+  take(ds, vm, ds.lr, "optimizer.params.lr", "lr", a.lr);
+  take(ds, vm, ds.beta1, "optimizer.params.betas[0]", "adam-beta1", a.optim.beta1);
+  take(ds, vm, ds.beta2, "optimizer.params.betas[1]", "adam-beta2", a.optim.beta2);
+  take(ds, vm, ds.eps, "optimizer.params.eps", "adam-eps", a.optim.eps);
+  take(ds, vm, ds.weight_decay, "optimizer.params.weight_decay", "weight-decay", a.optim.weight_decay);
+  take(ds, vm, ds.momentum, "optimizer.params.momentum", "sgd-momentum", a.optim.sgd_momentum);
   for (const std::string& n : ds.notes) a.startup_notes.push_back(n);
 }
 

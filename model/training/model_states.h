@@ -7,9 +7,9 @@
 //   ZeRO-3       + parameters sharded: a unit (a block) is all-gathered before its
 //                forward and again before its backward, freed after use
 //                (model/training/states_zero3.cpp)
-// Every implementation takes its AdamW from parallel/flat_adamw.h. The trainer calls
-// only this interface (model/training/trainer.cpp has no branch on the strategy);
-// make_model_states() picks the implementation from a table keyed by the stage.
+// Every implementation takes its optimizer step (--optimizer: AdamW or SGD) from
+// parallel/flat_optimizer.h. The trainer calls only this interface (model/training/trainer.cpp
+// has no branch on the strategy or the optimizer); make_model_states() picks the implementation from a table keyed by the stage.
 //
 // A training step, as the trainer drives it:
 //   zero_grad();
@@ -31,7 +31,7 @@
 #include "model/memory.h"
 #include "model/checkpoint/checkpointing.h"
 #include "parallel/data_parallel.h"
-#include "parallel/flat_adamw.h"
+#include "parallel/flat_optimizer.h"
 #include "parallel/zero.h"
 
 namespace mpitron {
@@ -66,9 +66,11 @@ class ModelStates {
   virtual void end_backward() = 0;
   // A forward without backward (evaluation): its parameters ready as it reads them.
   virtual void add_forward_hooks(ForwardOptions& o) = 0;
-  // The update (gradients divided by loss_scale): norm, veto, clip, AdamW; the
+  // The update (gradients divided by loss_scale): norm, veto, clip, the --optimizer update; the
   // values are current for the next forward.
   virtual StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto) = 0;
+  // The weight decay of the next steps' decaying parameters (the schedule's; default --weight-decay).
+  virtual void set_weight_decay(float wd) = 0;
 
   // ---- outside steps ----
   // The ParamSet's flat value buffer holds every value (waits for in-flight gathers;

@@ -15,10 +15,10 @@ std::vector<FlatParam> flat_params(const ParamSet& params) {
   return v;
 }
 
-AdamWOptimizer::AdamWOptimizer(ParamSet& params, const OptimizerConfig& cfg, Communicator* norm_group)
+ReplicatedOptimizer::ReplicatedOptimizer(ParamSet& params, const OptimizerConfig& cfg, Communicator* norm_group)
     : params_(params), norm_group_(norm_group), adam_(params.values(), 0, flat_params(params), cfg) {}
 
-StepResult AdamWOptimizer::step(float lr, float loss_scale, const std::function<bool(double)>& veto) {
+StepResult ReplicatedOptimizer::step(float lr, float loss_scale, const std::function<bool(double)>& veto) {
   return adam_.reduced_step(params_.grads(), nullptr, norm_group_, loss_scale, lr, veto);
 }
 

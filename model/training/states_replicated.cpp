@@ -42,17 +42,18 @@ class ReplicatedStates final : public ModelStates {
     if (buckets_) buckets_->wait_all();
     return opt_.step(lr, loss_scale, veto);
   }
+  void set_weight_decay(float wd) override { opt_.set_weight_decay(wd); }
   void add_forward_hooks(ForwardOptions&) override {}
   void whole() override {}
   OptimState local_state() const override {
-    return {opt_.master(), opt_.exp_avg(), opt_.exp_avg_sq(), 0, opt_.steps_taken()};
+    return {opt_.master(), opt_.exp_avg(), opt_.exp_avg_sq(), 0, opt_.steps_taken(), opt_.optimizer()};
   }
   std::pair<int64_t, int64_t> state_range() const override { return {0, params_.numel()}; }
   void install(const OptimState& s, bool with_optim) override {
     opt_.master().copy_from(s.master.to(opt_.master().device()));
     if (with_optim) {
       opt_.exp_avg().copy_from(s.exp_avg.to(opt_.exp_avg().device()));
-      opt_.exp_avg_sq().copy_from(s.exp_avg_sq.to(opt_.exp_avg_sq().device()));
+      if (opt_.exp_avg_sq().defined()) opt_.exp_avg_sq().copy_from(s.exp_avg_sq.to(opt_.exp_avg_sq().device()));
       opt_.set_steps_taken(s.steps);
     }
     opt_.sync_values_from_master();
@@ -63,7 +64,7 @@ class ReplicatedStates final : public ModelStates {
 
  private:
   ParamSet& params_;
-  AdamWOptimizer opt_;
+  ReplicatedOptimizer opt_;
   std::unique_ptr<GradBuckets> buckets_;
   bool experts_ = false;
 };

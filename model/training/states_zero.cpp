@@ -38,17 +38,18 @@ class ZeroStates final : public ModelStates {
   StepResult step(float lr, float loss_scale, const std::function<bool(double)>& veto) override {
     return zero_->step(lr, loss_scale, veto);
   }
+  void set_weight_decay(float wd) override { zero_->set_weight_decay(wd); }
   void add_forward_hooks(ForwardOptions& o) override { o.params_needed = zero_->params_hook(); }
   void whole() override { zero_->finish_param_gather(); }
   OptimState local_state() const override {
     return {zero_->master_shard(), zero_->exp_avg_shard(), zero_->exp_avg_sq_shard(), zero_->shard_begin(),
-            zero_->steps_taken()};
+            zero_->steps_taken(), zero_->optimizer()};
   }
   std::pair<int64_t, int64_t> state_range() const override { return {zero_->shard_begin(), zero_->shard_end()}; }
   void install(const OptimState& s, bool with_optim) override {
     const int64_t n = zero_->shard_end() - zero_->shard_begin();
     auto take = [&](const Tensor& from, const Tensor& shard) {
-      if (n > 0) shard.copy_from(from.to(shard.device()));
+      if (n > 0 && shard.defined()) shard.copy_from(from.to(shard.device()));
     };
     take(s.master, zero_->master_shard());
     if (with_optim) {

@@ -5,7 +5,7 @@
 // The flat buffer [0, N) is sharded as ZeRO-1/2 shard it (ShardLayout: rank r owns
 // [r·S, (r+1)·S), S = ceil(N / dp)), so checkpoints are the same hyperslabs and load
 // under every other layout. A rank holds, persistently:
-//   values shard (S) compute dtype, master / m / v (S) f32 (parallel/flat_adamw.h),
+//   values shard (S) compute dtype, master / m / v (S) f32 (parallel/flat_optimizer.h),
 //   gradient shard (S) f32 (the dp sums of the step so far).
 // The ParamSet's flat buffers are released. Units:
 //   - a block (its parameters are contiguous in the flat buffer): all-gathered from
@@ -50,7 +50,7 @@ class Zero3States final : public ModelStates {
     const int64_t n = layout_.size(dp.rank());
     const Tensor& all = ps_.values();
     values_shard_ = all.flat_range(sb_, n).clone();
-    adam_ = FlatAdamW(values_shard_, sb_, flat_params(ps_), cfg.optim);
+    adam_ = FlatOptimizer(values_shard_, sb_, flat_params(ps_), cfg.optim);
     grad_shard_ = Tensor::zeros({n}, DType::F32, all.device());
     build_units();
     if (cfg.experts.active()) dense_ = dense_runs(flat_params(ps_));
@@ -123,6 +123,7 @@ class Zero3States final : public ModelStates {
     if (!r.skipped) refresh_persistent();
     return r;
   }
+  void set_weight_decay(float wd) override { adam_.set_weight_decay(wd); }
 
   void add_forward_hooks(ForwardOptions& o) override {
     o.params_needed = [this](size_t first, size_t) { forward_needs(unit_of_[first]); };
@@ -137,7 +138,7 @@ class Zero3States final : public ModelStates {
   }
 
   OptimState local_state() const override {
-    return {adam_.master(), adam_.exp_avg(), adam_.exp_avg_sq(), sb_, adam_.steps_taken()};
+    return {adam_.master(), adam_.exp_avg(), adam_.exp_avg_sq(), sb_, adam_.steps_taken(), adam_.optimizer()};
   }
   std::pair<int64_t, int64_t> state_range() const override { return {sb_, sb_ + values_shard_.numel()}; }
   void install(const OptimState& s, bool with_optim) override {
@@ -145,7 +146,7 @@ class Zero3States final : public ModelStates {
       adam_.master().copy_from(s.master.to(adam_.master().device()));
       if (with_optim) {
         adam_.exp_avg().copy_from(s.exp_avg.to(adam_.exp_avg().device()));
-        adam_.exp_avg_sq().copy_from(s.exp_avg_sq.to(adam_.exp_avg_sq().device()));
+        if (adam_.exp_avg_sq().defined()) adam_.exp_avg_sq().copy_from(s.exp_avg_sq.to(adam_.exp_avg_sq().device()));
       }
     }
     if (with_optim) adam_.set_steps_taken(s.steps);
@@ -334,7 +335,7 @@ class Zero3States final : public ModelStates {
   ShardLayout layout_;
   int64_t sb_ = 0;
   Tensor values_shard_, grad_shard_;
-  FlatAdamW adam_;
+  FlatOptimizer adam_;
   std::vector<Unit> units_;
   std::vector<size_t> unit_of_;  // parameter → unit
   std::vector<Reduction> pending_;

@@ -2,7 +2,7 @@
 // gradient norm, and loss / grad-norm spikes over a moving window.
 //
 // The trainer asks the guard between the gradient norm and the AdamW update
-// (AdamWOptimizer::step / ZeroOptimizer::step take it as their veto), so a bad
+// (ReplicatedOptimizer::step / ZeroOptimizer::step take it as their veto), so a bad
 // step never touches the weights. The verdict is OR-ed over every rank before
 // anyone acts on it: all ranks skip, stop or rerun together.
 #pragma once

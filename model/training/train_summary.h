@@ -19,6 +19,7 @@ struct TrainSummary {
   std::vector<double> losses;  // per iteration: the loss trained on (GPT: lm loss; BERT: lm + sop)
   std::vector<double> lm_losses, sop_losses;  // BERT: per iteration, the two parts of `losses`
   std::vector<double> grad_norms;  // per iteration (before clipping)
+  std::vector<double> lrs, weight_decays;  // per iteration: the schedule's learning rate and weight decay it used
   std::vector<double> moe_aux_losses;  // MoE: per iteration, the load-balancing loss (summed over the layers)
   bool signalled = false;      // stopped by SIGTERM/SIGUSR1 (--exit-signal-handler)
   std::vector<double> accuracies;  // eval_sets() sources: after each evaluation, correct / total over every set

@@ -159,17 +159,9 @@ void Trainer::Impl::make_states() {
 void Trainer::Impl::make_lr_schedule() {
   const TrainArgs& a = args;
   total_iters = a.uses_samples() ? (a.train_samples + a.global_batch_size - 1) / a.global_batch_size : a.train_iters;
-  LRScheduleConfig lc;
-  lc.lr = a.lr;
-  lc.min_lr = a.min_lr;
-  lc.style = a.lr_decay_style;
-  const int64_t total = a.uses_samples() ? a.train_samples : a.train_iters;
-  lc.decay_steps = a.uses_samples() ? (a.lr_decay_samples ? a.lr_decay_samples : total)
-                                    : (a.lr_decay_iters ? a.lr_decay_iters : total);
-  if (a.lr_warmup_fraction >= 0) lc.warmup_steps = static_cast<int64_t>(a.lr_warmup_fraction * lc.decay_steps);
-  else lc.warmup_steps = a.uses_samples() ? a.lr_warmup_samples : a.lr_warmup_iters;
-  MPT_CHECK(lc.warmup_steps <= lc.decay_steps,
-            str("warmup (", lc.warmup_steps, ") is longer than the decay (", lc.decay_steps, ")"),
+  const LRScheduleConfig lc = lr_schedule_config(a);  // in samples, as Megatron counts
+  MPT_CHECK(lc.warmup_steps <= static_cast<double>(lc.decay_steps),
+            str("warmup (", lc.warmup_steps, " samples) is longer than the decay (", lc.decay_steps, " samples)"),
             "shorten --lr-warmup-* or lengthen --lr-decay-*");
   lr = std::make_unique<LRSchedule>(lc);
   if (a.rampup_batch_size.size() == 3)

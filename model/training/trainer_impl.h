@@ -85,6 +85,7 @@ struct Trainer::Impl {
     int64_t gbs = 0;     // its global batch
     float scale = 1;     // the loss scale it ran with
     double loss = 0;     // the loss averaged over the micro-batches and dp ranks
+    double lr = 0, wd = 0;  // the learning rate and weight decay it applied (the schedule's)
     StepResult result;   // grad norm, skipped
   };
 
@@ -141,6 +142,9 @@ struct Trainer::Impl {
   void check_state_finite();
   void rerun_from_checkpoint();
   std::string lr_json() const;
+  // After a --load: the checkpoint's schedule (its lr_schedule JSON) against the flags'
+  // (--override-opt_param-scheduler / --use-checkpoint-opt_param-scheduler, trainer_save.cpp).
+  void resume_schedule(const std::string& saved_json, const std::string& where);
 
   // ---- the layout's arithmetic
   MPI_Comm world_comm() const { return groups->world(); }
@@ -174,11 +178,12 @@ struct Trainer::Impl {
   uint64_t dropout_seed(int64_t iteration, int64_t k) const {
     return st.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(k);
   }
-  // Where the LR schedule stands: iterations, or samples for --train-samples runs,
-  // counting only applied updates (Megatron steps its scheduler only after a
-  // successful step, so fp16 overflow and spike skips do not advance it).
+  // Where the LR schedule stands, in samples (Megatron's num_steps: an iteration run counts
+  // iterations × global batch), counting only applied updates (Megatron steps its scheduler
+  // only after a successful step, so fp16 overflow and spike skips do not advance it).
   int64_t schedule_step() const {
-    return args.uses_samples() ? st.consumed_train_samples - st.skipped_samples : st.iteration - st.skipped_iterations;
+    return args.uses_samples() ? st.consumed_train_samples - st.skipped_samples
+                               : (st.iteration - st.skipped_iterations) * args.global_batch_size;
   }
   // The memory a rank may use: the device's, or --memory-cap below it.
   int64_t capacity() const;

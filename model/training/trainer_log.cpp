@@ -41,7 +41,7 @@ void Trainer::Impl::log(const Step& s, TrainSummary& sum) {
   n.flops = n.tps * a.model.flops_per_token();
   n.avg = interval.loss_n ? interval.loss / static_cast<double>(interval.loss_n) : NAN;
   // Megatron's convention: the learning rate after this step's scheduler update (what the next step uses).
-  n.lr = lr->lr_at(schedule_step());
+  n.lr = static_cast<float>(lr->lr_at(static_cast<double>(schedule_step())));
   // Live tensor peak, and what is reserved for it: CUDA the caching allocator's
   // segments (live + cached); the CPU has no cache of ours (malloc's is not seen).
   const MemoryStats mem = memory_stats(device);

@@ -2,20 +2,85 @@
 // --async-save), the check that nothing non-finite is saved, and --spike-rerun's return to
 // the newest checkpoint.
 #include <cmath>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
 #include "model/training/trainer_impl.h"
+#include "parallel/update_rule.h"
 
 namespace mpitron {
 
+// Megatron's OptimizerParamScheduler.state_dict() names, plus what mpitron records besides
+// (init_lr, WSD's annealing: Megatron takes those from the flags on a resume, as here).
 std::string Trainer::Impl::lr_json() const {
   const LRScheduleConfig& c = lr->config();
-  return nlohmann::json{{"lr", c.lr}, {"min_lr", c.min_lr}, {"style", c.style}, {"warmup_steps", c.warmup_steps},
-                        {"decay_steps", c.decay_steps}, {"unit", args.uses_samples() ? "samples" : "iterations"},
-                        {"step", schedule_step()}}
+  return nlohmann::json{{"max_lr", c.lr},
+                        {"min_lr", c.min_lr},
+                        {"lr_warmup_steps", c.warmup_steps},
+                        {"lr_decay_steps", c.decay_steps},
+                        {"lr_decay_style", c.style},
+                        {"num_steps", schedule_step()},
+                        {"start_wd", c.start_wd},
+                        {"end_wd", c.end_wd},
+                        {"wd_incr_style", c.wd_incr_style},
+                        {"wd_incr_steps", c.wd_incr_steps},
+                        {"init_lr", c.init_lr},
+                        {"wsd_decay_steps", c.wsd_decay_steps},
+                        {"lr_wsd_decay_style", c.wsd_style},
+                        {"unit", "samples"}}
       .dump();
+}
+
+// OptimizerParamScheduler.load_state_dict's _check_and_set for every value the checkpoint
+// records: --override-opt_param-scheduler keeps the flags', --use-checkpoint-opt_param-scheduler
+// takes the checkpoint's, and otherwise they must agree. Where the schedule stands (num_steps)
+// follows from the iteration and samples the checkpoint resumed (schedule_step()).
+void Trainer::Impl::resume_schedule(const std::string& saved_json, const std::string& where) {
+  if (saved_json.empty() || args.override_opt_param_scheduler) return;
+  const nlohmann::json j = nlohmann::json::parse(saved_json, nullptr, false);
+  if (!j.is_object()) return;
+  // Checkpoints before the schedule counted samples: iteration runs recorded iterations.
+  const double unit = j.value("unit", "samples") == "iterations" ? static_cast<double>(args.global_batch_size) : 1.0;
+  LRScheduleConfig c = lr->config();
+  std::string differ;
+  auto num = [&](const char* key, const char* legacy, const char* what, double scale, auto& field) {
+    const char* k = j.contains(key) ? key : legacy;
+    if (!k || !j.contains(k) || !j.at(k).is_number()) return;
+    using T = std::decay_t<decltype(field)>;
+    const T saved = static_cast<T>(j.at(k).get<double>() * scale);
+    if (saved == field) return;
+    differ += str(differ.empty() ? "" : "; ", what, " ", saved, " (checkpoint) vs ", field, " (flags)");
+    if (args.use_checkpoint_opt_param_scheduler) field = saved;
+  };
+  auto text = [&](const char* key, const char* legacy, const char* what, std::string& field) {
+    const char* k = j.contains(key) ? key : legacy;
+    if (!k || !j.contains(k) || !j.at(k).is_string()) return;
+    const std::string saved = j.at(k).get<std::string>();
+    if (saved == field) return;
+    differ += str(differ.empty() ? "" : "; ", what, " ", saved, " (checkpoint) vs ", field, " (flags)");
+    if (args.use_checkpoint_opt_param_scheduler) field = saved;
+  };
+  num("max_lr", "lr", "learning rate", 1.0, c.lr);
+  num("min_lr", nullptr, "minimum learning rate", 1.0, c.min_lr);
+  num("lr_warmup_steps", "warmup_steps", "warmup samples", unit, c.warmup_steps);
+  num("lr_decay_steps", "decay_steps", "decay samples", unit, c.decay_steps);
+  text("lr_decay_style", "style", "decay style", c.style);
+  if (j.contains("start_wd")) {
+    num("start_wd", nullptr, "start weight decay", 1.0, c.start_wd);
+    num("end_wd", nullptr, "end weight decay", 1.0, c.end_wd);
+    num("wd_incr_steps", nullptr, "weight-decay samples", 1.0, c.wd_incr_steps);
+    text("wd_incr_style", nullptr, "weight-decay incr style", c.wd_incr_style);
+  }
+  if (differ.empty()) return;
+  MPT_CHECK(args.use_checkpoint_opt_param_scheduler,
+            str("--load ", where, ": the checkpoint's learning-rate / weight-decay schedule differs from the flags': ",
+                differ),
+            "give the flags it was trained with, --use-checkpoint-opt_param-scheduler to continue the checkpoint's "
+            "schedule, or --override-opt_param-scheduler to go on with the flags' (as Megatron)");
+  log_info("--use-checkpoint-opt_param-scheduler: the schedule of ", where, " (", differ, ")");
+  lr = std::make_unique<LRSchedule>(c);
 }
 
 // Before a save: the weights and moments this rank holds are finite on every rank, or the
@@ -23,7 +88,9 @@ std::string Trainer::Impl::lr_json() const {
 void Trainer::Impl::check_state_finite() {
   const OptimState s = states->local_state();
   int bad = 0;
-  const char* names[3] = {"master weights", "Adam first moments", "Adam second moments"};
+  const std::vector<std::string> states = optimizer_state_names(s.optimizer);
+  const std::string names[3] = {"master weights", states.size() > 0 ? "optimizer state " + states[0] : "",
+                                states.size() > 1 ? "optimizer state " + states[1] : ""};
   const Tensor* ts[3] = {&s.master, &s.exp_avg, &s.exp_avg_sq};
   for (int k = 0; k < 3; ++k) {
     if (!ts[k]->defined() || ts[k]->numel() == 0) continue;

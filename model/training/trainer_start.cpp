@@ -8,6 +8,7 @@
 #include "io/checkpoint.h"
 #include "model/memory.h"
 #include "model/training/trainer_impl.h"
+#include "parallel/update_rule.h"
 
 namespace mpitron {
 
@@ -74,6 +75,7 @@ void Trainer::Impl::check_memory() {
   shard.optimizer_offload = a.optim.cpu_offload && !device.is_cpu();
   if (a.optim.cpu_offload && device.is_cpu())
     log_info("--optimizer-cpu-offload on the CPU: the optimizer state is in host memory already (nothing moves)");
+  shard.optimizer_states = static_cast<int>(optimizer_state_names(a.optim.optimizer).size());
   states->account(shard);  // the strategy's own terms (ZeRO-3: its unit buffers)
   MemoryEstimate est = estimate_memory(a.model, a.micro_batch_size, shard_ranks(), states->memory_stage(),
                                        a.recompute_activations, shard);
@@ -90,6 +92,7 @@ void Trainer::Impl::load_at_start() {
   lo.load_optim = !a.no_load_optim;
   lo.load_rng = !a.no_load_rng;
   lo.finetune = a.finetune;
+  lo.optimizer = a.optim.optimizer;
   lo.tokenizer = a.tokenizer_identity;
   lo.allow_tokenizer_change = a.allow_tokenizer_change;
   lo.ckpt_format = a.ckpt_format;
@@ -101,6 +104,9 @@ void Trainer::Impl::load_at_start() {
   states->whole();  // the load writes every value
   const bool found = load_checkpoint(a.load, *model, loaded, sb, se, scaler, st, lo, &li, world_comm());
   if (found) states->install(loaded, lo.load_optim && !lo.finetune);
+  // Megatron loads the scheduler with the optimizer (not with --finetune or --no-load-optim);
+  // a run already at its end uses no schedule (below: it says so and trains nothing).
+  if (found && lo.load_optim && !lo.finetune && st.iteration < total_iters) resume_schedule(li.lr_schedule, li.dir);
   if (found && !a.finetune) {  // a resume continues the lineage it loaded (the one keep_last may prune)
     const std::string loaded_run = io::CheckpointReader::run_of(a.load, st.iteration);
     if (!loaded_run.empty()) st.run_id = loaded_run;

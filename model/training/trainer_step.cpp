@@ -49,7 +49,8 @@ Trainer::Impl::Step Trainer::Impl::step(TrainSummary& sum) {
   Step s;
   s.gbs = rampup->global_batch(st.consumed_train_samples);
   const int64_t n_micro = s.gbs / (args.micro_batch_size * args.data_parallel_size);
-  const float lr_now = lr->lr_at(schedule_step());
+  s.lr = lr->lr_at(static_cast<double>(schedule_step()));
+  s.wd = lr->wd_at(static_cast<double>(schedule_step()));
   s.scale = scaler.scale();
   const float loss_seed = s.scale / static_cast<float>(n_micro);
   // Phase timers for --log-timers-to-tensorboard (the device is synchronised only then).
@@ -76,7 +77,8 @@ Trainer::Impl::Step Trainer::Impl::step(TrainSummary& sum) {
   phase_mark();
   interval.fwd_bwd_s += phase.seconds();
   phase.reset();
-  s.result = states->step(lr_now, s.scale, veto);
+  states->set_weight_decay(static_cast<float>(s.wd));
+  s.result = states->step(static_cast<float>(s.lr), s.scale, veto);
   MPT_CHECK(judged, "the optimizer step did not judge the loss and grad norm", "this is a bug in the optimizer");
   phase_mark();
   interval.optim_s += phase.seconds();
@@ -155,6 +157,8 @@ void Trainer::Impl::record(const Step& s, TrainSummary& sum) {
   interval.tokens += s.gbs * args.model.seq_length;
   sum.losses.push_back(s.loss);
   sum.grad_norms.push_back(r.grad_norm);
+  sum.lrs.push_back(s.lr);
+  sum.weight_decays.push_back(s.wd);
   kind->record_step(counted, sum);
 }
 

@@ -97,7 +97,7 @@ BertBatch batch_of(const std::vector<ClassificationSample>& s) {
 std::vector<float> save_pretrained(const std::string& dir, const GPTConfig& c, uint64_t seed) {
   Bert m(c, Device::cpu());
   m.init_weights(seed);
-  AdamWOptimizer opt(m.params(), OptimizerConfig{});
+  ReplicatedOptimizer opt(m.params(), OptimizerConfig{});
   TrainState st;
   st.iteration = 10;
   save_checkpoint(dir, m.core(), opt, LossScaler(), st, "[]", "{}");
@@ -376,7 +376,10 @@ TEST_CASE("finetune app: 1 rank and mpirun -np 2 (DP2) give the same losses; dev
   double worst = 0;
   for (size_t i = 0; i < l1.size(); ++i) worst = std::max(worst, std::fabs(l1[i] - l2[i]));
   MESSAGE("loss ", l1.front(), " -> ", l1.back(), "; largest |1 rank - DP2| difference ", worst);
-  CHECK(worst < 1e-5);
+  // Over 750 steps the f32 summation-order difference grows with the trajectory: 6.7e-6 with the
+  // warmup learning rates computed in float, 3.4e-5 with Megatron's double-precision ones (issue 44;
+  // they differ by at most one float ulp), so the bound leaves room for either.
+  CHECK(worst < 1e-4);
   const double acc1 = last_accuracy(one), acc2 = last_accuracy(two);
   MESSAGE("dev accuracy after ", kEpochs, " epochs: 1 rank ", acc1, ", DP2 ", acc2);
   CHECK(acc1 == acc2);

@@ -59,7 +59,7 @@ TEST_CASE("finetune: pretrained checkpoints load across TP layouts") {
   {
     Bert m(pc, Device::cpu(), mp);
     m.init_weights(11);
-    AdamWOptimizer opt(m.params(), OptimizerConfig{});
+    ReplicatedOptimizer opt(m.params(), OptimizerConfig{});
     TrainState st;
     save_checkpoint((dir / "tp2").string(), m.core(), OptimState{opt.master(), opt.exp_avg(), opt.exp_avg_sq(), 0, 0},
                     LossScaler(), st, "[]", "{}", 0, MPI_COMM_WORLD, true);
@@ -68,7 +68,7 @@ TEST_CASE("finetune: pretrained checkpoints load across TP layouts") {
     Bert ref(pc, Device::cpu());  // the one-process model of the same seed
     ref.init_weights(11);
     const std::vector<float> rv = ref.params().values().to_floats();
-    AdamWOptimizer opt(ref.params(), OptimizerConfig{});
+    ReplicatedOptimizer opt(ref.params(), OptimizerConfig{});
     save_checkpoint((dir / "one").string(), ref.core(), opt, LossScaler(), TrainState{}, "[]", "{}");
     Bert m(cc, Device::cpu());
     m.init_weights(99);
@@ -111,7 +111,7 @@ TEST_CASE("finetune: TP2, DP2 ZeRO-3 and PP2 log the one-process losses within 1
     fs::remove_all(dir), fs::create_directories(dir);
     Bert pre(pretrain_config(), Device::cpu());
     pre.init_weights(11);
-    AdamWOptimizer opt(pre.params(), OptimizerConfig{});
+    ReplicatedOptimizer opt(pre.params(), OptimizerConfig{});
     save_checkpoint((dir / "bert").string(), pre.core(), opt, LossScaler(), TrainState{}, "[]", "{}");
   }
   MPI_Barrier(MPI_COMM_WORLD);

@@ -135,7 +135,7 @@ TEST_CASE("10 AdamW steps with clipping match PyTorch; recompute changes nothing
     oc.eps = o["eps"];
     oc.weight_decay = o["weight_decay"];
     oc.clip_grad = o["clip_grad_norm"];
-    AdamWOptimizer opt(model.params(), oc);
+    ReplicatedOptimizer opt(model.params(), oc);
     const float lr = o["lr"];
     for (int step = 0; step < 10; ++step) {
       Tensor in, tgt;

@@ -103,6 +103,12 @@ TEST_CASE("ZeRO-3 trains to the single-process losses under every data-parallel 
     const Result llama = single_process(llama_flags(data));
     check_close(run(plus(llama_flags(data), {"--zero-stage", "3"}), MPI_COMM_WORLD), llama, 1e-5, "Llama ZeRO-3");
     ++ran;
+    // --optimizer sgd (parallel/update_rule.h): the same sharded step, another rule (issue 44).
+    const std::vector<std::string> sgd = {"--optimizer", "sgd", "--sgd-momentum", "0.9"};
+    const Result one = single_process(plus(flags(data), sgd));
+    check_close(run(plus(flags(data), plus(sgd, {"--zero-stage", "3"})), MPI_COMM_WORLD), one, 1e-5, "SGD ZeRO-3");
+    check_close(run(plus(flags(data), plus(sgd, {"--zero-stage", "1"})), MPI_COMM_WORLD), one, 1e-5, "SGD ZeRO-1");
+    ++ran;
   }
   CHECK(ran > 0);
   MPI_Barrier(MPI_COMM_WORLD);

@@ -1,5 +1,6 @@
-#include "parallel/flat_adamw.h"
+#include "parallel/flat_optimizer.h"
 
+#include "core/error.h"
 #include "parallel/communicator.h"
 
 #include <algorithm>
@@ -10,21 +11,23 @@
 
 namespace mpitron {
 
-FlatAdamW::FlatAdamW(const Tensor& values, int64_t begin, const std::vector<FlatParam>& params,
+FlatOptimizer::FlatOptimizer(const Tensor& values, int64_t begin, const std::vector<FlatParam>& params,
                      const OptimizerConfig& cfg)
-    : cfg_(cfg), begin_(begin), values_(values) {
+    : cfg_(cfg), rule_(make_update_rule(cfg)), begin_(begin), values_(values) {
   const int64_t n = values.numel(), end = begin + n;
   offload_ = cfg.cpu_offload && !values.device().is_cpu();
   const Device state = offload_ ? Device::cpu() : values.device();
   separate_master_ = offload_ || values.dtype() != DType::F32;
   master_ = separate_master_ ? values.to(DType::F32).to(state) : values;
-  m_ = Tensor::zeros({n}, DType::F32, state);
-  v_ = Tensor::zeros({n}, DType::F32, state);
+  const size_t states = rule_->state_names().size();  // at most two: OptimState's slots
+  MPT_CHECK(states <= 2, str("--optimizer ", rule_->name(), " keeps ", states, " states per element"), "");
+  if (states > 0) m_ = Tensor::zeros({n}, DType::F32, state);
+  if (states > 1) v_ = Tensor::zeros({n}, DType::F32, state);
   if (offload_ && values.dtype() != DType::F32) host_values_ = Tensor::empty({n}, values.dtype(), state);
   for (const FlatParam& p : params) {
     const int64_t lo = std::max(begin, p.offset) - begin, hi = std::min(end, p.offset + p.numel) - begin;
     if (hi <= lo) continue;
-    const bool decay = p.weight_decay && cfg.weight_decay != 0.0f;
+    const bool decay = p.weight_decay;  // the amount is the step's (a schedule may start at 0)
     all_in_norm_ = all_in_norm_ && p.in_norm;
     Segment& b = segments_.empty() ? segments_.emplace_back(Segment{lo, lo, decay, p.in_norm}) : segments_.back();
     if (b.end == lo && b.decay == decay && b.in_norm == p.in_norm) b.end = hi;
@@ -32,7 +35,7 @@ FlatAdamW::FlatAdamW(const Tensor& values, int64_t begin, const std::vector<Flat
   }
 }
 
-void FlatAdamW::add_sum_squares(const Tensor& grads, const Tensor& sq) const {
+void FlatOptimizer::add_sum_squares(const Tensor& grads, const Tensor& sq) const {
   if (grads.numel() == 0) return;
   if (all_in_norm_) {
     sum_squares(grads, sq);
@@ -42,7 +45,7 @@ void FlatAdamW::add_sum_squares(const Tensor& grads, const Tensor& sq) const {
     if (s.in_norm && s.end > s.begin) sum_squares(grads.flat_range(s.begin, s.end - s.begin), sq);
 }
 
-StepResult FlatAdamW::step(const Tensor& grads, double scaled_sq_norm, double unscale, float lr,
+StepResult FlatOptimizer::step(const Tensor& grads, double scaled_sq_norm, double unscale, float lr,
                            const std::function<bool(double)>& veto) {
   StepResult r;
   const double scaled_norm = std::sqrt(scaled_sq_norm);
@@ -59,11 +62,8 @@ StepResult FlatAdamW::step(const Tensor& grads, double scaled_sq_norm, double un
     if (coef < 1.0) grad_scale *= coef;
   }
   ++step_;
-  AdamWArgs a;
+  UpdateArgs a;
   a.lr = lr;
-  a.beta1 = cfg_.beta1;
-  a.beta2 = cfg_.beta2;
-  a.eps = cfg_.eps;
   a.grad_scale = static_cast<float>(grad_scale);
   a.step = step_;
   // Offload: the gradients to the host, the update there, the values back.
@@ -73,14 +73,17 @@ StepResult FlatAdamW::step(const Tensor& grads, double scaled_sq_norm, double un
     const int64_t n = s.end - s.begin;
     if (n <= 0) continue;
     a.weight_decay = s.decay ? cfg_.weight_decay : 0.0f;
-    adamw_step(master_.flat_range(s.begin, n), g.flat_range(s.begin, n), m_.flat_range(s.begin, n),
-               v_.flat_range(s.begin, n), copy.defined() ? copy.flat_range(s.begin, n) : Tensor(), a);
+    std::vector<Tensor> states;
+    for (const Tensor* t : {&m_, &v_})
+      if (t->defined()) states.push_back(t->flat_range(s.begin, n));
+    rule_->apply(master_.flat_range(s.begin, n), g.flat_range(s.begin, n), states,
+                 copy.defined() ? copy.flat_range(s.begin, n) : Tensor(), a);
   }
   if (offload_ && values_.numel() > 0) values_.copy_from(host_values_.defined() ? host_values_ : master_);
   return r;
 }
 
-StepResult FlatAdamW::reduced_step(const Tensor& grads, Communicator* dp, Communicator* norm_group, float loss_scale,
+StepResult FlatOptimizer::reduced_step(const Tensor& grads, Communicator* dp, Communicator* norm_group, float loss_scale,
                                    float lr, const std::function<bool(double)>& veto, int average) {
   Tensor sq = Tensor::zeros({1}, DType::F32, grads.device());
   add_sum_squares(grads, sq);
@@ -90,7 +93,7 @@ StepResult FlatAdamW::reduced_step(const Tensor& grads, Communicator* dp, Commun
   return step(grads, static_cast<double>(sq.item()), unscale, lr, veto);
 }
 
-void FlatAdamW::sync_values_from_master() {
+void FlatOptimizer::sync_values_from_master() {
   if (!separate_master_ || master_.numel() == 0) return;
   if (!offload_) {
     cast(master_, values_);

@@ -1,17 +1,19 @@
-// parallel/flat_adamw.h — the one AdamW of every way model states are held
+// parallel/flat_optimizer.h — the one optimizer step of every way model states are held
 // (model/training/model_states.h): the optimizer state of a slice [begin, end)
-// of the flat parameter buffer, and the step's norm / clip / skip decision.
+// of the flat parameter buffer, and the step's norm / clip / skip decision. What the
+// update itself does is --optimizer's rule (parallel/update_rule.h: adam, sgd).
 //
 // Replicated training holds the slice [0, N); ZeRO-1/2/3 the rank's shard
 // (parallel/zero.h, ShardLayout). Per slice:
 //   master (n) f32 — a view of the compute-dtype values when they are f32, else a copy
-//   m, v   (n) f32
+//   m, v   (n) f32 — the rule's states (adam: exp_avg, exp_avg_sq; sgd: m the momentum
+//                    buffer, v undefined)
 // and the weight-decay segments of the parameters crossing it. One step:
 //   1. Σg² of the gradients the slice owns (add_sum_squares: only the parameters
 //      counted in the norm), summed over the rank's groups (reduced_step does both);
 //   2. step(): the unscaled norm, the veto, non-finite → skipped, clipping as
-//      torch.nn.utils.clip_grad_norm_, then tensor/adamw.h's fused kernel once
-//      per segment, writing the new master and the compute-dtype copy.
+//      torch.nn.utils.clip_grad_norm_, then the rule once per segment (AdamW:
+//      tensor/adamw.h's fused kernel), writing the new master and the compute-dtype copy.
 // With cpu_offload and device values, master / m / v live in host memory: step()
 // copies the slice's gradients to the host (one device-to-host copy), runs the CPU
 // kernel (OpenMP over all cores) and copies the compute-dtype values back (one
@@ -19,18 +21,23 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "parallel/data_parallel.h"
-#include "tensor/adamw.h"
+#include "parallel/update_rule.h"
 
 namespace mpitron {
 
 struct OptimizerConfig {
+  std::string optimizer = "adam";  // --optimizer adam | sgd (parallel/update_rule.h)
+  float sgd_momentum = 0.9f;   // --sgd-momentum (sgd)
   float beta1 = 0.9f;          // --adam-beta1
   float beta2 = 0.999f;        // --adam-beta2
   float eps = 1e-8f;           // --adam-eps
-  float weight_decay = 0.01f;  // --weight-decay (not applied to biases and layernorm parameters)
+  float weight_decay = 0.01f;  // --weight-decay (not applied to biases and layernorm parameters); a
+                               //   schedule sets each step's (set_weight_decay)
   float clip_grad = 1.0f;      // --clip-grad: max global L2 norm; 0 disables clipping
   // --optimizer-cpu-offload (DeepSpeed's offload_optimizer: {device: cpu}): the master
   // weights and moments in host memory, the update on the CPU (all cores), the gradients
@@ -43,12 +50,12 @@ struct StepResult {
   bool skipped = false;  // gradients were not finite (or vetoed): parameters unchanged
 };
 
-class FlatAdamW {
+class FlatOptimizer {
  public:
-  FlatAdamW() = default;
+  FlatOptimizer() = default;
   // values: (end - begin) compute dtype, the slice's values (the master is a view of
   // them when f32); params: every parameter of the flat buffer, in order.
-  FlatAdamW(const Tensor& values, int64_t begin, const std::vector<FlatParam>& params, const OptimizerConfig& cfg);
+  FlatOptimizer(const Tensor& values, int64_t begin, const std::vector<FlatParam>& params, const OptimizerConfig& cfg);
 
   int64_t begin() const { return begin_; }
   int64_t end() const { return begin_ + master_.numel(); }
@@ -68,10 +75,13 @@ class FlatAdamW {
                           float lr, const std::function<bool(double)>& veto = {}, int average = 0);
   // After loading master weights: round them into the compute-dtype values.
   void sync_values_from_master();
+  // The weight decay of the next steps (the schedule's, --weight-decay-incr-style).
+  void set_weight_decay(float wd) { cfg_.weight_decay = wd; }
 
   const Tensor& master() const { return master_; }      // (n) f32
-  const Tensor& exp_avg() const { return m_; }          // (n) f32
-  const Tensor& exp_avg_sq() const { return v_; }       // (n) f32
+  const Tensor& exp_avg() const { return m_; }          // (n) f32: the rule's first state (sgd: momentum)
+  const Tensor& exp_avg_sq() const { return v_; }       // (n) f32: its second (undefined for sgd)
+  const char* optimizer() const { return rule_->name(); }  // --optimizer: what checkpoints record
   const Tensor& values() const { return values_; }      // (n) compute dtype
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t s) { step_ = s; }
@@ -84,6 +94,7 @@ class FlatAdamW {
     bool in_norm;
   };
   OptimizerConfig cfg_;
+  std::shared_ptr<const UpdateRule> rule_;
   int64_t begin_ = 0;
   Tensor values_, master_, m_, v_;
   bool separate_master_ = false;
