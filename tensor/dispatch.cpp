@@ -1084,6 +1084,31 @@ std::pair<int64_t, int64_t> check_router(const char* op, const Tensor& logits, c
          str(op, ": expert_bias must be (E) = (", E, ") f32, got ", a.expert_bias.describe()));
   check_same_device(op, {&logits, &a.expert_bias});
   check_contiguous(op, {{&logits, "logits"}, {&a.expert_bias, "expert_bias"}});
+  const int64_t ng = a.num_groups;
+  need(ng >= 0 && a.group_topk >= 0 && a.group_score_topk >= 0,
+       str(op, ": num_groups (", ng, "), group_topk (", a.group_topk, ") and group_score_topk (", a.group_score_topk,
+           ") must be >= 0 (0: no group limit)"));
+  if (ng == 0) {
+    need(a.group_topk == 0 && a.group_score_topk == 0,
+         str(op, ": group_topk = ", a.group_topk, " and group_score_topk = ", a.group_score_topk,
+             " need num_groups > 0 (--moe-router-num-groups); set it, or leave them 0"));
+  } else {
+    need(ng <= kMoeMaxGroups && E % ng == 0,
+         str(op, ": num_groups = ", ng, " (--moe-router-num-groups) must divide the E = ", E,
+             " experts into equal groups and be at most ", kMoeMaxGroups));
+    const int64_t per = E / ng;
+    need(a.group_topk >= 1 && a.group_topk <= ng,
+         str(op, ": group_topk = ", a.group_topk, " (--moe-router-group-topk) must be in [1, num_groups = ", ng,
+             "] when --moe-router-num-groups is set"));
+    need(a.topk <= a.group_topk * per,
+         str(op, ": topk = ", a.topk, " experts cannot come from group_topk = ", a.group_topk, " groups of ", per,
+             " (--moe-router-group-topk × E / --moe-router-num-groups = ", a.group_topk * per, ")"));
+    need(a.group_score_topk <= per, str(op, ": group_score_topk = ", a.group_score_topk,
+                                         " exceeds the ", per, " experts of a group (E / --moe-router-num-groups)"));
+    need(moe_group_score_topk(a) >= 1,
+         str(op, ": the group score would sum topk / group_topk = ", a.topk, " / ", a.group_topk,
+             " = 0 experts (Megatron's rule); pass group_score_topk >= 1 (transformers' DeepseekV3 uses 2)"));
+  }
   return {N, E};
 }
 void check_router_io(const char* op, const Tensor& logits, const Tensor& t, const char* name, const Shape& shape,
