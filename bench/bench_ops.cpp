@@ -367,6 +367,23 @@ class Bench {
         compute(dev, "attention GQA softcap bwd", sh, dt, 2.5 * f,
                 [&] { attention_backward(out, qkv, out, lse, dqkv, 0.125f, {}, capped); });
       }
+      {  // DeepSeek-V3's MLA core: q/k heads 192 wide (nope 128 + rope 64), v/out heads 128, NH = 16 on
+         // the GPU; the block form (attention_block.h) over the whole causal sequence, as the MLA layer
+         // calls it. Causal FLOPs: half of 2·T²·(Dqk + Dv) per head forward, 2.5x that backward.
+        const int64_t dqk = 192, dv = 128, nhm = gpu ? 16 : 4;
+        const Tensor q = randn({bsz, t, nhm, dqk}, dt, dev, 31), k = randn({bsz, t, nhm, dqk}, dt, dev, 32),
+                     v = randn({bsz, t, nhm, dv}, dt, dev, 33);
+        const Tensor out = Tensor::empty({bsz, t, nhm, dv}, dt, dev), lse = Tensor::empty({bsz, nhm, t}, DType::F32, dev);
+        const Tensor dq = Tensor::empty(q.shape(), dt, dev), dk = Tensor::empty(k.shape(), dt, dev),
+                     dvv = Tensor::empty(v.shape(), dt, dev);
+        const double f = double(bsz) * nhm * double(t) * t * (dqk + dv);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(dqk));
+        const AttentionBlock blk{0, 0, t, true};
+        const std::string sh = str("B", bsz, " T", t, " NH", nhm, " Dqk", dqk, " Dv", dv);
+        compute(dev, "attention MLA fwd", sh, dt, f, [&] { attention_block_forward(q, k, v, out, lse, scale, blk); });
+        compute(dev, "attention MLA bwd", sh, dt, 2.5 * f,
+                [&] { attention_block_backward(out, q, k, v, out, lse, dq, dk, dvv, scale, blk); });
+      }
       {
         std::vector<int64_t> ids(static_cast<size_t>(tok));
         for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7919) % v);

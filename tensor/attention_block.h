@@ -5,10 +5,12 @@
 // different key blocks merge exactly (attention_merge); and the backward of one
 // block given the merged output and log-sum-exp (flash attention's recurrence).
 //
-//   q      (B, Tq, NH, HD)  queries at global positions q_start … q_start + Tq − 1
-//   k, v   (B, Tk, G, HD)   keys and values at k_start … k_start + Tk − 1; query head h
-//                           reads kv group h / (NH/G) (GQA; G = NH is MHA)
-//   out    (B, Tq, NH, HD)  = softmax(q·kᵀ·scale, mask) · v over THIS block's keys
+//   q      (B, Tq, NH, Dqk) queries at global positions q_start … q_start + Tq − 1
+//   k      (B, Tk, G, Dqk)  keys at k_start … k_start + Tk − 1; query head h reads kv
+//                           group h / (NH/G) (GQA; G = NH is MHA)
+//   v      (B, Tk, G, Dv)   values of the same keys; Dv may differ from Dqk (DeepSeek's
+//                           MLA: q and k heads are nope + rope = 192 wide, v heads 128)
+//   out    (B, Tq, NH, Dv)  = softmax(q·kᵀ·scale, mask) · v over THIS block's keys
 //   lse    (B, NH, Tq) f32  = log Σ_j exp(score_ij) over this block's visible keys
 //   mask   causal: the key at global position p is visible from the query at q iff
 //          p <= q; otherwise every key is visible. With blk.kv_lengths, key j (local
@@ -26,8 +28,10 @@
 //
 // Views: q, k, v, out, dout, dq, dk, dv may be strided views of bigger tensors
 // (e.g. the Q, K, V heads of a packed qkv, or one chunk of the rows) as long as
-// each row's heads are packed: stride(3) == 1 and stride(2) == HD; the row and batch
-// strides are free. lse: stride(2) == 1. So no permute or gather copies are needed.
+// each row's heads are packed: stride(3) == 1 and stride(2) == the tensor's own head
+// width (Dqk or Dv); the row and batch strides are free. lse: stride(2) == 1. So no
+// permute or gather copies are needed. Shapes are checked (an error naming the op and
+// the tensor): k's head width must be q's, out's and dout's v's.
 // dtypes: q, k, v, out, dout, dq, dk, dv share f32, bf16 or f16; math in f32.
 //
 // Attention dropout (AttentionDropout, attention.h): element (b, head, i, j) keeps
@@ -41,7 +45,8 @@
 //   P   = exp(scale·q·kᵀ − L) on this block's visible keys (0 elsewhere), D_i = dO_i·O_i
 //   dS  = P ∘ (dO·vᵀ ∘ M/(1 − p) − D)           (M: the dropout keep mask)
 //   dq  = scale·dS·k,  dk = scale·dSᵀ·q,  dv = (P ∘ M/(1 − p))ᵀ·dO
-// dq, dk, dv are this block's share, overwritten; dk and dv of a kv group sum over
+// dq (q's shape, Dqk), dk (k's shape, Dqk), dv (v's shape, Dv) are this block's share,
+// overwritten (dout has out's shape, Dv); dk and dv of a kv group sum over
 // the group's NH/G query heads. The shares of all blocks add up to the gradient of
 // the whole attention. With blk.bias, P is exp(scale·q·kᵀ + bias − L); with
 // blk.bias_grad defined, backward ADDS Σ_b dS[b,h,i,j] (the unscaled dS above: the
@@ -54,8 +59,10 @@
 // CUDA: cuDNN fused attention where its mask forms cover the block (16-bit, no
 // dropout, aligned: the diagonal block (top-left causal, Tq = Tk, q_start = k_start),
 // a block every query sees whole (no mask), or bottom-right causal (q_start + Tq =
-// k_start + Tk)); otherwise — and always with bias, kv_lengths or softcap — the cuBLAS +
-// softmax fallback, as attention.h.
+// k_start + Tk)) and cuDNN accepts the head widths (Dqk != Dv is cuDNN's d_qk != d_v:
+// e.g. 192/128 on Hopper; the graph's support check decides, once per shape); otherwise
+// — and always with bias, kv_lengths or softcap — the cuBLAS + softmax fallback, as
+// attention.h, which takes any Dqk and Dv.
 #pragma once
 #include <cstdint>
 
@@ -100,7 +107,8 @@ inline int64_t attention_block_visible(const AttentionBlock& b, int64_t i, int64
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                              const Tensor& lse, float scale, const AttentionBlock& blk,
                              const AttentionDropout& drop = {}, Stream s = Stream());
-// out, lse: the merged (whole-row) values; dq (q's shape), dk, dv (k's shape) overwritten.
+// out, lse: the merged (whole-row) values; dout (out's shape); dq (q's shape), dk (k's shape),
+// dv (v's shape) overwritten.
 void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                               const Tensor& dv, float scale, const AttentionBlock& blk,
@@ -108,8 +116,9 @@ void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor&
 
 // Merges a block's partial result into a running one (the log-sum-exp rescaling of
 // flash attention and ring attention):
-//   acc     (B, T, NH, HD) f32, acc_lse (B, NH, T) f32  — start at 0 and −∞
-//   part    (B, T, NH, HD) any float dtype, part_lse (B, NH, T) f32
+//   acc     (B, T, NH, D) f32, acc_lse (B, NH, T) f32  — start at 0 and −∞ (D: out's head
+//           width, Dv of attention_block_forward)
+//   part    (B, T, NH, D) any float dtype, part_lse (B, NH, T) f32
 //   L = log(e^acc_lse + e^part_lse);  acc ← acc·e^(acc_lse − L) + part·e^(part_lse − L);  acc_lse ← L
 // A row with part_lse = −∞ is left unchanged; acc and acc_lse must be contiguous,
 // part and part_lse may be views as above.

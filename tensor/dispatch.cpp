@@ -548,14 +548,24 @@ void check_stats(const char* op, const Tensor& t, const char* name, int64_t b, i
   need(tl <= 1 || t.strides()[2] == 1, str(op, ": ", name, " must have unit stride along T, has strides ",
                                             shape_str(t.strides())));
 }
+// q (B, Tq, NH, Dqk), k (B, Tk, G, Dqk), v (B, Tk, G, Dv), out (B, Tq, NH, Dv): v's head width
+// Dv may differ from q's and k's (MLA); out takes v's.
 void check_block(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                  const Tensor& lse, const AttentionBlock& blk) {
   check_rows(op, q, "q", q.ndim() == 4 ? q.dim(0) : -1, -1, -1, q.ndim() == 4 ? q.dim(3) : -1);
-  const int64_t B = q.dim(0), Tq = q.dim(1), NH = q.dim(2), HD = q.dim(3);
-  check_rows(op, k, "k", B, -1, -1, HD);
+  const int64_t B = q.dim(0), Tq = q.dim(1), NH = q.dim(2), Dqk = q.dim(3);
+  need(Dqk >= 1, str(op, ": q's head width is 0 (", q.describe(), ")"));
+  check_rows(op, k, "k", B, -1, -1, Dqk);
   const int64_t Tk = k.dim(1), G = k.dim(2);
-  check_rows(op, v, "v", B, Tk, G, HD);
-  check_rows(op, out, "out", B, Tq, NH, HD);
+  need(v.defined() && v.ndim() == 4,
+       str(op, ": v must be (B, Tk, G, Dv), got ", v.defined() ? v.describe() : std::string("undefined")));
+  const int64_t Dv = v.dim(3);
+  need(Dv >= 1, str(op, ": v's head width Dv is 0 (", v.describe(), ")"));
+  check_rows(op, v, "v", B, Tk, G, Dv);
+  need(out.defined() && out.ndim() == 4 && out.dim(3) == Dv,
+       str(op, ": out must be (B, Tq, NH, Dv) with v's head width Dv = ", Dv, " (q and k have Dqk = ", Dqk,
+           "), got ", out.defined() ? out.describe() : std::string("undefined")));
+  check_rows(op, out, "out", B, Tq, NH, Dv);
   need(NH > 0 && G > 0 && NH % G == 0,
        str(op, ": ", NH, " query heads must be a multiple of the ", G, " key/value heads (--num-query-groups)"));
   need(Tk >= 1, str(op, ": the key block is empty"));
@@ -620,11 +630,11 @@ void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor&
   check_block(op, q, k, v, out, lse, blk);
   check_block_extras(op, q, k, blk, true);
   check_attention_dropout(op, drop);
-  const int64_t B = q.dim(0), HD = q.dim(3);
-  check_rows(op, dout, "dout", B, q.dim(1), q.dim(2), HD);
-  check_rows(op, dq, "dq", B, q.dim(1), q.dim(2), HD);
-  check_rows(op, dk, "dk", B, k.dim(1), k.dim(2), HD);
-  check_rows(op, dv, "dv", B, k.dim(1), k.dim(2), HD);
+  const int64_t B = q.dim(0), Dqk = q.dim(3), Dv = v.dim(3);  // dq, dk: Dqk wide; dout, dv: Dv wide
+  check_rows(op, dout, "dout", B, q.dim(1), q.dim(2), Dv);
+  check_rows(op, dq, "dq", B, q.dim(1), q.dim(2), Dqk);
+  check_rows(op, dk, "dk", B, k.dim(1), k.dim(2), Dqk);
+  check_rows(op, dv, "dv", B, k.dim(1), k.dim(2), Dv);
   for (const Tensor* t : {&dout, &dq, &dk, &dv})
     need(t->dtype() == q.dtype(), str(op, ": dout, dq, dk and dv must have q's dtype, got ", t->describe()));
   check_same_device(op, {&dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv});
@@ -1074,6 +1084,31 @@ std::pair<int64_t, int64_t> check_router(const char* op, const Tensor& logits, c
          str(op, ": expert_bias must be (E) = (", E, ") f32, got ", a.expert_bias.describe()));
   check_same_device(op, {&logits, &a.expert_bias});
   check_contiguous(op, {{&logits, "logits"}, {&a.expert_bias, "expert_bias"}});
+  const int64_t ng = a.num_groups;
+  need(ng >= 0 && a.group_topk >= 0 && a.group_score_topk >= 0,
+       str(op, ": num_groups (", ng, "), group_topk (", a.group_topk, ") and group_score_topk (", a.group_score_topk,
+           ") must be >= 0 (0: no group limit)"));
+  if (ng == 0) {
+    need(a.group_topk == 0 && a.group_score_topk == 0,
+         str(op, ": group_topk = ", a.group_topk, " and group_score_topk = ", a.group_score_topk,
+             " need num_groups > 0 (--moe-router-num-groups); set it, or leave them 0"));
+  } else {
+    need(ng <= kMoeMaxGroups && E % ng == 0,
+         str(op, ": num_groups = ", ng, " (--moe-router-num-groups) must divide the E = ", E,
+             " experts into equal groups and be at most ", kMoeMaxGroups));
+    const int64_t per = E / ng;
+    need(a.group_topk >= 1 && a.group_topk <= ng,
+         str(op, ": group_topk = ", a.group_topk, " (--moe-router-group-topk) must be in [1, num_groups = ", ng,
+             "] when --moe-router-num-groups is set"));
+    need(a.topk <= a.group_topk * per,
+         str(op, ": topk = ", a.topk, " experts cannot come from group_topk = ", a.group_topk, " groups of ", per,
+             " (--moe-router-group-topk × E / --moe-router-num-groups = ", a.group_topk * per, ")"));
+    need(a.group_score_topk <= per, str(op, ": group_score_topk = ", a.group_score_topk,
+                                         " exceeds the ", per, " experts of a group (E / --moe-router-num-groups)"));
+    need(moe_group_score_topk(a) >= 1,
+         str(op, ": the group score would sum topk / group_topk = ", a.topk, " / ", a.group_topk,
+             " = 0 experts (Megatron's rule); pass group_score_topk >= 1 (transformers' DeepseekV3 uses 2)"));
+  }
   return {N, E};
 }
 void check_router_io(const char* op, const Tensor& logits, const Tensor& t, const char* name, const Shape& shape,

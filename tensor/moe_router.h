@@ -11,6 +11,16 @@
 //                                       probs = s · sc[idx] / (Σ_j sc[idx_j] + 1e-20) when k > 1, else s · sc[idx]
 //     (bias: args' expert_bias (E) f32, used only to select; undefined: none. topk as tensor/moe_topk.h:
 //      descending, ties to the lower expert; a NaN selection score ranks as −inf.)
+//     Group-limited routing (args.num_groups = ng > 0: DeepSeek-V3's n_group / topk_group,
+//     Megatron-Core's group_limited_topk with --moe-router-num-groups / --moe-router-group-topk):
+//       the E experts form ng contiguous groups of E/ng; c = the selection scores above (the
+//       score + bias that topk ranks); a group's score is the sum of its m largest c (m =
+//       moe_group_score_topk(args): group_score_topk, or Megatron's topk / group_topk when 0;
+//       transformers' DeepseekV3 hard-codes 2), added largest first (a NaN sum ranks as −inf);
+//       the group_topk best groups are kept (descending, ties to the lower group) and topk
+//       chooses among the kept groups' experts only — the others are never chosen (Megatron's
+//       −inf fill; transformers fills 0, the same choice unless a kept c is negative).
+//       probs, aux_sums, lse and the backward are unchanged: they depend on the indices only.
 //     aux_sums (E) f32 = Σ_n a[n, e], the load-balancing loss's scores:
 //                        a = softmax(logits[n]) (Softmax), sigmoid(logits[n]) / (Σ_e sigmoid + 1e-20) (Sigmoid);
 //                        each column summed in a fixed order (deterministic, no atomics). Megatron's
@@ -41,7 +51,19 @@ struct MoeRouterArgs {
   int64_t topk = 2;          // k: experts per token, 1 <= k <= E
   float scaling = 1.0f;      // --moe-router-topk-scaling-factor (1: none)
   Tensor expert_bias;        // (E) f32: added to the selection scores only; undefined: none
+  // Group-limited routing (above); 0 = no group limit (then group_topk and group_score_topk must be 0).
+  int64_t num_groups = 0;        // ng: --moe-router-num-groups; divides E, at most kMoeMaxGroups
+  int64_t group_topk = 0;        // groups kept per token: --moe-router-group-topk, 1..ng, topk <= it·E/ng
+  int64_t group_score_topk = 0;  // m: experts summed into a group's score, <= E/ng; 0: topk / group_topk
 };
+
+// Most groups a router may have (the CUDA kernel keeps a row's kept groups in a 64-bit mask).
+constexpr int64_t kMoeMaxGroups = 64;
+
+// The m of the group score: group_score_topk, or Megatron's topk / group_topk when it is 0.
+inline int64_t moe_group_score_topk(const MoeRouterArgs& a) {
+  return a.group_score_topk > 0 ? a.group_score_topk : a.group_topk > 0 ? a.topk / a.group_topk : 0;
+}
 
 void moe_router_forward(const Tensor& logits, const MoeRouterArgs& args, const Tensor& probs, const Tensor& indices,
                         const Tensor& aux_sums, const Tensor& lse, Stream s = Stream());

@@ -186,7 +186,9 @@ want() { [ "$PARTS" = all ] || [ "$PARTS" = "$1" ]; }
 # with device buffers, the inference engine and runner (the paged KV cache on the device; TP/PP at 2 and 4 ranks),
 # context parallelism's attention (new tensor_test_* join by the regex: e.g. attention_bias, T5's biased,
 # padded blocks on the fallback, and relu; attention_softcap (Gemma 2's capped scores, always the fallback),
-# softcap, head_norm (QK-norm on packed-qkv views) and rope_scaling (linear/dynamic/llama3/yarn)); the 2026
+# softcap, head_norm (QK-norm on packed-qkv views) and rope_scaling (linear/dynamic/llama3/yarn); issue 42's
+# MLA blocks (Dqk 192 != Dv 128: cuDNN or the fallback; a cuDNN refusal of d_qk != d_v is logged as "attention:
+# cuDNN ... unavailable ... Dv=", and bench_ops has "attention MLA" rows) and group-limited moe_router); the 2026
 # families against transformers (model_test_families2_cuda).
 CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_t5$|model_test_families2_cuda$|model_test_trainer$|model_test_inference_|parallel_test_(comm|grid|zero|context_parallel))'
 # CUDA_RERUN (a ctest -R regex) reruns only those tests, e.g. what failed in the first call.

@@ -6,7 +6,9 @@
 // the heads of a row packed (head h at +h·HD): the packed qkv (B, T, NH + 2G, HD) is
 // three such operands (Q at column 0, K at NH·HD, V at (NH + G)·HD, row stride
 // W = (NH + 2G)·HD), a block's q/k/v views are one each. bf16/f16 operands are
-// widened to f32 copies first; f32 ones are read in place.
+// widened to f32 copies first; f32 ones are read in place. q and k heads are HD wide,
+// v, out, dout, dv heads Dv wide (a block with MLA's value heads, Dv != HD; the packed
+// call has Dv = HD): S and dS contract over HD, O = P·V and dO·Vᵀ over Dv.
 // Per (batch, head h) with kv group g = h / (NH/G), query rows go in tiles of
 // kTileRows: S = Q_tile·K_gᵀ over the keys [c0, n) some row of the tile sees (causal:
 // n = the last row's end, a prefix that grows with the row; a sliding window also
@@ -107,9 +109,10 @@ class WriteF32 {
   Out w_;
 };
 
-// One attention problem: queries (B, Tq, NH) against keys (B, Tk, G), head dim HD.
+// One attention problem: queries (B, Tq, NH) against keys (B, Tk, G); q and k heads of
+// width HD, v and out heads of width Dv (= HD except for MLA's value heads).
 struct Geo {
-  int64_t B, Tq, Tk, NH, G, HD;
+  int64_t B, Tq, Tk, NH, G, HD, Dv;
   int64_t group(int64_t h) const { return h / (NH / G); }
 };
 
@@ -159,7 +162,7 @@ struct Stats {
 
 void forward_core(const Geo& g, In q, In k, In v, Out o, Stats<float> lse, float scale, const Visible& vis,
                   const Drop& drop, const Bias& bias = {}) {
-  const int64_t HD = g.HD, Tk = g.Tk;
+  const int64_t HD = g.HD, Dv = g.Dv, Tk = g.Tk;
   std::vector<float> s(static_cast<size_t>(std::min(kTileRows, g.Tq) * Tk));
   for (int64_t b = 0; b < g.B; ++b)
     for (int64_t h = 0; h < g.NH; ++h) {
@@ -170,10 +173,10 @@ void forward_core(const Geo& g, In q, In k, In v, Out o, Stats<float> lse, float
         const int64_t c0 = vis.lo(i0);              // the tile's first row's first key: the least of any row
         const int64_t n = vis.hi(b, i0 + m - 1);    // the keys the tile's last row sees: the most of any row
         const int64_t w = n - c0;                   // S's columns: keys c0 … n − 1
-        float* o0 = o.at(b, i0, h, HD);
+        float* o0 = o.at(b, i0, h, Dv);
         if (w <= 0) {  // no row of the tile sees a key: out 0, lse −∞ (attention.h)
           for (int64_t r = 0; r < m; ++r) {
-            std::fill(o0 + r * o.st, o0 + r * o.st + HD, 0.0f);
+            std::fill(o0 + r * o.st, o0 + r * o.st + Dv, 0.0f);
             lrow[i0 + r] = -INFINITY;
           }
           continue;
@@ -206,19 +209,19 @@ void forward_core(const Geo& g, In q, In k, In v, Out o, Stats<float> lse, float
           if (drop.on())  // P ∘ M/(1 − p): lse stays the undropped softmax's
             for (int64_t j = lo; j < hi; ++j) row[j] *= drop.keep(b, h, i, c0 + j);
         }
-        sgemm(false, false, m, HD, w, 1.0f, s.data(), w, v.at(b, c0, grp, HD), v.st, 0.0f, o0, o.st);  // O = P·V
+        sgemm(false, false, m, Dv, w, 1.0f, s.data(), w, v.at(b, c0, grp, Dv), v.st, 0.0f, o0, o.st);  // O = P·V
       }
     }
 }
 
 void backward_core(const Geo& g, In dO, In q, In k, In v, In o, Stats<const float> lse, Out dq, Out dk, Out dv,
                    float scale, const Visible& vis, const Drop& drop, const Bias& bias = {}) {
-  const int64_t HD = g.HD, Tk = g.Tk;
+  const int64_t HD = g.HD, Dv = g.Dv, Tk = g.Tk;
   // dK, dV sum over tiles and over each group's heads: start from 0.
-  for (Out d : {dk, dv})
+  for (const auto& [d, wd] : {std::pair<Out, int64_t>{dk, HD}, std::pair<Out, int64_t>{dv, Dv}})
     for (int64_t b = 0; b < g.B; ++b)
 #pragma omp parallel for schedule(static) if (Tk >= 64)
-      for (int64_t t = 0; t < Tk; ++t) std::fill(d.at(b, t, 0, HD), d.at(b, t, 0, HD) + g.G * HD, 0.0f);
+      for (int64_t t = 0; t < Tk; ++t) std::fill(d.at(b, t, 0, wd), d.at(b, t, 0, wd) + g.G * wd, 0.0f);
   const size_t sq = static_cast<size_t>(std::min(kTileRows, g.Tq) * Tk);
   std::vector<float> p(sq), dp(sq), dcap(bias.softcap > 0.0f ? sq : 0);  // dcap: 1 − tanh² of the capped scores
   for (int64_t b = 0; b < g.B; ++b)
@@ -234,16 +237,16 @@ void backward_core(const Geo& g, In dO, In q, In k, In v, In o, Stats<const floa
           continue;
         }
         const float* q0 = q.at(b, i0, h, HD);
-        const float* do0 = dO.at(b, i0, h, HD);
+        const float* do0 = dO.at(b, i0, h, Dv);
         sgemm(false, true, m, w, HD, scale, q0, q.st, k.at(b, c0, grp, HD), k.st, 0.0f, p.data(), w);  // S
-        sgemm(false, true, m, w, HD, 1.0f, do0, dO.st, v.at(b, c0, grp, HD), v.st, 0.0f, dp.data(), w);  // dO·Vᵀ
+        sgemm(false, true, m, w, Dv, 1.0f, do0, dO.st, v.at(b, c0, grp, Dv), v.st, 0.0f, dp.data(), w);  // dO·Vᵀ
 #pragma omp parallel for schedule(static) if (m * w >= 4096)
         for (int64_t r = 0; r < m; ++r) {
           const int64_t i = i0 + r, hi = vis.hi(b, i) - c0, lo = std::min(vis.lo(i) - c0, std::max<int64_t>(hi, 0));
-          const float* dor = dO.at(b, i, h, HD);
-          const float* orow = o.at(b, i, h, HD);
+          const float* dor = dO.at(b, i, h, Dv);
+          const float* orow = o.at(b, i, h, Dv);
           float d = 0;
-          for (int64_t e = 0; e < HD; ++e) d += dor[e] * orow[e];
+          for (int64_t e = 0; e < Dv; ++e) d += dor[e] * orow[e];
           float* prow = p.data() + r * w;
           float* dprow = dp.data() + r * w;
           const float l = lrow[i];
@@ -277,7 +280,7 @@ void backward_core(const Geo& g, In dO, In q, In k, In v, In o, Stats<const floa
         }
         sgemm(false, false, m, HD, w, scale, dp.data(), w, k.at(b, c0, grp, HD), k.st, 0.0f, dq0, dq.st);  // dQ = scale·dS·K
         sgemm(true, false, w, HD, m, scale, dp.data(), w, q0, q.st, 1.0f, dk.at(b, c0, grp, HD), dk.st);  // dK += scale·dSᵀ·Q
-        sgemm(true, false, w, HD, m, 1.0f, p.data(), w, do0, dO.st, 1.0f, dv.at(b, c0, grp, HD), dv.st);  // dV += Pᵀ·dO
+        sgemm(true, false, w, Dv, m, 1.0f, p.data(), w, do0, dO.st, 1.0f, dv.at(b, c0, grp, Dv), dv.st);  // dV += Pᵀ·dO
       }
     }
 }
@@ -286,7 +289,7 @@ void backward_core(const Geo& g, In dO, In q, In k, In v, In o, Stats<const floa
 Geo packed_geo(const Tensor& qkv, const Tensor& out) {
   const int64_t nh = out.dim(2), hd = out.dim(3);
   const int64_t heads = qkv.ndim() == 5 ? 3 * qkv.dim(3) : qkv.dim(2);
-  return {out.dim(0), out.dim(1), out.dim(1), nh, (heads - nh) / 2, hd};
+  return {out.dim(0), out.dim(1), out.dim(1), nh, (heads - nh) / 2, hd, hd};
 }
 Visible whole_visible(const AttentionMask& m, const Geo& g) {
   return {0, m.causal, m.kv_lengths.defined() ? m.kv_lengths.data<int32_t>() : nullptr, g.Tk, m.window};
@@ -336,7 +339,7 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                              const Tensor& lse, float scale, const AttentionBlock& blk, const AttentionDropout& dr,
                              Stream) {
-  const Geo g{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  const Geo g{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), v.dim(3)};
   ReadF32 fq(q), fk(k), fv(v);
   WriteF32 fo(out);
   forward_core(g, fq.get(), fk.get(), fv.get(), fo.get(), {lse.data<float>(), lse.strides()[0], lse.strides()[1]},
@@ -348,7 +351,7 @@ void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor&
                               const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                               const Tensor& dv, float scale, const AttentionBlock& blk, const AttentionDropout& dr,
                               Stream) {
-  const Geo g{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  const Geo g{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), v.dim(3)};
   ReadF32 fdo(dout), fq(q), fk(k), fv(v), fo(out);
   WriteF32 fdq(dq), fdk(dk), fdv(dv);
   backward_core(g, fdo.get(), fq.get(), fk.get(), fv.get(), fo.get(),

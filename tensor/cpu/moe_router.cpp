@@ -1,10 +1,14 @@
 // tensor/cpu/moe_router.cpp — the MoE router's scores (tensor/moe_router.h), row by row.
 // Forward: the row's logsumexp and selection scores, then k passes over them, each taking the
 // largest after the previous pick in the order (score descending, expert ascending): the
-// choice of tensor/moe_topk.h without a taken set. aux_sums: a[n, e] is kept per row and
-// each column summed over n = 0..N-1 in order (parallel over columns only), so the sums do
-// not depend on the thread count. Backward: the row's forward recomputed from logits and
-// the given indices, then the analytic derivative (see the formulas at each mode).
+// choice of tensor/moe_topk.h without a taken set. Group-limited routing first scores each
+// group (m such passes over its E/ng scores, the picks added largest first), picks the kept
+// groups by the same passes over the group scores, and the k passes skip the other groups'
+// experts; the CUDA kernel does the same adds in the same order, so both choose alike.
+// aux_sums: a[n, e] is kept per row and each column summed over n = 0..N-1 in order
+// (parallel over columns only), so the sums do not depend on the thread count. Backward: the
+// row's forward recomputed from logits and the given indices, then the analytic derivative
+// (see the formulas at each mode).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -24,6 +28,45 @@ float sigmoid_grad(float x) {
 }
 float sel_key(float v) { return std::isnan(v) ? -INFINITY : v; }  // NaN ranks lowest
 
+// The order of the top-k passes: is (v, e) after the previous pick (last_v, last_e) — descending
+// values, ascending indices among equals; last_e < 0: nothing picked yet.
+bool after(float v, int64_t e, float last_v, int64_t last_e) {
+  return last_e < 0 || v < last_v || (v == last_v && e > last_e);
+}
+
+// Group-limited routing (moe_router.h): kept[g] for the ng groups of E/ng experts of the
+// selection scores `key`. gs: ng floats of scratch.
+void kept_groups(const float* key, int64_t E, const MoeRouterArgs& a, std::vector<float>& gs, std::vector<char>& kept) {
+  const int64_t ng = a.num_groups, per = E / ng, m = moe_group_score_topk(a);
+  for (int64_t g = 0; g < ng; ++g) {  // the sum of the group's m largest keys, largest first
+    const float* c = key + g * per;
+    float sum = 0.0f, last_v = 0.0f;
+    int64_t last_e = -1;
+    for (int64_t j = 0; j < m; ++j) {
+      float bv = -INFINITY;
+      int64_t be = per;
+      for (int64_t e = 0; e < per; ++e)
+        if (after(c[e], e, last_v, last_e) && (c[e] > bv || (c[e] == bv && e < be))) bv = c[e], be = e;
+      last_v = bv, last_e = be;
+      sum += bv;
+    }
+    gs[static_cast<size_t>(g)] = sel_key(sum);
+  }
+  // The group_topk-th best group (tv, te) in the same order: kept iff at or before it.
+  float tv = 0.0f;
+  int64_t te = -1;
+  for (int64_t j = 0; j < a.group_topk; ++j) {
+    float bv = -INFINITY;
+    int64_t be = ng;
+    for (int64_t g = 0; g < ng; ++g) {
+      const float v = gs[static_cast<size_t>(g)];
+      if (after(v, g, tv, te) && (v > bv || (v == bv && g < be))) bv = v, be = g;
+    }
+    tv = bv, te = be;
+  }
+  for (int64_t g = 0; g < ng; ++g) kept[static_cast<size_t>(g)] = !after(gs[static_cast<size_t>(g)], g, tv, te);
+}
+
 float row_lse(const float* x, int64_t E) {
   float m = -INFINITY;
   for (int64_t e = 0; e < E; ++e) m = std::max(m, x[e]);
@@ -34,9 +77,10 @@ float row_lse(const float* x, int64_t E) {
 
 // One row's forward. r: the scores probs are made of (sigmoid, softmax, or the logits);
 // key: the selection scores r + bias (both E floats of scratch, computed once per row).
+// gs, kept: num_groups of scratch (group-limited routing).
 void forward_row(const float* x, int64_t E, const MoeRouterArgs& a, const float* bias, float* probs, int32_t* idx,
                  float* aux_row, float* lse_out, std::vector<float>& r, std::vector<float>& key,
-                 std::vector<float>& val) {
+                 std::vector<float>& val, std::vector<float>& gs, std::vector<char>& kept) {
   const int64_t k = a.topk;
   const bool sig = a.score == MoeScore::Sigmoid;
   const bool select = probs || idx;
@@ -58,15 +102,17 @@ void forward_row(const float* x, int64_t E, const MoeRouterArgs& a, const float*
   if (!sig)
     for (int64_t e = 0; e < E; ++e) r[static_cast<size_t>(e)] = a.pre_softmax ? std::exp(x[e] - lse) : x[e];
   for (int64_t e = 0; e < E; ++e) key[static_cast<size_t>(e)] = sel_key(r[static_cast<size_t>(e)] + (bias ? bias[e] : 0.0f));
+  const int64_t per = a.num_groups > 0 ? E / a.num_groups : E;
+  if (a.num_groups > 0) kept_groups(key.data(), E, a, gs, kept);
   float last_v = 0.0f;
   int64_t last_e = -1;
   for (int64_t j = 0; j < k; ++j) {
     float bv = -INFINITY;
     int64_t be = E;
     for (int64_t e = 0; e < E; ++e) {
+      if (a.num_groups > 0 && !kept[static_cast<size_t>(e / per)]) continue;  // outside the kept groups
       const float v = key[static_cast<size_t>(e)];
-      const bool after = last_e < 0 || v < last_v || (v == last_v && e > last_e);
-      if (after && (v > bv || (v == bv && e < be))) bv = v, be = e;
+      if (after(v, e, last_v, last_e) && (v > bv || (v == bv && e < be))) bv = v, be = e;
     }
     last_v = bv, last_e = be;
     if (idx) idx[j] = static_cast<int32_t>(be);
@@ -172,10 +218,12 @@ void moe_router_forward(const Tensor& logits, const MoeRouterArgs& args, const T
 #pragma omp parallel if (N * E > 65536)
   {
     std::vector<float> r(static_cast<size_t>(E)), key(static_cast<size_t>(E)), val(static_cast<size_t>(k));
+    std::vector<float> gs(static_cast<size_t>(args.num_groups));
+    std::vector<char> kept(static_cast<size_t>(args.num_groups));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n)
       forward_row(x + n * E, E, args, bias, p ? p + n * k : nullptr, ix ? ix + n * k : nullptr,
-                  a.empty() ? nullptr : a.data() + n * E, l ? l + n : nullptr, r, key, val);
+                  a.empty() ? nullptr : a.data() + n * E, l ? l + n : nullptr, r, key, val, gs, kept);
   }
   if (!aux_sums.defined()) return;
   float* out = aux_sums.data<float>();

@@ -39,7 +39,10 @@
 // query sees whole (k_start + Tk − 1 <= q_start, or not causal: no mask), or
 // bottom-right causal (q_start + Tq = k_start + Tk, Tq <= Tk) — with its operands'
 // own strides; any other block, and every block with a score bias, kv_lengths or a
-// softcap (attention_block.h), runs the fallback.
+// softcap (attention_block.h), runs the fallback. A block whose v is Dv != HD wide (MLA)
+// asks cuDNN with V, O, dO, dV of width Dv (cuDNN's d_v; the frontend takes d_qk != d_v,
+// e.g. 192/128 on Hopper with cuDNN 9.x; its check_support decides per shape and a
+// rejection falls back like any other).
 // Built graphs are cached by the problem's sizes, strides, dtype, scale, direction and
 // mask form; the cuDNN workspace comes from the caching allocator. Compiled by the host
 // compiler (the frontend is plain C++), so kernels live in the .cu files.
@@ -168,8 +171,8 @@ std::shared_ptr<GraphEntry> sdpa_graph(cudnnHandle_t h, bool forward, const Attn
   static auto* cache = new std::map<std::vector<int64_t>, std::shared_ptr<GraphEntry>>();
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &scale, 4);
-  const int64_t B = d.B, Tq = d.Tq, Tk = d.Tk, NH = d.NH, G = d.G, HD = d.HD;
-  std::vector<int64_t> key{d.device, forward, B, Tq, Tk, NH, G, HD, static_cast<int64_t>(d.dt), scale_bits,
+  const int64_t B = d.B, Tq = d.Tq, Tk = d.Tk, NH = d.NH, G = d.G, HD = d.HD, Dv = d.Dv;
+  std::vector<int64_t> key{d.device, forward, B, Tq, Tk, NH, G, HD, Dv, static_cast<int64_t>(d.dt), scale_bits,
                            static_cast<int64_t>(mask), padded, d.window, d.q.sb, d.q.st, d.k.sb, d.k.st, d.v.sb, d.v.st,
                            d.out.sb, d.out.st, d.lse_sb, d.lse_sh};
   if (!forward)
@@ -179,8 +182,9 @@ std::shared_ptr<GraphEntry> sdpa_graph(cudnnHandle_t h, bool forward, const Attn
   if (it != cache->end()) return it->second;
 
   auto e = std::make_shared<GraphEntry>();
-  const std::vector<int64_t> q_dims{B, NH, Tq, HD}, kv_dims{B, G, Tk, HD};
-  auto strides = [&](const AttnRows& r) { return std::vector<int64_t>{r.sb, HD, r.st, 1}; };
+  // q, k (and dq, dk) HD wide; v, o, do (and dv) Dv wide (MLA: cuDNN's d_qk != d_v).
+  const std::vector<int64_t> q_dims{B, NH, Tq, HD}, k_dims{B, G, Tk, HD}, v_dims{B, G, Tk, Dv}, o_dims{B, NH, Tq, Dv};
+  auto strides = [&](const AttnRows& r, int64_t w = -1) { return std::vector<int64_t>{r.sb, w < 0 ? HD : w, r.st, 1}; };
   const std::vector<int64_t> stat_dims{B, NH, Tq, 1}, stat_strides{d.lse_sb, d.lse_sh, 1, 1};
   try {
     auto g = std::make_shared<fe::graph::Graph>();
@@ -191,8 +195,8 @@ std::shared_ptr<GraphEntry> sdpa_graph(cudnnHandle_t h, bool forward, const Attn
       return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dm).set_stride(st));
     };
     auto Q = tensor("Q", kQ, q_dims, strides(d.q));
-    auto K = tensor("K", kK, kv_dims, strides(d.k));
-    auto V = tensor("V", kV, kv_dims, strides(d.v));
+    auto K = tensor("K", kK, k_dims, strides(d.k));
+    auto V = tensor("V", kV, v_dims, strides(d.v, Dv));
     // Padding mask: per-sample lengths (B, 1, 1, 1) i32.
     auto seq_len = [&](const char* name, int64_t uid) {
       return g->tensor(fe::graph::Tensor_attributes()
@@ -213,12 +217,12 @@ std::shared_ptr<GraphEntry> sdpa_graph(cudnnHandle_t h, bool forward, const Attn
       auto opts = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(scale);
       with_mask(opts);
       auto [O, Stats] = g->sdpa(Q, K, V, opts);
-      O->set_output(true).set_dim(q_dims).set_stride(strides(d.out)).set_uid(kO);
+      O->set_output(true).set_dim(o_dims).set_stride(strides(d.out, Dv)).set_uid(kO);
       Stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim(stat_dims).set_stride(stat_strides).set_uid(
           kStats);
     } else {
-      auto O = tensor("O", kO, q_dims, strides(d.out));
-      auto dO = tensor("dO", kDO, q_dims, strides(d.dout));
+      auto O = tensor("O", kO, o_dims, strides(d.out, Dv));
+      auto dO = tensor("dO", kDO, o_dims, strides(d.dout, Dv));
       auto Stats = g->tensor(fe::graph::Tensor_attributes()
                                  .set_name("Stats")
                                  .set_uid(kStats)
@@ -229,8 +233,8 @@ std::shared_ptr<GraphEntry> sdpa_graph(cudnnHandle_t h, bool forward, const Attn
       with_mask(opts);
       auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opts);
       dQ->set_output(true).set_dim(q_dims).set_stride(strides(d.dq)).set_uid(kDQ);
-      dK->set_output(true).set_dim(kv_dims).set_stride(strides(d.dk)).set_uid(kDK);
-      dV->set_output(true).set_dim(kv_dims).set_stride(strides(d.dv)).set_uid(kDV);
+      dK->set_output(true).set_dim(k_dims).set_stride(strides(d.dk)).set_uid(kDK);
+      dV->set_output(true).set_dim(v_dims).set_stride(strides(d.dv, Dv)).set_uid(kDV);
     }
     fe::error_t st = g->validate();
     if (st.is_good()) st = g->build_operation_graph(h);
@@ -251,7 +255,8 @@ std::shared_ptr<GraphEntry> sdpa_graph(cudnnHandle_t h, bool forward, const Attn
   static const char* mask_names[] = {" no mask", " causal", " causal bottom-right"};
   if (!e->ok)
     log_warn(str("attention: cuDNN ", forward ? "forward" : "backward", " unavailable for B=", B, " Tq=", Tq,
-                 " Tk=", Tk, " NH=", NH, " G=", G, " HD=", HD, " ", dtype_name(d.dt),
+                 " Tk=", Tk, " NH=", NH, " G=", G, " HD=", HD, Dv != HD ? str(" Dv=", Dv) : std::string(), " ",
+                 dtype_name(d.dt),
                  mask_names[static_cast<int>(mask)], padded ? " padded" : "",
                  d.window > 0 ? str(" window ", d.window) : std::string(), " (", e->why, "); using the cuBLAS path"));
   cache->emplace(std::move(key), e);
@@ -357,7 +362,7 @@ AttnProblem block_problem(const Tensor& q, const Tensor& k, const Tensor& v, con
                           const AttentionBlock& blk) {
   AttnProblem d;
   d.device = q.device().index;
-  d.B = q.dim(0), d.Tq = q.dim(1), d.Tk = k.dim(1), d.NH = q.dim(2), d.G = k.dim(2), d.HD = q.dim(3);
+  d.B = q.dim(0), d.Tq = q.dim(1), d.Tk = k.dim(1), d.NH = q.dim(2), d.G = k.dim(2), d.HD = q.dim(3), d.Dv = v.dim(3);
   d.dt = q.dtype();
   d.q = rows_of(q), d.k = rows_of(k), d.v = rows_of(v), d.out = rows_of(out);
   d.lse = static_cast<float*>(lse.data_ptr()), d.lse_sb = lse.strides()[0], d.lse_sh = lse.strides()[1];

@@ -3,14 +3,16 @@
 // masked softmax kernel: the path for f32, for shapes and masks cuDNN rejects, for
 // builds without cuDNN, for attention dropout, and for tests (cuda_attention_force_fallback).
 //
-//   One AttnProblem (internal.h): q (B, Tq, NH, HD), k, v (B, Tk, G, HD), out/dout
-//   (B, Tq, NH, HD), lse (B, NH, Tq) f32, each a strided operand with the heads of a
-//   row packed; rep = NH/G. The packed qkv of attention.h is three such operands
-//   (row stride W = (NH + 2G)·HD), a block of attention_block.h its own views. Head
+//   One AttnProblem (internal.h): q (B, Tq, NH, HD), k (B, Tk, G, HD), v (B, Tk, G, Dv),
+//   out/dout (B, Tq, NH, Dv), lse (B, NH, Tq) f32, each a strided operand with the heads
+//   of a row packed; rep = NH/G. Dv = HD but for MLA's value heads (a block): the GEMMs
+//   that contract over the head (S, dQ, dK) take HD, those over V's (O, dP, dV) take Dv.
+//   The packed qkv of attention.h is three such operands (Dv = HD, row stride
+//   W = (NH + 2G)·HD), a block of attention_block.h its own views. Head
 //   h = g·rep + r (kv group g, r < rep) of Q is the Tq×HD matrix at q + b·sb + h·HD
 //   with row stride st; K and V of group g likewise. So no permute copies are needed.
 //   For a fixed r, the heads g·rep + r of a chunk of groups are one strided batch
-//   (Q batch stride rep·HD, K and V batch stride HD); MHA (rep = 1) is one batch
+//   (Q batch stride rep·HD, K batch stride HD, V Dv); MHA (rep = 1) is one batch
 //   over the chunk's heads.
 //
 // Forward, per (b, chunk of groups, r):
@@ -148,7 +150,7 @@ __global__ void masked_softmax_forward_kernel(const float* S, T* P, float* lse, 
 // With the soft-cap, P = exp(cap·tanh(U/cap) − lse), U = S + bias, and dS is multiplied by
 // 1 − tanh²(U/cap) (the gradient w.r.t. U).
 // dout/out/lse point at head h0 of sample b; batch entry k is head h0 + k·head_step,
-// whose row i is at i·st + k·head_step·HD.
+// whose row i is at i·st + k·head_step·hd (hd: out's head width, Dv).
 template <typename T>
 __global__ void masked_softmax_backward_kernel(const float* S, const float* dP, const float* lse, int64_t lse_sh,
                                                const T* dout, int64_t dout_st, const T* out, int64_t out_st, T* P,
@@ -188,7 +190,8 @@ __global__ void masked_softmax_backward_kernel(const float* S, const float* dP, 
   }
 }
 
-// dst (Tk rows of stride st) ← src (gc, Tk, HD) f32: group k's rows land at column k·HD.
+// dst (Tk rows of stride st) ← src (gc, Tk, hd) f32: group k's rows land at column k·hd
+// (hd: HD for dK, Dv for dV).
 // Rounds the f32-accumulated dK or dV of a chunk of groups into the output.
 template <typename T>
 __global__ void store_group_grad_kernel(const float* src, T* dst, int64_t n, int tk, int hd, int64_t st) {
@@ -211,7 +214,7 @@ AttnProblem attention_problem(const Tensor& qkv, const Tensor& out, const Tensor
   d.device = qkv.device().index;
   const int64_t nh = out.dim(2), hd = out.dim(3);
   const int64_t heads = qkv.ndim() == 5 ? 3 * qkv.dim(3) : qkv.dim(2);
-  d.B = out.dim(0), d.Tq = d.Tk = out.dim(1), d.NH = nh, d.G = (heads - nh) / 2, d.HD = hd, d.dt = qkv.dtype();
+  d.B = out.dim(0), d.Tq = d.Tk = out.dim(1), d.NH = nh, d.G = (heads - nh) / 2, d.HD = d.Dv = hd, d.dt = qkv.dtype();
   const int64_t W = heads * hd, C = nh * hd, T = d.Tq;
   const size_t es = dtype_size(d.dt);
   auto packed = [&](const Tensor& t, int64_t col) {
@@ -237,7 +240,7 @@ void attention_fallback_forward(const AttnProblem& d, float scale, const Attenti
   const int dev = d.device;
   const DType dt = d.dt;
   const size_t es = dtype_size(dt);
-  const int64_t rep = d.NH / d.G, HD = d.HD;
+  const int64_t rep = d.NH / d.G, HD = d.HD, Dv = d.Dv;
   const int64_t gc_max = group_chunk(d, sizeof(float) + es);
   Scratch S(dev, sizeof(float) * gc_max * d.Tq * d.Tk, s), P(dev, es * gc_max * d.Tq * d.Tk, s);
   const cudaStream_t st = stream_of(s);
@@ -245,7 +248,7 @@ void attention_fallback_forward(const AttnProblem& d, float scale, const Attenti
     for (int64_t g0 = 0; g0 < d.G; g0 += gc_max) {
       const int64_t gc = std::min(gc_max, d.G - g0);
       const MatOperand K{row0(d.k, b, g0, HD, es), d.Tk, HD, d.k.st, HD};
-      const MatOperand V{row0(d.v, b, g0, HD, es), d.Tk, HD, d.v.st, HD};
+      const MatOperand V{row0(d.v, b, g0, Dv, es), d.Tk, Dv, d.v.st, Dv};
       for (int64_t r = 0; r < rep; ++r) {
         const int64_t h0 = g0 * rep + r;  // heads h0, h0 + rep, … (one per group of the chunk)
         const MatOperand Q{row0(d.q, b, h0, HD, es), d.Tq, HD, d.q.st, rep * HD};
@@ -261,9 +264,9 @@ void attention_fallback_forward(const AttnProblem& d, float scale, const Attenti
               bias_rows(d, h0));
         });
         MPT_KERNEL_CHECK("attention_forward (softmax)");
-        // O (gc heads, Tq, HD) = P · V, written into out
+        // O (gc heads, Tq, Dv) = P · V, written into out
         const MatOperand Pm{P.get(), d.Tq, d.Tk, d.Tk, d.Tq * d.Tk};
-        strided_matmul(dev, s, dt, dt, Pm, false, V, false, row0(d.out, b, h0, HD, es), d.out.st, rep * HD, gc, 1.0f,
+        strided_matmul(dev, s, dt, dt, Pm, false, V, false, row0(d.out, b, h0, Dv, es), d.out.st, rep * Dv, gc, 1.0f,
                        0.0f);
       }
     }
@@ -276,26 +279,27 @@ void attention_fallback_backward(const AttnProblem& d, float scale, const Attent
   const int dev = d.device;
   const DType dt = d.dt;
   const size_t es = dtype_size(dt);
-  const int64_t rep = d.NH / d.G, HD = d.HD;
+  const int64_t rep = d.NH / d.G, HD = d.HD, Dv = d.Dv;
   const int64_t gc_max = group_chunk(d, 2 * sizeof(float) + 2 * es);
   const size_t n_sq = static_cast<size_t>(gc_max * d.Tq * d.Tk);
   Scratch S(dev, sizeof(float) * n_sq, s), dP(dev, sizeof(float) * n_sq, s), P(dev, es * n_sq, s),
       dS(dev, es * n_sq, s);
-  // GQA: f32 sums of dK and dV over each group's heads (gc, Tk, HD).
-  const size_t n_kv = rep > 1 ? static_cast<size_t>(gc_max * d.Tk * HD) : 0;
-  Scratch dKf(dev, sizeof(float) * n_kv, s), dVf(dev, sizeof(float) * n_kv, s);
+  // GQA: f32 sums of dK (gc, Tk, HD) and dV (gc, Tk, Dv) over each group's heads.
+  const size_t n_k = rep > 1 ? static_cast<size_t>(gc_max * d.Tk * HD) : 0;
+  const size_t n_v = rep > 1 ? static_cast<size_t>(gc_max * d.Tk * Dv) : 0;
+  Scratch dKf(dev, sizeof(float) * n_k, s), dVf(dev, sizeof(float) * n_v, s);
   const cudaStream_t st = stream_of(s);
   for (int64_t b = 0; b < d.B; ++b) {
     for (int64_t g0 = 0; g0 < d.G; g0 += gc_max) {
       const int64_t gc = std::min(gc_max, d.G - g0);
       const MatOperand K{row0(d.k, b, g0, HD, es), d.Tk, HD, d.k.st, HD};
-      const MatOperand V{row0(d.v, b, g0, HD, es), d.Tk, HD, d.v.st, HD};
+      const MatOperand V{row0(d.v, b, g0, Dv, es), d.Tk, Dv, d.v.st, Dv};
       char* dk = row0(d.dk, b, g0, HD, es);
-      char* dv = row0(d.dv, b, g0, HD, es);
+      char* dv = row0(d.dv, b, g0, Dv, es);
       for (int64_t r = 0; r < rep; ++r) {
         const int64_t h0 = g0 * rep + r;
         const MatOperand Q{row0(d.q, b, h0, HD, es), d.Tq, HD, d.q.st, rep * HD};
-        const MatOperand dO{row0(d.dout, b, h0, HD, es), d.Tq, HD, d.dout.st, rep * HD};
+        const MatOperand dO{row0(d.dout, b, h0, Dv, es), d.Tq, Dv, d.dout.st, rep * Dv};
         // S = scale · Q · Kᵀ ;  dP = dO · Vᵀ   (gc, Tq, Tk) f32
         strided_matmul(dev, s, dt, DType::F32, Q, false, K, true, S.get(), d.Tk, d.Tq * d.Tk, gc, scale, 0.0f);
         strided_matmul(dev, s, dt, DType::F32, dO, false, V, true, dP.get(), d.Tk, d.Tq * d.Tk, gc, 1.0f, 0.0f);
@@ -305,9 +309,9 @@ void attention_fallback_backward(const AttnProblem& d, float scale, const Attent
           using T = decltype(tag);
           MPT_LAUNCH(grid, 32 * kWarpsPerBlock, 0, st, masked_softmax_backward_kernel<T>)(
               S.get<float>(), dP.get<float>(), d.lse + b * d.lse_sb + h0 * d.lse_sh, d.lse_sh,
-              reinterpret_cast<const T*>(row0(d.dout, b, h0, HD, es)), d.dout.st,
-              reinterpret_cast<const T*>(row0(d.out, b, h0, HD, es)), d.out.st, P.get<T>(), dS.get<T>(), rows,
-              static_cast<int>(d.Tq), static_cast<int>(d.Tk), static_cast<int>(HD), static_cast<int>(rep),
+              reinterpret_cast<const T*>(row0(d.dout, b, h0, Dv, es)), d.dout.st,
+              reinterpret_cast<const T*>(row0(d.out, b, h0, Dv, es)), d.out.st, P.get<T>(), dS.get<T>(), rows,
+              static_cast<int>(d.Tq), static_cast<int>(d.Tk), static_cast<int>(Dv), static_cast<int>(rep),
               drop_rows(d, drop, b, h0), bias_rows(d, h0));
         });
         MPT_KERNEL_CHECK("attention_backward (softmax)");
@@ -317,22 +321,22 @@ void attention_fallback_backward(const AttnProblem& d, float scale, const Attent
         strided_matmul(dev, s, dt, dt, dSm, false, K, false, row0(d.dq, b, h0, HD, es), d.dq.st, rep * HD, gc, scale,
                        0.0f);
         if (rep == 1) {  // MHA: dV = Pᵀ · dO ;  dK = scale · dSᵀ · Q straight into the outputs
-          strided_matmul(dev, s, dt, dt, Pm, true, dO, false, dv, d.dv.st, HD, gc, 1.0f, 0.0f);
+          strided_matmul(dev, s, dt, dt, Pm, true, dO, false, dv, d.dv.st, Dv, gc, 1.0f, 0.0f);
           strided_matmul(dev, s, dt, dt, dSm, true, Q, false, dk, d.dk.st, HD, gc, scale, 0.0f);
         } else {  // GQA: sum over the group's heads in f32
           const float beta = r == 0 ? 0.0f : 1.0f;
-          strided_matmul(dev, s, dt, DType::F32, Pm, true, dO, false, dVf.get(), HD, d.Tk * HD, gc, 1.0f, beta);
+          strided_matmul(dev, s, dt, DType::F32, Pm, true, dO, false, dVf.get(), Dv, d.Tk * Dv, gc, 1.0f, beta);
           strided_matmul(dev, s, dt, DType::F32, dSm, true, Q, false, dKf.get(), HD, d.Tk * HD, gc, scale, beta);
         }
       }
       if (rep > 1) {
-        const int64_t n = gc * d.Tk * HD;
+        const int64_t nk = gc * d.Tk * HD, nv = gc * d.Tk * Dv;
         MPT_DISPATCH_DEV_FLOAT(dt, "attention_backward", [&](auto tag) {
           using T = decltype(tag);
-          MPT_LAUNCH(grid_for(n, 256), 256, 0, st, store_group_grad_kernel<T>)(
-              dKf.get<float>(), reinterpret_cast<T*>(dk), n, static_cast<int>(d.Tk), static_cast<int>(HD), d.dk.st);
-          MPT_LAUNCH(grid_for(n, 256), 256, 0, st, store_group_grad_kernel<T>)(
-              dVf.get<float>(), reinterpret_cast<T*>(dv), n, static_cast<int>(d.Tk), static_cast<int>(HD), d.dv.st);
+          MPT_LAUNCH(grid_for(nk, 256), 256, 0, st, store_group_grad_kernel<T>)(
+              dKf.get<float>(), reinterpret_cast<T*>(dk), nk, static_cast<int>(d.Tk), static_cast<int>(HD), d.dk.st);
+          MPT_LAUNCH(grid_for(nv, 256), 256, 0, st, store_group_grad_kernel<T>)(
+              dVf.get<float>(), reinterpret_cast<T*>(dv), nv, static_cast<int>(d.Tk), static_cast<int>(Dv), d.dv.st);
         });
         MPT_KERNEL_CHECK("attention_backward (GQA dK/dV)");
       }

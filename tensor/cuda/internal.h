@@ -44,10 +44,12 @@ struct AttnRows {
 };
 struct AttnProblem {
   int device = 0;  // the CUDA device of every pointer
-  int64_t B = 0, Tq = 0, Tk = 0, NH = 0, G = 0, HD = 0;
+  int64_t B = 0, Tq = 0, Tk = 0, NH = 0, G = 0;
+  int64_t HD = 0;  // q's and k's head width (Dqk)
+  int64_t Dv = 0;  // v's and out's head width: HD, except for MLA's value heads (a block only)
   DType dt = DType::F32;
-  AttnRows q, k, v, out;      // (B, Tq, NH, HD), (B, Tk, G, HD) ×2, (B, Tq, NH, HD)
-  AttnRows dout, dq, dk, dv;  // backward only (same shapes)
+  AttnRows q, k, v, out;      // (B, Tq, NH, HD), (B, Tk, G, HD), (B, Tk, G, Dv), (B, Tq, NH, Dv)
+  AttnRows dout, dq, dk, dv;  // backward only: dout like out, dq like q, dk like k, dv like v
   float* lse = nullptr;       // (B, NH, Tq) f32: element (b, h, i) at lse + b·lse_sb + h·lse_sh + i
   int64_t lse_sb = 0, lse_sh = 0;
   int64_t q_start = 0, k_start = 0;  // global positions of query and key row 0

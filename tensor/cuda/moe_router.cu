@@ -11,6 +11,12 @@
 //             every GPU gives the same bits.
 //   backward: one warp per row recomputes the row's statistics from logits and the given
 //             indices and writes its E gradients (lane e sums its choices in j order).
+//   groups:   (group-limited routing, moe_router.h) before the k passes, lane l scores groups l
+//             and l + 32 (at most kMoeMaxGroups = 64): m passes over the group's E/ng selection
+//             scores, the picks added largest first (the CPU's adds in the CPU's order); then
+//             group_topk warp arg-max passes over the group scores find the last kept group, each
+//             lane marks its kept groups in a 64-bit mask and a warp OR gives every lane the
+//             whole mask; the k passes skip experts outside it.
 // A warp per row suits E of tens to a few hundred (E / 32 elements per lane, no shared
 // memory); k passes cost k·E / 32 reads per lane, from L1.
 #include "tensor/cuda/common.cuh"
@@ -29,6 +35,7 @@ struct Params {
   int k;
   float scaling;
   const float* bias;  // (E) or null
+  int ng, group_topk, group_m;  // group-limited routing: groups (0: none), groups kept, experts per group score
 };
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -58,6 +65,57 @@ __device__ __forceinline__ void warp_argmax(float& v, int& e) {
   }
 }
 
+// The order of the top-k passes: is (v, e) after the previous pick (last_v, last_e) — descending
+// values, ascending indices among equals; last_e < 0: nothing picked yet.
+__device__ __forceinline__ bool after(float v, int e, float last_v, int last_e) {
+  return last_e < 0 || v < last_v || (v == last_v && e > last_e);
+}
+
+// The kept groups of a row (bit g), to every lane; key(e): the selection score of expert e.
+template <typename Key>
+__device__ unsigned long long kept_groups(const Key& key, int E, const Params& p, int lane) {
+  const int per = E / p.ng;
+  float gs[2];  // the scores of groups lane and lane + 32 (−inf: no such group)
+  for (int s = 0; s < 2; ++s) {
+    const int g = lane + 32 * s;
+    gs[s] = -INFINITY;
+    if (g >= p.ng) continue;
+    float sum = 0.0f, last_v = 0.0f;
+    int last_e = -1;
+    for (int j = 0; j < p.group_m; ++j) {  // the group's m largest, added largest first
+      float bv = -INFINITY;
+      int be = per;
+      for (int e = 0; e < per; ++e) {
+        const float v = key(g * per + e);
+        if (after(v, e, last_v, last_e) && (v > bv || (v == bv && e < be))) bv = v, be = e;
+      }
+      last_v = bv, last_e = be;
+      sum += bv;
+    }
+    gs[s] = sel_key(sum);
+  }
+  float tv = 0.0f;  // the group_topk-th best group (tv, te)
+  int te = -1;
+  for (int j = 0; j < p.group_topk; ++j) {
+    float bv = -INFINITY;
+    int be = p.ng;
+    for (int s = 0; s < 2; ++s) {
+      const int g = lane + 32 * s;
+      if (g < p.ng && after(gs[s], g, tv, te) && (gs[s] > bv || (gs[s] == bv && g < be))) bv = gs[s], be = g;
+    }
+    warp_argmax(bv, be);
+    tv = bv, te = be;
+  }
+  unsigned long long mask = 0;
+  for (int s = 0; s < 2; ++s) {
+    const int g = lane + 32 * s;
+    if (g < p.ng && !after(gs[s], g, tv, te)) mask |= 1ull << g;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mask |= __shfl_xor_sync(0xffffffffu, mask, o);
+  return mask;
+}
+
 __global__ void router_forward_kernel(const float* logits, int64_t N, int E, Params p, float* probs, int32_t* idx,
                                       float* lse_out, float* stat) {
   const int lane = threadIdx.x & 31;
@@ -79,6 +137,9 @@ __global__ void router_forward_kernel(const float* logits, int64_t N, int E, Par
   }
   if (!probs && !idx) return;
   auto raw = [&](int e) { return p.sigmoid ? sigmoid_f(x[e]) : p.pre_softmax ? expf(x[e] - lse) : x[e]; };
+  auto key = [&](int e) { return sel_key(raw(e) + (p.bias ? p.bias[e] : 0.0f)); };
+  const unsigned long long kept = p.ng > 0 ? kept_groups(key, E, p, lane) : ~0ull;
+  const int per = p.ng > 0 ? E / p.ng : E;
   float* pr = probs ? probs + row * k : nullptr;
   float last_v = 0.0f, zm = -INFINITY, S = 0.0f;
   int last_e = -1;
@@ -86,9 +147,9 @@ __global__ void router_forward_kernel(const float* logits, int64_t N, int E, Par
     float bv = -INFINITY;
     int be = E;
     for (int e = lane; e < E; e += 32) {
-      const float v = sel_key(raw(e) + (p.bias ? p.bias[e] : 0.0f));
-      const bool after = last_e < 0 || v < last_v || (v == last_v && e > last_e);
-      if (after && (v > bv || (v == bv && e < be))) bv = v, be = e;
+      if (!((kept >> (e / per)) & 1ull)) continue;  // outside the kept groups
+      const float v = key(e);
+      if (after(v, e, last_v, last_e) && (v > bv || (v == bv && e < be))) bv = v, be = e;
     }
     warp_argmax(bv, be);
     last_v = bv, last_e = be;
@@ -222,7 +283,8 @@ __global__ void router_backward_kernel(const float* dprobs, const float* logits,
 
 Params params_of(const MoeRouterArgs& a) {
   return {a.score == MoeScore::Sigmoid, a.pre_softmax, static_cast<int>(a.topk), a.scaling,
-          a.expert_bias.defined() ? a.expert_bias.data<float>() : nullptr};
+          a.expert_bias.defined() ? a.expert_bias.data<float>() : nullptr, static_cast<int>(a.num_groups),
+          static_cast<int>(a.group_topk), static_cast<int>(moe_group_score_topk(a))};
 }
 }  // namespace
 

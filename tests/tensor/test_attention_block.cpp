@@ -15,6 +15,9 @@
 // W, the heads sliced), outputs contiguous guarded buffers or views into bigger ones.
 // On CUDA the path is asserted: the fallback wherever cuDNN cannot be (f32, dropout,
 // a partly causal block, misaligned outputs); under the simulated device always.
+// Last, value heads of another width than the query/key heads (DeepSeek's MLA, Dqk != Dv),
+// with their own float64 reference (checked against finite differences) over GQA/MQA,
+// causal and bidirectional blocks, dropout, a score bias and a softcap, and split-and-merged.
 #include "tests/tensor/op_harness.h"
 
 using namespace mpitron;
@@ -258,6 +261,247 @@ void run_split(Device dev, DType dt, const Geo& d, int64_t chunks, bool causal, 
   check_close(name + " summed dv", gv, values(dv_whole), t);
 }
 
+// ---- value heads of another width (DeepSeek's MLA: Dqk != Dv) -----------------------------
+// q (B, Tq, NH, Dqk), k (B, Tk, G, Dqk), v (B, Tk, G, Dv), out (B, Tq, NH, Dv). The reference
+// works on the block's local indices (query i at global q0 + i, key j at k0 + j):
+//   U = scale·q_i·k_j + bias[i, j, h], S = c·tanh(U/c) with a softcap c (else U), on visible keys;
+//   lse = log Σ_j exp S, P = exp(S − lse), out = Σ_j P·M·v_j (M: attention_keep / (1 − p));
+//   dS = P ∘ (dO·vᵀ ∘ M − D) ∘ (1 − tanh²(U/c)), D = dO·O: dq = scale·dS·k, dk = scale·dSᵀ·q,
+//   dv = (P ∘ M)ᵀ·dO, dbias = Σ_b dS.
+// The reference backward is checked against float64 central differences of the reference
+// forward (every element of q, k, v and bias), so the formula is not taken on trust.
+struct Mla {
+  const char* what;
+  int64_t b, nh, g, dqk, dv;
+  int64_t q0, tq, k0, tk, seq;
+  bool causal = true;
+  float p = 0.0f;        // attention dropout
+  bool bias = false;     // a score bias (Tq, Tk, NH) and its gradient
+  float softcap = 0.0f;  // c > 0: scores capped
+  size_t qi(int64_t b_, int64_t i, int64_t h, int64_t e) const { return static_cast<size_t>(((b_ * tq + i) * nh + h) * dqk + e); }
+  size_t ki(int64_t b_, int64_t j, int64_t gr, int64_t e) const { return static_cast<size_t>(((b_ * tk + j) * g + gr) * dqk + e); }
+  size_t vi(int64_t b_, int64_t j, int64_t gr, int64_t e) const { return static_cast<size_t>(((b_ * tk + j) * g + gr) * dv + e); }
+  size_t oi(int64_t b_, int64_t i, int64_t h, int64_t e) const { return static_cast<size_t>(((b_ * tq + i) * nh + h) * dv + e); }
+  size_t li(int64_t b_, int64_t h, int64_t i) const { return static_cast<size_t>((b_ * nh + h) * tq + i); }
+  size_t bi(int64_t i, int64_t j, int64_t h) const { return static_cast<size_t>((i * tk + j) * nh + h); }
+  Shape q_shape() const { return {b, tq, nh, dqk}; }
+  Shape k_shape() const { return {b, tk, g, dqk}; }
+  Shape v_shape() const { return {b, tk, g, dv}; }
+  Shape o_shape() const { return {b, tq, nh, dv}; }
+  Shape l_shape() const { return {b, nh, tq}; }
+  Shape bias_shape() const { return {tq, tk, nh}; }
+  bool seen(int64_t i, int64_t j) const { return !causal || k0 + j <= q0 + i; }
+  AttentionDropout drop() const { return p > 0 ? AttentionDropout{p, 41, 777, 1} : AttentionDropout{}; }
+  AttentionBlock block() const {
+    AttentionBlock blk{q0, k0, seq, causal};
+    blk.softcap = softcap;
+    return blk;
+  }
+  double keep(int64_t b_, int64_t h, int64_t i, int64_t j) const {
+    const AttentionDropout dr = drop();
+    if (dr.p == 0) return 1.0;
+    return attention_keep(dr.seed, dr.offset, b_, dr.first_head + h, q0 + i, k0 + j, seq, dr.p) ? 1.0 / (1.0 - dr.p) : 0.0;
+  }
+};
+struct MlaIn {
+  std::vector<double> q, k, v, bias;  // bias all 0 when the case has none
+};
+
+// U (the score before the cap) and S (after it) of (b, h, i, j).
+std::pair<double, double> mla_score(const Mla& c, const MlaIn& x, double scale, int64_t b, int64_t h, int64_t i,
+                                    int64_t j) {
+  double a = 0;
+  for (int64_t e = 0; e < c.dqk; ++e) a += x.q[c.qi(b, i, h, e)] * x.k[c.ki(b, j, h / (c.nh / c.g), e)];
+  const double u = a * scale + x.bias[c.bi(i, j, h)];
+  return {u, c.softcap > 0 ? c.softcap * std::tanh(u / c.softcap) : u};
+}
+
+void mla_forward(const Mla& c, const MlaIn& x, double scale, std::vector<double>& out, std::vector<double>& lse) {
+  out.assign(static_cast<size_t>(shape_numel(c.o_shape())), 0.0);
+  lse.assign(static_cast<size_t>(shape_numel(c.l_shape())), -INFINITY);
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t h = 0; h < c.nh; ++h)
+      for (int64_t i = 0; i < c.tq; ++i) {
+        std::vector<double> s(static_cast<size_t>(c.tk), -INFINITY);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < c.tk; ++j)
+          if (c.seen(i, j)) mx = std::max(mx, s[static_cast<size_t>(j)] = mla_score(c, x, scale, b, h, i, j).second);
+        if (mx == -INFINITY) continue;  // no visible key: out 0, lse −∞
+        double sum = 0;
+        for (int64_t j = 0; j < c.tk; ++j)
+          if (c.seen(i, j)) sum += std::exp(s[static_cast<size_t>(j)] - mx);
+        const double l = mx + std::log(sum);
+        lse[c.li(b, h, i)] = l;
+        for (int64_t j = 0; j < c.tk; ++j) {
+          if (!c.seen(i, j)) continue;
+          const double w = std::exp(s[static_cast<size_t>(j)] - l) * c.keep(b, h, i, j);
+          for (int64_t e = 0; e < c.dv; ++e) out[c.oi(b, i, h, e)] += w * x.v[c.vi(b, j, h / (c.nh / c.g), e)];
+        }
+      }
+}
+
+// Given the rows' output O and statistics L (what the op reads).
+MlaIn mla_backward(const Mla& c, const MlaIn& x, double scale, const std::vector<double>& dout,
+                   const std::vector<double>& O, const std::vector<double>& L) {
+  MlaIn g{std::vector<double>(x.q.size()), std::vector<double>(x.k.size()), std::vector<double>(x.v.size()),
+          std::vector<double>(x.bias.size())};
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t h = 0; h < c.nh; ++h)
+      for (int64_t i = 0; i < c.tq; ++i) {
+        const int64_t grp = h / (c.nh / c.g);
+        double D = 0;
+        for (int64_t e = 0; e < c.dv; ++e) D += dout[c.oi(b, i, h, e)] * O[c.oi(b, i, h, e)];
+        for (int64_t j = 0; j < c.tk; ++j) {
+          if (!c.seen(i, j)) continue;
+          double dp = 0;
+          for (int64_t e = 0; e < c.dv; ++e) dp += dout[c.oi(b, i, h, e)] * x.v[c.vi(b, j, grp, e)];
+          const auto [u, sc] = mla_score(c, x, scale, b, h, i, j);
+          const double pr = std::exp(sc - L[c.li(b, h, i)]), m = c.keep(b, h, i, j);
+          const double t = c.softcap > 0 ? std::tanh(u / c.softcap) : 0.0;
+          const double ds = pr * (dp * m - D) * (c.softcap > 0 ? 1 - t * t : 1.0);
+          g.bias[c.bi(i, j, h)] += ds;
+          for (int64_t e = 0; e < c.dqk; ++e) {
+            g.q[c.qi(b, i, h, e)] += scale * ds * x.k[c.ki(b, j, grp, e)];
+            g.k[c.ki(b, j, grp, e)] += scale * ds * x.q[c.qi(b, i, h, e)];
+          }
+          for (int64_t e = 0; e < c.dv; ++e) g.v[c.vi(b, j, grp, e)] += pr * m * dout[c.oi(b, i, h, e)];
+        }
+      }
+  return g;
+}
+
+// The CUDA path a Dqk != Dv block must take: the fallback wherever attention_block.h rules
+// cuDNN out; "" (either) where cuDNN may take it, which depends on its support of d_qk != d_v.
+std::string mla_path(const std::string& op, DType dt, const Mla& c) {
+  const bool full = !c.causal || c.k0 + c.tk - 1 <= c.q0, diag = c.q0 == c.k0 && c.tq == c.tk;
+  const bool bottom_right = c.q0 + c.tq == c.k0 + c.tk && c.tq <= c.tk;
+  const bool eligible = cuda_attention_backend() == "cudnn" && dt != DType::F32 && c.p == 0 && !c.bias &&
+                        c.softcap == 0 && outputs_aligned() && (full || diag || bottom_right);
+  return eligible ? "" : op + ".fallback";
+}
+
+struct MlaTensors {
+  MlaIn x;
+  Tensor q, k, v, bias, dout;
+  std::vector<double> dout_v;
+};
+MlaTensors mla_inputs(Rng& rng, const Mla& c, DType dt, Device dev) {
+  MlaTensors t;
+  Input iq = rand_input(rng, c.q_shape(), dt, dev, -1.5, 1.5), ik = rand_input(rng, c.k_shape(), dt, dev, -1.5, 1.5),
+        iv = rand_input(rng, c.v_shape(), dt, dev, -1.5, 1.5), ib = rand_input(rng, c.bias_shape(), DType::F32, dev, -2, 2),
+        idout = rand_input(rng, c.o_shape(), dt, dev, -1, 1);
+  if (c.bias) t.bias = ib.t;
+  else std::fill(ib.v.begin(), ib.v.end(), 0.0);
+  t.x = {iq.v, ik.v, iv.v, ib.v};
+  t.q = iq.t, t.k = ik.t, t.v = iv.t, t.dout = idout.t, t.dout_v = idout.v;
+  return t;
+}
+
+void run_mla(Device dev, DType dt, const Mla& c, uint64_t seed) {
+  Rng rng(seed);
+  const MlaTensors in = mla_inputs(rng, c, dt, dev);
+  const double scale = 1 / std::sqrt(static_cast<double>(c.dqk));
+  const std::string name = case_name(dev, dt, str("attention block Dqk ", c.dqk, " != Dv ", c.dv, ": ", c.what));
+  AttentionBlock blk = c.block();
+  blk.bias = in.bias;
+  Out out = make_out(c.o_shape(), dt, dev), lse = make_out(c.l_shape(), DType::F32, dev);
+  const PathProbe fp;
+  attention_block_forward(in.q, in.k, in.v, out.t, lse.t, static_cast<float>(scale), blk, c.drop());
+  const std::string want_f = mla_path("attention_block_forward", dt, c);
+  if (!want_f.empty()) check_path(dev, fp, want_f, name + " forward");
+  std::vector<double> oref, lref;
+  mla_forward(c, in.x, scale, oref, lref);
+  check_out(name + " out", out, oref, tol(dt, Kind::Attention));
+  check_out(name + " lse", lse, lref, tol(dt == DType::F32 ? dt : DType::F16, Kind::Attention));
+
+  // Backward from the stored output (rounded to dt) and lse (f32), as a layer keeps them.
+  std::vector<double> Or(oref.size()), Lr(lref.size());
+  for (size_t i = 0; i < Or.size(); ++i) Or[i] = round_to(dt, oref[i]);
+  for (size_t i = 0; i < Lr.size(); ++i) Lr[i] = static_cast<float>(lref[i]);
+  const Tensor Ot = make_tensor(Or, c.o_shape(), dt, dev), Lt = make_tensor(Lr, c.l_shape(), DType::F32, dev);
+  Out dq = make_out(c.q_shape(), dt, dev), dk = make_out(c.k_shape(), dt, dev), dv = make_out(c.v_shape(), dt, dev);
+  const std::vector<double> zeros(static_cast<size_t>(shape_numel(c.bias_shape())), 0.0);
+  Out bg = make_out(c.bias_shape(), DType::F32, dev, &zeros);
+  if (c.bias) blk.bias_grad = bg.t;
+  const PathProbe bp;
+  attention_block_backward(in.dout, in.q, in.k, in.v, Ot, Lt, dq.t, dk.t, dv.t, static_cast<float>(scale), blk,
+                           c.drop());
+  const std::string want_b = mla_path("attention_block_backward", dt, c);
+  if (!want_b.empty()) check_path(dev, bp, want_b, name + " backward");
+  const MlaIn gr = mla_backward(c, in.x, scale, in.dout_v, Or, Lr);
+  const Tol t = tol(dt, Kind::Attention);
+  check_out(name + " dq", dq, gr.q, t);
+  check_out(name + " dk", dk, gr.k, t);
+  check_out(name + " dv", dv, gr.v, t);
+  if (c.bias) check_out(name + " bias_grad", bg, gr.bias, t);
+}
+
+// The keys cut in two blocks [0, t1) and [t1, Tk): the blocks merged (attention_merge on Dv-wide
+// rows) equal the single block, and their gradient shares (given the merged rows) add up to its
+// gradient — context parallelism with MLA's heads. Same dtype, same device, no bias.
+void run_mla_split(Device dev, DType dt, const Mla& c, int64_t t1, uint64_t seed) {
+  Rng rng(seed);
+  const MlaTensors in = mla_inputs(rng, c, dt, dev);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.dqk));
+  const std::string name = case_name(dev, dt, str("attention block Dqk ", c.dqk, " != Dv ", c.dv, " split at key ",
+                                                  t1, ": ", c.what));
+  const Tensor out = Tensor::empty(c.o_shape(), dt, dev), lse = Tensor::empty(c.l_shape(), DType::F32, dev);
+  attention_block_forward(in.q, in.k, in.v, out, lse, scale, c.block(), c.drop());
+  const Tensor dq = Tensor::empty(c.q_shape(), dt, dev), dk = Tensor::empty(c.k_shape(), dt, dev),
+               dv = Tensor::empty(c.v_shape(), dt, dev);
+  attention_block_backward(in.dout, in.q, in.k, in.v, out, lse, dq, dk, dv, scale, c.block(), c.drop());
+
+  const Tensor acc = Tensor::zeros(c.o_shape(), DType::F32, dev), acc_lse = Tensor::empty(c.l_shape(), DType::F32, dev);
+  acc_lse.fill(-INFINITY);
+  const Tensor gq = Tensor::zeros(c.q_shape(), DType::F32, dev);
+  std::vector<double> gk, gv;  // the key blocks' dk, dv side by side along Tk (per sample)
+  gk.assign(static_cast<size_t>(shape_numel(c.k_shape())), 0.0);
+  gv.assign(static_cast<size_t>(shape_numel(c.v_shape())), 0.0);
+  const std::pair<int64_t, int64_t> parts[] = {{0, t1}, {t1, c.tk}};
+  for (const auto& [a, e] : parts) {
+    const AttentionBlock blk{c.q0, c.k0 + a, c.seq, c.causal};
+    const Tensor part = Tensor::empty(c.o_shape(), dt, dev), part_lse = Tensor::empty(c.l_shape(), DType::F32, dev);
+    attention_block_forward(in.q, in.k.slice(1, a, e), in.v.slice(1, a, e), part, part_lse, scale, blk, c.drop());
+    attention_merge(acc, acc_lse, part, part_lse);
+  }
+  for (const auto& [a, e] : parts) {
+    const AttentionBlock blk{c.q0, c.k0 + a, c.seq, c.causal};
+    const Tensor pq = Tensor::empty(c.q_shape(), dt, dev), pk = Tensor::empty({c.b, e - a, c.g, c.dqk}, dt, dev),
+                 pv = Tensor::empty({c.b, e - a, c.g, c.dv}, dt, dev);
+    attention_block_backward(in.dout, in.q, in.k.slice(1, a, e), in.v.slice(1, a, e), out, lse, pq, pk, pv, scale, blk,
+                             c.drop());
+    axpby(1.0f, pq, 1.0f, gq);
+    const std::vector<double> vk = values(pk), vv = values(pv);
+    for (int64_t b = 0; b < c.b; ++b)
+      for (int64_t j = a; j < e; ++j)
+        for (int64_t gr = 0; gr < c.g; ++gr) {
+          for (int64_t x = 0; x < c.dqk; ++x)
+            gk[c.ki(b, j, gr, x)] = vk[static_cast<size_t>(((b * (e - a) + j - a) * c.g + gr) * c.dqk + x)];
+          for (int64_t x = 0; x < c.dv; ++x)
+            gv[c.vi(b, j, gr, x)] = vv[static_cast<size_t>(((b * (e - a) + j - a) * c.g + gr) * c.dv + x)];
+        }
+  }
+  const Tol t = tol(dt, Kind::Attention);
+  check_close(name + " merged out", acc, values(out), t);
+  check_close(name + " merged lse", acc_lse, values(lse), tol(dt == DType::F32 ? dt : DType::F16, Kind::Attention));
+  check_close(name + " summed dq", gq, values(dq), t);
+  check_close(name + " dk", gk, values(dk), t);
+  check_close(name + " dv", gv, values(dv), t);
+}
+
+const std::vector<Mla>& mla_cases() {
+  static const std::vector<Mla> c{
+      // what                                       B NH G Dqk Dv   q0 tq k0 tk seq causal p  bias softcap
+      {"MHA, the diagonal block (a cuDNN form)", 2, 2, 2, 24, 16, 0, 8, 0, 8, 8},
+      {"GQA, partly causal, rows without keys", 1, 4, 2, 12, 8, 3, 9, 5, 7, 16},
+      {"MQA, bidirectional, Tq != Tk", 1, 4, 1, 20, 12, 0, 6, 0, 10, 10, false},
+      {"GQA, bottom-right causal, dropout", 1, 4, 2, 16, 8, 6, 6, 2, 10, 12, true, 0.25f},
+      {"GQA, Dv > Dqk, bias and softcap, causal", 2, 4, 2, 12, 20, 2, 5, 0, 7, 7, true, 0.0f, true, 1.5f},
+      {"MHA, bias, softcap and dropout, bidirectional", 1, 2, 2, 8, 16, 0, 5, 0, 7, 7, false, 0.2f, true, 2.0f},
+  };
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("attention block vs float64 reference: diagonal, full, partly causal, empty rows; every dtype") {
@@ -366,4 +610,81 @@ TEST_CASE("attention block: invalid arguments throw naming the op") {
   check_throws_naming("attention_merge", [&] {
     attention_merge(Tensor::zeros({1, 8, 2, 8}, DType::BF16), lse, out, lse);
   }, "acc not f32");
+}
+
+TEST_CASE("attention block with Dqk != Dv (MLA): the reference backward equals float64 finite differences") {
+  uint64_t seed = 9500;
+  for (const Mla& c : mla_cases()) {
+    Rng rng(++seed);
+    MlaIn x = mla_inputs(rng, c, DType::F32, Device::cpu()).x;
+    Rng rd(seed + 100);
+    std::vector<double> dout(static_cast<size_t>(shape_numel(c.o_shape())));
+    for (double& d : dout) d = rd.uniform(-1, 1);
+    const double scale = 1 / std::sqrt(static_cast<double>(c.dqk));
+    std::vector<double> O, L;
+    mla_forward(c, x, scale, O, L);
+    const MlaIn g = mla_backward(c, x, scale, dout, O, L);
+    const std::string name = str("finite differences, Dqk ", c.dqk, " Dv ", c.dv, ": ", c.what);
+    const Tol t{1e-6, 1e-7, 0};
+    auto fd = [&](std::vector<double> MlaIn::*field) {
+      return fd_grad(x.*field, [&](const std::vector<double>& xs) {
+        MlaIn y = x;
+        y.*field = xs;
+        std::vector<double> o, l;
+        mla_forward(c, y, scale, o, l);
+        return o;
+      }, dout);
+    };
+    check_close(name + " dq", g.q, fd(&MlaIn::q), t);
+    check_close(name + " dk", g.k, fd(&MlaIn::k), t);
+    check_close(name + " dv", g.v, fd(&MlaIn::v), t);
+    if (c.bias) check_close(name + " dbias", g.bias, fd(&MlaIn::bias), t);
+  }
+}
+
+TEST_CASE("attention block with Dqk != Dv (MLA) vs float64: causal and not, GQA/MQA, dropout, bias, softcap; every dtype") {
+  uint64_t seed = 9600;
+  for (Device dev : test_devices())
+    for (DType dt : float_dtypes())
+      for (const Mla& c : mla_cases()) run_mla(dev, dt, c, ++seed);
+  // DeepSeek-V3's widths (nope 128 + rope 64 = 192, v 128), and a block longer than the CPU's query tile.
+  for (Device dev : test_devices()) {
+    run_mla(dev, DType::BF16, {"DeepSeek-V3 widths, diagonal block", 1, 2, 2, 192, 128, 0, 16, 0, 16, 16}, ++seed);
+    if (dev.is_cpu())
+      run_mla(dev, DType::F32, {"a long block (two query tiles)", 1, 2, 1, 12, 8, 20, 280, 0, 300, 300}, ++seed);
+  }
+}
+
+TEST_CASE("attention block with Dqk != Dv (MLA): key blocks merged and their gradient shares summed equal one block") {
+  uint64_t seed = 9700;
+  for (Device dev : test_devices())
+    for (DType dt : float_dtypes()) {
+      run_mla_split(dev, dt, {"GQA causal", 2, 4, 2, 24, 16, 4, 8, 0, 12, 12}, 5, ++seed);
+      run_mla_split(dev, dt, {"MQA bidirectional, dropout", 1, 4, 1, 12, 20, 0, 6, 0, 9, 9, false, 0.2f}, 4, ++seed);
+    }
+}
+
+TEST_CASE("attention block with Dqk != Dv (MLA): shapes that do not fit throw naming the op") {
+  const int64_t B = 1, T = 6, NH = 2, G = 1, Dqk = 12, Dv = 8;
+  const Tensor q = Tensor::zeros({B, T, NH, Dqk}, DType::F32), k = Tensor::zeros({B, T, G, Dqk}, DType::F32),
+               v = Tensor::zeros({B, T, G, Dv}, DType::F32), out = Tensor::zeros({B, T, NH, Dv}, DType::F32),
+               lse = Tensor::zeros({B, NH, T}, DType::F32);
+  const char* f = "attention_block_forward";
+  attention_block_forward(q, k, v, out, lse, 1, {});  // the shapes that fit
+  check_throws_naming(f, [&] { attention_block_forward(q, k, v, Tensor::zeros({B, T, NH, Dqk}, DType::F32), lse, 1, {}); },
+                      "out with q's width instead of v's");
+  check_throws_naming(f, [&] { attention_block_forward(q, v, v, out, lse, 1, {}); }, "k with v's width");
+  check_throws_naming(f, [&] { attention_block_forward(q, k, Tensor::zeros({B, T, 2, Dv}, DType::F32), out, lse, 1, {}); },
+                      "v with another head count");
+  check_throws_naming(f, [&] { attention_block_forward(q, k, Tensor::zeros({B, T, G}, DType::F32), out, lse, 1, {}); },
+                      "v 3-D");
+  const char* bw = "attention_block_backward";
+  const Tensor dq = Tensor::zeros(q.shape(), DType::F32), dk = Tensor::zeros(k.shape(), DType::F32),
+               dv = Tensor::zeros(v.shape(), DType::F32);
+  attention_block_backward(out, q, k, v, out, lse, dq, dk, dv, 1, {});  // the shapes that fit
+  check_throws_naming(bw, [&] { attention_block_backward(Tensor::zeros(q.shape(), DType::F32), q, k, v, out, lse, dq, dk, dv, 1, {}); },
+                      "dout with q's width");
+  check_throws_naming(bw, [&] { attention_block_backward(out, q, k, v, out, lse, out, dk, dv, 1, {}); }, "dq with Dv");
+  check_throws_naming(bw, [&] { attention_block_backward(out, q, k, v, out, lse, dq, dv, dv, 1, {}); }, "dk with Dv");
+  check_throws_naming(bw, [&] { attention_block_backward(out, q, k, v, out, lse, dq, dk, dk, 1, {}); }, "dv with Dqk");
 }

@@ -11,6 +11,12 @@
 //   selection scores are well separated: float32 and float64 pick the same experts);
 //   outputs left undefined are skipped; aux_sums do not depend on the CPU thread count;
 //   bad arguments refused naming the op.
+// Group-limited routing (DeepSeek-V3's n_group / topk_group): the reference scores each group
+// by the float64 sum of its m largest selection scores, keeps the group_topk best (a stable
+// sort: ties to the lower group) and sorts the kept experts; the same checks then run (the
+// backward depends on the indices only). Rows are drawn so that the kept groups' boundary is
+// well separated too. Hand-made rows show the limit (and m) changing the choice, with and
+// without a bias, and the random problems are checked to choose differently from plain top-k.
 #include <omp.h>
 
 #include <algorithm>
@@ -32,11 +38,13 @@ struct Case {
   bool bias;
   double scaling;
   bool ties;  // logits from {0, 1, 2, 3}: equal selection scores, picked by the lower expert
+  int64_t ng = 0, gk = 0, gm = 0;  // group-limited routing: num_groups, group_topk, group_score_topk
 };
 
 std::string describe(const Case& c) {
   return str(c.score == MoeScore::Sigmoid ? "sigmoid" : c.pre ? "softmax pre" : "softmax post", " N=", c.N, " E=", c.E,
-             " k=", c.k, c.bias ? " bias" : "", " s=", c.scaling, c.ties ? " ties" : "");
+             " k=", c.k, c.bias ? " bias" : "", " s=", c.scaling, c.ties ? " ties" : "",
+             c.ng > 0 ? str(" groups ", c.ng, " keep ", c.gk, " m ", c.gm) : std::string());
 }
 
 // ---- float64 reference of one row ------------------------------------------------------------
@@ -181,6 +189,51 @@ bool separated(const std::vector<double>& key, const std::vector<double>& raw, c
   return true;
 }
 
+// The group score's m: group_score_topk, or Megatron's topk / group_topk.
+int64_t group_m(const Case& c) { return c.gm > 0 ? c.gm : c.k / c.gk; }
+
+// Group-limited routing: the group scores (float64: the sum of each group's m largest keys).
+std::vector<double> group_scores(const std::vector<double>& key, const Case& c) {
+  const int64_t per = c.E / c.ng;
+  std::vector<double> gs;
+  for (int64_t g = 0; g < c.ng; ++g) {
+    std::vector<double> v(key.begin() + g * per, key.begin() + (g + 1) * per);
+    std::sort(v.begin(), v.end(), std::greater<double>());
+    double sum = 0;
+    for (int64_t j = 0; j < group_m(c); ++j) sum += v[static_cast<size_t>(j)];
+    gs.push_back(sum);
+  }
+  return gs;
+}
+
+// The experts in the order top-k takes them: every expert (no groups), or the kept groups'
+// experts only (the rest never chosen). *sep: float32 picks the same (the kept groups' boundary
+// and the first k + 1 kept experts apart by more than 2e-5 of their magnitude).
+std::vector<int64_t> selection_order(const std::vector<double>& key, const std::vector<double>& raw,
+                                     const std::vector<double>& bias, const Case& c, bool* sep) {
+  if (c.ng == 0) {
+    const std::vector<int64_t> o = order_of(key);
+    *sep = separated(key, raw, bias, o, c.k);
+    return o;
+  }
+  const int64_t per = c.E / c.ng;
+  const std::vector<double> gs = group_scores(key, c);
+  const std::vector<int64_t> go = order_of(gs);
+  double mag = 0;
+  for (size_t e = 0; e < key.size(); ++e) mag = std::max(mag, std::fabs(raw[e]) + std::fabs(bias[e]));
+  *sep = c.gk == c.ng || gs[static_cast<size_t>(go[static_cast<size_t>(c.gk - 1)])] -
+                                 gs[static_cast<size_t>(go[static_cast<size_t>(c.gk)])] >
+                             2e-5 * static_cast<double>(group_m(c)) * mag;
+  std::vector<double> masked(key.size(), -INFINITY);  // the kept groups' keys; the others never taken
+  for (int64_t j = 0; j < c.gk; ++j)
+    for (int64_t e = go[static_cast<size_t>(j)] * per; e < (go[static_cast<size_t>(j)] + 1) * per; ++e)
+      masked[static_cast<size_t>(e)] = key[static_cast<size_t>(e)];
+  std::vector<int64_t> o = order_of(masked);
+  o.resize(static_cast<size_t>(c.gk * per));
+  *sep = *sep && separated(masked, raw, bias, o, std::min<int64_t>(c.k, static_cast<int64_t>(o.size()) - 1));
+  return o;
+}
+
 struct Problem {
   Case c;
   std::vector<double> x, bias;           // (N, E) logits, (E) bias (zeros when none), as f32 values
@@ -207,8 +260,9 @@ Problem make_problem(const Case& c, Rng& rng) {
       const std::vector<double> raw = raw_of(xr, E, c);
       std::vector<double> key(static_cast<size_t>(E));
       for (int64_t e = 0; e < E; ++e) key[static_cast<size_t>(e)] = raw[static_cast<size_t>(e)] + p.bias[static_cast<size_t>(e)];
-      order = order_of(key);
-      if (c.ties || separated(key, raw, p.bias, order, k)) break;
+      bool sep = false;
+      order = selection_order(key, raw, p.bias, c, &sep);
+      if (c.ties || sep) break;
     }
     const std::vector<int64_t> sel(order.begin(), order.begin() + k);
     p.idx.insert(p.idx.end(), sel.begin(), sel.end());
@@ -227,6 +281,7 @@ MoeRouterArgs args_of(const Case& c, const Problem& p, Device dev) {
   a.topk = c.k;
   a.scaling = static_cast<float>(c.scaling);
   if (c.bias) a.expert_bias = make_tensor(p.bias, {c.E}, DType::F32, dev);
+  a.num_groups = c.ng, a.group_topk = c.gk, a.group_score_topk = c.gm;
   return a;
 }
 
@@ -333,6 +388,27 @@ const std::vector<Case>& cases() {
   return v;
 }
 
+// Group-limited routing: num_groups, group_topk, group_score_topk (0: topk / group_topk).
+const std::vector<Case>& group_cases() {
+  using S = MoeScore;
+  static const std::vector<Case> v{
+      // DeepSeek-V3: sigmoid + bias, 256 experts in 8 groups, 4 kept, top 8, m = 2 (transformers')
+      {S::Sigmoid, false, 19, 256, 8, true, 2.5, false, 8, 4, 2},
+      {S::Sigmoid, false, 37, 64, 6, true, 1.0, false, 8, 3, 0},   // Megatron's m = 6 / 3
+      {S::Sigmoid, false, 23, 64, 6, false, 1.0, false, 8, 3, 0},  // no bias
+      {S::Sigmoid, false, 13, 64, 1, true, 1.0, false, 4, 1, 3},   // k = 1, one group kept
+      {S::Softmax, false, 37, 32, 4, true, 1.0, false, 4, 2, 0},   // softmax after top-k, bias
+      {S::Softmax, false, 29, 32, 4, false, 1.0, false, 4, 2, 0},
+      {S::Softmax, false, 29, 32, 4, false, 1.0, true, 8, 3, 2},   // tied logits: groups and experts to the lower
+      {S::Softmax, true, 41, 48, 3, false, 1.5, false, 6, 2, 1},   // softmax before top-k
+      {S::Softmax, true, 17, 48, 3, true, 1.0, false, 6, 2, 4},
+      {S::Sigmoid, false, 21, 128, 6, true, 1.0, false, 64, 5, 1},  // 64 groups (lanes' second group)
+      {S::Sigmoid, false, 11, 64, 16, true, 1.0, false, 8, 2, 8},  // every kept expert chosen, m = the group
+      {S::Sigmoid, false, 300, 64, 6, true, 1.0, false, 8, 4, 2},  // the CPU's OpenMP rows
+  };
+  return v;
+}
+
 }  // namespace
 
 TEST_CASE("moe_router: probs, indices, aux_sums, lse and dlogits against float64") {
@@ -343,6 +419,79 @@ TEST_CASE("moe_router: probs, indices, aux_sums, lse and dlogits against float64
       run(dev, c, /*with_aux_weight=*/seed % 2 == 0, seed);
       run(dev, c, /*with_aux_weight=*/seed % 2 != 0, seed + 1000);
     }
+}
+
+TEST_CASE("moe_router group-limited: probs, indices, aux_sums, lse and dlogits against float64") {
+  uint64_t seed = 13800;
+  for (Device dev : test_devices())
+    for (const Case& c : group_cases()) {
+      ++seed;
+      run(dev, c, /*with_aux_weight=*/seed % 2 == 0, seed);
+    }
+}
+
+TEST_CASE("moe_router group-limited: the limit changes the choice (random rows and hand-made ones)") {
+  // The random problems above: some rows must choose differently from plain top-k, or the
+  // group limit was never exercised.
+  uint64_t seed = 13900;
+  for (const Case& c : group_cases()) {
+    if (c.gk == c.ng || c.ties) continue;
+    Rng rng(++seed);
+    const Problem p = make_problem(c, rng);
+    Case plain = c;
+    plain.ng = plain.gk = plain.gm = 0;
+    int64_t changed = 0;
+    for (int64_t n = 0; n < c.N; ++n) {
+      const double* xr = p.x.data() + n * c.E;
+      const std::vector<double> raw = raw_of(xr, c.E, c);
+      std::vector<double> key(raw.size());
+      for (size_t e = 0; e < key.size(); ++e) key[e] = raw[e] + p.bias[e];
+      bool sep = false;
+      const std::vector<int64_t> o = selection_order(key, raw, p.bias, plain, &sep);
+      changed += !std::equal(o.begin(), o.begin() + c.k, p.idx.begin() + n * c.k);
+    }
+    CHECK_MESSAGE(changed > 0, describe(c) << ": no row where the group limit changes the choice");
+  }
+  // One row, softmax after top-k (the keys are the logits + bias), E = 8 in 4 groups of 2, 2 kept, top 2:
+  //   logits  (0.9, 0.0 | 0.5, 0.5 | 0.6, 0.45 | 0.1, 0.1)
+  //   m = 2: group scores 0.9, 1.0, 1.05, 0.2 → groups 2, 1 → experts 4, then 2 (2 and 3 tie: the lower);
+  //          plain top-2 would be 0, 4
+  //   m = 1: group scores 0.9, 0.5, 0.6, 0.1 → groups 0, 2 → experts 0, 4 (= plain)
+  //   m = 2 with a bias of +0.3 on expert 1: group 0 scores 1.2 → groups 0, 2 → experts 0, 4
+  //   one group kept (group_topk 1, m = 2): group 2 → experts 4, 5
+  // Sigmoid the same rows (sigmoid is monotone: the same order of the keys, other group sums):
+  //   m = 2: σ sums 1.211, 1.245, 1.256, 1.050 → groups 2, 1 → experts 4, 2;
+  //   m = 0 (Megatron's topk / group_topk = 1): σ maxima 0.711, 0.622, 0.646, 0.525 → groups 0, 2 → 0, 4.
+  struct Hand {
+    MoeScore score;
+    int64_t gk, gm;
+    bool bias;
+    std::vector<int64_t> want;
+  };
+  const std::vector<Hand> hands{{MoeScore::Softmax, 2, 2, false, {4, 2}}, {MoeScore::Softmax, 2, 1, false, {0, 4}},
+                                {MoeScore::Softmax, 2, 2, true, {0, 4}},  {MoeScore::Softmax, 1, 2, false, {4, 5}},
+                                {MoeScore::Sigmoid, 2, 2, false, {4, 2}}, {MoeScore::Sigmoid, 2, 0, false, {0, 4}}};
+  for (Device dev : test_devices()) {
+    const Tensor logits = make_tensor({0.9, 0.0, 0.5, 0.5, 0.6, 0.45, 0.1, 0.1}, {1, 8}, DType::F32, dev);
+    for (const Hand& h : hands) {
+      MoeRouterArgs a;
+      a.score = h.score;
+      a.topk = 2;
+      a.num_groups = 4, a.group_topk = h.gk, a.group_score_topk = h.gm;
+      if (h.bias) a.expert_bias = make_tensor({0, 0.3, 0, 0, 0, 0, 0, 0}, {8}, DType::F32, dev);
+      const Tensor pr = Tensor::empty({1, 2}, DType::F32, dev), ix = Tensor::empty({1, 2}, DType::I32, dev);
+      moe_router_forward(logits, a, pr, ix, Tensor(), Tensor());
+      const std::string name = case_name(dev, DType::F32, str(h.score == MoeScore::Sigmoid ? "sigmoid" : "softmax",
+                                                              " keep ", h.gk, " m ", h.gm, h.bias ? " bias" : ""));
+      CHECK_MESSAGE(ints_of(ix) == h.want, name << ": chose " << ints_of(ix)[0] << ", " << ints_of(ix)[1]);
+      // The probs are those of the chosen experts' unbiased scores, as without groups.
+      const double x0 = h.want[0] == 0 ? 0.9 : h.want[0] == 4 ? 0.6 : 0.5;
+      const double x1 = h.want[1] == 2 ? 0.5 : h.want[1] == 4 ? 0.6 : 0.45;
+      const double s0 = h.score == MoeScore::Softmax ? std::exp(x0) : sigm(x0);
+      const double s1 = h.score == MoeScore::Softmax ? std::exp(x1) : sigm(x1);
+      check_close(name + " probs", pr, {s0 / (s0 + s1), s1 / (s0 + s1)}, tol(DType::F32, Kind::Reduction));
+    }
+  }
 }
 
 TEST_CASE("moe_router: the bias moves the selection, never the probs") {
@@ -469,4 +618,46 @@ TEST_CASE("moe_router: bad arguments are refused naming the op") {
   MoeRouterArgs big = ok;
   big.topk = 6;
   check_throws_naming(b, [&] { moe_router_backward(p2, x, i2, big, Tensor(), 0.0f, dl); }, "k above E");
+}
+
+TEST_CASE("moe_router group-limited: bad group arguments are refused naming the op and the flag") {
+  const Tensor x = Tensor::zeros({3, 8}, DType::F32);
+  const Tensor p2 = Tensor::zeros({3, 2}, DType::F32), i2 = Tensor::zeros({3, 2}, DType::I32);
+  auto with = [](int64_t ng, int64_t gk, int64_t gm, int64_t k = 2) {
+    MoeRouterArgs a;
+    a.topk = k;
+    a.num_groups = ng, a.group_topk = gk, a.group_score_topk = gm;
+    return a;
+  };
+  auto refused = [&](const MoeRouterArgs& a, const char* flag, const std::string& what) {
+    const Tensor p = Tensor::zeros({3, a.topk}, DType::F32), i = Tensor::zeros({3, a.topk}, DType::I32);
+    bool threw = false;
+    try {
+      moe_router_forward(x, a, p, i, Tensor(), Tensor());
+    } catch (const Error& e) {
+      threw = true;
+      const std::string m = e.what();
+      CHECK_MESSAGE(m.find("moe_router_forward") != std::string::npos, what << ": " << m);
+      CHECK_MESSAGE(m.find(flag) != std::string::npos, what << ": the error does not name " << flag << ": " << m);
+    }
+    CHECK_MESSAGE(threw, what << ": accepted");
+  };
+  moe_router_forward(x, with(4, 2, 0), p2, i2, Tensor(), Tensor());  // 4 groups of 2, 2 kept, m = 1: fits
+  refused(with(3, 1, 0), "--moe-router-num-groups", "3 groups of 8 experts");
+  refused(with(-1, 0, 0), "num_groups", "negative groups");
+  refused(with(0, 2, 0), "--moe-router-num-groups", "group_topk without groups");
+  refused(with(0, 0, 2), "--moe-router-num-groups", "group_score_topk without groups");
+  refused(with(4, 0, 1), "--moe-router-group-topk", "no group kept");
+  refused(with(4, 5, 1), "--moe-router-group-topk", "more groups kept than there are");
+  refused(with(4, 1, 1, 3), "--moe-router-group-topk", "top 3 from one group of 2");
+  refused(with(4, 2, 3), "group_score_topk", "m above the group's 2 experts");
+  refused(with(2, 2, 0, 1), "group_score_topk", "Megatron's m = 1 / 2 = 0");
+  const Tensor x128 = Tensor::zeros({1, 256}, DType::F32);
+  MoeRouterArgs many = with(128, 2, 1);
+  check_throws_naming("moe_router_forward", [&] {
+    moe_router_forward(x128, many, Tensor::zeros({1, 2}, DType::F32), Tensor::zeros({1, 2}, DType::I32), Tensor(), Tensor());
+  }, "128 groups (above the 64 of the CUDA kernel)");
+  check_throws_naming("moe_router_backward", [&] {
+    moe_router_backward(p2, x, i2, with(3, 1, 0), Tensor(), 0.0f, Tensor::zeros({3, 8}, DType::F32));
+  }, "backward checks the groups too");
 }
