@@ -256,6 +256,38 @@ Var add(Tape& tape, const Var& a, const Var& b) {
   return out;
 }
 
+// ---- concat_cols ----------------------------------------------------------------------
+namespace {
+struct ConcatColsNode final : Node {
+  Var a, b, y;
+  const char* name() const override { return "concat_cols"; }
+  void backward() override {
+    if (!y.grad().defined()) return;
+    const int64_t ca = a.value().dim(1), cb = b.value().dim(1);
+    if (a.requires_grad()) axpby(1.0f, y.grad().slice(1, 0, ca).contiguous(), 1.0f, a.grad_or_zeros());
+    if (b.requires_grad()) axpby(1.0f, y.grad().slice(1, ca, ca + cb).contiguous(), 1.0f, b.grad_or_zeros());
+  }
+};
+}  // namespace
+
+Var concat_cols(Tape& tape, const Var& a, const Var& b) {
+  const Tensor& av = a.value();
+  const Tensor& bv = b.value();
+  MPT_CHECK(av.ndim() == 2 && bv.ndim() == 2 && av.dim(0) == bv.dim(0) && av.dtype() == bv.dtype(),
+            str("concat_cols: ", av.describe(), " and ", bv.describe(), " are not (N, Ca) and (N, Cb) of one dtype"), "");
+  const int64_t ca = av.dim(1), cb = bv.dim(1);
+  Tensor y = Tensor::empty({av.dim(0), ca + cb}, av.dtype(), av.device());
+  y.slice(1, 0, ca).copy_from(av);
+  y.slice(1, ca, ca + cb).copy_from(bv);
+  Var out(y, any_grad({&a, &b}));
+  if (tape.recording() && out.requires_grad()) {
+    auto n = std::make_unique<ConcatColsNode>();
+    n->a = a, n->b = b, n->y = out;
+    tape.record(std::move(n));
+  }
+  return out;
+}
+
 // ---- scale ----------------------------------------------------------------------------
 namespace {
 struct ScaleNode final : Node {

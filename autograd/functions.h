@@ -25,6 +25,8 @@ Var swiglu(Tape& tape, const Var& x);
 Var rope(Tape& tape, const Var& x, int64_t batch, int64_t seq, int64_t heads, int64_t rotate_heads,
          const RopeArgs& args);
 Var add(Tape& tape, const Var& a, const Var& b);
+// y (N, Ca + Cb) = [a | b]: a (N, Ca) and b (N, Cb) side by side (MTP's [enorm(e) | hnorm(h)]).
+Var concat_cols(Tape& tape, const Var& a, const Var& b);
 // y = cap · tanh(x / cap)   (logit soft-capping, tensor/softcap.h; Gemma 2's final_logit_softcapping)
 Var softcap(Tape& tape, const Var& x, float cap);
 // y = alpha · x (math in f32, rounded once to x's dtype)

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -652,6 +653,24 @@ std::vector<ArchField> build() {
                         "attention scores scaled by this to the −½ (Gemma 2/3); default the head width",
                         &C::query_pre_attn_scalar, 0, 1e30, "the attention scale's base: scores × s^−½ (0: the head width)",
                         checked));
+  // Multi-latent attention (model/layers/mla_layer.h): Megatron's flags; the sizes weigh only with it on.
+  v.push_back(switch_row("multi_latent_attention", FlagScope::Model, "multi-latent-attention",
+                         "multi-latent attention (DeepSeek-V2/V3): keys and values from a per-token latent",
+                         &C::multi_latent_attention, false, "multi-latent attention (DeepSeek)", checked));
+  for (const auto& [key, flag, help, m, lo] :
+       std::vector<std::tuple<std::string, std::string, std::string, int64_t C::*, int64_t>>{
+           {"q_lora_rank", "q-lora-rank", "MLA: the query's latent width (default none: a plain query projection)",
+            &C::q_lora_rank, 0},
+           {"kv_lora_rank", "kv-lora-rank", "MLA: the key/value latent's width (default 512)", &C::kv_lora_rank, 1},
+           {"qk_head_dim", "qk-head-dim", "MLA: each head's query/key dims without rope (default 128)", &C::qk_head_dim, 1},
+           {"qk_pos_emb_head_dim", "qk-pos-emb-head-dim", "MLA: the rope dims of queries and the shared key (default 64)",
+            &C::qk_pos_emb_head_dim, 2},
+           {"v_head_dim", "v-head-dim", "MLA: each head's value width (default 128)", &C::v_head_dim, 1}}) {
+    ArchField f = int_row(key, FieldKind::Shape, flag, help, m, lo, "MLA: " + help.substr(5), checked);
+    f.sizes_weights = [](const C& c) { return c.multi_latent_attention; };
+    f.required = false;
+    v.push_back(f);
+  }
   // Mixture of Experts (model/layers/moe_layer.h). Checkpoints from before these keys are dense.
   {
     ArchField f = int_row("num_experts", FieldKind::Shape, "num-experts",
@@ -752,6 +771,39 @@ std::vector<ArchField> build() {
     f.text = [](const json& v) { return "--moe-router-score-function " + dump(v); };
     v.push_back(f);
   }
+  v.push_back(switch_row("moe_router_enable_expert_bias", FlagScope::Model, "moe-router-enable-expert-bias",
+                         "aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the sigmoid scores for "
+                         "selection only, moved after every step toward the mean load (token counts summed over all ranks)",
+                         &C::moe_router_enable_expert_bias, false,
+                         "a per-expert bias on the selection scores (kept in the checkpoint's buffers)", checked));
+  v.back().kind = FieldKind::Run;  // checkpoints from before the key hold the buffers: the flag given wins
+  for (const bool groups : {true, false}) {
+    ArchField f = int_row(groups ? "moe_router_num_groups" : "moe_router_group_topk", FieldKind::Choice,
+                          groups ? "moe-router-num-groups" : "moe-router-group-topk",
+                          groups ? "group-limited routing: the experts in G equal groups (DeepSeek-V3: 8)"
+                                 : "group-limited routing: top-k among the g best groups (DeepSeek-V3: 4)",
+                          groups ? &C::moe_router_num_groups : &C::moe_router_group_topk, 0,
+                          groups ? "the routing groups (0: none)" : "the groups a token's experts come from (0: any)", checked);
+    f.required = false;
+    v.push_back(f);
+  }
+  v.push_back(plain_row("moe_router_group_score_topk", FieldKind::Choice, &C::moe_router_group_score_topk,
+                        "a routing group's score: the sum of its best this-many scores (0: topk / group-topk, "
+                        "Megatron's; DeepSeek-V3's transformers code: 2)"));
+  // Multi-token prediction (model/gpt_mtp.cpp). A Run field: a checkpoint with or without the MTP layers
+  // loads into a run without or with them (their weights dropped, or initialised, with a warning).
+  {
+    ArchField f = int_row("mtp_num_layers", FieldKind::Run, "mtp-num-layers",
+                          "multi-token prediction: D more layers on the last stage, layer k predicting token i + 1 + k "
+                          "(DeepSeek-V3: 1)",
+                          &C::mtp_num_layers, 0, "the multi-token prediction depth D (0: none)",
+                          "ignored: generation reads the main head");
+    f.required = false;
+    v.push_back(f);
+  }
+  v.push_back(float_row("mtp_loss_scaling_factor", FieldKind::Run, "mtp-loss-scaling-factor",
+                        "the MTP losses' weight: loss = lm + factor / D · Σ mtp_k (default 0.1)",
+                        &C::mtp_loss_scaling_factor, 0, 1e6, "the MTP losses' weight λ", "ignored"));
   v.push_back(switch_row("moe_router_pre_softmax", FlagScope::Model, "moe-router-pre-softmax",
                          "the top-k of the softmax over all experts, unnormalised (Qwen2-MoE); default: the softmax "
                          "of the k chosen logits (Mixtral)",

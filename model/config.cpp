@@ -178,6 +178,8 @@ void TransformerConfig::validate() const {
                         : moe_router_topk_scaling_factor != 1.0f                 ? "--moe-router-topk-scaling-factor"
                         : moe_shared_expert_intermediate_size != 0               ? "--moe-shared-expert-intermediate-size"
                         : moe_shared_expert_gate                                 ? "--moe-shared-expert-gate"
+                        : moe_router_num_groups != 0 || moe_router_group_topk != 0 ? "--moe-router-num-groups"
+                        : moe_router_enable_expert_bias                          ? "--moe-router-enable-expert-bias"
                                                                                  : nullptr;
     MPT_CHECK(!stray, str(stray ? stray : "", " is given without --num-experts: the model has no experts"),
               "add --num-experts E for a Mixture of Experts, or drop the flag");
@@ -185,12 +187,49 @@ void TransformerConfig::validate() const {
   MPT_CHECK(init_method_std > 0, str("--init-method-std must be > 0, got ", init_method_std), "");
   MPT_CHECK(layernorm_epsilon > 0, str("--norm-epsilon must be > 0, got ", layernorm_epsilon), "");
   validate_attention();
+  if (multi_latent_attention) validate_mla();
+  validate_mtp();
   if (position_embedding == PositionEmbedding::Rope) {
     MPT_CHECK(rotary_base > 0, str("--rotary-base must be > 0, got ", rotary_base), "Llama 2 uses 10000, Llama 3 500000");
     MPT_CHECK(rotary_percent > 0 && rotary_percent <= 1,
               str("--rotary-percent must be in (0, 1], got ", rotary_percent), "");
     rope_rotary_dim(head_dim(), rotary_percent);  // throws when the rotated dims are odd or zero
   }
+}
+
+void TransformerConfig::validate_mla() const {
+  MPT_CHECK(position_embedding == PositionEmbedding::Rope && normalization == Normalization::RMSNorm,
+            "--multi-latent-attention takes rotary positions and RMSNorm (DeepSeek's)",
+            "add --position-embedding-type rope --normalization RMSNorm");
+  MPT_CHECK(qk_pos_emb_head_dim % 2 == 0, str("--qk-pos-emb-head-dim ", qk_pos_emb_head_dim, " must be even (rope's pairs)"), "");
+  MPT_CHECK(num_query_groups == 0 && kv_channels == 0,
+            "--multi-latent-attention with --num-query-groups or --kv-channels: MLA's heads are sized by --qk-head-dim, "
+            "--qk-pos-emb-head-dim and --v-head-dim, one key and value per head",
+            "drop --group-query-attention / --kv-channels");
+  const char* stray = qk_norm != QkNorm::None            ? "--qk-layernorm"
+                      : attn_logit_softcapping != 0      ? "--attn-logit-softcapping"
+                      : window_size != 0                 ? "--window-size"
+                      : query_pre_attn_scalar != 0       ? "--query-pre-attn-scalar"
+                      : rotary_percent != 1.0            ? "--rotary-percent"
+                      : t5 || bert                       ? "an encoder model"
+                                                         : nullptr;
+  MPT_CHECK(!stray, str("--multi-latent-attention with ", stray ? stray : "", " is not built"),
+            "multi-latent attention has its own latent norms and rope dims: drop the flag");
+}
+
+void TransformerConfig::validate_mtp() const {
+  MPT_CHECK(mtp_num_layers >= 0, str("--mtp-num-layers must be >= 0, got ", mtp_num_layers), "");
+  MPT_CHECK(std::isfinite(mtp_loss_scaling_factor) && mtp_loss_scaling_factor >= 0,
+            str("--mtp-loss-scaling-factor must be a finite number >= 0, got ", mtp_loss_scaling_factor),
+            "Megatron's default is 0.1");
+  if (mtp_num_layers == 0) return;
+  MPT_CHECK(!bert && !t5 && causal, "--mtp-num-layers predicts further tokens of a decoder: not with BERT or T5",
+            "drop --mtp-num-layers");
+  MPT_CHECK(!learned_positions(),
+            "--mtp-num-layers with learned absolute positions: the MTP layers on the last stage read no position table",
+            "train MTP with --position-embedding-type rope (or none)");
+  MPT_CHECK(normalization == Normalization::RMSNorm && !layernorm_1p,
+            "--mtp-num-layers is built with RMSNorm MTP norms (DeepSeek-V3's)", "add --normalization RMSNorm");
 }
 
 void TransformerConfig::validate_attention() const {
@@ -220,6 +259,31 @@ void TransformerConfig::validate_attention() const {
 
 void TransformerConfig::validate_moe() const {
   const int64_t E = num_experts;
+  MPT_CHECK(!moe_router_enable_expert_bias || moe_router_score_function == MoeScore::Sigmoid,
+            "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (as Megatron-Core: the bias "
+            "shifts the sigmoid scores that select the experts)",
+            "add --moe-router-score-function sigmoid, or drop --moe-router-enable-expert-bias");
+  MPT_CHECK((moe_router_num_groups == 0) == (moe_router_group_topk == 0),
+            str("--moe-router-num-groups ", moe_router_num_groups, " and --moe-router-group-topk ", moe_router_group_topk,
+                ": group-limited routing takes both"),
+            "give both (DeepSeek-V3: 8 groups, the 4 best), or neither");
+  if (moe_router_num_groups > 0) {
+    MPT_CHECK(E % moe_router_num_groups == 0,
+              str("--moe-router-num-groups ", moe_router_num_groups, " does not divide --num-experts ", E), "");
+    MPT_CHECK(moe_router_group_topk <= moe_router_num_groups,
+              str("--moe-router-group-topk ", moe_router_group_topk, " exceeds --moe-router-num-groups ", moe_router_num_groups), "");
+    MPT_CHECK(moe_router_group_score_topk >= 0 && moe_router_group_score_topk <= E / moe_router_num_groups,
+              str("the group score's top ", moe_router_group_score_topk, " exceeds a group's ", E / moe_router_num_groups,
+                  " experts"), "use fewer groups");
+    MPT_CHECK(moe_router_group_score_topk > 0 || moe_router_topk >= moe_router_group_topk,
+              str("--moe-router-topk ", moe_router_topk, " < --moe-router-group-topk ", moe_router_group_topk,
+                  ": Megatron scores a group by its best topk / group-topk experts, none here"),
+              "raise --moe-router-topk or lower --moe-router-group-topk");
+    MPT_CHECK(moe_router_topk <= moe_router_group_topk * (E / moe_router_num_groups),
+              str("--moe-router-topk ", moe_router_topk, " is more than the ", moe_router_group_topk, " best groups hold (",
+                  moe_router_group_topk * (E / moe_router_num_groups), " experts)"),
+              "raise --moe-router-group-topk or lower --moe-router-topk");
+  }
   MPT_CHECK(E >= 1, str("--num-experts must be >= 1 (or not given for dense MLPs), got ", E), "");
   MPT_CHECK(moe_router_topk >= 1 && moe_router_topk <= E,
             str("--moe-router-topk ", moe_router_topk, " must be in [1, --num-experts ", E, "]"),

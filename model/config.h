@@ -119,6 +119,14 @@ struct TransformerConfig {
   float final_logit_softcapping = 0.0f;  // --final-logit-softcapping: logits ← cap·tanh(logits/cap) (Gemma 2); 0: none
   float query_pre_attn_scalar = 0.0f;    // --query-pre-attn-scalar: scores scaled by its −½ power (Gemma 2/3);
                                          //   0: by HD^−½
+  // Multi-latent attention (model/layers/mla_layer.h; DeepSeek-V2/V3, Megatron's --multi-latent-attention):
+  // every layer's self-attention reads its keys and values from a per-token latent.
+  bool multi_latent_attention = false;   // --multi-latent-attention
+  int64_t q_lora_rank = 0;               // --q-lora-rank qr: the query's latent width; 0: a plain query projection
+  int64_t kv_lora_rank = 512;            // --kv-lora-rank kr: the key/value latent's width
+  int64_t qk_head_dim = 128;             // --qk-head-dim dn: each head's query/key dims without rope
+  int64_t qk_pos_emb_head_dim = 64;      // --qk-pos-emb-head-dim dr: the rope dims (one shared key per token)
+  int64_t v_head_dim = 128;              // --v-head-dim dv: each head's value (and output) width
   // Mixture of Experts (model/layers/moe_layer.h; docs/model-families.md "Mixture of Experts"): the MLP
   // of an MoE layer is a router over num_experts expert MLPs of the MLP kind above, each token sent to
   // moe_router_topk of them, plus optional shared experts that see every token.
@@ -133,6 +141,13 @@ struct TransformerConfig {
   bool moe_router_pre_softmax = false;   // --moe-router-pre-softmax: top-k of the softmax over all experts,
                                          //   unnormalised (Qwen2-MoE); default softmax over the k chosen (Mixtral)
   float moe_router_topk_scaling_factor = 1.0f;  // --moe-router-topk-scaling-factor: the k probabilities times it
+  bool moe_router_enable_expert_bias = false;  // --moe-router-enable-expert-bias: a per-expert bias on the sigmoid
+                                         //   selection scores (DeepSeek-V3's e_score_correction_bias), kept with the
+                                         //   model; --moe-router-bias-update-rate moves it while training
+  int64_t moe_router_num_groups = 0;     // --moe-router-num-groups G: experts in G equal groups (DeepSeek-V3's n_group)
+  int64_t moe_router_group_topk = 0;     // --moe-router-group-topk g: top-k among the g best groups (topk_group); 0: off
+  int64_t moe_router_group_score_topk = 0;  // a group's score: the sum of its best this-many selection scores;
+                                         //   0: Megatron's topk / g (transformers' DeepSeek-V3 hard-codes 2)
   int64_t moe_shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size: shared experts' total
                                                     //   width Fs (0: none), a dense MLP beside the routed ones
   bool moe_shared_expert_gate = false;   // --moe-shared-expert-gate: the shared output times sigmoid(x·wgᵀ), wg (1, C)
@@ -162,6 +177,17 @@ struct TransformerConfig {
   int64_t relative_attention_num_buckets = 32;   // --relative-attention-num-buckets (relative positions)
   int64_t relative_attention_max_distance = 128; // --relative-attention-max-distance (relative positions)
 
+  // Multi-token prediction (model/gpt_mtp.cpp; Megatron's --mtp-num-layers, DeepSeek-V3's MTP modules):
+  // D more blocks, layers L … L + D − 1, on the last pipeline stage, each predicting one token further.
+  int64_t mtp_num_layers = 0;            // --mtp-num-layers D (0: none)
+  float mtp_loss_scaling_factor = 0.1f;  // --mtp-loss-scaling-factor λ: loss = lm + λ/D · Σ mtp_k
+  // The layer whose kind (MoE or dense, window, rope base) layer l has: an MTP layer (l >= num_layers)
+  // is a block of the last decoder layer's kind, as Megatron-Core builds it.
+  int64_t spec_layer(int64_t l) const { return l >= num_layers && num_layers > 0 ? num_layers - 1 : l; }
+  bool mtp_layer(int64_t l) const { return l >= num_layers; }
+  // The word embedding lives on the last stage too: the tied head, or MTP's shared embedding.
+  bool embedding_on_last_stage() const { return tied_output() || mtp_num_layers > 0; }
+
   int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
   int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
@@ -175,6 +201,7 @@ struct TransformerConfig {
   // Layer l's MLP is a Mixture of Experts (--num-experts with --moe-layer-freq).
   bool is_moe_layer(int64_t l) const {
     if (num_experts <= 0) return false;
+    l = spec_layer(l);
     if (!moe_layer_pattern.empty()) return l < static_cast<int64_t>(moe_layer_pattern.size()) && moe_layer_pattern[static_cast<size_t>(l)];
     return l % moe_layer_freq == 0;
   }
@@ -207,7 +234,7 @@ struct TransformerConfig {
   // Layer l's self-attention mask (T5: the encoder's padding mask, the decoder's causal one).
   AttentionMaskKind attention_mask(int64_t l = 0) const {
     if (t5) return l >= 0 && l < encoder_num_layers ? AttentionMaskKind::Padding : AttentionMaskKind::Causal;
-    return !causal ? AttentionMaskKind::Padding : is_sliding_layer(l) ? AttentionMaskKind::SlidingWindow : AttentionMaskKind::Causal;
+    return !causal ? AttentionMaskKind::Padding : is_sliding_layer(spec_layer(l)) ? AttentionMaskKind::SlidingWindow : AttentionMaskKind::Causal;
   }
   // The family this configuration is (model/families.h: "gpt2", "llama", "phi3", "bert", "t5", …): its
   // family_name when set, else the first family whose pins it meets (family_of), or "custom" for a mix
@@ -219,9 +246,11 @@ struct TransformerConfig {
   const char* tool() const { return bert ? "pretrain_bert" : t5 ? "pretrain_t5" : "pretrain_gpt"; }
   // Validate; throws naming the flags that conflict.
   void validate() const;
-  void validate_moe() const;
+  void validate_moe() const;        // the Mixture-of-Experts fields (validate() calls it when num_experts != 0)
   void validate_attention() const;  // windows per layer, rope scaling, QK-norm, soft-capping, norm placement
-  void validate_t5() const;   // the T5 fields (validate() calls it when t5)  // the Mixture-of-Experts fields (validate() calls it when num_experts != 0)
+  void validate_mla() const;        // --multi-latent-attention's sizes and what it does not combine with
+  void validate_mtp() const;        // --mtp-num-layers and what it needs
+  void validate_t5() const;         // the T5 fields (validate() calls it when t5)
   // Parameters (the tied LM head counts once), from the parameter table. With experts: every expert
   // (total); num_active_parameters() counts k of the E routed experts (what one token runs through).
   int64_t num_parameters() const;

@@ -52,22 +52,30 @@ double sum_layers(const TransformerConfig& c, F per_row) {
 double active_share(const TransformerConfig& c, const ParamSpec& s) {
   return s.expert >= 0 ? static_cast<double>(c.moe_router_topk) / static_cast<double>(c.num_experts) : 1.0;
 }
+// Σ over the multi-token prediction depths' rows (each depth has the same rows).
+template <class F>
+double sum_mtp(const TransformerConfig& c, F per_row) {
+  if (c.mtp_num_layers == 0) return 0;
+  double t = 0;
+  for (const ParamSpec& s : mtp_param_table(c, 1)) t += per_row(s);
+  return static_cast<double>(c.mtp_num_layers) * t;
+}
 }  // namespace
 
 int64_t TransformerConfig::num_parameters() const {
   int64_t outer = 0;
   for (const ParamSpec& s : outer_param_table(*this)) outer += shape_numel(s.global_shape);
-  return outer + static_cast<int64_t>(sum_layers(*this, [](const ParamSpec& s) {
-           return static_cast<double>(shape_numel(s.global_shape));
-         }));
+  const auto all = [](const ParamSpec& s) { return static_cast<double>(shape_numel(s.global_shape)); };
+  return outer + static_cast<int64_t>(sum_layers(*this, all) + sum_mtp(*this, all));
 }
 
 int64_t TransformerConfig::num_active_parameters() const {
   int64_t outer = 0;
   for (const ParamSpec& s : outer_param_table(*this)) outer += shape_numel(s.global_shape);
-  return outer + static_cast<int64_t>(std::llround(sum_layers(*this, [this](const ParamSpec& s) {
-           return active_share(*this, s) * static_cast<double>(shape_numel(s.global_shape));
-         })));
+  const auto active = [this](const ParamSpec& s) {
+    return active_share(*this, s) * static_cast<double>(shape_numel(s.global_shape));
+  };
+  return outer + static_cast<int64_t>(std::llround(sum_layers(*this, active) + sum_mtp(*this, active)));
 }
 
 // T5: per encoder token (the trainer counts seq_length tokens per sample). Per sample, every matmul weight
@@ -97,12 +105,16 @@ double TransformerConfig::flops_per_token() const {
   double matmul_params = 0;
   for (const ParamSpec& s : outer_param_table(*this))
     if (s.matmul) matmul_params += static_cast<double>(shape_numel(s.global_shape));
-  matmul_params += sum_layers(*this, [this](const ParamSpec& s) {
+  const auto matmul = [this](const ParamSpec& s) {
     return s.matmul ? active_share(*this, s) * static_cast<double>(shape_numel(s.global_shape)) : 0.0;
-  });
+  };
+  matmul_params += sum_layers(*this, matmul);
+  // Multi-token prediction: each depth's projection and block, and its own pass through the output layer.
+  matmul_params += sum_mtp(*this, matmul) +
+                   static_cast<double>(mtp_num_layers) * static_cast<double>(padded_vocab_size * hidden_size);
   // Attention scores and values: 2 matmuls of 2 FLOPs per (query, key, channel), × 3 with backward.
-  return 6.0 * matmul_params +
-         12.0 * static_cast<double>(num_layers) * static_cast<double>(attention_width()) * attended_keys();
+  return 6.0 * matmul_params + 12.0 * static_cast<double>(num_layers + mtp_num_layers) *
+                                   static_cast<double>(attention_width()) * attended_keys();
 }
 
 }  // namespace mpitron

@@ -41,6 +41,7 @@ struct HfName {
   HfTransform transform = HfTransform::Copy;
   std::vector<std::string> tied;  // tensors tied to this one (ParamSpec::hf_tied)
   std::vector<double> factor;     // ours = HF × factor, per name (ParamSpec::hf_factor); empty: 1
+  std::vector<int64_t> rows;      // our row i is HF row rows[i] (ParamSpec::hf_rows); empty: the same order
   // Settings that depend on the configuration (a tied head, T5's factors): adjusts the resolved
   // entry for the configuration and row. Null: none.
   std::function<void(const TransformerConfig&, const ParamSpec&, HfName&)> adjust;
@@ -88,6 +89,11 @@ struct Family {
   // Its tensors' names by parameter role. A family built on another starts from its names and
   // changes what differs (Phi-3: Llama's with fused qkv_proj and gate_up_proj).
   HfNames hf_names;
+  // An MoE layer's expert-bias buffer (--moe-router-enable-expert-bias: DeepSeek-V3's e_score_correction_bias),
+  // "{l}" its layer; empty: the family has none.
+  std::string hf_expert_bias;
+  // HF tensors the import skips (true), with a warning: what mpitron does not read yet (DeepSeek's MTP layers).
+  std::function<bool(const TransformerConfig&, const std::string& name)> hf_skip;
   // The values of "{x}" placeholders other than {l} and {e} in the names of layer `layer` (null: none).
   std::function<std::string(const TransformerConfig&, int64_t layer, const std::string& var)> hf_var;
   std::vector<FamilyPin> pins;      // what the family is
@@ -102,6 +108,8 @@ struct Family {
   std::vector<std::string> hf_buffers;
   std::vector<std::pair<std::string, std::string>> hf_aliases;  // (suffix, older suffix)
   bool hf_lm_head_copy = false;     // the export may also write the tied head's copy (GPT-2's --lm-head)
+  bool hf_write_tied = false;       // the export always writes every tied copy (DeepSeek-V3's MTP modules'
+                                    //   embed_tokens and shared_head.head, which its own inference code reads)
   // Its weights alone (one .safetensors file, no config.json) give its sizes; the heads come from
   // --num-attention-heads (GPT-2's hub files). Other families are read from their directory.
   bool hf_single_file = false;

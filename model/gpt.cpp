@@ -56,6 +56,9 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
                   "got ", cfg_.hidden_size), "");
     check_context_parallel(mp_.cp, cfg_.seq_length, cfg_.num_attention_heads / tp.size, cfg_.query_groups() / tp.size);
   }
+  MPT_CHECK(!mp_.cp.active() || cfg_.mtp_num_layers == 0,
+            "--mtp-num-layers with --context-parallel-size > 1 is not built (the shifted tokens cross the ranks' chunks)",
+            "train multi-token prediction without context parallelism (TP, SP, PP, DP/ZeRO and EP take it)");
   const int64_t per_stage = cfg_.num_layers / stages;
   MPT_CHECK(mp_.chunk_stages.empty() || static_cast<int>(mp_.chunk_stages.size()) == mp_.virtual_stages,
             str("ModelParallel::chunk_stages holds ", mp_.chunk_stages.size(), " stages for ", mp_.virtual_stages,
@@ -84,6 +87,7 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
       case ParamPlace::FirstAndLast: return has_first || has_last;
       case ParamPlace::Layer: break;
     }
+    if (cfg_.mtp_layer(spec.layer)) return has_last;  // the MTP blocks: on the last stage
     for (const ChunkInfo& ch : chunks_)
       if (spec.layer >= ch.first_layer && spec.layer < ch.end_layer) return true;
     return false;
@@ -115,12 +119,14 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
     goff += shape_numel(spec.global_shape);
   }
   params_.allocate(cfg_.compute_dtype, device_);
-  for (const ChunkInfo& ch : chunks_)
-    for (int64_t l = ch.first_layer; l < ch.end_layer; ++l) {
+  for (const ChunkInfo& ch : chunks_) {
+    const int64_t end = ch.last_stage ? cfg_.num_layers + cfg_.mtp_num_layers : ch.end_layer;  // + the MTP blocks
+    for (int64_t l = ch.first_layer; l < end; ++l) {
       blocks_.push_back(BlockParams::from(params_, cfg_, l));
       block_first_param_.push_back(params_.index(block_param_table(cfg_, l).front().name));
       block_layer_.push_back(l);
     }
+  }
   std::vector<char> in_block(params_.infos().size(), 0);
   for (size_t i = 0; i < blocks_.size(); ++i)
     for (size_t k = 0; k < static_cast<size_t>(blocks_[i].count()); ++k) in_block[block_first_param_[i] + k] = 1;
@@ -129,6 +135,7 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
       if (!outside_blocks_.empty() && outside_blocks_.back().second == k) outside_blocks_.back().second = k + 1;
       else outside_blocks_.emplace_back(k, k + 1);
     }
+  if (cfg_.moe_router_enable_expert_bias) enable_expert_bias();  // part of the model: routing reads it
 }
 
 void GPT::need_params_outside_blocks(const ForwardOptions& opt) const {
@@ -249,34 +256,52 @@ Var GPT::layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t s
     const int64_t l = block_layer_[i];
     if (l < ch.first_layer || l >= ch.end_layer) continue;
     if (stack && (l < stack->first_layer || l >= stack->end_layer)) continue;
-    const size_t first = block_first_param_[i], end = first + static_cast<size_t>(blocks_[i].count());
-    if (opt.params_needed) opt.params_needed(first, end);
-    std::function<void()> ready;
-    if (opt.grads_ready) ready = [cb = opt.grads_ready, first, end] { cb(first, end); };
-    std::function<void()> before;
-    if (opt.params_needed_backward) before = [cb = opt.params_needed_backward, first, end] { cb(first, end); };
     const bool recompute = opt.recompute && (opt.recompute_num_layers == 0 || l - ch.first_layer < opt.recompute_num_layers);
-    BlockShape s = block_shape(cfg_, batch, seq, mp_.tp, opt.train, l, mp_.cp);
-    s.core = core;
-    s.moe.run = opt.moe;
-    s.moe.ep = mp_.ep;
-    uint64_t seed = opt.dropout_seed, offset = nc * (1 + 2 * static_cast<uint64_t>(l));
-    if (stack) {
-      s.cross = stack->cross;
-      seed = stack->seed, offset = stack->offset(l), s.attention_offset = stack->attention_offset(l);
-      if (s.cross.active()) s.cross.attention_offset = stack->cross_attention_offset(l);
-    }
-    x = block(tape, s, blocks_[i], x, seed, offset, recompute, std::move(ready), std::move(before));
+    x = run_block(tape, i, x, batch, seq, opt, core, recompute, stack, nc);
   }
   return x;
 }
 
+size_t GPT::block_index(int64_t layer) const {
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    if (block_layer_[i] == layer) return i;
+  MPT_THROW(str("layer ", layer, " is not on this rank"), "");
+}
+
+Var GPT::run_block(Tape& tape, size_t i, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt,
+                   const std::shared_ptr<const AttentionCore>& core, bool recompute, const StackInputs* stack,
+                   uint64_t nc) {
+  const int64_t l = block_layer_[i];
+  const size_t first = block_first_param_[i], end = first + static_cast<size_t>(blocks_[i].count());
+  if (opt.params_needed) opt.params_needed(first, end);
+  std::function<void()> ready;
+  if (opt.grads_ready) ready = [cb = opt.grads_ready, first, end] { cb(first, end); };
+  std::function<void()> before;
+  if (opt.params_needed_backward) before = [cb = opt.params_needed_backward, first, end] { cb(first, end); };
+  BlockShape s = block_shape(cfg_, batch, seq, mp_.tp, opt.train, l, mp_.cp);
+  s.core = core;
+  s.moe.run = opt.moe;
+  s.moe.ep = mp_.ep;
+  uint64_t seed = opt.dropout_seed, offset = nc * (1 + 2 * static_cast<uint64_t>(l));
+  if (stack) {
+    s.cross = stack->cross;
+    seed = stack->seed, offset = stack->offset(l), s.attention_offset = stack->attention_offset(l);
+    if (s.cross.active()) s.cross.attention_offset = stack->cross_attention_offset(l);
+  }
+  return block(tape, s, blocks_[i], x, seed, offset, recompute, std::move(ready), std::move(before));
+}
+
 const Var& GPT::output_weight() const { return mpitron::output_weight(cfg_, params_); }
 
-Var GPT::head_loss(Tape& tape, const Var& x, const Tensor& targets) {
+Var GPT::head_loss(Tape& tape, const Var& x, const Tensor& tokens, const Tensor& targets, const ForwardOptions& opt) {
   const TensorParallel& tp = mp_.tp;
-  const Var logits = lm_logits(tape, cfg_, tp, final_norm(tape, cfg_, tp, params_, x), output_weight());
-  return lm_loss(tape, cfg_, tp, logits, targets);
+  const Var h = final_norm(tape, cfg_, tp, params_, x);
+  const Var logits = lm_logits(tape, cfg_, tp, h, output_weight());
+  const Var lm = lm_loss(tape, cfg_, tp, logits, targets);
+  last_mtp_losses_.clear();
+  if (cfg_.mtp_num_layers == 0 || !opt.train) return lm;  // evaluation: the main head's loss (as Megatron)
+  last_lm_loss_ = lm.value().item();
+  return ag::add(tape, lm, mtp_loss(tape, h, tokens, targets, opt));
 }
 
 Var GPT::chunk_forward(Tape& tape, int c, const Tensor& tokens, const Tensor& targets, const Var& input,
@@ -297,7 +322,7 @@ Var GPT::chunk_forward(Tape& tape, int c, const Tensor& tokens, const Tensor& ta
     x = input;
   }
   x = layers(tape, ch, x, B, T, opt);
-  return ch.last_stage ? head_loss(tape, x, targets) : x;
+  return ch.last_stage ? head_loss(tape, x, tokens, targets, opt) : x;
 }
 
 Var GPT::forward(Tape& tape, const Tensor& tokens, const Tensor& targets, const ForwardOptions& opt) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,8 @@
 #include "parallel/expert_parallel.h"
 
 namespace mpitron {
+
+class AttentionCore;
 
 struct ForwardOptions {
   bool recompute = false;     // --recompute-activations: whole-block recompute
@@ -153,10 +156,22 @@ class GPT {
              const StackInputs* stack = nullptr);
   // opt.params_needed for every parameter outside the blocks (a chunk's forward calls it first).
   void need_params_outside_blocks(const ForwardOptions& opt) const;
+  // The MTP losses of the last training forward on this rank's last stage (mtp_k, k = 1 … D; empty:
+  // none): what Megatron logs as "mtp_k loss".
+  const std::vector<double>& last_mtp_losses() const { return last_mtp_losses_; }
+  double last_lm_loss() const { return last_lm_loss_; }  // the main head's loss of that forward
 
  private:
   Var embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt);
-  Var head_loss(Tape& tape, const Var& x, const Tensor& targets);
+  // The last stage: the final norm, the output layer and the loss, plus the MTP losses when training.
+  Var head_loss(Tape& tape, const Var& x, const Tensor& tokens, const Tensor& targets, const ForwardOptions& opt);
+  // (λ/D)·Σ_k mtp_k over the MTP depths (model/gpt_mtp.cpp); h: the main final norm's output.
+  Var mtp_loss(Tape& tape, const Var& h, const Tensor& tokens, const Tensor& targets, const ForwardOptions& opt);
+  // Block i of this rank (blocks_ order) on x; nc: the single-process N·C of the call (dropout offsets).
+  Var run_block(Tape& tape, size_t i, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt,
+                const std::shared_ptr<const AttentionCore>& core, bool recompute, const StackInputs* stack,
+                uint64_t nc);
+  size_t block_index(int64_t layer) const;  // layer's place in blocks_ (throws when not on this rank)
 
   GPTConfig cfg_;
   Device device_;
@@ -168,6 +183,15 @@ class GPT {
   std::vector<int64_t> block_layer_;         // the global layer of each block
   std::vector<std::pair<size_t, size_t>> outside_blocks_;  // ParamSet index ranges of no block
   bool expert_bias_ = false;
+  std::vector<double> last_mtp_losses_;
+  double last_lm_loss_ = 0;
 };
+
+// Multi-token prediction at inference (speculative decoding's draft, model/inference/model_runner.h):
+// depth 1's final-normed output (n, C) for rows whose main final-normed hidden state is h (n, C) and whose
+// next token's embedding is e (n, C); `block` runs the MTP block (over its KV cache). GEMMs in tiles of
+// `tile` rows.
+Tensor mtp_decode_hidden(const GPT& model, const Tensor& e, const Tensor& h,
+                         const std::function<Tensor(const Tensor&)>& block, int64_t tile);
 
 }  // namespace mpitron

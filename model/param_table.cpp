@@ -68,6 +68,17 @@ const char* to_string(ParamRole r) {
     case ParamRole::Norm2PostBias: return "norm2_post.bias";
     case ParamRole::QNormWeight: return "q_norm.weight";
     case ParamRole::KNormWeight: return "k_norm.weight";
+    case ParamRole::MlaQDownWeight: return "mla.q_down.weight";
+    case ParamRole::MlaQDownNormWeight: return "mla.q_down_norm.weight";
+    case ParamRole::MlaQUpWeight: return "mla.q_up.weight";
+    case ParamRole::MlaQWeight: return "mla.q.weight";
+    case ParamRole::MlaKvDownWeight: return "mla.kv_down.weight";
+    case ParamRole::MlaKvDownNormWeight: return "mla.kv_down_norm.weight";
+    case ParamRole::MlaKvUpWeight: return "mla.kv_up.weight";
+    case ParamRole::MtpEmbedNormWeight: return "mtp.enorm.weight";
+    case ParamRole::MtpHiddenNormWeight: return "mtp.hnorm.weight";
+    case ParamRole::MtpProjWeight: return "mtp.eh_proj.weight";
+    case ParamRole::MtpFinalNormWeight: return "mtp.final_norm.weight";
   }
   return "?";
 }
@@ -100,7 +111,7 @@ std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
   using I = ParamInit;
   std::vector<ParamSpec> v;
   ParamSpec wte = tp_split(row("wte", R::WordEmbedding, {V, C}, I::Normal,
-                               c.tied_output() ? ParamPlace::FirstAndLast : ParamPlace::FirstStage),
+                               c.embedding_on_last_stage() ? ParamPlace::FirstAndLast : ParamPlace::FirstStage),
                            0);
   wte.matmul = c.tied_output();  // the tied head's matmul
   v.push_back(vocab_row(wte));
@@ -154,12 +165,30 @@ std::vector<ParamSpec> outer_param_table(const GPTConfig& c) {
   return v;
 }
 
+std::string mtp_prefix(int64_t k) { return str("mtp.", k - 1, "."); }
+
+std::vector<ParamSpec> mtp_param_table(const GPTConfig& c, int64_t k) {
+  const int64_t C = c.hidden_size, l = c.num_layers + k - 1;
+  using R = ParamRole;
+  const std::string p = mtp_prefix(k);
+  const ParamPlace last = ParamPlace::LastStage;
+  std::vector<ParamSpec> v = {param_row(p + "enorm.weight", R::MtpEmbedNormWeight, {C}, ParamInit::Ones, last, l),
+                              param_row(p + "hnorm.weight", R::MtpHiddenNormWeight, {C}, ParamInit::Ones, last, l),
+                              matmul_row(param_row(p + "eh_proj.weight", R::MtpProjWeight, {C, 2 * C}, ParamInit::Normal, last, l))};
+  for (ParamSpec& s : block_param_table(c, l)) v.push_back(std::move(s));
+  v.push_back(param_row(p + "final_norm.weight", R::MtpFinalNormWeight, {C}, ParamInit::Ones, last, l));
+  named(c, v);
+  return v;
+}
+
 std::vector<ParamSpec> param_table(const GPTConfig& c) {
   std::vector<ParamSpec> outer = outer_param_table(c), v;
   for (ParamSpec& s : outer)
     if (s.place != ParamPlace::LastStage) v.push_back(std::move(s));
   for (int64_t l = 0; l < c.num_layers; ++l)
     for (ParamSpec& s : block_param_table(c, l)) v.push_back(std::move(s));
+  for (int64_t k = 1; k <= c.mtp_num_layers; ++k)
+    for (ParamSpec& s : mtp_param_table(c, k)) v.push_back(std::move(s));
   for (ParamSpec& s : outer)
     if (s.place == ParamPlace::LastStage) v.push_back(std::move(s));
   return v;

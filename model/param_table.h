@@ -32,6 +32,11 @@
 //   layers.l.mlp.shared.fc.weight (FCs, C), layers.l.mlp.shared.proj.weight (C, Fs)   shared experts (Fs > 0)
 //   layers.l.mlp.shared.gate.weight (1, C)       replicated (--moe-shared-expert-gate)
 // Each kind's experts are consecutive (every fc weight, then every fc bias, …): the grouped GEMM's operands.
+// Multi-token prediction (--mtp-num-layers D; model/gpt_mtp.cpp), per depth k = 1 … D, last stage:
+//   mtp.{k−1}.enorm.weight, mtp.{k−1}.hnorm.weight (C)   replicated
+//   mtp.{k−1}.eh_proj.weight (C, 2C)                   replicated ([enorm(e) | hnorm(h)] columns)
+//   layers.{L+k−1}.*                                   a block of the last layer's kind
+//   mtp.{k−1}.final_norm.weight (C)
 //   lnf.weight / .bias (C)              last stage
 //   head.weight (V, C)                  vocab-parallel, last stage (untied only)
 // BERT (cfg.bert) adds, replicated unless said:
@@ -82,6 +87,13 @@ enum class ParamRole : uint8_t {
   // Norms on a sublayer's output before the residual add (model/layers/layer_spec.h: Gemma 2/3's
   // sandwich, OLMo-2's output norms), and self-attention's query/key norms (QK-norm).
   Norm1PostWeight, Norm1PostBias, Norm2PostWeight, Norm2PostBias, QNormWeight, KNormWeight,
+  // Multi-latent attention (model/layers/mla_layer.h): the query's down-projection, its norm and up-projection
+  // (or a plain query projection), the key/value latent's down-projection (with the shared rope key), its norm
+  // and up-projection.
+  MlaQDownWeight, MlaQDownNormWeight, MlaQUpWeight, MlaQWeight, MlaKvDownWeight, MlaKvDownNormWeight, MlaKvUpWeight,
+  // Multi-token prediction (model/gpt_mtp.cpp), per depth: the embedding's and the hidden state's norms, the
+  // projection of their concatenation, and the final norm before the shared output layer.
+  MtpEmbedNormWeight, MtpHiddenNormWeight, MtpProjWeight, MtpFinalNormWeight,
 };
 const char* to_string(ParamRole r);
 
@@ -135,12 +147,19 @@ struct ParamSpec {
   // √HD (mpitron scales scores by 1/√HD); the tied T5's decoder final norm carries C^−½ (HF scales the
   // decoder output by it before the tied head). Gradients go the other way (HF grad = ours × factor).
   std::vector<double> hf_factor;
+  // Row order of a single-name HF tensor: our row i is HF row hf_rows[i] (empty: the same order). DeepSeek's
+  // rope dims are interleaved pairs in its weights; ours are rotate-half halves (model/layers/mla_layer.h).
+  std::vector<int64_t> hf_rows;
 };
 
 // Every parameter of `cfg`, in single-rank (checkpoint) order.
 std::vector<ParamSpec> param_table(const GPTConfig& cfg);
 // The rows of one block (layer l), in order: what BlockParams binds.
 std::vector<ParamSpec> block_param_table(const GPTConfig& cfg, int64_t layer);
+// Multi-token prediction depth k (1 … mtp_num_layers): the "mtp.{k−1}." rows (enorm, hnorm, eh_proj), the
+// block of layer num_layers + k − 1, then its final norm; all on the last stage.
+std::vector<ParamSpec> mtp_param_table(const GPTConfig& cfg, int64_t k);
+std::string mtp_prefix(int64_t k);  // "mtp.{k−1}."
 // The rows outside the blocks (embeddings, final norm, head), in table order:
 // param_table = the first-stage ones, every block, the last-stage ones. Counting
 // uses these and layer 0's rows, never the whole table (num_layers may be huge).

@@ -63,7 +63,7 @@ std::vector<io::Hdf5File::Hyperslab> slabs(const ParamInfo& p, int64_t lo, int64
 // (layer, dataset) of every MoE layer's expert bias: buffers/layers.<l>.mlp.router.expert_bias.
 std::vector<std::pair<int64_t, std::string>> expert_bias_datasets(const GPTConfig& c) {
   std::vector<std::pair<int64_t, std::string>> v;
-  for (int64_t l = 0; l < c.num_layers; ++l)
+  for (int64_t l = 0; l < c.num_layers + c.mtp_num_layers; ++l)  // the MTP layers' routers too
     if (c.is_moe_layer(l)) {
       std::string r = router_name(c, l);
       v.push_back({l, "buffers/" + r.substr(0, r.size() - std::string("weight").size()) + "expert_bias"});
@@ -178,6 +178,16 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
   std::vector<std::vector<float>> states(with_optim ? state_names.size() : 0, std::vector<float>(static_cast<size_t>(n)));
   std::map<int64_t, std::vector<float>> biases;
   double bytes = 0;
+  // Multi-token prediction layers the checkpoint lacks (it was trained without them, or with fewer):
+  // they keep this run's initial values (and zero moments).
+  std::vector<float> initial;
+  if (c.mtp_num_layers > 0) initial = ps.values().to_floats();
+  int64_t mtp_missing = 0, mtp_dropped = 0;
+  const auto mtp_param = [&](const std::string& name) {
+    if (name.rfind("mtp.", 0) == 0) return true;
+    if (name.rfind("layers.", 0) != 0) return false;
+    return std::stoll(name.substr(7, name.find('.', 7) - 7)) >= c.num_layers;
+  };
   // Runs once per candidate checkpoint (newest first); a damaged one makes
   // read_verified throw CheckpointDamaged on every rank and the next older one is tried.
   io::CheckpointReader r = io::CheckpointReader::load_latest(load_dir, comm, [&](const io::CheckpointReader& ck) {
@@ -206,7 +216,14 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
                                  saved_cfg.vocab_size, o.tokenizer, c.vocab_size, o.allow_tokenizer_change);
     std::vector<io::ReadRequest> reqs;
     bytes = 0;
+    mtp_missing = 0;
+    mtp_dropped = std::max<int64_t>(0, saved_cfg.mtp_num_layers - c.mtp_num_layers);
     for (const ParamInfo& p : ps.infos()) {
+      if (c.mtp_num_layers > 0 && mtp_param(p.name) && !ck.has_tensor("model/" + p.name)) {
+        std::copy_n(initial.begin() + p.offset, p.numel(), values.begin() + p.offset);
+        ++mtp_missing;
+        continue;
+      }
       reqs.push_back({"model/" + p.name, slabs(p, 0, p.numel()), values.data() + p.offset, io::ElemType::F32,
                       p.global_shape});
       bytes += 4.0 * static_cast<double>(p.numel());
@@ -232,6 +249,13 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
     ck.read_verified(reqs, with_optim ? io::VerifyScope::AllDatasets : io::VerifyScope::RequestedDatasets);
   });
   if (!r.found()) return false;
+  if (mtp_missing > 0)
+    log_warn("checkpoint ", r.path(), " holds no weights for ", mtp_missing, " parameters of this run's ",
+             c.mtp_num_layers, " multi-token prediction layer(s) (trained without --mtp-num-layers, or fewer): they "
+             "start from this run's initialisation");
+  if (mtp_dropped > 0)
+    log_warn("checkpoint ", r.path(), " holds ", mtp_dropped, " multi-token prediction layer(s) this run does not have "
+             "(--mtp-num-layers ", c.mtp_num_layers, "): their weights are not loaded");
   opt.begin = begin;
   opt.master = Tensor::from_vector(std::vector<float>(values.begin() + begin, values.begin() + end), {n});
   opt.optimizer = o.optimizer;

@@ -65,6 +65,9 @@ struct SaveInfo {
 // layers) intersected with its optimizer slice (ZeRO shards). `writer` false:
 // this rank's state is a data-parallel replica of another rank's (no ZeRO,
 // dp rank > 0), it writes nothing.
+// (layer, dataset) of every MoE layer's expert bias (MTP layers included): buffers/layers.<l>.mlp.router.expert_bias.
+std::vector<std::pair<int64_t, std::string>> expert_bias_datasets(const GPTConfig& c);
+
 SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const OptimState& opt,
                          const LossScaler& scaler, const TrainState& st, const std::string& flags_json,
                          const std::string& lr_schedule_json, int keep_last = 0, MPI_Comm comm = MPI_COMM_NULL,

@@ -110,13 +110,13 @@ HfKey eps_key(const std::string& key) {
 
 std::vector<FamilyPin> decoder_base() {
   return {is("bert", false), is("t5", false), is("causal", true), is("post_ln", false), is("num_tokentypes", 0),
-          is("num_classes", 0)};
+          is("num_classes", 0), is("multi_latent_attention", false), is("mtp_num_layers", 0)};
 }
 
 std::vector<FamilyPin> plain_attention() {
   return {is("qk_norm", "none"), is("norm_placement", "pre"), is("attn_logit_softcapping", 0.0),
           is("final_logit_softcapping", 0.0), is("query_pre_attn_scalar", 0.0), is("window_attn_skip_freq", 0),
-          is("rotary_base_local", 0.0)};
+          is("rotary_base_local", 0.0), is("multi_latent_attention", false)};
 }
 
 std::vector<FamilyPin> llama_like() {
@@ -320,7 +320,8 @@ std::vector<HfKey> gemma_keys() {
 FamilyPin moe_pin() { return when("num_experts", [](const C& c) { return c.num_experts > 0; }, "--num-experts"); }
 
 std::vector<FamilyPin> moe_router() {
-  return {is("moe_router_score_function", "softmax"), is("moe_router_topk_scaling_factor", 1.0)};
+  return {is("moe_router_score_function", "softmax"), is("moe_router_topk_scaling_factor", 1.0),
+          is("moe_router_num_groups", 0), is("moe_router_group_score_topk", 0)};
 }
 
 }  // namespace mpitron::family_kit

@@ -14,7 +14,8 @@ namespace {
 std::vector<Family> build() {
   return {bert_family(), t5_family(), gpt2_family(), llama_family(), qwen2_family(), mistral_family(),
           gemma_family(), mixtral_family(), qwen2_moe_family(), qwen3_family(), qwen3_moe_family(),
-          gemma2_family(), gemma3_family(), olmo2_family(), phi3_family()};
+          gemma2_family(), gemma3_family(), olmo2_family(), phi3_family(),
+          deepseek_v3_family()};
 }
 
 }  // namespace
@@ -151,6 +152,7 @@ void hf_name_rows(const Family& f, const TransformerConfig& c, std::vector<Param
     r.hf_transform = n.transform;
     r.hf_tied = n.tied;
     r.hf_factor = n.factor;
+    r.hf_rows = n.rows;
   }
 }
 

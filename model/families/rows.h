@@ -20,5 +20,6 @@ Family gemma2_family();
 Family gemma3_family();
 Family olmo2_family();
 Family phi3_family();
+Family deepseek_v3_family();
 
 }  // namespace mpitron

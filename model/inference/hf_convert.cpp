@@ -210,6 +210,31 @@ TransformerConfig hf_file_config(const io::Safetensors& st, const std::string& c
 }
 
 namespace {
+// Rows of a matrix t (R, …) reordered: out row i = t row order[i] (inverse: out row order[i] = t row i).
+Tensor reorder_rows(const Tensor& t, const std::vector<int64_t>& order, bool inverse) {
+  const Tensor c = t.contiguous();
+  Tensor out = Tensor::empty(c.shape(), c.dtype(), c.device());
+  MPT_CHECK(static_cast<int64_t>(order.size()) == c.dim(0),
+            str("internal: a row order of ", order.size(), " rows for a tensor of ", c.dim(0)), "");
+  for (int64_t i = 0; i < c.dim(0); ++i) {
+    const int64_t j = order[static_cast<size_t>(i)];
+    (inverse ? out.slice(0, j, j + 1) : out.slice(0, i, i + 1)).copy_from(inverse ? c.slice(0, i, i + 1) : c.slice(0, j, j + 1));
+  }
+  return out;
+}
+// The expert-bias buffers' HF names of the layers that have one, with their layer.
+std::vector<std::pair<int64_t, std::string>> expert_bias_names(const Family& fam, const TransformerConfig& c) {
+  std::vector<std::pair<int64_t, std::string>> v;
+  if (fam.hf_expert_bias.empty() || !c.moe_router_enable_expert_bias) return v;
+  for (int64_t l = 0; l < c.num_layers + c.mtp_num_layers; ++l)  // the MTP blocks' routers too
+    if (c.is_moe_layer(l)) {
+      std::string n = fam.hf_expert_bias;
+      const size_t at = n.find("{l}");
+      if (at != std::string::npos) n.replace(at, 3, std::to_string(l));
+      v.push_back({l, n});
+    }
+  return v;
+}
 // t × f, computed in f64 and rounded once to f32 (a factor of a power of 2 is exact).
 Tensor scaled(const Tensor& t, double f) {
   std::vector<float> v = t.contiguous().to_floats();
@@ -272,14 +297,32 @@ void load_hf_weights(const HfCheckpoint& ck, GPT& model) {
                     shape_str(part.shape())),
                 "config.json does not match the weights");
       if (!spec.hf_factor.empty() && spec.hf_factor[k] != 1.0) t = scaled(t, spec.hf_factor[k]);
+      if (!spec.hf_rows.empty()) t = reorder_rows(t, spec.hf_rows, false);
       part.copy_from(t.to(part.dtype()));
       row += rows[k];
     }
     for (const std::string& t : spec.hf_tied) tied_to[t] = prefix + spec.hf[0];
   }
+  // The routers' expert biases (buffers, not parameters).
+  for (const auto& [layer, bias] : expert_bias_names(fam, cfg)) {
+    const int64_t i = find(prefix + bias);
+    MPT_CHECK(i >= 0, str("HF checkpoint ", ck.dir, " has no tensor ", prefix + bias), "its config asks for expert biases");
+    used[static_cast<size_t>(i)] = true;
+    const Tensor t = st.to_f32(st.tensors[static_cast<size_t>(i)].name);
+    MPT_CHECK(t.numel() == cfg.num_experts, str("HF tensor ", bias, " holds ", t.numel(), " values for ", cfg.num_experts, " experts"), "");
+    if (model.holds_layer(layer)) model.block_params(layer).expert_bias.copy_from(t.contiguous().view({cfg.num_experts}).to(model.device()));
+  }
+  bool skipped = false;
   for (size_t i = 0; i < st.tensors.size(); ++i) {
     if (used[i]) continue;
     const std::string& name = st.tensors[i].name;
+    if (fam.hf_skip && fam.hf_skip(cfg, name)) {
+      if (!skipped) log_warn("HF checkpoint ", ck.dir, ": ", name, " and the tensors like it are not read (", fam.hf_class,
+                             "'s multi-token prediction modules: their copies of the embedding and output layer, "
+                             "or depths past num_nextn_predict_layers)");
+      skipped = true;
+      continue;
+    }
     bool buffer = false;
     for (const std::string& b : fam.hf_buffers) buffer |= name.find(b) != std::string::npos;
     if (buffer) continue;
@@ -352,12 +395,19 @@ io::Safetensors hf_from_gpt(const GPT& model, const HfExportOptions& o, const Te
       if (spec.hf_transform == HfTransform::Transpose) part = part.transpose(0, 1);
       if (!spec.hf_factor.empty() && spec.hf_factor[k] != 1.0)  // values: ours / factor; gradients: ours × factor
         part = scaled(part.contiguous(), o.gradients ? spec.hf_factor[k] : 1.0 / spec.hf_factor[k]);
+      if (!spec.hf_rows.empty()) part = reorder_rows(part, spec.hf_rows, true);
       st.add_f32(prefix + spec.hf[k], part.contiguous(), o.dtype);
       row += rows[k];
     }
-    if (o.lm_head && !spec.hf_tied.empty()) copies.push_back({spec.hf_tied[0], t.contiguous()});
+    if (fam.hf_write_tied)
+      for (const std::string& name : spec.hf_tied) copies.push_back({name, t.contiguous()});
+    else if (o.lm_head && !spec.hf_tied.empty())
+      copies.push_back({spec.hf_tied[0], t.contiguous()});
   }
   for (const auto& [name, t] : copies) st.add_f32(name, t, o.dtype);
+  if (!o.gradients)
+    for (const auto& [layer, bias] : expert_bias_names(fam, c))
+      if (model.holds_layer(layer)) st.add_f32(prefix + bias, model.block_params(layer).expert_bias.to(Device::cpu()), o.dtype);
   st.metadata["format"] = "pt";
   return st;
 }

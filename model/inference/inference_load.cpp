@@ -34,6 +34,11 @@ InferenceModel load_model_for_inference(const std::string& load_dir, Device devi
               "the checkpoint was saved from a diverged run; pass --load a directory with an earlier checkpoint");
     ps.values().flat_range(p.offset, p.numel()).view(p.shape).copy_from(w.to(dtype).to(device));
   }
+  // Aux-loss-free balancing's expert biases: part of the routing (a checkpoint without them: zeros).
+  if (out.model->has_expert_bias())
+    for (const auto& [layer, name] : expert_bias_datasets(cfg))
+      if (r.has_tensor(name))
+        out.model->block_params(layer).expert_bias.copy_from(r.read(name).to(DType::F32).view({cfg.num_experts}).to(device));
   return out;
 }
 

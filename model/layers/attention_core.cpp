@@ -32,6 +32,11 @@ void AttentionCore::backward(const BlockShape&, const AttentionSpec&, const Tens
   MPT_THROW("this attention core has no backward (a decoding core)", "train with the training block's cores");
 }
 
+void AttentionCore::latent_forward(const BlockShape&, const Tensor&, const Tensor&, const Tensor&, float) const {
+  MPT_THROW("this attention core has no latent attention (multi-latent attention decodes over a latent KV cache)",
+            "decode multi-latent attention models through the paged KV cache (generate_text, the server)");
+}
+
 AttentionDropout attention_dropout(const BlockShape& s, const AttentionSpec& a, uint64_t seed) {
   if (s.attention_dropout == 0.0f) return {};
   return {s.attention_dropout, seed, s.attention_offset, s.tp.rank * a.local_heads(s.tp)};

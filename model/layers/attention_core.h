@@ -35,6 +35,13 @@ class AttentionCore {
   // The default refuses: decoding cores have no backward.
   virtual void backward(const BlockShape& s, const AttentionSpec& a, const Tensor& datt, const Tensor& qkv,
                         const Tensor& att, const Tensor& lse, const Tensor& dqkv, uint64_t seed) const;
+  // Latent attention (multi-latent attention decoding, model/layers/mla_layer.h): every query head
+  // against ONE key row per token whose first Dv values are also its value —
+  //   q (N, NHl, Dk), kv (N, Dk) this call's rows' cached [latent | rope key], out (N, NHl, Dv) written,
+  //   out_h = softmax(scale · q_h · Kᵀ) · K[:, :Dv] over the row's sequence's keys (causal).
+  // Only decoding cores that keep a latent cache have it; the default refuses.
+  virtual void latent_forward(const BlockShape& s, const Tensor& q, const Tensor& kv, const Tensor& out,
+                              float scale) const;
   // false: a decoding core (no lse, no backward).
   virtual bool trains() const { return true; }
   // The position of each of the N rows, for rope; nullptr: row b·T + t is at t (at its global

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "model/layers/attention_layer.h"
 #include "model/layers/cross_attention_layer.h"
+#include "model/layers/mla_layer.h"
 #include "model/layers/mlp_layer.h"
 #include "model/layers/moe_layer.h"
 #include "model/param_rows.h"
@@ -58,6 +59,26 @@ AttentionSpec self_attention_spec(const TransformerConfig& c, int64_t l) {
   return a;
 }
 
+// Multi-latent attention of layer l: the scale is Dqk^−½, times YaRN's mscale² (its mscale_all_dim) with yarn
+// scaling, as transformers' and Megatron's DeepSeek attention.
+std::shared_ptr<const Sublayer> mla_sublayer(const TransformerConfig& c, int64_t l) {
+  MlaSpec m;
+  m.heads = c.num_attention_heads;
+  m.q_lora_rank = c.q_lora_rank;
+  m.kv_lora_rank = c.kv_lora_rank;
+  m.qk_nope = c.qk_head_dim, m.qk_rope = c.qk_pos_emb_head_dim, m.v_dim = c.v_head_dim;
+  m.rope_args.base = c.rotary_base;
+  m.rope_args.scaling = c.rope_scaling;
+  double scale = 1.0 / std::sqrt(static_cast<double>(m.qk_dim()));
+  if (c.rope_scaling.type == RopeScalingType::Yarn && c.rope_scaling.mscale_all_dim != 0) {
+    const double ms = rope_yarn_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
+    scale *= ms * ms;
+  }
+  m.scale = static_cast<float>(scale);
+  m.latent_norm = NormSpec{Normalization::RMSNorm, c.layernorm_epsilon, c.layernorm_1p};
+  return std::make_shared<MultiLatentAttention>(m, l, c.hidden_size);
+}
+
 std::shared_ptr<const Sublayer> mlp_sublayer(const TransformerConfig& c, int64_t l) {
   const MlpSpec mlp{c.mlp, c.ffn(), c.add_bias_linear};
   if (!c.is_moe_layer(l)) return std::make_shared<DenseMlp>(mlp, l, c.hidden_size);
@@ -70,6 +91,8 @@ std::shared_ptr<const Sublayer> mlp_sublayer(const TransformerConfig& c, int64_t
   m.score = c.moe_router_score_function;
   m.pre_softmax = c.moe_router_pre_softmax;
   m.scaling = c.moe_router_topk_scaling_factor;
+  m.num_groups = c.moe_router_num_groups, m.group_topk = c.moe_router_group_topk;
+  m.group_score_topk = c.moe_router_group_score_topk;
   return std::make_shared<MoeMlp>(m, mlp, l, c.hidden_size);
 }
 
@@ -114,7 +137,10 @@ std::shared_ptr<const LayerSpec> layer_spec(const TransformerConfig& c, int64_t 
                                                                         : NormPlace::Pre;
   using R = ParamRole;
   const AttentionSpec attn = self_attention_spec(c, l);
-  spec->branches.push_back(branch(std::make_shared<SelfAttention>(attn, l, c.hidden_size), place, norm,
+  std::shared_ptr<const Sublayer> self = c.multi_latent_attention
+                                             ? mla_sublayer(c, l)
+                                             : std::shared_ptr<const Sublayer>(std::make_shared<SelfAttention>(attn, l, c.hidden_size));
+  spec->branches.push_back(branch(self, place, norm,
                                   {R::Norm1Weight, R::Norm1Bias, "ln1"}, {R::Norm1PostWeight, R::Norm1PostBias, "ln1_post"}, 0));
   if (c.is_decoder_layer(l)) {  // T5: cross-attention over the encoder's output, between attention and MLP
     AttentionSpec x = attn;

@@ -40,6 +40,7 @@ MoeRouterArgs router_args(const MoeShape& m, const MoeParams& p) {
   r.pre_softmax = m.pre_softmax;
   r.topk = m.topk;
   r.scaling = m.scaling;
+  r.num_groups = m.num_groups, r.group_topk = m.group_topk, r.group_score_topk = m.group_score_topk;
   r.expert_bias = p.expert_bias;
   return r;
 }

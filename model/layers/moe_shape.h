@@ -47,6 +47,8 @@ struct MoeShape {
   MoeScore score = MoeScore::Softmax;
   bool pre_softmax = false;
   float scaling = 1.0f;
+  int64_t num_groups = 0, group_topk = 0;  // group-limited routing (0: none)
+  int64_t group_score_topk = 0;            // a group's score: its best this-many (0: topk / group_topk)
   bool active() const { return experts > 0; }
 };
 

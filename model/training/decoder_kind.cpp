@@ -6,6 +6,7 @@
 
 #include "model/training/arguments.h"
 #include "model/training/kinds.h"
+#include "model/training/loss_parts.h"
 #include "model/training/moe_step.h"
 #include "model/training/sample_source.h"
 
@@ -21,7 +22,7 @@ struct TokenBatch final : MicroBatch {
 class DecoderKind final : public ModelKind {
  public:
   DecoderKind(const TrainArgs& args, Device device, const ModelParallel& mp)
-      : gpt_(args.model, device, mp), expert_bias_rate_(args.moe.expert_bias_update_rate) {
+      : gpt_(args.model, device, mp), expert_bias_rate_(args.moe.expert_bias_update_rate), mtp_(mtp_names(args.model)) {
     if (args.model.moe()) moe_ = std::make_unique<MoeStep>(args, gpt_);
   }
 
@@ -63,24 +64,35 @@ class DecoderKind final : public ModelKind {
 
   Var chunk_forward(Tape& tape, int c, const MicroBatch& batch, const Var& input, const ForwardOptions& opt) override {
     const TokenBatch& b = batch_as<TokenBatch>(batch);
-    return gpt_.chunk_forward(tape, c, b.tokens, b.targets, input, opt);
+    Var out = gpt_.chunk_forward(tape, c, b.tokens, b.targets, input, opt);
+    const std::vector<double>& m = gpt_.last_mtp_losses();
+    if (gpt_.chunk(c).last_stage && !m.empty()) {  // a training forward with MTP: "lm loss", "mtp_k loss"
+      std::vector<double> parts{gpt_.last_lm_loss()};
+      parts.insert(parts.end(), m.begin(), m.end());
+      mtp_.add(parts);
+    }
+    return out;
   }
 
   void begin_step(float loss_seed) override {
+    mtp_.clear();
     if (moe_) moe_->begin_step(loss_seed);
   }
   void add_training_options(ForwardOptions& o) override {
     if (moe_) o.moe = moe_->run();
   }
   void end_step(const HostGroups& groups, int64_t n_micro) override {
+    if (mtp()) mtp_.end_step(groups, n_micro);
     if (moe_) moe_->end_step(groups, n_micro);
   }
   void record_step(bool counted, TrainSummary& sum) override {
+    if (mtp()) mtp_.record_step(counted, sum);
     if (moe_) moe_->record_step(counted, sum);
   }
 
   void log_interval(double mean_loss, LogFields& losses, LogFields& extra) override {
-    add_losses(losses, {{"lm loss", mean_loss}});
+    if (mtp()) mtp_.log_interval(mean_loss, losses);  // "lm loss" without MTP, then "mtp_k loss" (Megatron's)
+    else add_losses(losses, {{"lm loss", mean_loss}});
     if (moe_) moe_->log_interval(extra);
   }
   std::vector<NamedLoss> evaluation_losses(double mean_loss, double, const HostGroups&) override {
@@ -88,8 +100,17 @@ class DecoderKind final : public ModelKind {
   }
 
  private:
+  // "lm loss", "mtp_1 loss", … "mtp_D loss" (Megatron-LM's log keys).
+  static std::vector<std::string> mtp_names(const GPTConfig& c) {
+    std::vector<std::string> v{"lm loss"};
+    for (int64_t k = 1; k <= c.mtp_num_layers; ++k) v.push_back(str("mtp_", k, " loss"));
+    return v;
+  }
+  bool mtp() const { return gpt_.config().mtp_num_layers > 0; }
+
   GPT gpt_;
   double expert_bias_rate_;
+  LossParts mtp_;  // with MTP: the training losses' parts
   std::unique_ptr<MoeStep> moe_;  // null: a dense model
 };
 

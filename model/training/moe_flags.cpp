@@ -26,9 +26,6 @@ void add_moe_flags(po::options_description& d, TrainArgs& a) {
        "allgather or alltoall: how tokens reach the experts' ranks under expert parallelism")
       ("expert-model-parallel-size", po::value<int64_t>()->default_value(1), "EP: experts split over ranks")
       ("expert-tensor-parallel-size", po::value<int64_t>(), "the experts' TP size (default: --tensor-model-parallel-size)")
-      ("moe-router-enable-expert-bias", po::bool_switch(),
-       "aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the sigmoid scores for selection only, "
-       "moved after every step toward the mean load (token counts summed over all ranks)")
       ("moe-router-bias-update-rate", po::value<double>(), "the expert bias's step per update (default 1e-3)")
       ("moe-router-dtype", po::value<std::string>(), "fp32 (the router always runs in f32 here)");
   d.add(m);
@@ -97,11 +94,7 @@ void check_moe_flags(const po::variables_map& vm, TrainArgs& a) {
                   a.tensor_model_parallel_size, ": the experts are split as the dense layers only"),
               "drop --expert-tensor-parallel-size");
   }
-  if (vm["moe-router-enable-expert-bias"].as<bool>()) {
-    MPT_CHECK(a.model.moe_router_score_function == MoeScore::Sigmoid,
-              "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (as Megatron-Core: the bias "
-              "shifts the sigmoid scores that select the experts)",
-              "add --moe-router-score-function sigmoid, or drop --moe-router-enable-expert-bias");
+  if (a.model.moe_router_enable_expert_bias) {  // the architecture's flag (model/arch_fields.h); its update rate here
     a.moe.expert_bias_update_rate = vm.count("moe-router-bias-update-rate") ? vm["moe-router-bias-update-rate"].as<double>() : 1e-3;
     MPT_CHECK(a.moe.expert_bias_update_rate > 0,
               str("--moe-router-bias-update-rate must be > 0, got ", a.moe.expert_bias_update_rate), "");

@@ -166,11 +166,11 @@ double Trainer::Impl::pipeline_eval(const MicroBatch& mb) {
   return loss;
 }
 
-// After the last backward of a step: the tied word embedding's two copies (first and
-// last pipeline stage) get the sum of their gradients (an untied output layer has a
-// single copy).
+// After the last backward of a step: the word embedding's two copies (first and last
+// pipeline stage: the tied head's, or multi-token prediction's shared embedding) get the
+// sum of their gradients (an untied output layer without MTP has a single copy).
 void Trainer::Impl::reduce_embedding_grads() {
-  if (!par.embedding || !model->config().tied_output()) return;
+  if (!par.embedding || !model->config().embedding_on_last_stage()) return;
   const parallel::Schedule& sched = schedules.begin()->second;
   if (sched.rank_of_stage(0) == sched.rank_of_stage(sched.stages() - 1)) return;  // V: both ends on one rank, one copy
   const ParamSet& ps = model->params();
