@@ -115,7 +115,7 @@ int run(int argc, char** argv) {
     runner.serve();
     return 0;
   }
-  DynamicEngine engine(runner, EngineConfig{max_requests, b.max_tokens, b.chunked_prefill});
+  DynamicEngine engine(runner, EngineConfig{max_requests, b.max_tokens, b.chunked_prefill, b.num_speculative_tokens});
   TextGenerationApi::Options ao;
   ao.seed = a.seed;
   ao.model_name = std::filesystem::path(a.load).filename().string();

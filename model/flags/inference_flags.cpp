@@ -92,6 +92,9 @@ void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool 
       "tokens (prompt and decode) per step (default 512)");
   add(dyn, "enable-chunked-prefill", po::bool_switch(&b.chunked_prefill),
       "split prompts longer than a step's token budget over several steps");
+  add(dyn, "num-speculative-tokens", po::value(&b.num_speculative_tokens),
+      "speculative decoding with the model's MTP layers: tokens drafted per step for greedy requests (1; the "
+      "output is plain greedy decoding's), acceptance rate in the engine's line");
   desc.add(dyn);
 
   if (!has(desc, "distributed-backend")) add_noop_flags(desc);

@@ -42,6 +42,7 @@ struct DynamicBatchingFlags {
   int64_t max_requests = 0;     // --inference-dynamic-batching-max-requests: requests in flight (0: the tool's default)
   int64_t max_tokens = 512;     // --inference-dynamic-batching-max-tokens: tokens per step
   bool chunked_prefill = false; // --enable-chunked-prefill: prompts split over steps
+  int64_t num_speculative_tokens = 0;  // --num-speculative-tokens: MTP drafts per step (greedy requests)
 };
 
 struct InferenceFlags {

@@ -58,7 +58,12 @@ std::string EngineStats::line() const {
              generated, " tokens generated, ", requests_done, " requests done (", cancelled, " cancelled), at most ", max_running,
              " running; KV blocks: peak ", peak_blocks, " of ", kv_blocks, " (", peak_blocks * kv_block_bytes,
              " of ", kv_blocks * kv_block_bytes, " bytes per rank); pauses ", pauses, ", resumes ", resumes,
-             ", evictions ", evictions, " (", recomputed_tokens, " tokens recomputed)");
+             ", evictions ", evictions, " (", recomputed_tokens, " tokens recomputed)",
+             drafted > 0 || draft_steps > 0
+                 ? str("; speculative: ", accepted, " of ", drafted, " MTP drafts accepted (",
+                       drafted > 0 ? 100.0 * static_cast<double>(accepted) / static_cast<double>(drafted) : 0.0,
+                       "%), ", draft_steps, " draft steps")
+                 : std::string());
 }
 
 // ---------------------------------------------------------------------------
@@ -75,6 +80,11 @@ struct DynamicEngine::Seq {
   bool paused = false;
   bool sampled = false;         // got a new token in the current step
   int64_t evicted_at = -1;      // tokens cached when it was evicted (they are recomputed)
+  // Speculative decoding (greedy requests with --num-speculative-tokens):
+  bool spec = false;
+  int32_t draft = -1;           // the MTP's guess of token cached + 1 (−1: none)
+  bool drafting = false;        // this step feeds [token cached, draft] and verifies the draft
+  int64_t fed_row = -1, fed_pos = -1;  // this step's first row in the plan and its position (−1: not fed)
 };
 
 DynamicEngine::DynamicEngine(ModelRunner& runner, const EngineConfig& cfg)
@@ -92,6 +102,13 @@ DynamicEngine::DynamicEngine(ModelRunner& runner, const EngineConfig& cfg)
             "raise --inference-dynamic-batching-buffer-size-gb (or lower --inference-dynamic-batching-block-size)");
   stats_.kv_blocks = blocks_.total();
   stats_.kv_block_bytes = runner.kv_bytes_per_block(block_size_);
+  MPT_CHECK(cfg.num_speculative_tokens >= 0 && cfg.num_speculative_tokens <= runner.config().mtp_num_layers,
+            str("--num-speculative-tokens ", cfg.num_speculative_tokens, " with a model of ",
+                runner.config().mtp_num_layers, " MTP layers: the drafts come from the MTP layers"),
+            "give at most the model's --mtp-num-layers (a model trained without MTP has none)");
+  MPT_CHECK(cfg.num_speculative_tokens <= 1,
+            str("--num-speculative-tokens ", cfg.num_speculative_tokens, " is not built (one drafted token per step is)"),
+            "use --num-speculative-tokens 1");
 }
 
 DynamicEngine::~DynamicEngine() = default;
@@ -115,6 +132,7 @@ std::shared_ptr<RequestState> DynamicEngine::submit(GenRequest r) {
                 " and one position is needed per new token"),
             "shorten the prompt");
   s->limit = std::min(T + r.max_new_tokens, P);
+  s->spec = cfg_.num_speculative_tokens > 0 && r.sampling.greedy;
   s->out.context = s->tokens;
   s->req = std::move(r);
   auto state = s->state;
@@ -155,6 +173,7 @@ void DynamicEngine::finish(Seq& s, const std::string& reason) {
 
 void DynamicEngine::evict(Seq& s) {
   blocks_.release(s.table);
+  s.draft = -1;  // its MTP cache goes with the blocks
   ++stats_.evictions;
   s.evicted_at = s.cached;
   s.cached = 0;
@@ -178,7 +197,9 @@ bool DynamicEngine::schedule(Seq& s, bool running, StepPlan& plan, int64_t& budg
                              std::vector<Seq*>& sample) {
   const int64_t known = static_cast<int64_t>(s.tokens.size()), need = known - s.cached;
   if (budget <= 0) return false;
-  int64_t k = 1;
+  // A greedy decode with a draft verifies it beside the next token (when the draft still fits the limit).
+  const bool drafting = need == 1 && s.spec && s.draft >= 0 && known + 1 < s.limit && budget >= 2;
+  int64_t k = drafting ? 2 : 1;
   if (need > 1) {  // a prompt (or a recompute after eviction)
     if (cfg_.chunked_prefill) k = std::min(need, budget);
     else if (need <= budget || !prefill_in_step) k = need;
@@ -204,10 +225,22 @@ bool DynamicEngine::schedule(Seq& s, bool running, StepPlan& plan, int64_t& budg
   }
   const int32_t seq = static_cast<int32_t>(plan.rows.tables.size());
   plan.rows.tables.push_back(s.table);
+  s.fed_row = static_cast<int64_t>(plan.tokens.size());
+  s.fed_pos = s.cached;
   for (int64_t j = 0; j < k; ++j) {
-    plan.tokens.push_back(s.tokens[static_cast<size_t>(s.cached + j)]);
+    plan.tokens.push_back(drafting && j == 1 ? s.draft : s.tokens[static_cast<size_t>(s.cached + j)]);
     plan.rows.pos.push_back(s.cached + j);
     plan.rows.seq.push_back(seq);
+  }
+  s.drafting = drafting;
+  if (drafting) {  // the draft's row: its logits verify the draft; kept (cached) only when it is right
+    plan.logits_rows.push_back(static_cast<int32_t>(plan.tokens.size() - 2));
+    plan.logits_rows.push_back(static_cast<int32_t>(plan.tokens.size() - 1));
+    sample.push_back(&s);
+    s.cached += 1;
+    budget -= 2;
+    stats_.decode_tokens += 1;
+    return true;
   }
   if (need > 1) {
     prefill_in_step = true;
@@ -265,9 +298,26 @@ bool DynamicEngine::step() {
   ++stats_.steps;
   stats_.rows += static_cast<int64_t>(plan.tokens.size());
   const int64_t V = runner_.config().vocab_size;
-  for (size_t i = 0; i < sample.size(); ++i) {
-    Seq& s = *sample[i];
-    const float* row = logits.data() + static_cast<int64_t>(i) * V;
+  int64_t at = 0;  // the logits row of the next sample
+  std::vector<std::pair<Seq*, int64_t>> picks;  // (sequence, its logits row), a drafting one twice
+  for (Seq* s : sample) {
+    picks.push_back({s, at++});
+    if (s->drafting) picks.push_back({s, at++});
+  }
+  for (size_t i = 0; i < picks.size(); ++i) {
+    Seq& s = *picks[i].first;
+    if (s.drafting && i > 0 && picks[i - 1].first == &s) {  // the draft's row: keep it only if it was right
+      s.drafting = false;
+      ++stats_.drafted;
+      const bool right = s.out.generated.back() == s.draft && !(s.req.stop_at_eod && s.draft == s.req.eod) &&
+                         static_cast<int64_t>(s.out.generated.size()) < s.req.max_new_tokens &&
+                         static_cast<int64_t>(s.tokens.size()) < s.limit;
+      s.draft = -1;
+      if (!right) continue;
+      ++stats_.accepted;
+      s.cached += 1;  // the draft's row is the model's own token at that position
+    }
+    const float* row = logits.data() + picks[i].second * V;
     const uint64_t step_index = s.out.generated.size();
     TokenEvent e;
     e.token = sample_token(row, V, s.req.sampling, s.req.stream, step_index, &e.logprob);
@@ -311,7 +361,44 @@ bool DynamicEngine::step() {
     still.push_back(std::move(s));
   }
   running_ = std::move(still);
+  if (cfg_.num_speculative_tokens > 0) draft();
+  for (auto& s : running_) s->fed_pos = -1;
   return true;
+}
+
+void DynamicEngine::draft() {
+  // MTP at position j reads the model's final-normed hidden state there and token j + 1, and guesses
+  // token j + 2. Every position fed this step whose next token is known gets its row (the MTP layer's
+  // cache needs them all); the last one of a request that just got a token gives its draft.
+  StepPlan plan;
+  plan.kind = 1;
+  std::vector<Seq*> drafting;
+  for (auto& sp : running_) {
+    Seq& s = *sp;
+    if (!s.spec || s.fed_pos < 0) continue;
+    const int64_t last = std::min<int64_t>(s.cached, static_cast<int64_t>(s.tokens.size()) - 1) - 1;
+    if (last < s.fed_pos) continue;
+    const int32_t seq = static_cast<int32_t>(plan.rows.tables.size());
+    plan.rows.tables.push_back(s.table);
+    for (int64_t j = s.fed_pos; j <= last; ++j) {
+      plan.tokens.push_back(s.tokens[static_cast<size_t>(j + 1)]);
+      plan.rows.pos.push_back(j);
+      plan.rows.seq.push_back(seq);
+      plan.hidden_rows.push_back(static_cast<int32_t>(s.fed_row + j - s.fed_pos));
+    }
+    if (s.cached + 1 == static_cast<int64_t>(s.tokens.size())) {  // its next token is known: draft the one after
+      plan.logits_rows.push_back(static_cast<int32_t>(plan.tokens.size() - 1));
+      drafting.push_back(&s);
+    }
+  }
+  if (plan.tokens.empty()) return;
+  const std::vector<float> logits = runner_.step(plan);
+  ++stats_.draft_steps;
+  const int64_t V = runner_.config().vocab_size;
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    const float* row = logits.data() + static_cast<int64_t>(i) * V;
+    drafting[i]->draft = static_cast<int32_t>(std::max_element(row, row + V) - row);  // greedy: the first largest
+  }
 }
 
 std::vector<GenResult> DynamicEngine::run(const std::vector<GenRequest>& requests) {

@@ -54,6 +54,11 @@ struct EngineConfig {
   int64_t max_requests = 64;     // --inference-dynamic-batching-max-requests: requests in flight
   int64_t max_tokens = 512;      // --inference-dynamic-batching-max-tokens: tokens (rows) per step
   bool chunked_prefill = false;  // --enable-chunked-prefill: split prompts over steps
+  // --num-speculative-tokens k (Megatron-Core's): with an MTP model, each greedy request's next-but-one
+  // token is drafted by the MTP layer and verified in the next step beside its next token (two rows):
+  // when the model's own choice equals the draft, both are kept (two tokens from one step). The
+  // output is exactly plain greedy decoding's; sampled requests decode plainly. k = 1 is built.
+  int64_t num_speculative_tokens = 0;
 };
 
 struct GenRequest {
@@ -114,6 +119,7 @@ struct EngineStats {
   int64_t requests_done = 0, cancelled = 0, max_running = 0;
   int64_t pauses = 0, resumes = 0, evictions = 0, recomputed_tokens = 0;
   int64_t kv_blocks = 0, kv_block_bytes = 0, peak_blocks = 0;
+  int64_t drafted = 0, accepted = 0, draft_steps = 0;  // speculative decoding: drafts verified, kept
   std::string line() const;  // one log line
 };
 
@@ -144,6 +150,9 @@ class DynamicEngine {
   void evict(Seq& s);
   void finish(Seq& s, const std::string& reason);
   void drop_cancelled();
+  // Speculative decoding: after a step, the MTP draft of every greedy request that was fed (its rows
+  // from `first_row` of the last plan), one more collective forward of the last stage.
+  void draft();
 
   ModelRunner& runner_;
   EngineConfig cfg_;

@@ -48,8 +48,8 @@ DecodeSession::DecodeSession(const GPT& model, int64_t batch, int64_t max_len, b
             "ask for fewer tokens");
   len_.assign(static_cast<size_t>(batch), 0);
   const int64_t per_seq = (max_len + kBlockSize - 1) / kBlockSize;
-  kv_ = std::make_unique<PagedKVCache>(c.num_layers, c.query_groups(), c.head_dim(), kBlockSize, batch * per_seq,
-                                       c.compute_dtype, model.device());
+  kv_ = std::make_unique<PagedKVCache>(c.num_layers, kv_layout(c, 1), kBlockSize, batch * per_seq, c.compute_dtype,
+                                       model.device());
   for (int64_t b = 0; b < batch; ++b) {
     std::vector<int32_t> t(static_cast<size_t>(per_seq));
     std::iota(t.begin(), t.end(), static_cast<int32_t>(b * per_seq));

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "model/inference/inference_load.h"
 #include "model/layers/model_ends.h"
 #include "model/checkpoint/checkpointing.h"
@@ -53,11 +54,14 @@ void StepPlan::validate(int64_t vocab, int64_t max_positions, int64_t num_blocks
     for (int32_t b : t) MPT_CHECK(b >= 0 && b < num_blocks, str("step plan: block ", b, " outside the pool"), "");
   for (int32_t r : logits_rows)
     MPT_CHECK(r >= 0 && static_cast<size_t>(r) < n, str("step plan: logits of row ", r, " of ", n), "");
+  MPT_CHECK(kind == 0 || (kind == 1 && hidden_rows.size() == n), str("step plan: kind ", kind, " with ",
+            hidden_rows.size(), " hidden rows for ", n, " rows"), "");
 }
 
 std::vector<int32_t> StepPlan::serialize() const {
   std::vector<int32_t> v{static_cast<int32_t>(tokens.size()), static_cast<int32_t>(rows.tables.size()),
-                         static_cast<int32_t>(logits_rows.size())};
+                         static_cast<int32_t>(logits_rows.size()), kind, static_cast<int32_t>(hidden_rows.size())};
+  v.insert(v.end(), hidden_rows.begin(), hidden_rows.end());
   v.insert(v.end(), tokens.begin(), tokens.end());
   for (int64_t p : rows.pos) v.push_back(static_cast<int32_t>(p));
   v.insert(v.end(), rows.seq.begin(), rows.seq.end());
@@ -70,9 +74,9 @@ std::vector<int32_t> StepPlan::serialize() const {
 }
 
 StepPlan StepPlan::deserialize(const std::vector<int32_t>& v) {
-  MPT_CHECK(v.size() >= 3, "step plan: truncated message", "");
+  MPT_CHECK(v.size() >= 5, "step plan: truncated message", "");
   const size_t n = static_cast<size_t>(v[0]), nseq = static_cast<size_t>(v[1]), nl = static_cast<size_t>(v[2]);
-  size_t at = 3;
+  size_t at = 5;
   const auto take = [&](size_t k) {
     MPT_CHECK(at + k <= v.size(), "step plan: truncated message", "");
     const auto b = v.begin() + static_cast<std::ptrdiff_t>(at);
@@ -80,6 +84,8 @@ StepPlan StepPlan::deserialize(const std::vector<int32_t>& v) {
     return std::vector<int32_t>(b, b + static_cast<std::ptrdiff_t>(k));
   };
   StepPlan p;
+  p.kind = v[3];
+  p.hidden_rows = take(static_cast<size_t>(v[4]));
   p.tokens = take(n);
   for (int32_t x : take(n)) p.rows.pos.push_back(x);
   p.rows.seq = take(n);
@@ -169,14 +175,17 @@ int ModelRunner::last_stage_world_rank() const { return grid_->rank_of(GridCoord
 
 int64_t ModelRunner::kv_bytes_per_block(int64_t block_size) const {
   const ChunkInfo& ch = model_->chunk(0);
-  return PagedKVCache::bytes_per_block(ch.end_layer - ch.first_layer, config().query_groups() / opts_.tp,
-                                       config().head_dim(), block_size, config().compute_dtype);
+  return PagedKVCache::bytes_per_block(ch.end_layer - ch.first_layer, kv_layout(config(), opts_.tp), block_size,
+                                       config().compute_dtype);
 }
 
 void ModelRunner::init_kv_cache(int64_t num_blocks, int64_t block_size) {
   const ChunkInfo& ch = model_->chunk(0);
-  kv_ = std::make_unique<PagedKVCache>(ch.end_layer - ch.first_layer, config().query_groups() / opts_.tp,
-                                       config().head_dim(), block_size, num_blocks, config().compute_dtype, device());
+  const KvLayout layout = kv_layout(config(), opts_.tp);
+  const int64_t mtp = opts_.num_speculative_tokens > 0 && last_stage() ? 1 : 0;  // the MTP layer's cache
+  kv_ = std::make_unique<PagedKVCache>(ch.end_layer - ch.first_layer + mtp, layout, block_size, num_blocks,
+                                       config().compute_dtype, device());
+  if (is_driver()) log_info("KV cache per token per layer on each rank: ", mpitron::describe(layout, config().compute_dtype));
 }
 
 // ---------------------------------------------------------------------------
@@ -254,10 +263,21 @@ void ModelRunner::serve() {
 
 std::vector<float> ModelRunner::run_step(const StepPlan& plan) {
   const GPTConfig& c = config();
-  const int64_t n = static_cast<int64_t>(plan.tokens.size()), npad = round_up(n, kRowTile), C = c.hidden_size;
+  const int64_t n = static_cast<int64_t>(plan.tokens.size()), npad = round_up(n, kRowTile);
   PagedRows rows = plan.rows;  // padded to whole tiles with rows that write and read nothing
   rows.pos.resize(static_cast<size_t>(npad), -1);
   rows.seq.resize(static_cast<size_t>(npad), 0);
+  const int64_t nl = static_cast<int64_t>(plan.logits_rows.size());
+  if (plan.kind == 1) {  // an MTP draft: the last stage alone
+    if (!last_stage()) return is_driver() ? deliver({}, nl) : std::vector<float>{};
+    const Tensor h = mtp_draft_hidden(plan, rows, npad);
+    Tensor sel = Tensor::zeros({round_up(std::max<int64_t>(nl, 1), kHeadRowTile), c.hidden_size}, c.compute_dtype, device());
+    for (int64_t i = 0; i < nl; ++i) {
+      const int64_t r = plan.logits_rows[static_cast<size_t>(i)];
+      sel.slice(0, i, i + 1).copy_from(h.slice(0, r, r + 1));
+    }
+    return deliver(head_logits(sel, nl), nl);
+  }
   Tensor x;
   if (first_stage()) {
     std::vector<int32_t> ids(plan.tokens);
@@ -270,24 +290,26 @@ std::vector<float> ModelRunner::run_step(const StepPlan& plan) {
   }
   const ChunkInfo& ch = model_->chunk(0);
   x = paged_layers(*model_, ch.first_layer, ch.end_layer, x, rows, *kv_, tp(), opts_.force_ops_attention);
-  const int64_t nl = static_cast<int64_t>(plan.logits_rows.size()), V = c.vocab_size;
   if (!last_stage()) {
     send_activation(x);
-    if (!is_driver() || nl == 0) return {};
-    std::vector<float> out(static_cast<size_t>(nl * V));
-    MPI_Recv(out.data(), static_cast<int>(out.size()), MPI_FLOAT, last_stage_world_rank(), kLogitsTag, control_,
-             MPI_STATUS_IGNORE);
-    return out;
+    return is_driver() ? deliver({}, nl) : std::vector<float>{};
   }
+  if (opts_.num_speculative_tokens > 0) last_hidden_ = final_norm(x);  // every row: the next draft step's h
   if (nl == 0) return {};
-  // The head on the rows asked for, one tile at a time: this rank's vocabulary slice (nl, Vl).
-  const int64_t nlpad = round_up(nl, kHeadRowTile), Vl = c.padded_vocab_size / opts_.tp;
-  Tensor h = Tensor::zeros({nlpad, C}, c.compute_dtype, device());
+  // The head on the rows asked for: their final-normed rows.
+  Tensor h = Tensor::zeros({round_up(nl, kHeadRowTile), c.hidden_size}, c.compute_dtype, device());
   for (int64_t i = 0; i < nl; ++i) {
     const int64_t r = plan.logits_rows[static_cast<size_t>(i)];
     h.slice(0, i, i + 1).copy_from(x.slice(0, r, r + 1));
   }
-  h = final_norm(h);
+  return deliver(head_logits(final_norm(h), nl), nl);
+}
+
+std::vector<float> ModelRunner::head_logits(const Tensor& h, int64_t nl) {
+  const GPTConfig& c = config();
+  if (nl == 0) return {};
+  // One tile at a time: this rank's vocabulary slice (nl, Vl).
+  const int64_t nlpad = h.dim(0), Vl = c.padded_vocab_size / opts_.tp, V = c.vocab_size;
   Tensor logits = Tensor::empty({nlpad, Vl}, c.compute_dtype, device());
   for (int64_t t0 = 0; t0 < nlpad; t0 += kHeadRowTile)
     gemm(h.slice(0, t0, t0 + kHeadRowTile), model_->output_weight().value(), logits.slice(0, t0, t0 + kHeadRowTile),
@@ -306,9 +328,44 @@ std::vector<float> ModelRunner::run_step(const StepPlan& plan) {
     for (int64_t i = 0; i < nl; ++i)
       for (int64_t j = 0; j < Vl && r * Vl + j < V; ++j)
         out[static_cast<size_t>(i * V + r * Vl + j)] = all[static_cast<size_t>((r * nl + i) * Vl + j)];
-  if (is_driver()) return out;
-  MPI_Send(out.data(), static_cast<int>(out.size()), MPI_FLOAT, 0, kLogitsTag, control_);
-  return {};
+  return out;
+}
+
+std::vector<float> ModelRunner::deliver(std::vector<float> out, int64_t nl) {
+  if (nl == 0) return {};
+  if (last_stage()) {  // TP rank 0 of the last stage holds the logits
+    if (grid_->tp_rank() != 0 || is_driver()) return out;
+    MPI_Send(out.data(), static_cast<int>(out.size()), MPI_FLOAT, 0, kLogitsTag, control_);
+    return {};
+  }
+  if (!is_driver()) return {};
+  std::vector<float> got(static_cast<size_t>(nl * config().vocab_size));
+  MPI_Recv(got.data(), static_cast<int>(got.size()), MPI_FLOAT, last_stage_world_rank(), kLogitsTag, control_,
+           MPI_STATUS_IGNORE);
+  return got;
+}
+
+Tensor ModelRunner::mtp_draft_hidden(const StepPlan& plan, const PagedRows& rows, int64_t npad) {
+  const GPTConfig& c = config();
+  MPT_CHECK(opts_.num_speculative_tokens > 0 && last_hidden_.defined(),
+            "an MTP draft step without --num-speculative-tokens or before the model's step", "");
+  const int64_t n = static_cast<int64_t>(plan.tokens.size());
+  std::vector<int32_t> ids(plan.tokens);
+  ids.resize(static_cast<size_t>(npad), 0);
+  std::vector<int64_t> pos(static_cast<size_t>(npad), 0);
+  Tensor h = Tensor::zeros({npad, c.hidden_size}, c.compute_dtype, device());
+  for (int64_t i = 0; i < n; ++i) {
+    pos[static_cast<size_t>(i)] = rows.pos[static_cast<size_t>(i)];
+    const int64_t r = plan.hidden_rows[static_cast<size_t>(i)];
+    MPT_CHECK(r >= 0 && r < last_hidden_.dim(0), str("MTP draft: hidden row ", r, " of a step of ", last_hidden_.dim(0)), "");
+    h.slice(0, i, i + 1).copy_from(last_hidden_.slice(0, r, r + 1));
+  }
+  const ChunkInfo& ch = model_->chunk(0);
+  const int64_t L = c.num_layers;
+  return mtp_decode_hidden(*model_, embed(ids, pos), h, [&](const Tensor& x) {
+    // The MTP block over its cache: the last stage's cache layer after its own (init_kv_cache).
+    return paged_layers(*model_, L, L + 1, x, rows, *kv_, tp(), opts_.force_ops_attention, ch.end_layer - ch.first_layer);
+  }, kRowTile);
 }
 
 // ---------------------------------------------------------------------------

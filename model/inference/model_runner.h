@@ -56,10 +56,21 @@ struct RunnerOptions {
   std::string device = "auto"; // --device: auto (a GPU when there is one) | cpu | cuda
   bool force_ops_attention = false;  // tests: the tensor-ops paged attention on the CPU too
   bool force_mpi_for_device = false; // --force-mpi-for-device: MPI (host-staged) for GPU tensors (ranks sharing a GPU)
+  // --num-speculative-tokens k: draft k tokens per step with the model's MTP layers (k <= mtp_num_layers;
+  // k = 1 is built); the last stage keeps an MTP layer's KV cache beside its own and each step's
+  // final-normed hidden states for the draft step.
+  int64_t num_speculative_tokens = 0;
 };
 
 // One step of the dynamic engine: rows = the tokens fed to the model now.
+//   kind 0: the model's forward over its layers (the rows' tokens at their positions);
+//   kind 1: an MTP draft (speculative decoding): row i is position pos of a sequence whose token pos + 1
+//           is tokens[i]; hidden_rows[i] names the row of the LAST kind-0 step whose final-normed hidden
+//           state is that position's; the MTP layer (model/gpt_mtp.cpp) runs over its own KV cache and
+//           logits_rows get the logits of the token at pos + 2.
 struct StepPlan {
+  int32_t kind = 0;
+  std::vector<int32_t> hidden_rows;  // kind 1: [row] a row of the last kind-0 step
   std::vector<int32_t> tokens;       // [row] token id
   PagedRows rows;                    // [row] position and sequence; per sequence its block table
   std::vector<int32_t> logits_rows;  // rows whose next-token logits are returned, in this order
@@ -110,6 +121,13 @@ class ModelRunner {
 
  private:
   std::vector<float> run_step(const StepPlan& plan);
+  // The last stage: the logits (nl × vocab_size, on TP rank 0 of it; empty elsewhere) of rows of h
+  // (final-normed, (≥ nl, C)) through the output layer.
+  std::vector<float> head_logits(const Tensor& h, int64_t nl);
+  // The last stage, a kind-1 plan: the MTP layer's final-normed output (npad, C) for the rows.
+  Tensor mtp_draft_hidden(const StepPlan& plan, const PagedRows& rows, int64_t npad);
+  // Logits of the last stage's TP rank 0 to the driver (the driver returns them).
+  std::vector<float> deliver(std::vector<float> out, int64_t nl);
   Tensor embed(const std::vector<int32_t>& ids, const std::vector<int64_t>& pos);  // (n, C) on stage 0
   Tensor final_norm(const Tensor& x);                                              // (n, C) row-wise
   Tensor recv_activation(int64_t rows);
@@ -124,6 +142,7 @@ class ModelRunner {
   MPI_Comm control_ = MPI_COMM_NULL;  // duplicate of world: step headers, plans, logits to the driver
   std::unique_ptr<GPT> model_;
   std::unique_ptr<PagedKVCache> kv_;
+  Tensor last_hidden_;  // speculative decoding, last stage: the last kind-0 step's final-normed rows (npad, C)
   RunnerOptions opts_;
   std::string dir_;
   int64_t iteration_ = -1;

@@ -10,24 +10,39 @@
 
 namespace mpitron {
 
-PagedKVCache::PagedKVCache(int64_t layers, int64_t groups, int64_t head_dim, int64_t block_size, int64_t num_blocks,
-                           DType dtype, Device device)
-    : layers_(layers), groups_(groups), head_dim_(head_dim), block_size_(block_size), num_blocks_(num_blocks),
-      dtype_(dtype) {
-  MPT_CHECK(layers >= 1 && groups >= 1 && head_dim >= 1 && block_size >= 1 && num_blocks >= 1,
-            str("paged KV cache: bad sizes (layers ", layers, ", groups ", groups, ", head_dim ", head_dim,
-                ", block_size ", block_size, ", blocks ", num_blocks, ")"),
+KvLayout kv_layout(const TransformerConfig& c, int64_t tp) {
+  KvLayout k;
+  if (c.multi_latent_attention) {
+    k.groups = 1, k.k_dim = c.kv_lora_rank + c.qk_pos_emb_head_dim, k.v_dim = c.kv_lora_rank, k.latent = true;
+  } else {
+    k.groups = c.query_groups() / tp, k.k_dim = k.v_dim = c.head_dim();
+  }
+  return k;
+}
+
+std::string describe(const KvLayout& k, DType dtype) {
+  const int64_t n = k.elements_per_token(), bytes = n * static_cast<int64_t>(dtype_size(dtype));
+  if (k.latent)
+    return str(n, " values (the latent ", k.v_dim, " + the rope key ", k.k_dim - k.v_dim, "), ", bytes, " bytes");
+  return str(n, " values (keys and values: 2 x ", k.groups, " heads x ", k.k_dim, "), ", bytes, " bytes");
+}
+
+PagedKVCache::PagedKVCache(int64_t layers, const KvLayout& layout, int64_t block_size, int64_t num_blocks, DType dtype,
+                           Device device)
+    : layers_(layers), layout_(layout), block_size_(block_size), num_blocks_(num_blocks), dtype_(dtype) {
+  MPT_CHECK(layers >= 1 && layout.groups >= 1 && layout.k_dim >= 1 && layout.v_dim >= 1 && block_size >= 1 &&
+                num_blocks >= 1,
+            str("paged KV cache: bad sizes (layers ", layers, ", groups ", layout.groups, ", key width ", layout.k_dim,
+                ", value width ", layout.v_dim, ", block_size ", block_size, ", blocks ", num_blocks, ")"),
             "");
-  const Shape shape{num_blocks, groups, block_size, head_dim};
   for (int64_t l = 0; l < layers; ++l) {
-    k_.push_back(Tensor::zeros(shape, dtype, device));
-    v_.push_back(Tensor::zeros(shape, dtype, device));
+    k_.push_back(Tensor::zeros({num_blocks, layout.groups, block_size, layout.k_dim}, dtype, device));
+    if (!layout.latent) v_.push_back(Tensor::zeros({num_blocks, layout.groups, block_size, layout.v_dim}, dtype, device));
   }
 }
 
-int64_t PagedKVCache::bytes_per_block(int64_t layers, int64_t groups, int64_t head_dim, int64_t block_size,
-                                      DType dtype) {
-  return 2 * layers * groups * block_size * head_dim * static_cast<int64_t>(dtype_size(dtype));
+int64_t PagedKVCache::bytes_per_block(int64_t layers, const KvLayout& layout, int64_t block_size, DType dtype) {
+  return layers * block_size * layout.elements_per_token() * static_cast<int64_t>(dtype_size(dtype));
 }
 
 PagedAttentionCore::PagedAttentionCore(const PagedKVCache& cache, int64_t local_layer, const PagedRows& rows,
@@ -164,8 +179,77 @@ void PagedAttentionCore::attend_ops(const BlockShape& s, const AttentionSpec& a,
   }
 }
 
+void PagedAttentionCore::latent_forward(const BlockShape&, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                        float scale) const {
+  const KvLayout& L = cache_.layout();
+  const int64_t NH = q.dim(1), Dk = L.k_dim, Dv = L.v_dim, bs = cache_.block_size();
+  MPT_CHECK(L.latent && q.dim(0) == n_ && q.dim(2) == Dk && kv.dim(0) == n_ && kv.dim(1) == Dk && out.dim(2) == Dv,
+            str("paged latent attention: q ", q.describe(), ", kv ", kv.describe(), ", out ", out.describe(),
+                " for a ", L.latent ? "latent" : "key/value", " cache of rows ", Dk, " (values ", Dv, ")"), "");
+  const Tensor& K = cache_.k(layer_);  // (num_blocks, 1, bs, Dk)
+  for (int64_t i = 0; i < n_; ++i) {  // every row's latent at its position first
+    if (rows_.pos[static_cast<size_t>(first_ + i)] < 0) continue;
+    const int64_t p = rope_pos_[static_cast<size_t>(i)];
+    K.select(0, table(i)[p / bs]).select(0, 0).select(0, p % bs).copy_from(kv.select(0, i));
+  }
+  if (!force_ops_ && q.device().is_cpu() && q.dtype() == DType::F32) {
+    const Tensor qc = q.contiguous();
+    const float* qp = qc.data<float>();
+    const float* Kp = K.data<float>();
+    float* o = out.data<float>();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_; ++i)
+      for (int64_t h = 0; h < NH; ++h) {
+        float* oi = o + (i * NH + h) * Dv;
+        std::fill(oi, oi + Dv, 0.0f);
+        if (rows_.pos[static_cast<size_t>(first_ + i)] < 0) continue;
+        const int64_t p = rope_pos_[static_cast<size_t>(i)];
+        const int32_t* tab = table(i);
+        const float* qi = qp + (i * NH + h) * Dk;
+        std::vector<float> sc(static_cast<size_t>(p + 1));
+        float mx = -INFINITY;
+        for (int64_t t = 0; t <= p; ++t) {
+          const float* k = Kp + (static_cast<int64_t>(tab[t / bs]) * bs + t % bs) * Dk;
+          float d = 0.0f;
+          for (int64_t e = 0; e < Dk; ++e) d += qi[e] * k[e];
+          sc[static_cast<size_t>(t)] = d * scale;
+          mx = std::max(mx, sc[static_cast<size_t>(t)]);
+        }
+        float sum = 0.0f;
+        for (int64_t t = 0; t <= p; ++t) sum += (sc[static_cast<size_t>(t)] = std::exp(sc[static_cast<size_t>(t)] - mx));
+        for (int64_t t = 0; t <= p; ++t) {
+          const float w = sc[static_cast<size_t>(t)] / sum;
+          const float* k = Kp + (static_cast<int64_t>(tab[t / bs]) * bs + t % bs) * Dk;
+          for (int64_t e = 0; e < Dv; ++e) oi[e] += w * k[e];
+        }
+      }
+    return;
+  }
+  for (int64_t i = 0; i < n_; ++i) {  // any device / dtype: tensor ops per row
+    if (rows_.pos[static_cast<size_t>(first_ + i)] < 0) {
+      out.select(0, i).zero();
+      continue;
+    }
+    const int64_t p = rope_pos_[static_cast<size_t>(i)], Lk = p + 1;
+    const int32_t* tab = table(i);
+    Tensor k = Tensor::empty({Lk, Dk}, q.dtype(), q.device());
+    for (int64_t t = 0; t <= p;) {
+      const int64_t off = t % bs, len = std::min(bs - off, p + 1 - t);
+      k.slice(0, t, t + len).copy_from(K.select(0, tab[t / bs]).select(0, 0).slice(0, off, off + len));
+      t += len;
+    }
+    Tensor scores = Tensor::empty({NH, Lk}, q.dtype(), q.device());
+    gemm(q.select(0, i).contiguous(), k, scores, GemmArgs{false, true, scale, 0.0f});
+    Tensor probs = Tensor::empty({NH, Lk}, q.dtype(), q.device());
+    softmax_forward(scores, probs);
+    Tensor oi = Tensor::empty({NH, Dv}, q.dtype(), q.device());
+    gemm(probs, k.slice(1, 0, Dv).contiguous(), oi, GemmArgs{});
+    out.select(0, i).copy_from(oi);
+  }
+}
+
 Tensor paged_layers(const GPT& model, int64_t first, int64_t end, const Tensor& x_in, const PagedRows& rows,
-                    const PagedKVCache& kv, const TensorParallel& tp, bool force_ops) {
+                    const PagedKVCache& kv, const TensorParallel& tp, bool force_ops, int64_t kv_first) {
   const GPTConfig& c = model.config();
   const int64_t n = x_in.dim(0), C = c.hidden_size;
   MPT_CHECK(n % kRowTile == 0 && static_cast<int64_t>(rows.pos.size()) == n,
@@ -177,7 +261,7 @@ Tensor paged_layers(const GPT& model, int64_t first, int64_t end, const Tensor& 
     Tensor y = Tensor::empty({n, C}, x.dtype(), x.device());
     BlockActs acts;
     for (int64_t t0 = 0; t0 < n; t0 += kRowTile) {
-      s.core = std::make_shared<PagedAttentionCore>(kv, l - first, rows, t0, kRowTile, force_ops);
+      s.core = std::make_shared<PagedAttentionCore>(kv, kv_first + l - first, rows, t0, kRowTile, force_ops);
       block_forward(s, model.block_params(l), x.slice(0, t0, t0 + kRowTile), y.slice(0, t0, t0 + kRowTile), acts, 0, 0);
     }
     x = y;

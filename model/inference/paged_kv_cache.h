@@ -2,6 +2,9 @@
 //
 // Storage (one rank: its pipeline stage's layers, its tensor-parallel key/value heads):
 //   k[l], v[l]: (num_blocks, Gl, block_size, HD)   compute dtype, model device
+// or, for multi-latent attention (KvLayout::latent), the latent cache: one row per token,
+//   k[l]: (num_blocks, 1, block_size, kr + dr)     [norm(c) (kr) | rope(k_pe) (dr)], no v
+// (the values are the rows' first kr values; model/layers/mla_layer.h absorbs the up-projections).
 // Gl = query groups / TP (G = heads without grouping). A sequence's position p
 // lives in block table[p / block_size] at offset p % block_size (the tables come
 // from the scheduler's KVBlockAllocator, kv_block_allocator.h, with each step).
@@ -24,6 +27,7 @@
 // Padding rows (pos < 0) write nothing and get zeros.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/gpt.h"
@@ -32,24 +36,40 @@
 
 namespace mpitron {
 
+// What one layer's cache holds per token on one rank.
+struct KvLayout {
+  int64_t groups = 1;   // Gl key (and value) heads; 1 for the latent cache
+  int64_t k_dim = 0;    // a key head's width: HD, or kr + dr for the latent cache
+  int64_t v_dim = 0;    // a value head's width: HD, or kr (the latent row's first kr values)
+  bool latent = false;  // multi-latent attention: keys only, the values are their first v_dim values
+  int64_t elements_per_token() const { return groups * (k_dim + (latent ? 0 : v_dim)); }
+};
+// The layout of configuration c on a tensor-parallel rank of tp: Gl = G/tp heads of HD, or the latent
+// row (kr + dr, the same on every TP rank) with --multi-latent-attention.
+KvLayout kv_layout(const TransformerConfig& c, int64_t tp);
+// "576 values (the latent 512 + the rope key 64), 1152 bytes" / "2 × 2 heads × 64 values (keys and values), …".
+std::string describe(const KvLayout& k, DType dtype);
+
 class PagedKVCache {
  public:
-  // layers: the layers this rank holds; groups: its key/value heads (Gl).
-  PagedKVCache(int64_t layers, int64_t groups, int64_t head_dim, int64_t block_size, int64_t num_blocks, DType dtype,
-               Device device);
+  // layers: the layers this rank holds.
+  PagedKVCache(int64_t layers, const KvLayout& layout, int64_t block_size, int64_t num_blocks, DType dtype, Device device);
   // Bytes of one block over `layers` layers (keys and values).
-  static int64_t bytes_per_block(int64_t layers, int64_t groups, int64_t head_dim, int64_t block_size, DType dtype);
+  static int64_t bytes_per_block(int64_t layers, const KvLayout& layout, int64_t block_size, DType dtype);
 
+  const KvLayout& layout() const { return layout_; }
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return num_blocks_; }
-  int64_t bytes() const { return num_blocks_ * bytes_per_block(layers_, groups_, head_dim_, block_size_, dtype_); }
+  int64_t bytes() const { return num_blocks_ * bytes_per_block(layers_, layout_, block_size_, dtype_); }
   const Tensor& k(int64_t local_layer) const { return k_[static_cast<size_t>(local_layer)]; }
   const Tensor& v(int64_t local_layer) const { return v_[static_cast<size_t>(local_layer)]; }
 
  private:
-  int64_t layers_, groups_, head_dim_, block_size_, num_blocks_;
+  int64_t layers_;
+  KvLayout layout_;
+  int64_t block_size_, num_blocks_;
   DType dtype_;
-  std::vector<Tensor> k_, v_;  // [local layer] (num_blocks, Gl, block_size, HD)
+  std::vector<Tensor> k_, v_;  // [local layer] (num_blocks, Gl, block_size, k_dim / v_dim); v_ empty when latent
 };
 
 // The rows of one forward over the cache.
@@ -67,6 +87,8 @@ class PagedAttentionCore final : public AttentionCore {
   void forward(const BlockShape& s, const AttentionSpec& a, const Tensor& qkv, const Tensor& att, const Tensor& lse,
                uint64_t seed) const override;
   bool trains() const override { return false; }
+  void latent_forward(const BlockShape& s, const Tensor& q, const Tensor& kv, const Tensor& out,
+                      float scale) const override;
   const std::vector<int64_t>* positions() const override { return &rope_pos_; }
   const std::vector<int64_t>* rope_lengths() const override { return &rope_len_; }
 
@@ -98,7 +120,9 @@ constexpr int64_t kHeadRowTile = 32;
 // of kRowTile (rows.pos padded with −1 rows), through this rank's layers [first, end) of `model` over
 // the cache, tile by tile, each layer's block (model/block.h) with a PagedAttentionCore. Returns the
 // rows' hidden states (n, C). The cache's local layer of layer l is l − first.
+// kv_first: the cache's local layer of layer `first` (default 0; the MTP layer's cache sits after the
+// stage's own layers).
 Tensor paged_layers(const GPT& model, int64_t first, int64_t end, const Tensor& x, const PagedRows& rows,
-                    const PagedKVCache& kv, const TensorParallel& tp, bool force_ops = false);
+                    const PagedKVCache& kv, const TensorParallel& tp, bool force_ops = false, int64_t kv_first = 0);
 
 }  // namespace mpitron

@@ -15,6 +15,7 @@ RunnerOptions runner_options(const InferenceFlags& f) {
   o.dtype = f.dtype();
   o.device = f.device;
   o.force_mpi_for_device = f.force_mpi_for_device;
+  o.num_speculative_tokens = f.batching.num_speculative_tokens;
   return o;
 }
 
