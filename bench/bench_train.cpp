@@ -10,7 +10,9 @@
 // Presets (train_step_bench.h): GPT-2 tiny, 124M, 350M, 774M, 1.3B, 1.5B and the Llama
 // family llama-tiny, llama-124M (the GPT-2 sizes with RMSNorm, SwiGLU, rope, GQA, an
 // untied head, no biases) and llama-1B (the Llama 3.2 1B shape); the Mixtral-style MoE rows
-// moe-tiny and moe-124M (8 experts, top-2, the active size of the Llama row above them).
+// moe-tiny and moe-124M (8 experts, top-2, the active size of the Llama row above them), and the
+// DeepSeek-V3-style mla-moe-tiny and mla-moe-124M (multi-latent attention, group-limited sigmoid routing,
+// the same experts; their KV-cache bytes per token are printed beside the GQA rows').
 // Defaults — CPU: tiny, llama-tiny, moe-tiny, 124M, llama-124M, f32, B=4, T=256, 1 warm-up + 3
 // timed steps; CUDA: tiny, llama-tiny, moe-tiny, 124M, llama-124M, moe-124M, 350M, 1.3B, llama-1B, bf16,
 // B=8, T=1024, 3 warm-up + 10 timed steps. Rows print in --config order, so a Llama
@@ -44,6 +46,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/train_step_bench.h"  // StepSetup, run_step_bench, ceilings, printing
+#include "model/inference/paged_kv_cache.h"  // kv_layout: the KV-cache bytes per token
 
 using namespace mpitron;
 using namespace mpitron::bench;
@@ -276,6 +279,18 @@ int main(int argc, char** argv) {
     print_header();
     for (const StepRow& r : rows) print_row(r);
     for (const StepRow& r : peer_rows) print_row(r);
+    // What serving the model keeps per token (model/inference/paged_kv_cache.h): the GQA rows' keys and
+    // values against multi-latent attention's latent row.
+    std::string kv_seen;
+    for (const StepSetup& s : setups) {
+      if (kv_seen.find("," + s.config_name + ",") != std::string::npos) continue;
+      kv_seen += "," + s.config_name + ",";
+      const KvLayout k = kv_layout(s.model, 1);
+      std::printf("KV cache %s: %s per token per layer, %s bytes per token (%lld layers, bf16)\n", s.config_name.c_str(),
+                  describe(k, DType::BF16).c_str(),
+                  std::to_string(k.elements_per_token() * 2 * s.model.num_layers).c_str(),
+                  static_cast<long long>(s.model.num_layers));
+    }
 
     nlohmann::json savings = nlohmann::json::array();
     for (size_t i = 0; i < rows.size(); ++i)

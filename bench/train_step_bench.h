@@ -84,6 +84,9 @@ struct Preset {
   int64_t vocab = 0;           // 0: 50257 (GPT-2's tokenizer)
   double rotary_base = 10000;  // rope's θ base (Llama)
   int64_t experts = 0, topk = 0, expert_ffn = 0;  // Mixture of Experts (Mixtral-style): E experts of width Fe, top-k
+  // DeepSeek-V3-style: multi-latent attention (kv_lora_rank, q/k nope and rope dims, value dim; q-lora
+  // rank 0: a plain query projection) and group-limited sigmoid routing (groups, the best group_topk).
+  int64_t kv_lora = 0, qk_nope = 0, qk_rope = 0, v_dim = 0, q_lora = 0, groups = 0, group_topk = 0;
 };
 
 // GPT-2 (Radford et al. 2019) sizes, Megatron's 1.3B (GPT-3 XL shape) and a tiny one;
@@ -107,6 +110,14 @@ inline const std::vector<Preset>& presets() {
        10000, 8, 2, 352},
       {"moe-124M", 12, 768, 12, "llama-124M with 8 experts of F 1024, top-2 (active = llama-124M)", true, 4, 2048, 0,
        10000, 8, 2, 1024},
+      // DeepSeek-V3-style rows beside the MoE rows of the same active size: multi-latent attention (the
+      // KV cache holds kv_lora + rope = 96 / 288 values per token per layer against the GQA rows' 256 / 512)
+      // and 8 sigmoid-scored experts in 4 groups, the best 2 groups, with expert bias.
+      {"mla-moe-tiny", 4, 256, 4, "moe-tiny with multi-latent attention (kr 64, dn 64, dr 32, dv 64), 4 groups",
+       true, 0, 704, 0, 10000, 8, 2, 352, 64, 64, 32, 64, 0, 4, 2},
+      {"mla-moe-124M", 12, 768, 12,
+       "moe-124M with multi-latent attention (kr 256, q-lora 384, dn 64, dr 32, dv 64), 4 groups", true, 0, 2048, 0,
+       10000, 8, 2, 1024, 256, 64, 32, 64, 384, 4, 2},
       {"llama-1B", 16, 2048, 32, "Llama 3.2 1B shape: G 8, F 8192, vocab 128256, rope base 500000", true, 8, 8192,
        128256, 500000},
   };
@@ -152,6 +163,15 @@ inline void apply_preset(const Preset& p, GPTConfig& c) {
   if (p.experts > 0) {
     c.moe_router_topk = p.topk;
     c.moe_ffn_hidden_size = p.expert_ffn;
+  }
+  if (p.kv_lora > 0) {
+    c.multi_latent_attention = true;
+    c.num_query_groups = 0;
+    c.kv_lora_rank = p.kv_lora, c.q_lora_rank = p.q_lora;
+    c.qk_head_dim = p.qk_nope, c.qk_pos_emb_head_dim = p.qk_rope, c.v_head_dim = p.v_dim;
+    c.moe_router_score_function = MoeScore::Sigmoid;
+    c.moe_router_enable_expert_bias = true;
+    c.moe_router_num_groups = p.groups, c.moe_router_group_topk = p.group_topk;
   }
 }
 
