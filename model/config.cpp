@@ -202,6 +202,10 @@ void TransformerConfig::validate_mla() const {
             "--multi-latent-attention takes rotary positions and RMSNorm (DeepSeek's)",
             "add --position-embedding-type rope --normalization RMSNorm");
   MPT_CHECK(qk_pos_emb_head_dim % 2 == 0, str("--qk-pos-emb-head-dim ", qk_pos_emb_head_dim, " must be even (rope's pairs)"), "");
+  for (const auto& [flag, rank] : {std::pair<const char*, int64_t>{"--q-lora-rank", q_lora_rank}, {"--kv-lora-rank", kv_lora_rank}})
+    MPT_CHECK(rank <= hidden_size,
+              str(flag, " ", rank, " is wider than --hidden-size ", hidden_size, ": the latent would compress nothing"),
+              "use a rank below the hidden size (DeepSeek-V3: 1536 and 512 of 7168)");
   MPT_CHECK(num_query_groups == 0 && kv_channels == 0,
             "--multi-latent-attention with --num-query-groups or --kv-channels: MLA's heads are sized by --qk-head-dim, "
             "--qk-pos-emb-head-dim and --v-head-dim, one key and value per head",

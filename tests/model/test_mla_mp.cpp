@@ -65,7 +65,9 @@ const std::vector<Case> kCases = {
      true},
 };
 
-Result run(std::vector<std::string> f, MPI_Comm comm) {
+// all_ranks: every rank of the world calls it (the data's index caches are built by rank 0 first);
+// otherwise one rank alone.
+Result run(std::vector<std::string> f, MPI_Comm comm, bool all_ranks = true) {
   int size = 1;
   MPI_Comm_size(comm, &size);
   TrainArgs a;
@@ -76,9 +78,9 @@ Result run(std::vector<std::string> f, MPI_Comm comm) {
   a.model.vocab_size = 50257;
   a.model.padded_vocab_size = 50304;
   std::shared_ptr<SampleSource> data;
-  if (world_rank() == 0) data = make_gpt_data(a, 50257);  // index caches: rank 0 first
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (world_rank() != 0) data = make_gpt_data(a, 50257);
+  if (!all_ranks || world_rank() == 0) data = make_gpt_data(a, 50257);  // index caches: rank 0 first
+  if (all_ranks) MPI_Barrier(MPI_COMM_WORLD);
+  if (all_ranks && world_rank() != 0) data = make_gpt_data(a, 50257);
   ParallelRuntime rt(comm, a);
   Trainer t(a, data, rt.context());
   const TrainSummary s = t.run();
@@ -159,16 +161,16 @@ TEST_CASE("MTP: checkpoints with and without the MTP layer load into each other"
       return f;
     };
     const std::string a = (dir / "a").string(), b = (dir / "b").string();
-    const Result r0 = run(with(plain, {"--train-iters", "4", "--save", a, "--save-interval", "4"}), MPI_COMM_SELF);
+    const Result r0 = run(with(plain, {"--train-iters", "4", "--save", a, "--save-interval", "4"}), MPI_COMM_SELF, false);
     REQUIRE(r0.losses.size() == 4);
-    const Result r1 = run(with(mtp, {"--train-iters", "6", "--load", a, "--save", b, "--save-interval", "6"}), MPI_COMM_SELF);
+    const Result r1 = run(with(mtp, {"--train-iters", "6", "--load", a, "--save", b, "--save-interval", "6"}), MPI_COMM_SELF, false);
     REQUIRE(r1.losses.size() == 2);  // iterations 5 and 6: resumed at 4
     // The same weights and data as a plain resume: the trained loss adds 0.1 · mtp_1 to the same lm loss.
-    const Result p1 = run(with(plain, {"--train-iters", "5", "--load", a}), MPI_COMM_SELF);
+    const Result p1 = run(with(plain, {"--train-iters", "5", "--load", a}), MPI_COMM_SELF, false);
     REQUIRE(p1.losses.size() == 1);
     CHECK(r1.losses[0] > p1.losses[0]);
     for (double l : r1.losses) CHECK(std::isfinite(l));
-    const Result r2 = run(with(plain, {"--train-iters", "7", "--load", b}), MPI_COMM_SELF);
+    const Result r2 = run(with(plain, {"--train-iters", "7", "--load", b}), MPI_COMM_SELF, false);
     REQUIRE(r2.losses.size() == 1);
     CHECK(std::isfinite(r2.losses[0]));
   }

@@ -199,3 +199,34 @@ TEST_CASE("MoE flags: impossible and unbuilt combinations are refused by name") 
   CHECK(!a.moe.drop_by_probs);
   CHECK(a.moe.aux_loss_coeff == doctest::Approx(0.01));
 }
+
+TEST_CASE("DeepSeek-V3's flags: bad shapes and combinations are refused naming the flag") {
+  const std::vector<std::string> mla = {"--multi-latent-attention", "--normalization", "RMSNorm", "--position-embedding-type",
+                                        "rope", "--kv-lora-rank", "16", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4",
+                                        "--v-head-dim", "8"};
+  const auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> f = mla;
+    f.insert(f.end(), more.begin(), more.end());
+    return f;
+  };
+  CHECK(parse_error(mla).empty());
+  rejected(with({"--q-lora-rank", "64"}), "--q-lora-rank 64 is wider than --hidden-size 32");
+  rejected(with({"--qk-pos-emb-head-dim", "3"}), "--qk-pos-emb-head-dim 3 must be even");
+  rejected(with({"--group-query-attention", "--num-query-groups", "1"}), "--num-query-groups");
+  const std::vector<std::string> moe = {"--num-experts", "4", "--moe-router-topk", "2", "--moe-router-score-function",
+                                        "sigmoid"};
+  const auto moe_with = [&](std::vector<std::string> more) {
+    std::vector<std::string> f = with(moe);
+    f.insert(f.end(), more.begin(), more.end());
+    return f;
+  };
+  CHECK(parse_error(moe_with({"--moe-router-num-groups", "2", "--moe-router-group-topk", "1"})).empty());
+  rejected(moe_with({"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}),
+           "--moe-router-num-groups 3 does not divide --num-experts 4");
+  rejected(moe_with({"--moe-router-num-groups", "2", "--moe-router-group-topk", "3"}), "exceeds --moe-router-num-groups 2");
+  rejected(moe_with({"--moe-router-num-groups", "2"}), "group-limited routing takes both");
+  rejected(moe_with({"--moe-router-num-groups", "4", "--moe-router-group-topk", "1"}), "--moe-router-topk 2 is more than");
+  rejected(with({"--mtp-num-layers", "-1"}), "--mtp-num-layers must be >= 0");
+  rejected(with({"--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "nan"}), "--mtp-loss-scaling-factor");
+  rejected({"--mtp-num-layers", "1"}, "learned absolute positions");
+}
