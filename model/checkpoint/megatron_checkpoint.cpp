@@ -645,6 +645,11 @@ class DistSource : public MegatronSource {
 void check_scheduler(const io::PyValue& sched, const LoadOptions& o, const std::string& where) {
   if (o.lr_schedule.empty()) return;
   const nlohmann::json j = nlohmann::json::parse(o.lr_schedule);
+  // The trainer's schedule record: Megatron's state_dict names (older records: lr, style, warmup_steps,
+  // decay_steps in iterations).
+  const auto at = [&](const char* key, const char* older) -> const nlohmann::json& {
+    return j.contains(key) ? j.at(key) : j.at(older);
+  };
   const bool samples = j.value("unit", "iterations") == "samples";
   const int64_t per = samples ? 1 : std::max<int64_t>(o.global_batch_size, 1);
   auto num = [&](const char* k) {
@@ -656,23 +661,24 @@ void check_scheduler(const io::PyValue& sched, const LoadOptions& o, const std::
   const std::string hint =
       "give the value the Megatron run used, or --finetune (a new run from its weights) / --no-load-optim (its weights "
       "and position, a new optimizer and schedule state)";
-  MPT_CHECK(same(num("max_lr"), j.at("lr").get<double>()),
-            str(where, ": the checkpoint's max_lr ", num("max_lr"), " is not --lr ", j.at("lr").get<double>()), hint);
+  MPT_CHECK(same(num("max_lr"), at("max_lr", "lr").get<double>()),
+            str(where, ": the checkpoint's max_lr ", num("max_lr"), " is not --lr ", at("max_lr", "lr").get<double>()), hint);
   MPT_CHECK(same(num("min_lr"), j.at("min_lr").get<double>()),
             str(where, ": the checkpoint's min_lr ", num("min_lr"), " is not --min-lr ", j.at("min_lr").get<double>()), hint);
   const io::PyValue* style = sched.get("lr_decay_style");
-  MPT_CHECK(!style || style->as_str() == j.at("style").get<std::string>(),
+  MPT_CHECK(!style || style->as_str() == at("lr_decay_style", "style").get<std::string>(),
             str(where, ": the checkpoint's lr_decay_style ", style ? style->as_str() : "", " is not --lr-decay-style ",
-                j.at("style").get<std::string>()),
+                at("lr_decay_style", "style").get<std::string>()),
             hint);
-  const int64_t warm = j.at("warmup_steps").get<int64_t>() * per, decay = j.at("decay_steps").get<int64_t>() * per;
+  const int64_t warm = at("lr_warmup_steps", "warmup_steps").get<int64_t>() * per,
+                decay = at("lr_decay_steps", "decay_steps").get<int64_t>() * per;
   MPT_CHECK(static_cast<int64_t>(num("lr_warmup_steps")) == warm,
             str(where, ": the checkpoint warms up over ", static_cast<int64_t>(num("lr_warmup_steps")),
-                " samples, this run over ", warm, samples ? " (--lr-warmup-samples)" : " (--lr-warmup-iters × --global-batch-size)"),
+                " samples, this run over ", warm, " (--lr-warmup-iters × --global-batch-size, or --lr-warmup-samples)"),
             hint);
   MPT_CHECK(static_cast<int64_t>(num("lr_decay_steps")) == decay,
             str(where, ": the checkpoint decays over ", static_cast<int64_t>(num("lr_decay_steps")),
-                " samples, this run over ", decay, samples ? " (--lr-decay-samples)" : " (--lr-decay-iters × --global-batch-size)"),
+                " samples, this run over ", decay, " (--lr-decay-iters × --global-batch-size, or --lr-decay-samples)"),
             hint);
 }
 

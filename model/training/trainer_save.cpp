@@ -44,13 +44,22 @@ void Trainer::Impl::resume_schedule(const std::string& saved_json, const std::st
   // Checkpoints before the schedule counted samples: iteration runs recorded iterations.
   const double unit = j.value("unit", "samples") == "iterations" ? static_cast<double>(args.global_batch_size) : 1.0;
   LRScheduleConfig c = lr->config();
-  std::string differ;
-  auto num = [&](const char* key, const char* legacy, const char* what, double scale, auto& field) {
+  std::string differ, follows;
+  // Lengths no flag gave (the decay and weight-decay increments over the whole run, a warmup fraction of
+  // it): a resume with a longer --train-iters / --train-samples extends them, as mpitron always did
+  // (Megatron refuses that without --override-opt_param-scheduler), with a note.
+  const bool whole_run = args.lr_decay_iters == 0 && args.lr_decay_samples == 0;
+  auto num = [&](const char* key, const char* legacy, const char* what, double scale, auto& field,
+                 bool from_run = false) {
     const char* k = j.contains(key) ? key : legacy;
     if (!k || !j.contains(k) || !j.at(k).is_number()) return;
     using T = std::decay_t<decltype(field)>;
     const T saved = static_cast<T>(j.at(k).get<double>() * scale);
     if (saved == field) return;
+    if (from_run && whole_run && !args.use_checkpoint_opt_param_scheduler) {
+      follows += str(follows.empty() ? "" : "; ", what, " ", field, " (the checkpoint's ", saved, ")");
+      return;
+    }
     differ += str(differ.empty() ? "" : "; ", what, " ", saved, " (checkpoint) vs ", field, " (flags)");
     if (args.use_checkpoint_opt_param_scheduler) field = saved;
   };
@@ -64,15 +73,17 @@ void Trainer::Impl::resume_schedule(const std::string& saved_json, const std::st
   };
   num("max_lr", "lr", "learning rate", 1.0, c.lr);
   num("min_lr", nullptr, "minimum learning rate", 1.0, c.min_lr);
-  num("lr_warmup_steps", "warmup_steps", "warmup samples", unit, c.warmup_steps);
-  num("lr_decay_steps", "decay_steps", "decay samples", unit, c.decay_steps);
+  num("lr_warmup_steps", "warmup_steps", "warmup samples", unit, c.warmup_steps, args.lr_warmup_fraction >= 0);
+  num("lr_decay_steps", "decay_steps", "decay samples", unit, c.decay_steps, true);
   text("lr_decay_style", "style", "decay style", c.style);
   if (j.contains("start_wd")) {
     num("start_wd", nullptr, "start weight decay", 1.0, c.start_wd);
     num("end_wd", nullptr, "end weight decay", 1.0, c.end_wd);
-    num("wd_incr_steps", nullptr, "weight-decay samples", 1.0, c.wd_incr_steps);
+    num("wd_incr_steps", nullptr, "weight-decay samples", 1.0, c.wd_incr_steps, true);
     text("wd_incr_style", nullptr, "weight-decay incr style", c.wd_incr_style);
   }
+  if (!follows.empty())
+    log_info("--load ", where, ": the schedule's lengths follow this run's --train-iters / --train-samples: ", follows);
   if (differ.empty()) return;
   MPT_CHECK(args.use_checkpoint_opt_param_scheduler,
             str("--load ", where, ": the checkpoint's learning-rate / weight-decay schedule differs from the flags': ",

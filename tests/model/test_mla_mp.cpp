@@ -143,7 +143,7 @@ TEST_CASE("MTP: checkpoints with and without the MTP layer load into each other"
   if (world_size() != 2) return;  // one process's runs: once is enough
   const fs::path dir = testing::shared_dir("mla_mtp_ckpt");
   const std::string data = testing::make_shared_dataset(dir, 23, 300);
-  if (world_rank() == 0) {
+  if (world_rank() == 0) try {  // rank 0 alone; a failure must still reach the barrier below
     std::vector<std::string> plain = base_flags(data);
     for (size_t i = 0; i < kCases[1].flags.size(); ++i) {
       if (kCases[1].flags[i] == "--mtp-num-layers" || kCases[1].flags[i] == "--mtp-loss-scaling-factor") {
@@ -173,6 +173,10 @@ TEST_CASE("MTP: checkpoints with and without the MTP layer load into each other"
     const Result r2 = run(with(plain, {"--train-iters", "7", "--load", b}), MPI_COMM_SELF, false);
     REQUIRE(r2.losses.size() == 1);
     CHECK(std::isfinite(r2.losses[0]));
+  } catch (const std::exception& e) {
+    FAIL_CHECK("rank 0: ", e.what());
+  } catch (...) {
+    FAIL_CHECK("rank 0: a check failed (above)");
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) fs::remove_all(dir);

@@ -83,13 +83,16 @@ struct Outcome {
 
 // Runs pretrain_gpt on 2 ranks with `layout` flags, waits until a checkpoint is
 // saved and a step after it is done, SIGSTOPs world rank `frozen`, and waits for mpirun.
+// A step is many micro-batches (global batch 64), so the freeze lands inside a step's
+// collectives, rarely inside a later save's collective HDF5 write (whose own watchdog
+// would end the job instead of the communicator's timeout this test checks).
 Outcome freeze_run(const std::string& data, const fs::path& dir, const std::string& layout, int frozen) {
   const std::string log = (dir / "log").string();
   const std::string cmd =
       "exec env MPITRON_COMM_TIMEOUT_S=" + std::to_string(kTimeoutS) +
       " OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 --mca btl self,vader,tcp "
       "apps/pretrain_gpt --num-layers 2 --hidden-size 16 --num-attention-heads 2 --seq-length 16 "
-      "--max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 4 --train-iters 100000 --lr 1e-3 "
+      "--max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 64 --train-iters 100000 --lr 1e-3 "
       "--data-path " + data + " --split 1,0,0 --log-interval 1 --eval-iters 0 --device cpu --save " +
       (dir / "ckpt").string() + " --save-interval 3 " + layout + " > " + log + " 2>&1";
   std::fflush(stdout);
