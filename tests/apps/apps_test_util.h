@@ -118,4 +118,16 @@ inline double logit_err(const mpitron::Tensor& logits, const nlohmann::json& wan
   return worst;
 }
 
+// The reference venv's interpreter (scripts/setup-reference-venv.sh: MPITRON_REF_VENV, <repo>/.venv-ref or
+// /work/.venv-ref), or "" when none imports torch and transformers (the tests that need it then skip).
+inline std::string venv_python() {
+  const char* v = std::getenv("MPITRON_REF_VENV");
+  for (const std::string d : {std::string(v ? v : ""), kSource + "/.venv-ref", std::string("/work/.venv-ref")}) {
+    if (d.empty()) continue;
+    const std::string py = d + "/bin/python";
+    if (std::system(("'" + py + "' -c 'import torch, transformers' > /dev/null 2>&1").c_str()) == 0) return py;
+  }
+  return "";
+}
+
 }  // namespace apps_test

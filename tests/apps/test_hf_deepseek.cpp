@@ -39,16 +39,6 @@ namespace {
 
 std::string dir_of(const std::string& name) { return apps_test::kSource + "/tests/apps/ref/hf_" + name; }
 
-std::string venv_python() {
-  const char* v = std::getenv("MPITRON_REF_VENV");
-  for (const std::string d : {std::string(v ? v : ""), apps_test::kSource + "/.venv-ref", std::string("/work/.venv-ref")}) {
-    if (d.empty()) continue;
-    const std::string py = d + "/bin/python";
-    if (std::system(("'" + py + "' -c 'import torch, transformers' > /dev/null 2>&1").c_str()) == 0) return py;
-  }
-  return "";
-}
-
 // Every gradient in `want` ({HF name: {norm, rms, sample}}) against ours, exported under HF names.
 void check_grads(GPT& model, const Tensor& grads, const json& want, const std::string& what) {
   const io::Safetensors g = hf_from_gpt(model, {}, &grads);
@@ -142,7 +132,7 @@ TEST_CASE("DeepSeek-V3 (transformers 4.57): logits, loss, gradients, MTP loss an
 TEST_CASE("DeepSeek-V3 without q-lora (a plain q_proj)") { check_deepseek("deepseek_v3_noqlora"); }
 
 TEST_CASE("DeepSeek-V3: HF -> mpitron -> HF is bitwise (MTP module included); transformers loads the export") {
-  const std::string py = venv_python();
+  const std::string py = apps_test::venv_python();
   TempDir tmp("hfdeepseek");
   const std::string dir = dir_of("deepseek_v3"), ckpt = tmp / "ckpt";
   const HfCheckpoint ck = read_hf_checkpoint(dir);

@@ -55,17 +55,6 @@ const std::vector<FamilyCase> kFamilies = {
 
 std::string dir_of(const std::string& name) { return apps_test::kSource + "/tests/apps/ref/hf_" + name; }
 
-// The reference venv's interpreter (scripts/setup-reference-venv.sh), or "" when it is not there.
-std::string venv_python() {
-  const char* v = std::getenv("MPITRON_REF_VENV");
-  for (const std::string d : {std::string(v ? v : ""), apps_test::kSource + "/.venv-ref", std::string("/work/.venv-ref")}) {
-    if (d.empty()) continue;
-    const std::string py = d + "/bin/python";
-    if (std::system(("'" + py + "' -c 'import torch, transformers' > /dev/null 2>&1").c_str()) == 0) return py;
-  }
-  return "";
-}
-
 void check_family(const FamilyCase& f) {
   const json ref = json::parse(slurp(dir_of(f.dir) + "/ref.json"));
   const HfCheckpoint ck = read_hf_checkpoint(dir_of(f.dir));
@@ -149,7 +138,7 @@ TEST_CASE("HF families (transformers 4.57): Phi-3 and Phi-4-mini") {
 }
 
 TEST_CASE("HF families (transformers 4.57): HF -> mpitron -> HF is bitwise; transformers loads the export") {
-  const std::string py = venv_python();
+  const std::string py = apps_test::venv_python();
   for (const FamilyCase& f : kFamilies) {
     CAPTURE(f.dir);
     TempDir tmp("hffam2_" + f.dir);
