@@ -26,6 +26,10 @@ class MetricsJsonl {
   // Any JSON object; "iteration" is added first.
   void log_json(int64_t iteration, const nlohmann::json& fields);
   const std::string& path() const { return path_; }
+  // A resumed run: the rows after `iteration` (written by a run that failed before its next
+  // checkpoint, and about to be written again) are dropped, and a torn last line with them,
+  // so the file goes on without gaps or duplicates. Rows without "iteration" stay.
+  void drop_after(int64_t iteration);
 
  private:
   void write_line(const std::string& line);

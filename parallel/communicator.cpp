@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "parallel/failure_record.h"
 
 namespace mpitron {
 
@@ -194,12 +195,17 @@ std::string Communicator::diagnose(const std::function<bool()>& done, const std:
   // Listen (and keep answering) for diagnose_s; the op may still complete.
   if (poll_until(done, opts_.diagnose_s, true)) return "";
   std::vector<std::string> missing;
+  std::vector<int> silent;  // world ranks that did not answer, for the failure record
   const auto status_of = [&](int r) {
     const PeerStatus& p = peers_[static_cast<size_t>(r)];
-    std::string who = str("world rank ", world_ranks_[static_cast<size_t>(r)], " (group rank ", r, ")");
-    if (!p.heard || p.when < wait_start_ || p.op.empty())
+    const int wr = world_ranks_[static_cast<size_t>(r)];
+    const std::string host = host_of_rank(wr);
+    std::string who = str("world rank ", wr, " (group rank ", r, ")", host.empty() ? "" : " on host " + host);
+    if (!p.heard || p.when < wait_start_ || p.op.empty()) {
+      silent.push_back(wr);
       return who + ": no answer, not waiting in a call of this group (busy elsewhere, hung in compute or "
                    "another group's collective, or dead)";
+    }
     return who + str(": waiting in ", p.op, p.seq >= 0 ? str(" #", p.seq) : std::string(), " instead");
   };
   if (seq >= 0) {
@@ -212,6 +218,7 @@ std::string Communicator::diagnose(const std::function<bool()>& done, const std:
   } else if (peer >= 0) {
     missing.push_back(status_of(peer));
   }
+  note_silent_ranks(silent);
   std::string s = str(seq >= 0 ? str("collective #", seq, " ") : std::string(), "timed out after ", waited_s,
                       " s on world rank ", world_ranks_[static_cast<size_t>(rank_)], "; ");
   if (missing.empty()) {

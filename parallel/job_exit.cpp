@@ -14,6 +14,7 @@
 
 #include "core/log.h"
 #include "parallel/communicator.h"
+#include "parallel/failure_record.h"
 
 namespace mpitron {
 
@@ -87,8 +88,17 @@ std::mutex g_exit_mu;
 bool g_exit_armed = false;  // the exit deadline is one per process: the first error starts the clock
 std::atomic<bool> g_comm_failed{false};
 
+// The first failure of this rank's communicators: a record naming the silent rank(s) for
+// the launcher (parallel/failure_record.h), then the exit deadline.
 void on_comm_failure(const std::string& what) {
-  g_comm_failed = true;
+  if (!g_comm_failed.exchange(true)) {
+    const std::vector<int> silent = noted_silent_ranks();  // a timeout's diagnosis, just made
+    FailureRecord r;
+    r.cause = silent.empty() ? "comm_failure" : "comm_timeout";
+    r.rank = silent.empty() ? -1 : silent.front();
+    r.message = what;
+    write_failure_record(r);
+  }
   arm_job_exit(what);
 }
 
@@ -102,7 +112,10 @@ int world_size() {
 
 }  // namespace
 
-void install_job_exit() { set_comm_failure_hook(&on_comm_failure); }
+void install_job_exit() {
+  set_comm_failure_hook(&on_comm_failure);
+  install_host_table();  // errors and records name the hosts of silent ranks
+}
 
 void arm_job_exit(const std::string& why, double grace_s) {
   {
@@ -122,8 +135,13 @@ int finish_job(int rc) {
   if (rc != 0 && world_size() > 1) {
     std::fflush(stdout);
     std::fflush(stderr);
-    // A peer that did not answer a collective will not reach MPI_Finalize either: end the job now.
-    if (g_comm_failed) MPI_Abort(MPI_COMM_WORLD, rc);
+    // A peer that did not answer a collective will not reach MPI_Finalize either: end the job,
+    // after a moment in which the other survivors' timeouts write their failure records
+    // (they started waiting at about the same time; the launcher compares what they name).
+    if (g_comm_failed) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(kRecordWaitS));
+      MPI_Abort(MPI_COMM_WORLD, rc);
+    }
     arm_job_exit(str("exit status ", rc));
   }
   MPI_Finalize();

@@ -30,7 +30,11 @@ namespace mpitron {
 // Seconds between the first error of a rank and the abort of the job, if the
 // job has not ended by itself (covers unwinding, the error print, MPI_Finalize).
 constexpr double kJobExitGraceS = 10.0;
+// Seconds a rank whose collective timed out waits before aborting the job, so that the
+// other ranks that time out too write their failure records (parallel/failure_record.h).
+constexpr double kRecordWaitS = 3.0;
 
+// Also gathers every rank's host name (collective over MPI_COMM_WORLD; parallel/failure_record.h).
 void install_job_exit();
 // Arms the exit deadline (the earliest one stays). `why` is printed if it expires.
 void arm_job_exit(const std::string& why, double grace_s = kJobExitGraceS);

@@ -18,6 +18,7 @@
 #include "model/flags/megatron_compat.h"
 #include "model/training/moe_flags.h"
 #include "model/training/pretrain_flags.h"
+#include "model/training/rerun.h"
 #include "data/gpt_dataset.h"
 #include "parallel/context_parallel.h"
 #include "parallel/schedule.h"
@@ -75,6 +76,9 @@ void add_train_flags(po::options_description& train, TrainArgs& a, std::vector<s
        "error after this many spike skips in a row")
       ("spike-rerun", po::bool_switch(&a.spike_rerun),
        "on a spike, reload the newest checkpoint of --save and go on with the data after the spike")
+      ("rerun-mode", po::value(&a.rerun_mode)->default_value("disabled"),
+       "disabled | validate_results (re-run a NaN or spiking step on the same data: not reproduced is a hardware "
+       "fault, exit code 16) | report_stats (re-run and log, never stop)")
       ("seed", po::value(&a.seed)->default_value(1234), "random seed");
 }
 
@@ -565,6 +569,7 @@ void apply_step_check_flags(const po::variables_map& vm, TrainArgs& a) {
   a.check_for_nan = !off;
   need(!a.spike_rerun || vm.count("skip-spike-zscore"), "--spike-rerun needs --skip-spike-zscore",
        "give the z-score threshold that defines a spike");
+  (void)parse_rerun_mode(a.rerun_mode);  // an unknown mode names the flag
   need(!a.spike_rerun || !a.save.empty(), "--spike-rerun reloads the newest checkpoint of --save, but --save is not given",
        "add --save DIR (and --save-interval)");
 }

@@ -60,6 +60,7 @@ struct TrainArgs {
   int64_t spike_window = 100;              // --spike-window N: moving window of accepted steps
   int64_t spike_max_skips = 10;            // --spike-max-consecutive-skips N: error after N spike skips in a row
   bool spike_rerun = false;                // --spike-rerun: on a spike, reload the newest checkpoint of --save
+  std::string rerun_mode = "disabled";     // --rerun-mode disabled|validate_results|report_stats (model/training/rerun.h)
                                            //   and go on with the data after the spike's batch
   // data
   std::vector<std::string> data_path;      // --data-path [W1] P1 [W2 P2 ...]

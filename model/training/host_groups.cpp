@@ -1,5 +1,6 @@
 #include "model/training/host_groups.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "tensor/tensor.h"
@@ -20,22 +21,28 @@ void HostGroups::make(MPI_Comm c, const char* name) {
   comms_[c] = make_mpi_communicator(c, o);
 }
 
-std::vector<double> HostGroups::sum_over(MPI_Comm comm, std::vector<double> v) const {
+std::vector<double> HostGroups::gather_over(MPI_Comm comm, const std::vector<double>& v) const {
   if (comm == MPI_COMM_NULL) return v;
-  // Doubles as their bits (the communicators reduce no f64): gathered, then summed in rank order.
+  // Doubles as their bits (the communicators reduce no f64).
   Communicator& c = host(comm);
   const int64_t n = static_cast<int64_t>(v.size());
   std::vector<int64_t> bits(v.size());
   std::memcpy(bits.data(), v.data(), v.size() * sizeof(double));
   Tensor in = Tensor::from_ints(bits, {n}, DType::I64), out = Tensor::empty({c.size() * n}, DType::I64);
   c.all_gather(in, out);
-  std::vector<double> sum(v.size(), 0.0);
-  for (int64_t r = 0; r < c.size(); ++r)
-    for (int64_t i = 0; i < n; ++i) {
-      double x = 0;
-      std::memcpy(&x, out.data<int64_t>() + r * n + i, sizeof x);
-      sum[static_cast<size_t>(i)] += x;
-    }
+  std::vector<double> all(static_cast<size_t>(c.size() * n));
+  std::memcpy(all.data(), out.data<int64_t>(), all.size() * sizeof(double));
+  return all;
+}
+
+std::vector<double> HostGroups::sum_over(MPI_Comm comm, std::vector<double> v) const {
+  if (comm == MPI_COMM_NULL) return v;
+  // Gathered, then summed in rank order: every rank gets the same bits.
+  const std::vector<double> all = gather_over(comm, v);
+  const size_t n = v.size();
+  std::vector<double> sum(n, 0.0);
+  for (size_t r = 0; r < all.size() / std::max<size_t>(n, 1); ++r)
+    for (size_t i = 0; i < n; ++i) sum[i] += all[r * n + i];
   return sum;
 }
 

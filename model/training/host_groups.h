@@ -26,6 +26,8 @@ class HostGroups {
   // gathered and summed in rank order, so every rank gets the same bits.
   std::vector<double> sum_over(MPI_Comm comm, std::vector<double> v) const;
   double sum_over(MPI_Comm comm, double v) const { return sum_over(comm, std::vector<double>{v})[0]; }
+  // Every rank's v, rank after rank (group rank order), on every rank of `comm`.
+  std::vector<double> gather_over(MPI_Comm comm, const std::vector<double>& v) const;
 
   // Sum over the pipeline group: the last stage's values reach every stage.
   double pp_sum(double v) const { return sum_over(par_.pp_comm, v); }
@@ -42,6 +44,8 @@ class HostGroups {
   // Every rank (stop decisions): the sum of v, and the bitwise OR of v (one verdict for all).
   double world_sum(double v) const { return sum_over(world(), v); }
   int world_or(int v) const;
+  // Every rank's v, world rank after world rank (fingerprints, timings).
+  std::vector<double> world_gather(const std::vector<double>& v) const { return gather_over(world(), v); }
   MPI_Comm world() const { return par_.world != MPI_COMM_NULL ? par_.world : par_.dp_comm; }
   int dp_size() const { return par_.dp_size; }
 

@@ -20,6 +20,8 @@
 #include "model/training/parallel_runtime.h"
 #include "model/training/trainer.h"
 #include "parallel/communicator.h"
+#include "parallel/failure_record.h"
+#include "parallel/fault_injection.h"
 #include "parallel/job_exit.h"
 
 namespace mpitron {
@@ -41,11 +43,14 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
   install_job_exit();  // a collective that times out ends every rank (parallel/job_exit.h)
   int rc = 0;
   try {
+    enter_phase("setup", 0);  // failure records name the phase (parallel/failure_record.h)
+    check_fault_plan();       // MPITRON_FAULT (tests) refused now when malformed
     TrainArgs args;
     args.model.bert = which == PretrainModel::BERT;  // pretrain_bert's flags and model
     args.model.t5 = which == PretrainModel::T5;      // pretrain_t5's
     args.world_size = world;  // parsing sets dp = world / (tp x pp)
     if (parse_train_args(argc, argv, args)) {
+      if (!args.save.empty()) set_failure_record_dir(args.save + "/failures");
       ParallelRuntime runtime(MPI_COMM_WORLD, args);
       const ParallelContext par = runtime.context();
       if (world > 1)
@@ -113,9 +118,14 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
       if (!s.checkpoint_dir.empty()) log_info("checkpoint: ", s.checkpoint_dir);
       if (!args.tensorboard_dir.empty()) log_info("tensorboard events and metrics.jsonl: ", args.tensorboard_dir);
     }
+  } catch (const HostFault& e) {  // a re-run did not reproduce a step: a fault of e.faulty_rank()'s hardware
+    std::fprintf(stderr, "%s\n", e.what());
+    rc = kExitHostFault;
+    write_failure_record({"host_fault", e.faulty_rank(), e.message(), rc});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     rc = 1;
+    write_failure_record({"error", rank, e.what(), rc});
   }
   return finish_job(rc);
 }

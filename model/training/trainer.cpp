@@ -99,6 +99,7 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   m.make_states();
   if (args.fp16) m.scaler = LossScaler(args.scaler);
   m.guard = std::make_unique<StepGuard>(args.spike_zscore, args.spike_window);
+  m.rerun = std::make_unique<RerunMachine>(parse_rerun_mode(args.rerun_mode), *m.groups);
   m.make_lr_schedule();
   m.open_outputs();
 }
@@ -174,10 +175,12 @@ void Trainer::Impl::make_lr_schedule() {
 // TensorBoard, metrics, the MFU's peak, --save's writability, --profile-pipeline, --async-save.
 void Trainer::Impl::open_outputs() {
   const TrainArgs& a = args;
-  if (!a.tensorboard_dir.empty()) tb = std::make_unique<io::TensorBoardWriter>(a.tensorboard_dir);
+  // One rank writes them (the values are agreed over every rank): one row per log step.
+  const bool writes = process_rank() <= 0;
+  if (!a.tensorboard_dir.empty() && writes) tb = std::make_unique<io::TensorBoardWriter>(a.tensorboard_dir);
   std::string mf = a.metrics_file;
   if (mf.empty() && !a.tensorboard_dir.empty()) mf = a.tensorboard_dir + "/metrics.jsonl";
-  if (!mf.empty()) metrics = std::make_unique<io::MetricsJsonl>(mf);
+  if (!mf.empty() && writes) metrics = std::make_unique<io::MetricsJsonl>(mf);
   peak = peak_flops(device, a.model.compute_dtype, peak_what);
   // A read-only or missing --save is an error now, not after the first save_interval of training.
   if (!a.save.empty()) io::check_save_dir_writable(a.save, world_comm());

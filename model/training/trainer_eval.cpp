@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "model/training/sample_source.h"
 #include "model/training/trainer_impl.h"
+#include "parallel/failure_record.h"
 
 namespace mpitron {
 
@@ -22,6 +23,7 @@ double Trainer::Impl::eval_forward(Tape& tape, const MicroBatch& mb) {
 }
 
 Trainer::Impl::Evaluation Trainer::Impl::evaluate(int split, int64_t iters, int64_t* consumed) {
+  enter_phase("evaluation", st.iteration);  // parallel/failure_record.h
   Tape tape;
   NoGradGuard no_grad(tape);
   double sum = 0;

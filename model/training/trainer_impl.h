@@ -25,6 +25,7 @@
 #include "model/training/lr_schedule.h"
 #include "model/training/model_kind.h"
 #include "model/training/model_states.h"
+#include "model/training/rerun.h"
 #include "model/training/step_guard.h"
 #include "model/training/trainer.h"
 #include "parallel/pipeline_exec.h"
@@ -59,6 +60,7 @@ struct Trainer::Impl {
   int64_t total_iters = 0;
   std::map<int64_t, parallel::Schedule> schedules;  // pipeline schedule per micro-batch count
   std::unique_ptr<StepGuard> guard;                 // non-finite and spike checks of each step
+  std::unique_ptr<RerunMachine> rerun;              // --rerun-mode: a suspicious step run again
   std::unique_ptr<parallel::PipelineProfile> profile;  // --profile-pipeline
   std::vector<double> schedule_ms;                     // wall time of each profiled step's schedule
   std::unique_ptr<AsyncSaver> async;                   // --async-save
@@ -107,6 +109,7 @@ struct Trainer::Impl {
 
   // ---- a step (trainer_step.cpp)
   Step step(TrainSummary& sum);
+  Step run_step(StepRun& run, bool hold);
   ForwardOptions training_options(int64_t micro_batch) const;
   double forward_backward(int64_t n_micro, float loss_seed);
   // The nonfinite and spike rules; true: the run went back to a checkpoint.

@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "model/training/trainer_impl.h"
+#include "parallel/failure_record.h"
 #include "parallel/update_rule.h"
 
 namespace mpitron {
@@ -147,6 +148,7 @@ void Trainer::Impl::rerun_from_checkpoint() {
 
 // final: the save at exit, waited for also with --async-save.
 SaveInfo Trainer::Impl::save(bool final) {
+  enter_phase("checkpoint-save", st.iteration);  // parallel/failure_record.h
   check_state_finite();  // a save reads only this rank's optimizer state
   const bool writer = states->sharded() || writes_replicas();  // dp replicas (no ZeRO) write nothing twice
   if (async) {

@@ -8,6 +8,7 @@
 #include "io/checkpoint.h"
 #include "model/memory.h"
 #include "model/training/trainer_impl.h"
+#include "parallel/failure_record.h"
 #include "parallel/update_rule.h"
 
 namespace mpitron {
@@ -87,6 +88,7 @@ void Trainer::Impl::check_memory() {
 }
 
 void Trainer::Impl::load_at_start() {
+  enter_phase("checkpoint-load", st.iteration);  // parallel/failure_record.h
   const TrainArgs& a = args;
   LoadOptions lo;
   lo.load_optim = !a.no_load_optim;
@@ -114,6 +116,7 @@ void Trainer::Impl::load_at_start() {
     // Checkpoints from before runs were recorded belong to the run that resumes them in place.
     if (loaded_run.empty() && same_path(a.load, a.save)) st.owned_runs.push_back("");
   }
+  if (found && metrics) metrics->drop_after(st.iteration);  // a restart's rows follow on without duplicates
   if (found)
     log_info("loaded checkpoint ", li.dir, " at iteration ", st.iteration, " (", sci(li.bytes / 1e9, 3), " GB in ",
              sci(li.seconds, 3), " s, ", sci(li.bytes / 1e9 / std::max(li.seconds, 1e-9), 3), " GB/s)");

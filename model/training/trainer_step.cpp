@@ -6,6 +6,8 @@
 #include "core/device_memory.h"
 #include "core/log.h"
 #include "model/training/trainer_impl.h"
+#include "parallel/failure_record.h"
+#include "parallel/fault_injection.h"
 
 namespace mpitron {
 
@@ -44,15 +46,36 @@ double Trainer::Impl::forward_backward(int64_t n_micro, float loss_seed) {
   return loss_sum;
 }
 
+// A step: one run of its computation, and with --rerun-mode a second one on the same data
+// from the same state when the first was suspicious (model/training/rerun.h); then its rules.
 Trainer::Impl::Step Trainer::Impl::step(TrainSummary& sum) {
   if (async) async->poll();  // a background save that failed stops the run here, on every rank
+  const int64_t this_iter = st.iteration + 1;
+  enter_phase("step", this_iter);  // the failure records' phase; MPITRON_FAULT's kill and freeze
+  StepRun run;
+  Step s = run_step(run, rerun->enabled());
+  if (rerun->holds(run.verdict)) {
+    StepRun again;
+    s = run_step(again, false);
+    rerun->settle(this_iter, run, again);  // not reproduced: a HostFault (validate_results)
+    run = again;
+  }
+  s.rerun = judge(run.verdict, s, sum);
+  return s;
+}
+
+// The micro-batches' forward and backward and the optimizer with the step guard's veto;
+// `hold`: a suspicious step's update is held back (for its re-run).
+Trainer::Impl::Step Trainer::Impl::run_step(StepRun& run, bool hold) {
   Step s;
+  const int64_t this_iter = st.iteration + 1;
   s.gbs = rampup->global_batch(st.consumed_train_samples);
   const int64_t n_micro = s.gbs / (args.micro_batch_size * args.data_parallel_size);
   s.lr = lr->lr_at(static_cast<double>(schedule_step()));
   s.wd = lr->wd_at(static_cast<double>(schedule_step()));
   s.scale = scaler.scale();
-  const float loss_seed = s.scale / static_cast<float>(n_micro);
+  const StepCorruption fault = take_step_corruption(this_iter);  // MPITRON_FAULT nan / flip (tests)
+  const float loss_seed = fault.seed(s.scale / static_cast<float>(n_micro));
   // Phase timers for --log-timers-to-tensorboard (the device is synchronised only then).
   auto phase_mark = [&] {
     if (args.log_timers_to_tensorboard) device_synchronize();
@@ -60,8 +83,9 @@ Trainer::Impl::Step Trainer::Impl::step(TrainSummary& sum) {
   Timer phase;
   states->zero_grad();
   kind->begin_step(loss_seed);
-  const double loss_sum = forward_backward(n_micro, loss_seed);
+  const double loss_sum = fault.loss(forward_backward(n_micro, loss_seed));
   kind->end_step(*groups, n_micro);
+  fault_slow_down(this_iter, phase.seconds());  // MPITRON_FAULT slow (tests)
   // The loss and grad norm are judged between the norm and the update (the optimizer's
   // veto), and the verdict is OR-ed over every rank.
   StepVerdict verdict;
@@ -71,6 +95,7 @@ Trainer::Impl::Step Trainer::Impl::step(TrainSummary& sum) {
     s.loss = groups->dp_sum(groups->cp_mean(loss_sum)) / static_cast<double>(par.dp_size) / static_cast<double>(n_micro);
     verdict.bits = groups->world_or(guard->judge(s.loss, grad_norm).bits);
     judged = true;
+    if (hold && verdict.bits) return true;
     if (verdict.nonfinite()) return args.check_for_nan || args.fp16;
     return verdict.spike();
   };
@@ -82,7 +107,11 @@ Trainer::Impl::Step Trainer::Impl::step(TrainSummary& sum) {
   MPT_CHECK(judged, "the optimizer step did not judge the loss and grad norm", "this is a bug in the optimizer");
   phase_mark();
   interval.optim_s += phase.seconds();
-  s.rerun = judge(verdict, s, sum);
+  run.verdict = verdict;
+  run.loss = s.loss;
+  run.grad_norm = s.result.grad_norm;
+  run.local_loss = loss_sum;
+  run.local_seed = loss_seed;
   return s;
 }
 
