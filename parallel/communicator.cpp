@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "parallel/comm_stats.h"
 #include "parallel/failure_record.h"
 
 namespace mpitron {
@@ -177,6 +178,7 @@ bool Communicator::poll_until(const std::function<bool()>& done, double seconds,
 
 std::string Communicator::wait_loop(const std::function<bool()>& done, const std::string& op, int64_t seq,
                                     int peer) {
+  const CommWaitScope counted;  // straggler scores and failure records (parallel/comm_stats.h)
   waiting_seq_ = seq;
   waiting_op_ = op;
   wait_start_ = now_s();

@@ -14,6 +14,7 @@
 #include "parallel/communicator.h"
 #include "parallel/fault_injection.h"
 #include "parallel/job_exit.h"
+#include "parallel/phase_watch.h"
 
 namespace mpitron {
 
@@ -73,6 +74,7 @@ void enter_phase(const std::string& phase, int64_t step) {
     g_phase = phase;
     g_step = step;
   }
+  phase_heartbeat(phase, step);  // --ft-timeouts (parallel/phase_watch.h)
   fault_point(phase, step);
 }
 

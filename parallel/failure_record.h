@@ -62,7 +62,7 @@ class HostFault : public Error {
 };
 
 struct FailureRecord {
-  std::string cause;    // comm_timeout | comm_failure | host_fault | error
+  std::string cause;    // comm_timeout | comm_failure | host_fault | phase_timeout | error
   int rank = -1;        // the world rank at fault (-1: unknown)
   std::string message;  // the error text
   int exit_code = 1;    // what this process will exit with

@@ -32,12 +32,12 @@ struct Fault {
   std::string text;
 };
 
-const char* const kKinds[] = {"kill", "freeze", "slow", "nan", "flip"};
+const char* const kKinds[] = {"kill", "freeze", "hang", "slow", "nan", "flip"};
 const char* const kPhases[] = {"setup", "step", "checkpoint-save", "checkpoint-load", "evaluation"};
 
 [[noreturn]] void bad(const std::string& spec, const std::string& what) {
   MPT_THROW(str("MPITRON_FAULT=", spec, ": ", what),
-            "write kind:rank=R:step=S[:phase=P][:factor=F][:attempt=A] with kind one of kill, freeze, slow, nan, flip, "
+            "write kind:rank=R:step=S[:phase=P][:factor=F][:attempt=A] with kind one of kill, freeze, hang, slow, nan, flip, "
             "faults separated by ';' (docs/training.md \"Fault injection\"), or unset it");
 }
 
@@ -131,6 +131,12 @@ void fault_point(const std::string& phase, int64_t step) {
       std::fflush(stderr);
       std::fflush(stdout);
       raise(f.kind == "kill" ? SIGKILL : SIGSTOP);
+    }
+    if (f.kind == "hang") {  // this thread stops for good; the process (its watchdog) lives on
+      std::fprintf(stderr, "[rank %d] MPITRON_FAULT: %s at %s %lld: this thread hangs\n", std::max(0, process_rank()),
+                   f.text.c_str(), phase.c_str(), static_cast<long long>(step));
+      std::fflush(stderr);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(3600));
     }
   }
 }

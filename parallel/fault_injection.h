@@ -6,12 +6,13 @@
 // One or more faults separated by ';', each a kind and key=value fields:
 //   kill    the rank SIGKILLs itself when it enters `phase` (default step) `step`
 //   freeze  the rank SIGSTOPs itself there (a hung GPU or node, as the others see it)
+//   hang    the rank's main thread stops there for good, the process lives on (a hung kernel)
 //   slow    from `step` (default 1) on, each step's compute takes `factor` (default 2) times as long
 //   nan     the rank's loss and backward seed of step `step` are NaN (a NaN in its gradient)
 //   flip    one bit flipped in the rank's loss and backward seed of step `step` (the exponent's
 //           top bit: a huge value)
-// Fields: rank (world rank, required), step (required but for slow), phase (kill and
-// freeze: setup, step, checkpoint-save, checkpoint-load, evaluation), factor (slow),
+// Fields: rank (world rank, required), step (required but for slow), phase (kill,
+// freeze, hang: setup, step, checkpoint-save, checkpoint-load, evaluation), factor (slow),
 // attempt (only in that attempt of tools/mpitron-launch, which sets MPITRON_LAUNCH_ATTEMPT).
 // nan and flip fire once: a re-run of the same step (--rerun-mode) runs clean, as a
 // transient hardware fault would.

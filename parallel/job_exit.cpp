@@ -24,6 +24,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Step {
   std::string what, hint;
+  std::function<void()> on_expire;
   double seconds = 0;
   Clock::time_point deadline;
 };
@@ -51,6 +52,7 @@ class Watchdog {
  private:
   Watchdog() = default;
   [[noreturn]] static void expire(const Step& s) {
+    if (s.on_expire) s.on_expire();
     int init = 0, fin = 0, rank = 0;
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
@@ -148,9 +150,10 @@ int finish_job(int rc) {
   return rc;
 }
 
-JobDeadline::JobDeadline(std::string what, std::string hint, double seconds) {
+JobDeadline::JobDeadline(std::string what, std::string hint, double seconds, std::function<void()> on_expire) {
   if (seconds <= 0) return;
   Step s;
+  s.on_expire = std::move(on_expire);
   s.what = str(what, " did not finish within ", seconds, " s; aborting every rank");
   s.hint = std::move(hint);
   s.seconds = seconds;

@@ -23,6 +23,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace mpitron {
@@ -44,8 +45,9 @@ int finish_job(int rc);
 class JobDeadline {
  public:
   // `what`: the step ("sum of the bytes written over world ranks 0-3"); `hint`:
-  // what the user can do; seconds <= 0: no deadline.
-  JobDeadline(std::string what, std::string hint, double seconds);
+  // what the user can do; seconds <= 0: no deadline. `on_expire` runs on the watchdog's
+  // thread before the abort (a failure record; parallel/phase_watch.h).
+  JobDeadline(std::string what, std::string hint, double seconds, std::function<void()> on_expire = {});
   ~JobDeadline();
   JobDeadline(const JobDeadline&) = delete;
   JobDeadline& operator=(const JobDeadline&) = delete;

@@ -19,6 +19,7 @@
 #include "model/training/moe_flags.h"
 #include "model/training/pretrain_flags.h"
 #include "model/training/rerun.h"
+#include "parallel/phase_watch.h"
 #include "data/gpt_dataset.h"
 #include "parallel/context_parallel.h"
 #include "parallel/schedule.h"
@@ -151,7 +152,15 @@ void add_log_flags(po::options_description& log, TrainArgs& a) {
        "add the number of zero gradient elements to the log line (num-zeros)")
       ("log-timers-to-tensorboard", po::bool_switch(&a.log_timers_to_tensorboard),
        "write forward-backward-time and optimizer-time (ms per iteration) to TensorBoard")
-      ("metrics-file", po::value(&a.metrics_file), "JSONL metrics (default <tensorboard-dir>/metrics.jsonl)");
+      ("metrics-file", po::value(&a.metrics_file), "JSONL metrics (default <tensorboard-dir>/metrics.jsonl)")
+      ("log-straggler", po::bool_switch(&a.log_straggler),
+       "at each log line, every rank's compute time per iteration and its score against the fastest rank; "
+       "the slowest and fastest ranks with their hosts")
+      ("straggler-minmax-count", po::value(&a.straggler_minmax_count)->default_value(1),
+       "how many slowest and fastest ranks --log-straggler names")
+      ("ft-timeouts", po::value(&a.ft_timeouts),
+       "a heartbeat per phase: setup=S,step=S,checkpoint=S,evaluation=S seconds (or =auto: learned, the longest "
+       "seen x 5 after a warm-up; or auto for all); a phase that overruns ends the job naming rank, host and phase");
 }
 
 // pretrain's "Checkpoints" flags: saving, loading, exiting.
@@ -557,7 +566,8 @@ void check_numeric_flags(const po::variables_map& vm, const TrainArgs& a) {
        {"zero-stage", a.zero_stage, 0, 3, ""},
        {"ddp-bucket-size", a.ddp_bucket_size, 0, huge, "0 means one bucket"},
        {"spike-window", a.spike_window, 2, big, ""},
-       {"spike-max-consecutive-skips", a.spike_max_skips, 1, big, ""}});
+       {"spike-max-consecutive-skips", a.spike_max_skips, 1, big, ""},
+       {"straggler-minmax-count", a.straggler_minmax_count, 1, big, ""}});
 }
 
 // The step's checks: NaN/Inf in the loss and grad norm, and --spike-rerun's needs.
@@ -570,6 +580,7 @@ void apply_step_check_flags(const po::variables_map& vm, TrainArgs& a) {
   need(!a.spike_rerun || vm.count("skip-spike-zscore"), "--spike-rerun needs --skip-spike-zscore",
        "give the z-score threshold that defines a spike");
   (void)parse_rerun_mode(a.rerun_mode);  // an unknown mode names the flag
+  (void)parse_ft_timeouts(a.ft_timeouts);
   need(!a.spike_rerun || !a.save.empty(), "--spike-rerun reloads the newest checkpoint of --save, but --save is not given",
        "add --save DIR (and --save-interval)");
 }

@@ -91,6 +91,10 @@ struct TrainArgs {
                                            //   (and with --save a checkpoint); 0: no epochs
   bool log_params_norm = false;            // --log-params-norm: L2 norm of the weights on the log line
   bool log_num_zeros_in_grad = false;      // --log-num-zeros-in-grad: zero gradient elements on the log line
+  bool log_straggler = false;              // --log-straggler: slow ranks at each log line (model/training/straggler.h)
+  int64_t straggler_minmax_count = 1;      // --straggler-minmax-count: how many slowest / fastest ranks it names
+  std::string ft_timeouts;                 // --ft-timeouts setup=S,step=S|auto,...: a deadline per phase
+                                           //   (parallel/phase_watch.h; empty: none)
   bool log_timers_to_tensorboard = false;  // --log-timers-to-tensorboard: forward-backward and optimizer ms
   std::string tensorboard_dir;             // --tensorboard-dir
   std::string metrics_file;                // --metrics-file (JSONL; default <tensorboard-dir>/metrics.jsonl)

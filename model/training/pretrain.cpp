@@ -22,6 +22,7 @@
 #include "parallel/communicator.h"
 #include "parallel/failure_record.h"
 #include "parallel/fault_injection.h"
+#include "parallel/phase_watch.h"
 #include "parallel/job_exit.h"
 
 namespace mpitron {
@@ -51,6 +52,8 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
     args.world_size = world;  // parsing sets dp = world / (tp x pp)
     if (parse_train_args(argc, argv, args)) {
       if (!args.save.empty()) set_failure_record_dir(args.save + "/failures");
+      configure_phase_timeouts(parse_ft_timeouts(args.ft_timeouts));
+      enter_phase("setup", 0);  // its deadline starts now (--ft-timeouts)
       ParallelRuntime runtime(MPI_COMM_WORLD, args);
       const ParallelContext par = runtime.context();
       if (world > 1)
@@ -103,6 +106,7 @@ int pretrain_main(int argc, char** argv, PretrainModel which) {
       if (rank != 0) data = make_data();
       Trainer trainer(args, data, par);
       const TrainSummary s = trainer.run();
+      enter_phase("end", s.iterations);  // no deadline after the last phase
       if (s.steps_run == 0)
         log_info("done: nothing trained: the run was already at iteration ", s.iterations, ", its end");
       else

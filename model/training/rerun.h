@@ -32,16 +32,18 @@ struct StepRun {
 
 class RerunMachine {
  public:
-  RerunMachine(RerunMode mode, const HostGroups& groups) : mode_(mode), groups_(groups) {}
+  // fp16: a non-finite step is an overflow, the loss scaler's business, never re-run.
+  RerunMachine(RerunMode mode, bool fp16, const HostGroups& groups) : mode_(mode), fp16_(fp16), groups_(groups) {}
   bool enabled() const { return mode_ != RerunMode::Disabled; }
   // The first run of a step: hold back (veto) the update of a suspicious step for its re-run.
-  bool holds(const StepVerdict& v) const { return enabled() && v.bits != 0; }
+  bool holds(const StepVerdict& v) const { return enabled() && (v.spike() || (v.nonfinite() && !fp16_)); }
   // After the re-run (collective over every rank): the model's (returns), or a fault
   // (validate_results throws HostFault; report_stats logs and returns).
   void settle(int64_t iteration, const StepRun& first, const StepRun& again) const;
 
  private:
   RerunMode mode_;
+  bool fp16_;
   const HostGroups& groups_;
 };
 

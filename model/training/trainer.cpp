@@ -99,7 +99,8 @@ Trainer::Trainer(const TrainArgs& args, std::shared_ptr<SampleSource> data, Para
   m.make_states();
   if (args.fp16) m.scaler = LossScaler(args.scaler);
   m.guard = std::make_unique<StepGuard>(args.spike_zscore, args.spike_window);
-  m.rerun = std::make_unique<RerunMachine>(parse_rerun_mode(args.rerun_mode), *m.groups);
+  m.rerun = std::make_unique<RerunMachine>(parse_rerun_mode(args.rerun_mode), args.fp16, *m.groups);
+  m.straggler = std::make_unique<StragglerDetector>(args.log_straggler, args.straggler_minmax_count, *m.groups);
   m.make_lr_schedule();
   m.open_outputs();
 }

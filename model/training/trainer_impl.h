@@ -26,6 +26,7 @@
 #include "model/training/model_kind.h"
 #include "model/training/model_states.h"
 #include "model/training/rerun.h"
+#include "model/training/straggler.h"
 #include "model/training/step_guard.h"
 #include "model/training/trainer.h"
 #include "parallel/pipeline_exec.h"
@@ -61,6 +62,7 @@ struct Trainer::Impl {
   std::map<int64_t, parallel::Schedule> schedules;  // pipeline schedule per micro-batch count
   std::unique_ptr<StepGuard> guard;                 // non-finite and spike checks of each step
   std::unique_ptr<RerunMachine> rerun;              // --rerun-mode: a suspicious step run again
+  std::unique_ptr<StragglerDetector> straggler;     // --log-straggler: slow ranks named at each log line
   std::unique_ptr<parallel::PipelineProfile> profile;  // --profile-pipeline
   std::vector<double> schedule_ms;                     // wall time of each profiled step's schedule
   std::unique_ptr<AsyncSaver> async;                   // --async-save

@@ -50,6 +50,7 @@ void Trainer::Impl::log(const Step& s, TrainSummary& sum) {
                                     : static_cast<double>(mem.current_bytes)) / 1e6;
   LogFields losses, own;
   kind->log_interval(n.avg, losses, own);
+  straggler->report(own);  // --log-straggler (collective)
 
   char line[896];
   std::snprintf(line, sizeof line,

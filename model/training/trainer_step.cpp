@@ -6,6 +6,7 @@
 #include "core/device_memory.h"
 #include "core/log.h"
 #include "model/training/trainer_impl.h"
+#include "parallel/comm_stats.h"
 #include "parallel/failure_record.h"
 #include "parallel/fault_injection.h"
 
@@ -78,8 +79,9 @@ Trainer::Impl::Step Trainer::Impl::run_step(StepRun& run, bool hold) {
   const float loss_seed = fault.seed(s.scale / static_cast<float>(n_micro));
   // Phase timers for --log-timers-to-tensorboard (the device is synchronised only then).
   auto phase_mark = [&] {
-    if (args.log_timers_to_tensorboard) device_synchronize();
+    if (args.log_timers_to_tensorboard || args.log_straggler) device_synchronize();
   };
+  const double waited = comm_wait_seconds();  // --log-straggler: the compute is the time not spent waiting
   Timer phase;
   states->zero_grad();
   kind->begin_step(loss_seed);
@@ -95,12 +97,13 @@ Trainer::Impl::Step Trainer::Impl::run_step(StepRun& run, bool hold) {
     s.loss = groups->dp_sum(groups->cp_mean(loss_sum)) / static_cast<double>(par.dp_size) / static_cast<double>(n_micro);
     verdict.bits = groups->world_or(guard->judge(s.loss, grad_norm).bits);
     judged = true;
-    if (hold && verdict.bits) return true;
+    if (hold && rerun->holds(verdict)) return true;
     if (verdict.nonfinite()) return args.check_for_nan || args.fp16;
     return verdict.spike();
   };
   phase_mark();
   interval.fwd_bwd_s += phase.seconds();
+  straggler->add_step(phase.seconds(), comm_wait_seconds() - waited);
   phase.reset();
   states->set_weight_decay(static_cast<float>(s.wd));
   s.result = states->step(static_cast<float>(s.lr), s.scale, veto);

@@ -34,6 +34,11 @@ FAKE = textwrap.dedent("""\
 """)
 
 
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
 class LaunchTest(unittest.TestCase):
     def run_launch(self, plan, extra, hosts="n1 slots=2\nn2 slots=2\nn3 slots=2\n", env=None):
         d = tempfile.mkdtemp(prefix="mpitron_launch_")
@@ -52,7 +57,10 @@ class LaunchTest(unittest.TestCase):
         cmd = [sys.executable, LAUNCH, "--backoff", "0.01"] + extra(d, fake) + [
             "--", "app", "--save", save, "--train-iters", "100"]
         p = subprocess.run(cmd, capture_output=True, text=True, env=e, cwd=d)
-        args = [json.loads(l) for l in open(os.path.join(d, "args"))] if os.path.exists(os.path.join(d, "args")) else []
+        args = []
+        if os.path.exists(os.path.join(d, "args")):
+            with open(os.path.join(d, "args")) as f:
+                args = [json.loads(l) for l in f]
         return p, args, save
 
     def test_kill_then_freeze_then_done(self):
@@ -69,9 +77,8 @@ class LaunchTest(unittest.TestCase):
         self.assertIn("killed by signal 9 (Killed) of rank 3 on host n2", p.stdout)
         self.assertIn("frozen or hung (its peers' collectives timed out) of rank 1 on host n3 (phase step, step 61)", p.stdout)
         self.assertIn("attempt 2 finished (exit 0)", p.stdout)
-        self.assertEqual(open(os.path.join(save, "launch", "attempt-1.hosts")).read(),
-                         "n1 slots=2\nn3 slots=2\nn4 slots=2\n")
-        self.assertEqual(open(os.path.join(save, "launch", "attempt-2.hosts")).read(), "n1 slots=2\nn4 slots=2\n")
+        self.assertEqual(read(os.path.join(save, "launch", "attempt-1.hosts")), "n1 slots=2\nn3 slots=2\nn4 slots=2\n")
+        self.assertEqual(read(os.path.join(save, "launch", "attempt-2.hosts")), "n1 slots=2\nn4 slots=2\n")
         # Later attempts resume from --save; the first runs the user's command unchanged.
         self.assertNotIn("--load", args[0])
         self.assertEqual(args[1][-2:], ["--load", save])
@@ -87,6 +94,23 @@ class LaunchTest(unittest.TestCase):
         self.assertIn("host fault", p.stdout)
         self.assertIn("of rank 0 on host n1 (phase step, step 35)", p.stdout)  # n1.cluster is n1 of the hostfile
         self.assertIn("excluding host n1", p.stdout)
+
+    def test_phase_timeouts(self):
+        plan = [{"rc": 1, "latest": 10, "records": [
+                    {"cause": "phase_timeout", "rank": -1, "host": "", "phase": "step", "step": 12, "reporter": 0},
+                    {"cause": "phase_timeout", "rank": 1, "host": "x", "phase": "step", "step": 12, "reporter": 1}]},
+                {"rc": 1, "latest": 10, "records": [
+                    {"cause": "phase_timeout", "rank": -1, "host": "", "phase": "checkpoint-save", "step": 20,
+                     "reporter": 1}]},
+                {"rc": 0, "latest": 100}]
+        p, _, _ = self.run_launch(plan, lambda d, fake: ["--hostfile", "hosts", "--np", "2", "--mpirun", fake,
+                                                         "--local-alias"],
+                                  hosts="a slots=1\nb slots=1\nc slots=1\nd slots=1\n")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("the rank stuck itself of rank 1 on host b (phase step, step 12)", p.stdout)
+        # Then rank 0 (on c, after b's exclusion) wrote nothing: it is the one.
+        self.assertIn("waiting for a rank that wrote no record of rank 0 on host a (phase checkpoint-save, step 20)",
+                      p.stdout)
 
     def test_plain_error_is_not_restarted(self):
         plan = [{"rc": 1, "latest": 0, "records": [
