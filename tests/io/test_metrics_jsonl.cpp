@@ -49,3 +49,27 @@ TEST_CASE("metrics jsonl: lines are flushed as they are logged and appended acro
   { MetricsJsonl m(path, /*truncate=*/true); }
   CHECK(read_lines(path).empty());
 }
+
+TEST_CASE("metrics jsonl: a resumed run drops the rows after its checkpoint and a torn last line") {
+  mpitron::test::ScratchDir dir("jsonl_resume");
+  const std::string path = dir / "metrics.jsonl";
+  {
+    MetricsJsonl m(path);
+    for (int it = 1; it <= 6; ++it) m.log(it, {{"lm loss", 10.0 - it}});
+  }
+  { std::ofstream(path, std::ios::app) << "{\"iteration\": 7, \"lm lo"; }  // a crash mid-line
+  {
+    MetricsJsonl m(path);
+    m.drop_after(4);  // the checkpoint the run resumed: iteration 4
+    m.log(5, {{"lm loss", 4.5}});
+  }
+  const auto lines = read_lines(path);
+  REQUIRE(lines.size() == 5);
+  for (int i = 0; i < 5; ++i) CHECK(lines[static_cast<size_t>(i)]["iteration"] == i + 1);
+  CHECK(lines[4]["lm loss"] == 4.5);
+  {
+    MetricsJsonl m(path);
+    m.drop_after(10);  // nothing after it: the file is left as it is
+  }
+  CHECK(read_lines(path).size() == 5);
+}
