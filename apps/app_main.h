@@ -75,7 +75,7 @@ inline bool parse_app_flags(int argc, char** argv, const boost::program_options:
       strip_digit_underscores(parsed.options);
       keep_last_occurrence(parsed.options, d);
     }
-    refuse_negative_unsigned(parsed, d, name);
+    check_parsed_values(parsed, d, name);
     po::store(parsed, vm);
     if (vm.count("help")) {
       int rank = 0, init = 0;
