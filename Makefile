@@ -13,11 +13,19 @@ all: build
 deps:
 	./scripts/install-deps.sh
 
-$(BUILD)/CMakeCache.txt:
-	./scripts/install-cudnn-frontend.sh
-	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+# Configured means build.ninja exists (CMake writes it last). The tools are checked
+# first, naming what is missing and `make deps`; a CMake that fails (a library not
+# found) leaves no half-made CMakeCache.txt, so the next `make` configures again
+# instead of stopping at "ninja: error: loading 'build.ninja'".
+CUDNN_FRONTEND ?= ./scripts/install-cudnn-frontend.sh
+$(BUILD)/build.ninja:
+	@./scripts/check-build-tools.sh
+	$(CUDNN_FRONTEND)
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS) || { rm -f $(BUILD)/CMakeCache.txt; \
+	  echo "mpitron: configuring $(BUILD) failed (CMake's message above names what it did not find)." >&2; \
+	  echo "run \`make deps\` to install mpitron's dependencies, then \`make\` again" >&2; exit 1; }
 
-configure: $(BUILD)/CMakeCache.txt
+configure: $(BUILD)/build.ninja
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "model/flags/flag_given.h"
 #include "model/flags/megatron_compat.h"
+#include "parallel/job_exit.h"
 
 namespace mpitron {
 
@@ -47,6 +48,9 @@ inline int run_inference_app(int argc, char** argv, const std::function<int()>& 
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   set_process_rank(world > 1 ? rank : -1);
+  // A collective that timed out (a frozen or dead rank) arms the job's exit deadline: the job
+  // ends even if unwinding the error waits on the silent rank (parallel/job_exit.h).
+  install_job_exit();
   int rc = 0;
   try {
     rc = body();
@@ -75,7 +79,7 @@ inline bool parse_app_flags(int argc, char** argv, const boost::program_options:
       strip_digit_underscores(parsed.options);
       keep_last_occurrence(parsed.options, d);
     }
-    refuse_negative_unsigned(parsed, d, name);
+    check_parsed_values(parsed, d, name);
     po::store(parsed, vm);
     if (vm.count("help")) {
       int rank = 0, init = 0;

@@ -20,12 +20,15 @@
 #include "apps/app_main.h"
 #include <mpi.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <string>
+#include <vector>
 #include <sys/stat.h>
 
 #include "core/error.h"
@@ -61,6 +64,22 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
+// The Hugging Face weight files of a model directory, of either layout (one model.safetensors, or an
+// index and its shards; PyTorch's pytorch_model*.bin alike): an export beside an older one would leave
+// a mix that transformers reads wrongly (it prefers the index).
+std::vector<std::string> hf_weight_files(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool weights = (n.rfind("model", 0) == 0 && (ends_with(n, ".safetensors") || ends_with(n, ".safetensors.index.json"))) ||
+                         (n.rfind("pytorch_model", 0) == 0 && (ends_with(n, ".bin") || ends_with(n, ".bin.index.json")));
+    if (weights) out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 int run(int argc, char** argv) {
   std::string direction, input, output, hf_config, hf_config_out, dtype = "F32", prefix = "transformer.";
   int64_t heads = 0, divisible_by = 128, tp = 1;
@@ -86,7 +105,8 @@ int run(int argc, char** argv) {
       ("lm-head", po::bool_switch(&lm_head), "mpitron-to-hf, GPT-2: also write lm_head.weight (= wte; Llama writes its own lm_head)")
       ("hf-config-out", po::value(&hf_config_out), "mpitron-to-hf: also write HF's config.json here")
       ("overwrite", po::bool_switch(&overwrite),
-       "replace existing output: model.safetensors / config.json (mpitron-to-hf), or the checkpoints and "
+       "replace existing output: the Hugging Face weights of either layout (model.safetensors, or an index and "
+       "its shards: all removed) and config.json (mpitron-to-hf), or the checkpoints and "
        "latest_checkpointed_iteration.txt of a checkpoint directory (hf-to-mpitron)");
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "convert_checkpoint")) return 0;
@@ -160,6 +180,16 @@ int run(int argc, char** argv) {
       std::filesystem::create_directories(output);
       out = output + "/model.safetensors";
       if (hf_config_out.empty()) hf_config_out = output + "/config.json";
+      const std::vector<std::string> old = hf_weight_files(output);
+      std::string names;
+      for (const std::string& n : old) names += (names.empty() ? "" : ", ") + n;
+      MPT_CHECK(overwrite || old.empty(),
+                str("--output ", output, " already holds Hugging Face weights (", names, ")"),
+                "choose another --output, or pass --overwrite to replace them (every weight file there is removed)");
+      for (const std::string& n : old) {  // --overwrite: no stale shard or index is left beside the new file
+        std::filesystem::remove(output + "/" + n);
+        log_info("--overwrite: removed ", output, "/", n);
+      }
     }
     refuse_existing(out);
     refuse_existing(hf_config_out);

@@ -30,12 +30,14 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "core/device.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/log.h"
 #include "data/text_tokenizer.h"
+#include "data/tokenizer.h"  // find_invalid_utf8
 #include "io/checkpoint.h"
 #include "model/inference/dynamic_engine.h"
 #include "model/flags/inference_flags.h"
@@ -129,6 +131,11 @@ bool parse(int argc, char** argv, Args& a) {
     if (a.t5) check_t5_flags(vm, a);
     check_against_checkpoint(vm, a.inf, ck, a.load, /*allow_t5=*/a.t5);
   }
+  // -1 stands for "the default" inside: an explicit negative id is refused, not replaced by the default.
+  for (const auto& [flag, id] : {std::pair<const char*, int64_t>{"decoder-start-token-id", a.decoder_start_token_id},
+                                 {"eos-token-id", a.eos_token_id}})
+    MPT_CHECK(!vm.count(flag) || id >= 0, str("--", flag, " must be a token id >= 0, got ", id),
+              "leave it out for the default (see --help)");
   MPT_CHECK(a.t5 || !vm.count("decoder-start-token-id"),
             str("--decoder-start-token-id: checkpoint ", a.load, " is not an encoder-decoder (T5)"),
             "drop it: a GPT continues the prompt");
@@ -210,7 +217,14 @@ class Sink {
 void drive(const Args& a, const data::TextTokenizer* tok, int64_t vocab,
            const std::function<void(const std::vector<Prompt>&)>& gen) {
   std::unique_ptr<data::TextEncoder> enc = tok ? tok->make_encoder() : nullptr;
-  const auto text = [&](const std::string& line) { return Prompt{line, enc->encode(line)}; };
+  // The one check of a text prompt, whatever the model kind (a GPT's BPE refused invalid UTF-8 where a
+  // T5's WordPiece decoded it into replacement characters): refused naming the input and the line.
+  int64_t stdin_line = 0;
+  const auto text = [&](const std::string& line, const std::string& where) {
+    const int64_t bad = data::find_invalid_utf8(line);
+    MPT_CHECK(bad < 0, str(where, ": the prompt is not valid UTF-8 (byte ", bad, ")"), "convert the prompts to UTF-8");
+    return Prompt{line, enc->encode(line)};
+  };
   std::vector<Prompt> prompts;
   if (a.num_samples > 0) {
     gen(std::vector<Prompt>(static_cast<size_t>(a.num_samples)));
@@ -220,17 +234,17 @@ void drive(const Args& a, const data::TextTokenizer* tok, int64_t vocab,
     gen(prompts);
   } else if (!a.sample_input_file.empty()) {
     LineReader f(a.sample_input_file, "--sample-input-file");
-    for (std::string line; f.next(line);) prompts.push_back(text(line));
+    for (std::string line; f.next(line);) prompts.push_back(text(line, f.where()));
     gen(prompts);
   } else if (a.interactive && isatty(STDIN_FILENO)) {
     for (;;) {
       std::fprintf(stderr, "Context prompt (stop to exit) >>> ");
       std::string line;
       if (!std::getline(std::cin, line) || line == "stop") break;
-      gen({text(line)});
+      gen({text(line, str("stdin line ", ++stdin_line))});
     }
   } else {
-    for (std::string line; std::getline(std::cin, line);) prompts.push_back(text(line));
+    for (std::string line; std::getline(std::cin, line);) prompts.push_back(text(line, str("stdin line ", ++stdin_line)));
     gen(prompts);
   }
 }

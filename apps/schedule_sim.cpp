@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   try {
     po::variables_map vm;
     const po::parsed_options parsed = po::parse_command_line(argc, argv, desc);
-    refuse_negative_unsigned(parsed, desc, "schedule_sim");
+    check_parsed_values(parsed, desc, "schedule_sim");
     po::store(parsed, vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";

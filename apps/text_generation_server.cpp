@@ -101,7 +101,9 @@ bool parse(int argc, char** argv, Args& a) {
 int run(int argc, char** argv) {
   Args a;
   if (!parse(argc, argv, a)) return 0;
-  ModelRunner runner(MPI_COMM_WORLD, a.load, runner_options(a.inf));
+  RunnerOptions ro = runner_options(a.inf);
+  ro.serving = true;  // a frozen or dead rank ends the job (heartbeats while idle), as in training
+  ModelRunner runner(MPI_COMM_WORLD, a.load, ro);
   for (const std::string& n : a.inf.notes) log_info(n);
   const auto tok_ptr = data::make_tokenizer({a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file});
   const data::TextTokenizer& tok = *tok_ptr;
@@ -174,29 +176,45 @@ int run(int argc, char** argv) {
   };
   bool stopping = false;
   Timer since_stop;
-  while (!(stopping && http.stopped() && !engine.has_work())) {
-    if (!stopping && (g_stop || (a.max_requests > 0 && served >= a.max_requests))) {
-      stopping = true;
-      since_stop.reset();
-      http.stop();  // no new connections; the ones in progress are answered
+  // A rank that stops answering (a step's collective or a heartbeat timed out, naming it) ends the
+  // whole job here, as training does (docs/training.md "A frozen or failed rank"): the clients'
+  // connections close instead of waiting for ever. Not by unwinding: the connection threads wait
+  // for answers the engine can no longer give, and the HTTP server's destructor would wait for them.
+  try {
+    while (!(stopping && http.stopped() && !engine.has_work())) {
+      if (!stopping && (g_stop || (a.max_requests > 0 && served >= a.max_requests))) {
+        stopping = true;
+        since_stop.reset();
+        http.stop();  // no new connections; the ones in progress are answered
+      }
+      if (engine.has_work()) {
+        engine.step();
+      } else {
+        engine.wait_for_work(0.05);
+        runner.heartbeat();
+      }
+      if (since_log.seconds() > 10) {
+        log_stats();
+        since_log.reset();
+      }
+      if (stopping && !engine.has_work() && since_stop.seconds() > a.http.read_timeout_s + 5) {
+        // A client still trickling a request in holds its connection thread: do not wait for it.
+        logged_steps = -1;
+        log_stats();
+        log_warn("connections still open ", since_stop.seconds(), " s after the stop; exiting without them");
+        runner.stop_workers();
+        std::fflush(stdout);
+        std::fflush(stderr);
+        MPI_Finalize();
+        std::_Exit(0);
+      }
     }
-    if (engine.has_work()) engine.step();
-    else engine.wait_for_work(0.05);
-    if (since_log.seconds() > 10) {
-      log_stats();
-      since_log.reset();
-    }
-    if (stopping && !engine.has_work() && since_stop.seconds() > a.http.read_timeout_s + 5) {
-      // A client still trickling a request in holds its connection thread: do not wait for it.
-      logged_steps = -1;
-      log_stats();
-      log_warn("connections still open ", since_stop.seconds(), " s after the stop; exiting without them");
-      runner.stop_workers();
-      std::fflush(stdout);
-      std::fflush(stderr);
-      MPI_Finalize();
-      std::_Exit(0);
-    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::fprintf(stderr, "text_generation_server: serving ends here; every rank of the job is stopped (MPI_Abort)\n");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
   }
   http.join();
   logged_steps = -1;

@@ -1,7 +1,9 @@
 #include "core/json.h"
 
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
 #include "core/files.h"
@@ -38,8 +40,33 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& what, b
   if (const int64_t line = line_past_depth(text, max_depth))
     MPT_THROW(str(what, " nests deeper than ", max_depth, " levels (line ", line, ")"),
               "no configuration or tokenizer file nests that deep: the file is damaged or not what it is named");
+  // nlohmann keeps one of two equal keys of an object without a word: the second is refused,
+  // naming the key and the objects around it ("zero_optimization.stage").
+  struct Open {
+    std::set<std::string> keys;
+    std::string current;
+  };
+  std::vector<Open> open;
+  const auto check_keys = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (ev == E::object_start) {
+      open.emplace_back();
+    } else if (ev == E::object_end) {
+      if (!open.empty()) open.pop_back();
+    } else if (ev == E::key && !open.empty()) {
+      const std::string key = parsed.get<std::string>();
+      if (!open.back().keys.insert(key).second) {
+        std::string path;
+        for (size_t i = 0; i + 1 < open.size(); ++i) path += open[i].current + ".";
+        MPT_THROW(str(what, " gives the key \"", path + key, "\" twice in one object"),
+                  "JSON keeps only one of the two values: remove the one you did not mean");
+      }
+      open.back().current = key;
+    }
+    return true;
+  };
   try {
-    return nlohmann::json::parse(text.begin(), text.end(), nullptr, true, ignore_comments);
+    return nlohmann::json::parse(text.begin(), text.end(), check_keys, true, ignore_comments);
   } catch (const nlohmann::json::exception& e) {
     MPT_THROW(str(what, " is not valid JSON: ", e.what()), "");
   }

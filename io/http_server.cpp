@@ -1,6 +1,8 @@
 #include "io/http_server.h"
 
+#include <errno.h>
 #include <httplib.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -9,6 +11,30 @@
 #include <cmath>
 
 #include "core/error.h"
+
+// A client that half-closes its side after sending its request (shutdown(SHUT_WR), as `nc -N`
+// and some proxies do) still gets its answer. Debian's compiled cpp-httplib 0.11 asks
+// detail::is_socket_alive before every write, and that one peeks a byte and takes the end of the
+// client's stream for a dead connection: the work was done and the answer dropped (0 bytes). The
+// library calls it through its PLT, so this definition, linked into the executable, is the one it
+// runs (ELF interposition; the header declares no such function, so nothing here conflicts with
+// it): a socket is dead when it is invalid, in error or reset, not when the peer has only finished
+// sending. A client that closed both sides makes a later write fail (EPIPE, ECONNRESET: the library
+// sends with MSG_NOSIGNAL), which ends the connection as before. Tested end to end with a raw socket
+// (tests/apps/test_http_half_close.cpp).
+namespace httplib::detail {
+bool is_socket_alive(int sock) {
+  pollfd p{sock, POLLIN, 0};
+  const int n = ::poll(&p, 1, 0);
+  if (n == 0) return true;                     // nothing pending
+  if (n < 0) return errno != EBADF;
+  if (p.revents & (POLLERR | POLLNVAL)) return false;
+  char c;
+  const ssize_t r = ::recv(sock, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (r >= 0) return true;                     // more bytes, or the peer's FIN: it may still read
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+}  // namespace httplib::detail
 
 namespace mpitron::io {
 

@@ -16,6 +16,32 @@ using C = TransformerConfig;
 
 constexpr int64_t kBig = int64_t{1} << 40;  // any size a run could have, with room to multiply
 
+// The largest value of each size field, checked as the flag (or a checkpoint's model_config) is
+// read, before anything is built from it. Every bound is far above any model trained (DeepSeek-V3:
+// 61 layers, hidden 7168, 128 heads, 256 experts; Llama 3.1: 128K positions) and far below what would
+// take minutes or the host's memory to build and refuse: the parameter table holds a row per routed
+// expert, and loops run over the layers and the router's groups. What a size costs in memory is the
+// memory check's (model/memory.h: closed form, with the numbers, before any allocation); this
+// table only keeps a size from being absurd. A size field without a row here is bounded by kBig.
+int64_t max_of(const std::string& key) {
+  constexpr int64_t k16 = int64_t{1} << 16, k20 = int64_t{1} << 20, k24 = int64_t{1} << 24;
+  static const std::map<std::string, int64_t> limits = {
+      {"num_layers", k16}, {"encoder_num_layers", k16}, {"mtp_num_layers", k16},
+      {"hidden_size", k20}, {"ffn_hidden_size", k24}, {"moe_ffn_hidden_size", k24},
+      {"moe_shared_expert_intermediate_size", k24},
+      {"num_attention_heads", k16}, {"num_query_groups", k16}, {"kv_channels", k20},
+      {"q_lora_rank", k20}, {"kv_lora_rank", k20}, {"qk_head_dim", k20}, {"qk_pos_emb_head_dim", k20}, {"v_head_dim", k20},
+      {"seq_length", k24}, {"max_position_embeddings", k24}, {"decoder_seq_length", k24}, {"window_size", k24},
+      {"original_max_position_embeddings", k24},
+      {"vocab_size", (int64_t{1} << 31) - 1}, {"padded_vocab_size", (int64_t{1} << 31) - 1},  // int32 token ids
+      {"num_experts", k16}, {"moe_router_topk", k16}, {"moe_router_num_groups", k16}, {"moe_router_group_topk", k16},
+      {"moe_router_group_score_topk", k16}, {"moe_layer_freq", k16}, {"window_attn_skip_freq", k16},
+      {"relative_attention_num_buckets", k16}, {"relative_attention_max_distance", k24},
+      {"num_tokentypes", k16}, {"num_classes", k20}};
+  const auto it = limits.find(key);
+  return it == limits.end() ? kBig : it->second;
+}
+
 std::string dump(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
 int64_t as_int(const json& v, const std::string& what, int64_t lo, int64_t hi) {
@@ -68,7 +94,7 @@ ArchField int_row(std::string key, FieldKind kind, std::string flag, std::string
   f.meaning = std::move(meaning);
   f.inference = std::move(inference);
   f.get = [m](const C& c) { return json(c.*m); };
-  f.set = [m, lo](C& c, const json& v, const std::string& what) { c.*m = as_int(v, what, lo, kBig); };
+  f.set = [m, lo, hi = max_of(key)](C& c, const json& v, const std::string& what) { c.*m = as_int(v, what, lo, hi); };
   f.reset = [m](C& c) { c.*m = C{}.*m; };
   f.apply = [f](const GivenFlags& g, C& c) { f.set(c, *given(g, f.flags[0].name), "--" + f.flags[0].name); };
   f.text = [flag](const json& v) { return str("--", flag, " ", dump(v)); };
@@ -106,7 +132,7 @@ ArchField plain_row(std::string key, FieldKind kind, T C::*m, std::string meanin
   f.get = [m](const C& c) { return json(c.*m); };
   f.set = [m, key](C& c, const json& v, const std::string& what) {
     if constexpr (std::is_same_v<T, bool>) c.*m = as_bool(v, what);
-    else c.*m = as_int(v, what, 0, kBig);
+    else c.*m = as_int(v, what, 0, max_of(key));
   };
   f.reset = [m](C& c) { c.*m = C{}.*m; };
   f.apply = [](const GivenFlags&, C&) {};
@@ -194,7 +220,7 @@ RopeScaling rope_scaling_from_json(const json& v, const std::string& what) {
     known.insert("original_max_position_embeddings");
     MPT_CHECK(v.contains("original_max_position_embeddings"),
               str(what, " ", type, " needs original_max_position_embeddings"), "");
-    r.original_max_position_embeddings = as_int(v["original_max_position_embeddings"], str(what, " original_max_position_embeddings"), 1, kBig);
+    r.original_max_position_embeddings = as_int(v["original_max_position_embeddings"], str(what, " original_max_position_embeddings"), 1, max_of("original_max_position_embeddings"));
   }
   for (auto it = v.begin(); it != v.end(); ++it)
     MPT_CHECK(known.count(it.key()), str(what, " key ", it.key(), " is not read for rope_type ", type),
@@ -233,7 +259,7 @@ std::vector<ArchField> build() {
       MPT_CHECK(on(g, "group-query-attention") || !n, "--num-query-groups is given without --group-query-attention",
                 "add --group-query-attention (Megatron ignores the groups without it)");
       if (!on(g, "group-query-attention")) return;
-      const int64_t groups = n ? as_int(*n, "--num-query-groups", 1, kBig) : 1;
+      const int64_t groups = n ? as_int(*n, "--num-query-groups", 1, max_of("num_query_groups")) : 1;
       MPT_CHECK(c.num_attention_heads % groups == 0,
                 str("--num-query-groups ", groups, " must divide --num-attention-heads ", c.num_attention_heads),
                 "each group serves heads / groups query heads, e.g. 32 heads with 8 groups");
@@ -456,7 +482,7 @@ std::vector<ArchField> build() {
     f.meaning = "sliding-window attention: query i sees keys i − W … i (0: every earlier key)";
     f.inference = checked;
     f.get = [](const C& c) { return json(c.window_size); };
-    f.set = [](C& c, const json& v, const std::string& what) { c.window_size = as_int(v, what, 0, kBig); };
+    f.set = [](C& c, const json& v, const std::string& what) { c.window_size = as_int(v, what, 0, max_of("window_size")); };
     f.reset = [](C& c) { c.window_size = 0; };
     f.apply = [](const GivenFlags& g, C& c) {
       std::string s = as_text(*given(g, "window-size"), "--window-size");
@@ -503,7 +529,7 @@ std::vector<ArchField> build() {
         MPT_CHECK(!v.empty(), str(what, " is an empty list"), "give one 0/1 per layer, or an integer N");
         for (const json& e : v) c.window_layer_pattern.push_back(static_cast<uint8_t>(as_int(e, what + " entry", 0, 1)));
       } else {
-        c.window_attn_skip_freq = as_int(v, what, 0, kBig);
+        c.window_attn_skip_freq = as_int(v, what, 0, max_of("window_attn_skip_freq"));
       }
     };
     f.reset = [](C& c) {
@@ -676,7 +702,7 @@ std::vector<ArchField> build() {
     ArchField f = int_row("num_experts", FieldKind::Shape, "num-experts",
                           "Mixture of Experts: routed experts per MoE layer (default: dense MLPs)", &C::num_experts, 0,
                           "E routed experts in each MoE layer (0: dense MLPs)", checked);
-    f.apply = [](const GivenFlags& g, C& c) { c.num_experts = as_int(*given(g, "num-experts"), "--num-experts", 1, kBig); };
+    f.apply = [](const GivenFlags& g, C& c) { c.num_experts = as_int(*given(g, "num-experts"), "--num-experts", 1, max_of("num_experts")); };
     f.text = [](const json& v) { return v.get<int64_t>() > 0 ? str("--num-experts ", v.get<int64_t>()) : std::string("no --num-experts"); };
     f.required = false;
     v.push_back(f);
@@ -693,7 +719,7 @@ std::vector<ArchField> build() {
                           "Fe, each expert's MLP width (default F; 0 in a dense model)", checked);
     f.get = [](const C& c) { return json(c.moe() ? c.moe_ffn() : 0); };
     f.apply = [](const GivenFlags& g, C& c) {
-      c.moe_ffn_hidden_size = as_int(*given(g, "moe-ffn-hidden-size"), "--moe-ffn-hidden-size", 1, kBig);
+      c.moe_ffn_hidden_size = as_int(*given(g, "moe-ffn-hidden-size"), "--moe-ffn-hidden-size", 1, max_of("moe_ffn_hidden_size"));
     };
     f.sizes_weights = [](const C& c) { return c.moe(); };
     f.required = false;
@@ -717,11 +743,14 @@ std::vector<ArchField> build() {
     };
     f.set = [](C& c, const json& v, const std::string& what) {
       if (v.is_array()) {
+        // An empty list would leave the pattern empty, which reads as "every layer": refused, not replaced.
+        MPT_CHECK(!v.empty(), str(what, " is an empty list"),
+                  "give one 0/1 per layer (e.g. [1,1,0,0]), or an integer N (every N-th layer)");
         c.moe_layer_pattern.clear();
         for (const json& e : v) c.moe_layer_pattern.push_back(static_cast<uint8_t>(as_int(e, what + " entry", 0, 1)));
         c.moe_layer_freq = 1;
       } else {
-        c.moe_layer_freq = as_int(v, what, 1, kBig);
+        c.moe_layer_freq = as_int(v, what, 1, max_of("moe_layer_freq"));
         c.moe_layer_pattern.clear();
       }
     };

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/flags/flag_given.h"
 #include "model/flags/model_flags.h"
 #include "model/flags/megatron_compat.h"
 
@@ -122,11 +123,18 @@ void check_inference_flags(const po::variables_map& vm, InferenceFlags& f) {
   MPT_CHECK(f.device == "auto" || f.device == "cpu" || f.device == "cuda",
             str("--device ", f.device, " is not auto, cpu or cuda"), "");
   const DynamicBatchingFlags& b = f.batching;
-  MPT_CHECK(std::isfinite(b.buffer_size_gb) && b.buffer_size_gb >= 0,
-            str("--inference-dynamic-batching-buffer-size-gb must be > 0, got ", b.buffer_size_gb), "");
+  // 0 stands for "the default" inside (kv_cache_blocks, the tools' request counts): an explicit 0 is
+  // refused, not silently replaced by the default.
+  const bool buffer_given = flag_given(vm, "inference-dynamic-batching-buffer-size-gb");
+  MPT_CHECK(std::isfinite(b.buffer_size_gb) && (buffer_given ? b.buffer_size_gb > 0 : b.buffer_size_gb >= 0),
+            str("--inference-dynamic-batching-buffer-size-gb must be > 0, got ", b.buffer_size_gb),
+            "leave it out for the default (max-requests sequences of max_position_embeddings, at most 1 GiB)");
   MPT_CHECK(b.block_size >= 1, str("--inference-dynamic-batching-block-size must be >= 1, got ", b.block_size), "");
-  MPT_CHECK(b.max_requests >= 0,
-            str("--inference-dynamic-batching-max-requests must be >= 1, got ", b.max_requests), "");
+  const bool requests_given = flag_given(vm, "inference-dynamic-batching-max-requests");
+  MPT_CHECK(requests_given ? b.max_requests >= 1 : b.max_requests >= 0,
+            str("--inference-dynamic-batching-max-requests must be >= 1, got ", b.max_requests),
+            "leave it out for the tool's default (the server: 64 with --inference-dynamic-batching, else 128; "
+            "generate_text: --micro-batch-size)");
   MPT_CHECK(b.max_tokens >= 1, str("--inference-dynamic-batching-max-tokens must be >= 1, got ", b.max_tokens), "");
   for (const Ignored& i : kIgnored) {
     // Only where add_inference_flags declared it (a tool's own flag of that name means something).

@@ -11,6 +11,7 @@
 #include "model/inference/inference_load.h"
 #include "model/layers/model_ends.h"
 #include "model/checkpoint/checkpointing.h"
+#include "parallel/job_exit.h"
 #include "tensor/ops.h"
 
 namespace mpitron {
@@ -21,6 +22,15 @@ const GemmArgs kLinear{false, true, 1.0f, 0.0f};  // y = x · Wᵀ
 constexpr int kLogitsTag = 3071, kScoreTag = 3072;
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// A raw MPI call of a step (the logits' gather and send) bounded as every collective is: a rank
+// that does not arrive within MPITRON_COMM_TIMEOUT_S ends the job (parallel/job_exit.h).
+JobDeadline step_deadline(const char* what) {
+  return JobDeadline(str(what, " of a serving step"), "a rank is frozen, hung or dead; MPITRON_COMM_TIMEOUT_S sets the timeout",
+                     comm_timeout_from_env());
+}
 
 Tensor ids_tensor(const std::vector<int64_t>& v, Device d) {
   return Tensor::from_ints(v, {static_cast<int64_t>(v.size())}, DType::I32).to(d);
@@ -121,6 +131,14 @@ ModelRunner::ModelRunner(MPI_Comm world, const std::string& load_dir, const Runn
   if (o.tp > 1) tp_comm_ = make(grid_->tp_comm(), "tp");
   if (o.pp > 1) pp_comm_ = make(grid_->pp_comm(), "pp");
   MPI_Comm_dup(world, &control_);
+  {
+    CommOptions co;
+    co.name = "serve";  // the driver's step headers, plans and heartbeats
+    ctl_ = make_communicator(control_, Device::cpu(), co);
+    const double timeout = ctl_->options().timeout_s;
+    heartbeat_s_ = o.serving && timeout > 0 ? std::min(10.0, timeout / 4) : 0;
+    last_control_s_ = now_s();
+  }
 
   GPTConfig cfg = read_checkpoint_config(load_dir);
   MPT_CHECK(!cfg.bert && !cfg.t5, str("checkpoint ", load_dir, " holds a ", cfg.kind(), ": the inference tools run decoder models"),
@@ -155,6 +173,7 @@ ModelRunner::ModelRunner(MPI_Comm world, const std::string& load_dir, const Runn
 }
 
 ModelRunner::~ModelRunner() {
+  ctl_.reset();  // before the communicator it runs over
   if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
 }
 
@@ -224,38 +243,71 @@ std::vector<float> ModelRunner::step(const StepPlan& plan) {
   MPT_CHECK(kv_ != nullptr, "ModelRunner::step before init_kv_cache", "");
   MPT_CHECK(!stopped_, "ModelRunner::step after stop_workers", "");
   plan.validate(config().vocab_size, config().max_position_embeddings, kv_->num_blocks(), kv_->block_size());
-  std::vector<int32_t> msg = plan.serialize();
-  int64_t hdr[2] = {1, static_cast<int64_t>(msg.size())};
-  MPI_Request req;
-  MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, control_, &req);
-  MPI_Wait(&req, MPI_STATUS_IGNORE);
-  MPI_Bcast(msg.data(), static_cast<int>(msg.size()), MPI_INT32_T, 0, control_);
+  const std::vector<int32_t> msg = plan.serialize();
+  send_header(1, static_cast<int64_t>(msg.size()));
+  if (!msg.empty()) {
+    // Owned tensors: a broadcast abandoned by a timeout keeps its buffer alive.
+    Tensor t = Tensor::empty({static_cast<int64_t>(msg.size())}, DType::I32);
+    std::copy(msg.begin(), msg.end(), t.data<int32_t>());
+    ctl_->broadcast(t, 0);
+  }
   return run_step(plan);
+}
+
+void ModelRunner::send_header(int64_t kind, int64_t size) {
+  Tensor hdr = Tensor::empty({2}, DType::I64);
+  hdr.data<int64_t>()[0] = kind;
+  hdr.data<int64_t>()[1] = size;
+  ctl_->broadcast(hdr, 0);
+  last_control_s_ = now_s();
+}
+
+void ModelRunner::answer_heartbeat() {
+  ctl_->all_reduce(Tensor::from_ints({1}, {1}, DType::I32));
+}
+
+void ModelRunner::heartbeat() {
+  if (!is_driver() || stopped_ || heartbeat_s_ <= 0 || grid_->world_size() == 1) return;
+  if (now_s() - last_control_s_ < heartbeat_s_) return;
+  send_header(2, 0);
+  answer_heartbeat();  // a rank that does not answer within the timeout: an Error naming it
 }
 
 void ModelRunner::stop_workers() {
   if (stopped_ || !is_driver()) return;
   stopped_ = true;
-  int64_t hdr[2] = {0, 0};
-  MPI_Request req;
-  MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, control_, &req);
-  MPI_Wait(&req, MPI_STATUS_IGNORE);
+  send_header(0, 0);
 }
 
 void ModelRunner::serve() {
   if (is_driver()) return;
   MPT_CHECK(kv_ != nullptr, "ModelRunner::serve before init_kv_cache", "");
   for (;;) {
-    int64_t hdr[2] = {0, 0};
-    MPI_Request req;
-    MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, control_, &req);
+    const Tensor hdr_t = Tensor::zeros({2}, DType::I64);
+    const int64_t* hdr = hdr_t.data<int64_t>();
+    const WorkPtr w = ctl_->broadcast_async(hdr_t, 0);
     // Idle workers poll with growing sleeps (at most 2 ms), so an idle server leaves the cores alone.
-    int done = 0;
-    for (int spins = 0; MPI_Test(&req, &done, MPI_STATUS_IGNORE), !done; ++spins)
+    // Serving, the driver sends a heartbeat every heartbeat_s when idle: after twice that without a
+    // word, the wait is the collective's own (MPITRON_COMM_TIMEOUT_S, then an Error naming the driver).
+    const double t0 = now_s();
+    for (int spins = 0; !w->test(); ++spins) {
+      if (heartbeat_s_ > 0 && now_s() - t0 > 2 * heartbeat_s_) {
+        w->wait();
+        break;
+      }
       if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(std::min(2000, 20 * (spins - 100))));
+    }
     if (hdr[0] == 0) break;
+    if (hdr[0] == 2) {
+      answer_heartbeat();
+      continue;
+    }
     std::vector<int32_t> msg(static_cast<size_t>(hdr[1]));
-    MPI_Bcast(msg.data(), static_cast<int>(msg.size()), MPI_INT32_T, 0, control_);
+    if (!msg.empty()) {
+      const Tensor t = Tensor::empty({hdr[1]}, DType::I32);
+      ctl_->broadcast(t, 0);
+      std::copy(t.data<int32_t>(), t.data<int32_t>() + hdr[1], msg.begin());
+    }
     run_step(StepPlan::deserialize(msg));
   }
   stopped_ = true;
@@ -317,11 +369,13 @@ std::vector<float> ModelRunner::head_logits(const Tensor& h, int64_t nl) {
   cap_logits(c, logits);
   const std::vector<float> mine = logits.slice(0, 0, nl).to_floats();
   std::vector<float> all(grid_->tp_rank() == 0 ? mine.size() * static_cast<size_t>(opts_.tp) : 0);
-  if (opts_.tp > 1)
+  if (opts_.tp > 1) {
+    const JobDeadline bound = step_deadline("gathering the logits over the tp group");
     MPI_Gather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all.data(), static_cast<int>(mine.size()),
                MPI_FLOAT, 0, grid_->tp_comm());
-  else
+  } else {
     all = mine;
+  }
   if (grid_->tp_rank() != 0) return {};
   std::vector<float> out(static_cast<size_t>(nl * V));
   for (int r = 0; r < opts_.tp; ++r)
@@ -335,11 +389,13 @@ std::vector<float> ModelRunner::deliver(std::vector<float> out, int64_t nl) {
   if (nl == 0) return {};
   if (last_stage()) {  // TP rank 0 of the last stage holds the logits
     if (grid_->tp_rank() != 0 || is_driver()) return out;
+    const JobDeadline bound = step_deadline("sending the logits to the driver");
     MPI_Send(out.data(), static_cast<int>(out.size()), MPI_FLOAT, 0, kLogitsTag, control_);
     return {};
   }
   if (!is_driver()) return {};
   std::vector<float> got(static_cast<size_t>(nl * config().vocab_size));
+  const JobDeadline bound = step_deadline("receiving the logits from the last stage");
   MPI_Recv(got.data(), static_cast<int>(got.size()), MPI_FLOAT, last_stage_world_rank(), kLogitsTag, control_,
            MPI_STATUS_IGNORE);
   return got;

@@ -29,10 +29,12 @@
 //    the driver receives every token's loss and argmax over the first
 //    vocab_size logits. Collective: every rank calls it with the same windows.
 //
-// Control plane (host, MPI on a duplicate of the world communicator): a step is
-// a header broadcast (polled by idle workers, so an idle server does not spin)
-// and the plan; logits travel from the last stage's TP rank 0 to the driver by
-// MPI send. Activations and TP reductions use the Communicators (NCCL on GPUs).
+// Control plane (host, an MPI Communicator on a duplicate of the world communicator,
+// so every wait has MPITRON_COMM_TIMEOUT_S): a step is a header broadcast (polled by
+// idle workers, so an idle server does not spin) and the plan; serving, an idle
+// driver's heartbeat is a header and an all-reduce every rank answers; logits travel
+// from the last stage's TP rank 0 to the driver by MPI send (bounded by a JobDeadline).
+// Activations and TP reductions use the Communicators (NCCL on GPUs).
 #pragma once
 #include <mpi.h>
 
@@ -60,6 +62,13 @@ struct RunnerOptions {
   // k = 1 is built); the last stage keeps an MTP layer's KV cache beside its own and each step's
   // final-normed hidden states for the draft step.
   int64_t num_speculative_tokens = 0;
+  // text_generation_server: the ranks end the job when one of them stops answering, as training
+  // does (docs/training.md "A frozen or failed rank"). The driver, idle, checks every rank answers
+  // every heartbeat_s() (MPITRON_COMM_TIMEOUT_S / 4, at most 10 s); a worker that hears neither a
+  // step nor a heartbeat for twice that waits MPITRON_COMM_TIMEOUT_S more, then fails naming the
+  // driver. Off (generate_text, evaluate): the workers wait for the driver's next step for ever (a
+  // person typing at --interactive).
+  bool serving = false;
 };
 
 // One step of the dynamic engine: rows = the tokens fed to the model now.
@@ -113,7 +122,13 @@ class ModelRunner {
   // Driver: ends the workers' serve() (call once, after the last step).
   void stop_workers();
   // Workers: run the driver's steps until stop_workers(). Returns at once on the driver.
+  // Serving: throws (naming the silent rank) when the driver stops answering.
   void serve();
+  // Driver, serving, between steps: at most every heartbeat_s(), every rank answers a heartbeat
+  // within MPITRON_COMM_TIMEOUT_S or this throws naming the ranks that did not (the collective
+  // timeout of parallel/communicator.h). Does nothing when not serving or on one rank.
+  void heartbeat();
+  double heartbeat_s() const { return heartbeat_s_; }
 
   // ---- evaluation: collective, every rank with the same arguments ----
   // tokens, targets: B·T ids, row-major windows. Filled on the driver only.
@@ -121,6 +136,9 @@ class ModelRunner {
 
  private:
   std::vector<float> run_step(const StepPlan& plan);
+  // Driver: the header of what comes next (kind 0: stop, 1: a step of `size` plan ints, 2: a heartbeat).
+  void send_header(int64_t kind, int64_t size);
+  void answer_heartbeat();  // every rank: the heartbeat's all-reduce (the driver learns every rank answered)
   // The last stage: the logits (nl × vocab_size, on TP rank 0 of it; empty elsewhere) of rows of h
   // (final-normed, (≥ nl, C)) through the output layer.
   std::vector<float> head_logits(const Tensor& h, int64_t nl);
@@ -140,6 +158,9 @@ class ModelRunner {
   std::unique_ptr<Grid> grid_;
   std::unique_ptr<Communicator> tp_comm_, pp_comm_;
   MPI_Comm control_ = MPI_COMM_NULL;  // duplicate of world: step headers, plans, logits to the driver
+  std::unique_ptr<Communicator> ctl_;  // over control_ (MPI, host): headers, plans, heartbeats, with its timeout
+  double heartbeat_s_ = 0;             // serving: the driver's heartbeat period (0: none)
+  double last_control_s_ = 0;          // driver: when the last header went out (steady clock, s)
   std::unique_ptr<GPT> model_;
   std::unique_ptr<PagedKVCache> kv_;
   Tensor last_hidden_;  // speculative decoding, last stage: the last kind-0 step's final-normed rows (npad, C)

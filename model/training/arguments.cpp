@@ -362,8 +362,19 @@ void resolve_t5_layers(const po::variables_map& vm, GPTConfig& m) {
        "pretrain_t5 needs --num-layers, or both --encoder-num-layers and --decoder-num-layers",
        "--num-layers N gives each stack N layers");
   const int64_t n = vm.count("num-layers") ? vm["num-layers"].as<int64_t>() : 0;
+  // Both stacks given: --num-layers would size neither, and is refused rather than dropped (as Megatron).
+  need(!(enc && dec && vm.count("num-layers")),
+       str("pretrain_t5: --num-layers ", n, " is given with both --encoder-num-layers and --decoder-num-layers, "
+           "which replace it"),
+       "drop --num-layers (it gives each stack that many layers when a stack's own flag is left out)");
   const int64_t le = enc ? vm["encoder-num-layers"].as<int64_t>() : n, ld = dec ? vm["decoder-num-layers"].as<int64_t>() : n;
   need(le >= 1 && ld >= 1, str("pretrain_t5: the encoder (", le, ") and decoder (", ld, ") need >= 1 layer each"));
+  {  // each stack's size within the architecture table's bound for it
+    GPTConfig scratch;
+    const ArchField& row = arch_field("encoder_num_layers");
+    row.set(scratch, le, "--encoder-num-layers");
+    row.set(scratch, ld, "--decoder-num-layers");
+  }
   m.encoder_num_layers = le;
   m.num_layers = le + ld;
 }
@@ -442,6 +453,9 @@ void check_ranges(const po::variables_map& vm, const std::vector<FloatRange>& fl
   }
 }
 
+// A double flag's value (0 when absent: check_ranges skips absent flags).
+double given_double(const po::variables_map& vm, const char* flag) { return vm.count(flag) ? vm[flag].as<double>() : 0.0; }
+
 // a × b, or an error naming what overflowed.
 int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
   int64_t out = 0;
@@ -459,7 +473,7 @@ bool read_command_line(int argc, char** argv, const po::options_description& des
     po::parsed_options parsed = po::command_line_parser(argc, argv).options(desc).run();
     strip_digit_underscores(parsed.options);
     keep_last_occurrence(parsed.options, desc);
-    refuse_negative_unsigned(parsed, desc, tool);
+    check_parsed_values(parsed, desc, tool);
     po::store(parsed, vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";
@@ -469,7 +483,9 @@ bool read_command_line(int argc, char** argv, const po::options_description& des
       const std::string file = vm["config"].as<std::string>();
       std::ifstream f(file);
       need(f.good(), str("--config: cannot open ", file), "check the path");
-      po::store(po::parse_config_file(f, desc), vm);
+      const po::parsed_options from_file = po::parse_config_file(f, desc);
+      check_parsed_values(from_file, desc, tool);
+      po::store(from_file, vm);
     }
     po::notify(vm);
   } catch (const po::error& e) {
@@ -538,7 +554,15 @@ void check_numeric_flags(const po::variables_map& vm, const TrainArgs& a) {
        {"min-loss-scale", a.scaler.min_scale, 0, a.scaler.initial_scale, true, false,
         "a power of two no larger than --initial-loss-scale"},
        {"exit-duration-in-mins", a.exit_duration_in_mins, 0, inf, true, false, ""},
-       {"skip-spike-zscore", a.spike_zscore, 0, inf, true, false, "e.g. 6 (leave it out to turn spike skipping off)"}},
+       {"skip-spike-zscore", a.spike_zscore, 0, inf, true, false, "e.g. 6 (leave it out to turn spike skipping off)"},
+       {"moe-aux-loss-coeff", a.moe.aux_loss_coeff, 0, inf, false, false, "Mixtral's is 0.02; 0 turns it off"},
+       {"moe-z-loss-coeff", a.moe.z_loss_coeff, 0, inf, false, false, "ST-MoE's is 1e-3; 0 turns it off"},
+       // A factor of experts / topk already lets an expert take every token (at most 65536 experts:
+       // model/arch_fields.cpp's size limits); more only overflows the capacity.
+       {"moe-expert-capacity-factor", given_double(vm, "moe-expert-capacity-factor"), 0, 65536, true,
+        false, "e.g. 1.0 or 1.25; leave it out for dropless routing (Megatron's default)"},
+       {"moe-router-bias-update-rate", given_double(vm, "moe-router-bias-update-rate"), 0, 1, true, false,
+        "the expert bias moves by this per step against sigmoid scores in [0, 1]; Megatron's default is 1e-3"}},
       {{"make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, 1, 1 << 20, "the default is 128"},
        {"micro-batch-size", a.micro_batch_size, 1, big, ""},
        {"global-batch-size", a.global_batch_size, 1, big, "leave it out for micro batch x data-parallel size"},
@@ -589,6 +613,11 @@ void apply_step_check_flags(const po::variables_map& vm, TrainArgs& a) {
 // it), optimizer offload, gradient-reduce and parameter-gather overlap, buckets.
 void apply_sharding_flags(const po::variables_map& vm, TrainArgs& a) {
   if (vm.count("use-distributed-optimizer") && vm["use-distributed-optimizer"].as<bool>()) {
+    // An explicit --zero-stage 0 is not replaced by the distributed optimizer's stage 1: refused.
+    need(!(flag_given(vm, "zero-stage") && a.zero_stage == 0),
+         "--zero-stage 0 and --use-distributed-optimizer disagree: the distributed optimizer shards the optimizer "
+         "state (ZeRO stage 1), stage 0 shards nothing",
+         "drop one of them (--use-distributed-optimizer alone is stage 1; --zero-stage 1, 2 or 3 also shard)");
     if (a.zero_stage == 0) a.zero_stage = 1;
   }
   need(!vm["use-torch-fsdp2"].as<bool>(), "--use-torch-fsdp2: mpitron has no PyTorch FSDP2",

@@ -1,4 +1,6 @@
 #include "model/training/deepspeed_config.h"
+
+#include <algorithm>
 #include "model/flags/flag_given.h"
 
 #include <cctype>
@@ -216,6 +218,17 @@ void apply_deepspeed_config(const DeepSpeedConfig& ds, const boost::program_opti
   take(ds, vm, ds.global_batch, "train_batch_size", "global-batch-size", a.global_batch_size);
   take(ds, vm, ds.clip_grad, "gradient_clipping", "clip-grad", a.optim.clip_grad);
   take(ds, vm, ds.zero_stage, "zero_optimization.stage", "zero-stage", a.zero_stage);
+  if (ds.zero_stage && flag_given(vm, "data-parallel-sharding-strategy")) {
+    // Megatron-FSDP's names of the ZeRO stages, in stage order.
+    const std::vector<std::string> names = {"no_shard", "optim", "optim_grads", "optim_grads_params"};
+    const std::string st = vm["data-parallel-sharding-strategy"].as<std::string>();
+    const auto it = std::find(names.begin(), names.end(), st);
+    if (it != names.end() && it - names.begin() != *ds.zero_stage)
+      MPT_THROW(str("--deepspeed_config ", ds.file, " sets zero_optimization.stage = ", *ds.zero_stage,
+                    " but the command line gives --data-parallel-sharding-strategy ", st, " (ZeRO stage ",
+                    it - names.begin(), ")"),
+                "make the two agree, or drop one of them");
+  }
   if (ds.zero_stage && *ds.zero_stage == 0 && flag_given(vm, "use-distributed-optimizer"))
     MPT_THROW(str("--deepspeed_config ", ds.file, " sets zero_optimization.stage = 0 but the command line gives "
                   "--use-distributed-optimizer (stage 1)"),

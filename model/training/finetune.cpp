@@ -101,6 +101,19 @@ std::vector<ClassificationExample> read_mnli_tsv(const std::string& path, const 
     if (lineno == 1) {  // the header; 10 columns: a test file, no gold_label
       MPT_CHECK(row.size() >= 10, str(where, ": an MNLI header has at least 10 tab-separated columns, found ", row.size()),
                 "the GLUE MNLI layout: index ... sentence1 (column 8) sentence2 (column 9) ... gold_label (last)");
+      // A file without its header row would lose its first example here, without a word: the header is
+      // recognised by its column names, and a first line that is not one is refused.
+      const std::string c0 = strip(row[0]), c8 = strip(row[8]), c9 = strip(row[9]);
+      const bool example = !c0.empty() && std::all_of(c0.begin(), c0.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c));
+      });
+      MPT_CHECK(c8 == "sentence1" && c9 == "sentence2",
+                example ? str(where, ": the file has no header row: its first line is an example (index ", c0,
+                              "), which would be skipped as the header")
+                        : str(where, ": the first line is not MNLI's header row (columns 8 and 9 are '", c8, "' and '",
+                              c9, "', not sentence1 and sentence2)"),
+                "GLUE's MNLI files start with the header \"index promptID pairID genre ... sentence1 sentence2 ... "
+                "gold_label\": restore it (or add one) as the first line");
       is_test = row.size() == 10;
       MPT_CHECK(!is_test || !test_label.empty(),
                 str(where, ": a 10-column MNLI file is a GLUE test file: it has no gold_label column"),
@@ -310,7 +323,7 @@ bool parse_finetune_args(int argc, char** argv, FinetuneArgs& a) {
   po::variables_map vm;
   try {
     const po::parsed_options parsed = po::parse_command_line(argc, argv, d);
-    refuse_negative_unsigned(parsed, d, "finetune");
+    check_parsed_values(parsed, d, "finetune");
     po::store(parsed, vm);
     if (vm.count("help")) {
       std::ostringstream help;

@@ -55,14 +55,8 @@ void check_moe_flags(const po::variables_map& vm, TrainArgs& a) {
               "--moe-aux-loss-coeff with --moe-router-load-balancing-type none", "drop one of them");
     a.moe.aux_loss_coeff = 0;
   }
-  MPT_CHECK(a.moe.aux_loss_coeff >= 0, str("--moe-aux-loss-coeff must be >= 0, got ", a.moe.aux_loss_coeff), "");
-  MPT_CHECK(a.moe.z_loss_coeff >= 0, str("--moe-z-loss-coeff must be >= 0, got ", a.moe.z_loss_coeff), "");
-  if (vm.count("moe-expert-capacity-factor")) {
-    a.moe.capacity_factor = vm["moe-expert-capacity-factor"].as<double>();
-    MPT_CHECK(a.moe.capacity_factor > 0,
-              str("--moe-expert-capacity-factor must be > 0, got ", a.moe.capacity_factor),
-              "leave it out for dropless routing (Megatron's default)");
-  }
+  // The float flags' ranges: model/training/arguments.cpp check_numeric_flags (finite: flag_given.h).
+  if (vm.count("moe-expert-capacity-factor")) a.moe.capacity_factor = vm["moe-expert-capacity-factor"].as<double>();
   const std::string policy = vm["moe-token-drop-policy"].as<std::string>();
   MPT_CHECK(policy == "probs" || policy == "position", str("--moe-token-drop-policy ", policy, " is not known"),
             "use probs or position");
@@ -96,8 +90,6 @@ void check_moe_flags(const po::variables_map& vm, TrainArgs& a) {
   }
   if (a.model.moe_router_enable_expert_bias) {  // the architecture's flag (model/arch_fields.h); its update rate here
     a.moe.expert_bias_update_rate = vm.count("moe-router-bias-update-rate") ? vm["moe-router-bias-update-rate"].as<double>() : 1e-3;
-    MPT_CHECK(a.moe.expert_bias_update_rate > 0,
-              str("--moe-router-bias-update-rate must be > 0, got ", a.moe.expert_bias_update_rate), "");
   } else {
     MPT_CHECK(!vm.count("moe-router-bias-update-rate"),
               "--moe-router-bias-update-rate without --moe-router-enable-expert-bias: there is no bias to update",

@@ -41,6 +41,8 @@ class Connection {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
   }
+  // Half-closes: no more bytes from us (as `nc -N` after its input ends); the answer can still arrive.
+  void shutdown_write() { ::shutdown(fd_, SHUT_WR); }
   bool send_raw(const std::string& s) {
     size_t off = 0;
     while (off < s.size()) {

@@ -131,7 +131,10 @@ TEST_CASE("pretrain_gpt: numeric flags refused with exit 1; resuming past --trai
   fails_with("pretrain_gpt", "--num-layers 1 --train-iters 2 --lr inf" + common, "--lr must be a finite number", tmp);
   fails_with("pretrain_gpt", base + " --train-iters 2 --fp16 --initial-loss-scale 0", "--initial-loss-scale", tmp);
   fails_with("pretrain_gpt", base + " --train-iters 2 --split 90,-5,15", "--split", tmp);
-  fails_with("pretrain_gpt", "--lr 1e-3 --train-iters 2 --num-layers 99999999999" + common, "cannot fit", tmp);
+  fails_with("pretrain_gpt", "--lr 1e-3 --train-iters 2 --num-layers 99999999999" + common, "--num-layers must be in [1, 65536]",
+             tmp);
+  fails_with("pretrain_gpt", "--lr 1e-3 --train-iters 2 --num-layers 65536" + common + " --hidden-size 4096 --num-attention-heads 32",
+             "cannot fit", tmp);
   // A run length whose sample index alone cannot fit: refused before building it.
   fails_with("pretrain_gpt", base + " --train-iters 1000000000000 --global-batch-size 1000000", "indices need", tmp);
   // A diverging run exits 1 naming the iteration, and leaves no checkpoint (issue: it exited 0 with a NaN one).

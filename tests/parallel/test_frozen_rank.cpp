@@ -20,9 +20,11 @@
 #include <vector>
 
 #include "tests/model/model_test_util.h"
+#include "tests/parallel/rank_pid.h"
 
 namespace fs = std::filesystem;
 using namespace mpitron;
+using mpitron_test::rank_pid;
 
 namespace {
 
@@ -41,38 +43,6 @@ int count_of(const std::string& hay, const std::string& needle) {
   int n = 0;
   for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
   return n;
-}
-
-// The pid of world rank `rank` among the processes whose ancestor is `root`
-// (mpirun forks the local ranks), from /proc; -1 when not found.
-pid_t rank_pid(pid_t root, int rank) {
-  const auto parent_of = [](pid_t p) -> pid_t {
-    std::ifstream f("/proc/" + std::to_string(p) + "/stat");
-    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const size_t close = s.rfind(')');
-    if (close == std::string::npos) return -1;
-    std::istringstream in(s.substr(close + 2));
-    char state;
-    pid_t ppid = -1;
-    in >> state >> ppid;
-    return ppid;
-  };
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t p = std::stoi(name);
-    bool under = false;
-    for (pid_t q = parent_of(p); q > 1; q = parent_of(q))
-      if (q == root) {
-        under = true;
-        break;
-      }
-    if (!under) continue;
-    std::ifstream env("/proc/" + name + "/environ", std::ios::binary);
-    std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
-    if (all.find(std::string("OMPI_COMM_WORLD_RANK=") + std::to_string(rank) + '\0') != std::string::npos) return p;
-  }
-  return -1;
 }
 
 struct Outcome {
