@@ -7,6 +7,10 @@
 //   convert_checkpoint --direction megatron-to-mpitron --input megatron_run/ --output ckpt/run
 //       (a Megatron-LM torch or torch_dist directory; the weights only: pretrain_gpt --load
 //       resumes the directory itself with its optimizer, docs/checkpoint-format.md)
+//   convert_checkpoint --direction mpitron-to-megatron --input ckpt/run --output megatron_run/
+//       [--target-tensor-parallel-size 2] [--target-pipeline-model-parallel-size 2]
+//       (Megatron-LM's legacy torch format, model only: Megatron-LM loads it with --ckpt-format torch
+//       --no-load-optim --no-load-rng, or --finetune; model/checkpoint/megatron_save.h)
 //       [--dtype F32|F16|BF16] [--hf-prefix transformer.|none] [--lm-head] [--hf-config-out out/config.json]
 // The family is detected, no flag: hf-to-mpitron reads config.json's model_type (or
 // architectures) and takes the family's row of model/families.h; without a config.json the
@@ -36,7 +40,9 @@
 #include "core/log.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "model/checkpoint/checkpoint_config.h"
 #include "model/checkpoint/megatron_checkpoint.h"
+#include "model/checkpoint/megatron_save.h"
 #include "model/families.h"
 #include "model/inference/hf_convert.h"
 #include "model/inference/inference_load.h"
@@ -82,12 +88,14 @@ std::vector<std::string> hf_weight_files(const std::string& dir) {
 
 int run(int argc, char** argv) {
   std::string direction, input, output, hf_config, hf_config_out, dtype = "F32", prefix = "transformer.";
-  int64_t heads = 0, divisible_by = 128, tp = 1;
+  int64_t heads = 0, divisible_by = 128, tp = 1, target_tp = 1, target_pp = 1;
+  std::string tokenizer_type = "GPT2BPETokenizer";
   bool lm_head = false, overwrite = false;
   po::options_description d("convert_checkpoint: Hugging Face GPT-2 / Llama / BERT (BertForPreTraining) / T5 (T5ForConditionalGeneration) safetensors "
                             "<-> mpitron checkpoint (the family is read from config.json or the checkpoint)");
   d.add_options()("help,h", "print this help")
-      ("direction", po::value(&direction)->required(), "hf-to-mpitron, mpitron-to-hf or megatron-to-mpitron")
+      ("direction", po::value(&direction)->required(),
+       "hf-to-mpitron, mpitron-to-hf, megatron-to-mpitron or mpitron-to-megatron")
       ("input", po::value(&input)->required(), "hf-to-mpitron: a Hugging Face model directory (config.json and model.safetensors, or "
                                               "model.safetensors.index.json and its shards; Llama and BERT need this), or a GPT-2 "
                                               ".safetensors file; mpitron-to-hf: a checkpoint directory")
@@ -100,6 +108,12 @@ int run(int argc, char** argv) {
       ("tensor-model-parallel-size", po::value(&tp),
        "hf-to-mpitron: pad the vocabulary to a multiple of --make-vocab-size-divisible-by x this (Megatron's rule), "
        "so the checkpoint loads at this TP with the same flags (it loads under any layout; default 1)")
+      ("target-tensor-parallel-size", po::value(&target_tp),
+       "mpitron-to-megatron: the tensor-parallel size of the Megatron checkpoint written (default 1)")
+      ("target-pipeline-model-parallel-size", po::value(&target_pp),
+       "mpitron-to-megatron: the pipeline-parallel size of the Megatron checkpoint written (default 1)")
+      ("tokenizer-type", po::value(&tokenizer_type),
+       "mpitron-to-megatron: the tokenizer_type recorded in Megatron's args (default GPT2BPETokenizer)")
       ("dtype", po::value(&dtype), "mpitron-to-hf: F32 (default), F16 or BF16")
       ("hf-prefix", po::value(&prefix), "mpitron-to-hf, GPT-2: name prefix, \"transformer.\" (default) or \"none\"")
       ("lm-head", po::bool_switch(&lm_head), "mpitron-to-hf, GPT-2: also write lm_head.weight (= wte; Llama writes its own lm_head)")
@@ -214,14 +228,40 @@ int run(int argc, char** argv) {
     load_checkpoint(input, model, opt, 0, 0, scaler, st, lo);
     const std::string dir = save_model_checkpoint(output, model, input);
     log_info("wrote ", dir, " (the weights of ", input, ")");
-  } else if (direction == "mpitron-to-megatron" || direction == "deepspeed-to-mpitron") {
+  } else if (direction == "mpitron-to-megatron") {
+    MPT_CHECK(target_tp >= 1 && target_tp <= 4096 && target_pp >= 1 && target_pp <= 4096,
+              str("--target-tensor-parallel-size ", target_tp, " / --target-pipeline-model-parallel-size ", target_pp,
+                  " out of [1, 4096]"),
+              "the layout Megatron-LM will load the checkpoint at");
+    MPT_CHECK(overwrite || io::CheckpointReader::read_tracker(output) < 0,
+              str("--output ", output, " already holds a checkpoint (latest_checkpointed_iteration.txt)"),
+              "choose an empty --output directory, or pass --overwrite");
+    MPT_CHECK(detect_megatron_checkpoint(input).format == MegatronFormat::None,
+              str("--input ", input, " is already a Megatron checkpoint"), "give an mpitron checkpoint directory");
+    GPT model(read_checkpoint_config(input), Device::cpu());
+    OptimState opt;
+    LossScaler scaler;
+    TrainState st;
+    LoadOptions lo;
+    lo.load_optim = false;
+    MPT_CHECK(load_checkpoint(input, model, opt, 0, 0, scaler, st, lo), str("--input ", input, " holds no checkpoint"),
+              "give a directory written by pretrain_gpt --save or convert_checkpoint");
+    MegatronSaveOptions so;
+    so.tp = target_tp;
+    so.pp = target_pp;
+    so.make_vocab_size_divisible_by = divisible_by;
+    so.tokenizer_type = tokenizer_type;
+    so.overwrite = overwrite;
+    const MegatronSaved saved = save_megatron_checkpoint(model, st, output, so);
+    log_info("wrote ", saved.iter_dir, " (Megatron-LM --ckpt-format torch, model only: load it with --no-load-optim "
+             "--no-load-rng, or --finetune) from ", input);
+  } else if (direction == "deepspeed-to-mpitron") {
     MPT_THROW(str("--direction ", direction, " is not built yet"),
-              direction == "mpitron-to-megatron"
-                  ? "export with --direction mpitron-to-hf and import the Hugging Face model into Megatron-LM"
-                  : "convert the weights with DeepSpeed's zero_to_fp32.py and transformers' save_pretrained, then "
-                    "--direction hf-to-mpitron");
+              "convert the weights with DeepSpeed's zero_to_fp32.py and transformers' save_pretrained, then "
+              "--direction hf-to-mpitron");
   } else {
-    MPT_THROW(str("--direction ", direction, " is not known"), "use hf-to-mpitron, mpitron-to-hf or megatron-to-mpitron");
+    MPT_THROW(str("--direction ", direction, " is not known"),
+              "use hf-to-mpitron, mpitron-to-hf, megatron-to-mpitron or mpitron-to-megatron");
   }
   return 0;
 }

@@ -60,6 +60,7 @@ void widen(const void* src, float* dst, size_t n) {
 size_t torch_dtype_size(TorchDType t) { return row(t).size; }
 const char* torch_dtype_name(TorchDType t) { return row(t).name; }
 bool torch_dtype_is_floating(TorchDType t) { return row(t).floating; }
+const char* torch_dtype_storage(TorchDType t) { return row(t).storage; }
 
 bool torch_dtype_from_storage(const std::string& global, TorchDType& out) {
   std::string s = strip_torch(global, "torch.cuda.");

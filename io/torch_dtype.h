@@ -49,6 +49,8 @@ bool torch_dtype_from_storage(const std::string& global, TorchDType& out);
 // From a dtype value's global name ("torch.float32", "torch.float", "torch.half", ...); false if not one.
 bool torch_dtype_from_global(const std::string& global, TorchDType& out);
 bool torch_dtype_is_floating(TorchDType t);
+// The typed storage class torch.save names for t ("FloatStorage"), or nullptr when t has none.
+const char* torch_dtype_storage(TorchDType t);
 
 // Exact widening of one 8-bit float.
 float f8_e4m3fn_to_f32(uint8_t bits);

@@ -1,4 +1,5 @@
 #include "model/checkpoint/megatron_checkpoint.h"
+#include "model/checkpoint/megatron_names.h"
 
 #include <nlohmann/json.hpp>
 
@@ -68,6 +69,8 @@ MegatronDir detect_megatron_checkpoint(const std::string& load_dir, const std::s
   }
   const fs::path it = root / iter_name;
   if (!fs::is_directory(it, ec)) return d;
+  // mpitron's own checkpoint, also when pretrain_gpt --ckpt-format torch wrote Megatron's files beside it
+  if (fs::exists(it / io::kCheckpointFileName, ec)) return d;
   if (fs::exists(it / "metadata.json", ec) || fs::exists(it / ".metadata", ec)) {
     d.format = MegatronFormat::TorchDist;
   } else {
@@ -243,32 +246,17 @@ MegatronRun open_run(const MegatronDir& d) {
 
 }  // namespace
 
+GPTConfig megatron_config_of_args(const io::PyValue& args, const std::string& where) {
+  return config_of_args(args, where);
+}
+
 GPTConfig megatron_config(const std::string& load_dir) {
   const MegatronDir d = detect_megatron_checkpoint(load_dir);
   MPT_CHECK(d.format != MegatronFormat::None, str(load_dir, " is not a Megatron checkpoint directory"), "");
   return open_run(d).cfg;
 }
 
-// ---- names -----------------------------------------------------------------------------------
-
-namespace {
-
-// A Megatron tensor and how it is split over Megatron's TP ranks.
-struct MegTensor {
-  std::string name;                 // without the layer: "embedding.word_embeddings.weight", "self_attention.linear_qkv.weight"
-  std::string local_name;           // the local (non-TE) spec's name in a legacy state dict ("" = same)
-  int64_t layer = -1;               // a block's: the global layer
-  int tp_axis = -1;                 // 0 rows, 1 columns
-  std::vector<int64_t> parts;       // column-parallel parts (SwiGLU's gate | up)
-  bool qkv = false;                 // rows interleaved per query group
-  std::string full(int64_t local_layer) const {
-    return layer < 0 ? name : str("decoder.layers.", local_layer, ".", name);
-  }
-  std::string full_local(int64_t local_layer) const {
-    const std::string& n = local_name.empty() ? name : local_name;
-    return layer < 0 ? n : str("decoder.layers.", local_layer, ".", n);
-  }
-};
+// ---- names (model/checkpoint/megatron_names.h) -----------------------------------------------
 
 MegTensor megatron_of(const ParamSpec& s, const GPTConfig& c) {
   MegTensor t;
@@ -321,6 +309,8 @@ int64_t megatron_qkv_row(const GPTConfig& c, int64_t r) {
   r -= g * hd;
   return (r / hd) * block + (per + 1) * hd + r % hd;
 }
+
+namespace {
 
 // One TP shard's part of a window of a Megatron tensor: rows [row, row + rows) × columns
 // [col, col + cols) of shard `tp`'s local tensor (a 1-D tensor: one column), landing at

@@ -34,7 +34,7 @@
 //   decoder.final_layernorm.{weight,bias}            lnf
 //   output_layer.weight (V, C)                       head (untied only)
 // Refused by name, with what to do: MoE, virtual pipeline stages, uneven pipeline splits, MLA,
-// BERT / T5 / Megatron-DeepSpeed checkpoints, writing Megatron's format.
+// BERT / T5 / Megatron-DeepSpeed checkpoints (writing Megatron's legacy format: megatron_save.h).
 #pragma once
 #include <mpi.h>
 

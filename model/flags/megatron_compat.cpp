@@ -44,8 +44,9 @@ const std::vector<NoOpFlag>& megatron_noop_flags() {
       {"use-dist-ckpt", "",
        "checkpoints are always distributed: HDF5 in global shapes, reloadable under any layout"},
       {"ckpt-format", "torch|torch_dist|zarr",
-       "--save always writes mpitron's distributed HDF5 format; --load reads Megatron's torch and torch_dist "
-       "directories (detected; with --ckpt-format, the format they must be; docs/checkpoint-format.md)"},
+       "--save writes mpitron's distributed HDF5 format (with torch: also Megatron's legacy files, model only, "
+       "beside it); --load reads Megatron's torch and torch_dist directories (detected; with --ckpt-format, the "
+       "format they must be; docs/checkpoint-format.md)"},
       // DeepSpeed
       {"deepspeed-activation-checkpointing", "",
        "activation recompute uses mpitron's own implementation (--recompute-activations / --checkpoint-activations)"},

@@ -15,6 +15,7 @@
 #include "model/flags/model_flags.h"
 #include "model/training/deepspeed_config.h"
 #include "model/checkpoint/checkpoint_config.h"
+#include "model/checkpoint/megatron_save.h"
 #include "model/flags/megatron_compat.h"
 #include "model/training/moe_flags.h"
 #include "model/training/pretrain_flags.h"
@@ -963,6 +964,15 @@ const po::options_description& pretrain_flag_descriptions() {
   return sink->all;
 }
 
+MegatronSaveOptions megatron_save_options(const TrainArgs& a) {
+  MegatronSaveOptions o;
+  o.tp = a.tensor_model_parallel_size;
+  o.pp = a.pipeline_model_parallel_size;
+  o.make_vocab_size_divisible_by = a.make_vocab_size_divisible_by;
+  o.tokenizer_type = a.tokenizer_type;
+  return o;
+}
+
 bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   std::string config_file;
   std::vector<std::string> rampup_tokens;
@@ -984,6 +994,11 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   check_parallel_flags(vm, a);
   check_run_flags(vm, a, ds);
   a.model.validate();
+  if (a.ckpt_format == "torch" && !a.save.empty()) {  // Megatron's files written beside each save
+    need(!a.async_save, "--ckpt-format torch with --async-save: Megatron's files are written only after a synchronous save",
+         "drop --async-save, or convert a checkpoint later: convert_checkpoint --direction mpitron-to-megatron");
+    check_megatron_save(a.model, megatron_save_options(a));
+  }
   return true;
 }
 

@@ -161,4 +161,8 @@ bool parse_train_args(int argc, char** argv, TrainArgs& out);
 // get_optimizer_param_scheduler builds it.
 LRScheduleConfig lr_schedule_config(const TrainArgs& a);
 
+// --ckpt-format torch on --save: the Megatron layout written beside each save (this run's TP × PP).
+struct MegatronSaveOptions;
+MegatronSaveOptions megatron_save_options(const TrainArgs& a);
+
 }  // namespace mpitron

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
+#include "model/checkpoint/megatron_save.h"
 #include "model/training/trainer_impl.h"
 #include "parallel/failure_record.h"
 #include "parallel/update_rule.h"
@@ -163,6 +164,7 @@ SaveInfo Trainer::Impl::save(bool final) {
                                      static_cast<int>(args.keep_last), world_comm(), writer);
   log_info("saved checkpoint at iteration ", st.iteration, " to ", s.dir, " (", sci(s.bytes / 1e9, 3), " GB in ",
            sci(s.seconds, 3), " s, ", sci(s.bytes / 1e9 / std::max(s.seconds, 1e-9), 3), " GB/s)");
+  if (args.ckpt_format == "torch") save_megatron_beside(args.save, megatron_save_options(args), world_comm());
   return s;
 }
 
