@@ -132,10 +132,13 @@ TEST_CASE("Muon flags: what Megatron refuses or mpitron has not built is refused
   if (world_size() != 2) return;
   const fs::path dir = shared_dir();
   const std::string data = make_dataset(dir);
-  auto parse = [&](std::vector<std::string> extra) {
+  auto parse = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> f = plus(testing::trainer::flags(data), extra);
     TrainArgs a;
     a.world_size = 2;
-    parse_test_flags(plus(testing::trainer::flags(data), extra), a);
+    std::vector<char*> argv{const_cast<char*>("pretrain_gpt")};
+    for (auto& s : f) argv.push_back(s.data());
+    parse_train_args(static_cast<int>(argv.size()), argv.data(), a);
     return a;
   };
   CHECK(parse({"--optimizer", "dist_muon"}).zero_stage == 1);  // ZeRO-1 by whole tensors
