@@ -59,6 +59,7 @@ struct Options {
   int warmup = -1, steps = -1, threads = 0;
   float dropout = 0.0f;
   bool peer = false, peer_compile = false, profile = false;
+  std::string optimizer = "adam";  // adam | sgd | muon (its Newton-Schulz timed in the step)
   std::string python = "python3", peer_script;
 };
 
@@ -77,7 +78,7 @@ std::vector<std::string> split_list(const std::string& s) {
                "                   [--dtype f32|bf16] [--batch B] [--seq T] [--micro-batches K] [--warmup N]\n"
                "                   [--steps N] [--recompute off|on|both] [--dropout P] [--threads N]\n"
                "                   [--json FILE] [--peer] [--peer-compile] [--python PY] [--peer-script PATH]\n"
-               "                   [--profile]\n"
+               "                   [--profile] [--optimizer adam|sgd|muon]\n"
                "presets: %s\n",
                preset_names().c_str());
   std::exit(rc);
@@ -159,6 +160,7 @@ int main(int argc, char** argv) {
     else if (a == "--python") o.python = next();
     else if (a == "--peer-script") o.peer_script = next();
     else if (a == "--profile") o.profile = true;
+    else if (a == "--optimizer") o.optimizer = next();
     else if (a == "--help" || a == "-h") usage(0);
     else {
       std::fprintf(stderr, "bench_train: unknown flag %s\n", a.c_str());
@@ -231,6 +233,7 @@ int main(int argc, char** argv) {
         s.steps = steps;
         s.recompute = rc;
         s.profile = o.profile;
+        s.optimizer = o.optimizer;
         const double need = estimate_step_bytes(s);
         if (avail > 0 && need > 0.92 * avail) {
           const std::string why = str("SKIPPED ", p.name, rc ? " recompute" : "", ": estimated ", gib(need),

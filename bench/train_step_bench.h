@@ -186,11 +186,13 @@ struct StepSetup {
   bool recompute = false;    // --recompute-activations (whole-block recompute)
   bool profile = false;      // the timed steps between profiler_start/stop (core/profiler.h)
   uint64_t seed = 1234;
+  std::string optimizer = "adam";  // --optimizer (parallel/update_rule.h): muon times its Newton-Schulz too
 };
 
 struct StepRow {
   std::string impl = "mpitron";  // or "pytorch" (bench/peers/torch_gpt.py)
   std::string config, family, device, dtype;  // family: GPTConfig::family() (gpt2, llama)
+  std::string optimizer = "adam";
   int64_t layers = 0, hidden = 0, heads = 0, seq = 0, micro_batch = 0, micro_batches = 0, params = 0;
   bool recompute = false;
   int steps = 0, warmup = 0, threads = 0;
@@ -207,7 +209,7 @@ struct StepRow {
 };
 
 inline nlohmann::json to_json(const StepRow& r) {
-  return {{"impl", r.impl}, {"config", r.config}, {"family", r.family}, {"device", r.device}, {"dtype", r.dtype}, {"layers", r.layers},
+  return {{"impl", r.impl}, {"config", r.config}, {"optimizer", r.optimizer}, {"family", r.family}, {"device", r.device}, {"dtype", r.dtype}, {"layers", r.layers},
           {"hidden", r.hidden}, {"heads", r.heads}, {"seq", r.seq}, {"micro_batch", r.micro_batch},
           {"micro_batches", r.micro_batches}, {"params", r.params}, {"recompute", r.recompute},
           {"steps", r.steps}, {"warmup", r.warmup}, {"threads", r.threads}, {"ms_per_step", r.ms_per_step},
@@ -391,6 +393,7 @@ inline StepRow run_step_bench(const StepSetup& s, double peak_tflops, double cei
   const Device dev = s.device;
   StepRow r;
   r.config = s.config_name;
+  r.optimizer = s.optimizer;
   r.family = c.family();
   r.device = dev.name();
   r.dtype = dtype_name(c.compute_dtype);
@@ -418,6 +421,7 @@ inline StepRow run_step_bench(const StepSetup& s, double peak_tflops, double cei
     GPT model(c, dev);
     fast_init(model, s.seed);
     OptimizerConfig oc;  // Megatron defaults: betas (0.9, 0.999), eps 1e-8, wd 0.01, clip 1.0
+    oc.optimizer = s.optimizer;
     ReplicatedOptimizer opt(model.params(), oc);
 
     // (B, T) i32 inputs and targets: a pool of 4 micro-batches of uniform token ids.
@@ -534,14 +538,14 @@ inline void print_header() {
 
 inline void print_row(const StepRow& r) {
   std::printf("%-8s %-10s %-5s %-5s %4lld %5lld %3lld %3s %7.1fM %10.1f %10.1f %9.4f %7.2f%% %7.2f%% %8s %8s %8s "
-              "%.3f->%.3f\n",
+              "%.3f->%.3f%s\n",
               r.impl.c_str(), r.config.c_str(), r.device.c_str(), r.dtype.c_str(), static_cast<long long>(r.micro_batch),
               static_cast<long long>(r.seq), static_cast<long long>(r.micro_batches), r.recompute ? "on" : "off",
               r.params / 1e6, r.ms_per_step, r.tokens_per_s, r.tflops, 100 * r.mfu_peak, 100 * r.mfu_ceiling,
               r.peak_bytes > 0 ? gib(r.peak_bytes).c_str() : "-",
               r.peak_reserved_bytes > 0 ? gib(r.peak_reserved_bytes).c_str() : "-",
               r.rss_peak_bytes > 0 ? gib(r.rss_peak_bytes).c_str() : "-",
-              r.loss_first, r.loss_last);
+              r.loss_first, r.loss_last, r.optimizer == "adam" ? "" : (" " + r.optimizer).c_str());
   std::fflush(stdout);
 }
 

@@ -104,9 +104,9 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
       p.shape = spec.global_shape;
       p.tp.rank = tp.rank;
       p.tp.size = tp.size;
+      if (spec.tp_axis >= 0) p.tp.parts = spec.tp_parts;  // the blocks a fused weight holds (muon splits them)
       if (tp.size > 1 && spec.tp_axis >= 0) {
         p.tp.axis = spec.tp_axis;
-        p.tp.parts = spec.tp_parts;
         p.shape[static_cast<size_t>(spec.tp_axis)] /= tp.size;
       }
       p.global_offset = goff;

@@ -82,7 +82,7 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
   // N: this rank's tokens of the micro-batch (T/cp per sample with context parallelism).
   const int64_t N = micro_batch * (c.seq_length / r.cp), Nl = r.sequence_parallel ? N / t : N, V = c.padded_vocab_size;
   const int64_t e = static_cast<int64_t>(dtype_size(c.compute_dtype));
-  const int64_t shard = zero_stage > 0 ? (P + dp - 1) / dp : P;
+  const int64_t shard = r.optimizer_shard >= 0 ? r.optimizer_shard : zero_stage > 0 ? (P + dp - 1) / dp : P;
   MemoryEstimate m;
   m.weights = P * e;
   m.gradients = 4 * P;

@@ -52,6 +52,9 @@ struct MemoryEstimate {
 struct RankShard {
   int64_t params = 0;              // this rank's parameter count (ParamSet::numel)
   int optimizer_states = 2;        // f32 optimizer states per element (--optimizer adam 2, sgd 1)
+  // Elements of the master weights and optimizer states this rank holds when its ZeRO shard is not the
+  // even split (dist_muon's whole tensors: ShardLayout::whole_tensors); -1: ceil(params / dp).
+  int64_t optimizer_shard = -1;
   int tp = 1;
   bool sequence_parallel = false;
   int64_t layers_per_chunk = 0;

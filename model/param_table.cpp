@@ -9,6 +9,14 @@
 
 namespace mpitron {
 
+bool is_embedding_or_output(ParamRole r) {
+  using R = ParamRole;
+  for (const R e : {R::WordEmbedding, R::PositionEmbedding, R::TokentypeEmbedding, R::EncoderRelativeBias,
+                    R::DecoderRelativeBias, R::OutputWeight, R::BinaryHeadWeight, R::ClassificationHeadWeight})
+    if (r == e) return true;
+  return false;
+}
+
 const char* to_string(ParamRole r) {
   switch (r) {
     case ParamRole::WordEmbedding: return "word_embedding";

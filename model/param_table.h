@@ -96,6 +96,10 @@ enum class ParamRole : uint8_t {
   MtpEmbedNormWeight, MtpHiddenNormWeight, MtpProjWeight, MtpFinalNormWeight,
 };
 const char* to_string(ParamRole r);
+// Megatron's is_embedding_or_output_parameter: tables looked up by index (word, position, token-type
+// embeddings, relative-position biases) and the layers that produce the logits (the output layer, BERT's
+// binary and classification heads). Matrix optimizers (muon) leave these to their scalar optimizer.
+bool is_embedding_or_output(ParamRole r);
 
 enum class ParamInit : uint8_t {
   Normal,        // N(0, init_method_std)

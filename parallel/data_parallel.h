@@ -39,6 +39,12 @@ struct FlatParam {
   bool weight_decay = true;   // false for biases and layernorm parameters
   bool in_norm = true;        // counted in the global grad norm (false: a model-parallel duplicate)
   bool expert = false;        // a routed expert's (expert parallelism: see ExpertGroups)
+  // Matrix-wise optimizers (--optimizer muon, parallel/muon_rule.cpp): a 2-D weight they orthogonalise,
+  // (rows, cols) its local shape; 0 for embeddings, output layers and 1-D parameters (the scalar optimizer's).
+  int64_t rows = 0, cols = 0;
+  std::vector<int64_t> row_parts;  // local rows of the blocks a fused weight holds (qkv: q | k | v); empty: one
+  int tp_axis = -1;                // the axis tensor parallelism cuts (0 rows, 1 columns; -1 none) ...
+  int tp_size = 1;                 // ... over this many ranks (the global shape: muon's scale, duplicated mode)
 };
 
 // Expert parallelism (parallel/expert_parallel.h): the experts' parameters differ between the
@@ -70,14 +76,30 @@ inline std::vector<std::pair<int64_t, int64_t>> dense_runs(const std::vector<Fla
 // Contiguous shards of a flat buffer of `numel` elements over `ranks` ranks:
 // rank r owns [begin(r), end(r)), each of shard = ceil(numel / ranks) elements
 // except the last ones (padding: the last rank's shard is short, or empty).
+// Or, by whole tensors (whole_tensors(): Megatron's layer-wise distributed optimizer, dist_muon), rank
+// r owns the parameters whose offsets fall in [r·numel/ranks, (r+1)·numel/ranks) — never part of one.
 struct ShardLayout {
   int64_t numel = 0;
   int ranks = 1;
+  std::vector<int64_t> bounds;  // ranks + 1 shard boundaries; empty: the even split above
   ShardLayout() = default;
   ShardLayout(int64_t n, int r) : numel(n), ranks(r) {}
-  int64_t shard() const { return ranks > 0 ? (numel + ranks - 1) / ranks : 0; }  // padded shard size
-  int64_t begin(int r) const { return std::min<int64_t>(numel, r * shard()); }
-  int64_t end(int r) const { return std::min<int64_t>(numel, (r + 1) * shard()); }
+  static ShardLayout whole_tensors(const std::vector<FlatParam>& params, int64_t n, int r) {
+    ShardLayout l(n, r);
+    l.bounds.assign(static_cast<size_t>(r) + 1, n);
+    l.bounds[0] = 0;
+    int next = 1;  // the next boundary to place: at the first parameter starting at or after its even share
+    for (const FlatParam& p : params)
+      while (next < r && p.offset >= (n * next + r - 1) / r) l.bounds[static_cast<size_t>(next++)] = p.offset;
+    return l;
+  }
+  int64_t shard() const { return ranks > 0 ? (numel + ranks - 1) / ranks : 0; }  // padded shard size (even split)
+  int64_t begin(int r) const {
+    return bounds.empty() ? std::min<int64_t>(numel, r * shard()) : bounds[static_cast<size_t>(r)];
+  }
+  int64_t end(int r) const {
+    return bounds.empty() ? std::min<int64_t>(numel, (r + 1) * shard()) : bounds[static_cast<size_t>(r) + 1];
+  }
   int64_t size(int r) const { return end(r) - begin(r); }
   // The elements of [lo, hi) each rank owns, in rank order (they lie back to back in
   // [lo, hi)): the counts of a reduce-scatter or all-gather of that range.

@@ -24,13 +24,25 @@ FlatOptimizer::FlatOptimizer(const Tensor& values, int64_t begin, const std::vec
   if (states > 0) m_ = Tensor::zeros({n}, DType::F32, state);
   if (states > 1) v_ = Tensor::zeros({n}, DType::F32, state);
   if (offload_ && values.dtype() != DType::F32) host_values_ = Tensor::empty({n}, values.dtype(), state);
+  const bool matrix_wise = rule_->matrix_wise();
   for (const FlatParam& p : params) {
     const int64_t lo = std::max(begin, p.offset) - begin, hi = std::min(end, p.offset + p.numel) - begin;
     if (hi <= lo) continue;
     const bool decay = p.weight_decay;  // the amount is the step's (a schedule may start at 0)
     all_in_norm_ = all_in_norm_ && p.in_norm;
+    if (matrix_wise && p.rows > 0) {  // a run of its own, whole
+      MPT_CHECK(hi - lo == p.numel,
+                str("--optimizer ", cfg.optimizer, " orthogonalises each weight matrix whole, but this rank's slice [",
+                    begin, ", ", end, ") of the flat parameters cuts a ", p.rows, "x", p.cols, " matrix at offset ",
+                    p.offset),
+                "use --optimizer dist_muon (the optimizer states sharded by whole tensors) instead of "
+                "--use-distributed-optimizer / --zero-stage");
+      matrices_.push_back(p);
+      segments_.push_back({lo, hi, decay, p.in_norm, static_cast<int>(matrices_.size() - 1)});
+      continue;
+    }
     Segment& b = segments_.empty() ? segments_.emplace_back(Segment{lo, lo, decay, p.in_norm}) : segments_.back();
-    if (b.end == lo && b.decay == decay && b.in_norm == p.in_norm) b.end = hi;
+    if (b.end == lo && b.decay == decay && b.in_norm == p.in_norm && b.matrix < 0) b.end = hi;
     else segments_.push_back({lo, hi, decay, p.in_norm});
   }
 }
@@ -73,6 +85,7 @@ StepResult FlatOptimizer::step(const Tensor& grads, double scaled_sq_norm, doubl
     const int64_t n = s.end - s.begin;
     if (n <= 0) continue;
     a.weight_decay = s.decay ? cfg_.weight_decay : 0.0f;
+    a.param = s.matrix >= 0 ? &matrices_[static_cast<size_t>(s.matrix)] : nullptr;
     std::vector<Tensor> states;
     for (const Tensor* t : {&m_, &v_})
       if (t->defined()) states.push_back(t->flat_range(s.begin, n));

@@ -31,8 +31,19 @@
 namespace mpitron {
 
 struct OptimizerConfig {
-  std::string optimizer = "adam";  // --optimizer adam | sgd (parallel/update_rule.h)
+  std::string optimizer = "adam";  // --optimizer adam | sgd | muon | dist_muon (parallel/update_rule.h)
   float sgd_momentum = 0.9f;   // --sgd-momentum (sgd)
+  // Muon (--optimizer muon | dist_muon: parallel/muon_rule.cpp), Megatron-Core's flags and defaults.
+  float muon_momentum = 0.95f;               // --muon-momentum
+  bool muon_nesterov = false;                // --muon-use-nesterov (--muon-nesterov)
+  bool muon_split_qkv = true;                // --muon-no-split-qkv turns it off: q, k, v orthogonalised apart
+  std::string muon_scale_mode = "spectral";  // --muon-scale-mode spectral | unit_rms_norm | shape_scaling
+  std::string muon_matmul_prec = "medium";   // --muon-fp32-matmul-prec: medium (bf16 operands) | high (f32)
+  int muon_ns_steps = 5;                     // --muon-num-ns-steps
+  std::string muon_coefficients = "quintic"; // --muon-coefficient-type (parallel/newton_schulz.h)
+  std::string muon_tp_mode = "blockwise";    // --muon-tp-mode blockwise | duplicated
+  float muon_extra_scale = 1.0f;             // --muon-extra-scale-factor
+  Communicator* tp = nullptr;  // the tensor-parallel group (muon's duplicated mode); set by the runtime
   float beta1 = 0.9f;          // --adam-beta1
   float beta2 = 0.999f;        // --adam-beta2
   float eps = 1e-8f;           // --adam-eps
@@ -92,7 +103,9 @@ class FlatOptimizer {
     int64_t begin, end;  // slice elements
     bool decay;
     bool in_norm;
+    int matrix = -1;  // matrix-wise rules: the one parameter of the run (matrices_), -1: elementwise
   };
+  std::vector<FlatParam> matrices_;  // the slice's matrices (matrix-wise rules only)
   OptimizerConfig cfg_;
   std::shared_ptr<const UpdateRule> rule_;
   int64_t begin_ = 0;

@@ -59,6 +59,9 @@ const std::vector<Row>& update_rules() {
   static const std::vector<Row> rows = {
       {"adam", [](const OptimizerConfig& c) -> std::unique_ptr<UpdateRule> { return std::make_unique<AdamWRule>(c); }},
       {"sgd", [](const OptimizerConfig& c) -> std::unique_ptr<UpdateRule> { return std::make_unique<SGDRule>(c); }},
+      // dist_muon: the same rule; model/training/model_states.cpp shards its states by whole tensors.
+      {"muon", make_muon_rule},
+      {"dist_muon", make_muon_rule},
   };
   return rows;
 }
@@ -68,7 +71,7 @@ const std::vector<Row>& update_rules() {
 std::unique_ptr<UpdateRule> make_update_rule(const OptimizerConfig& cfg) {
   for (const Row& r : update_rules())
     if (cfg.optimizer == r.name) return r.make(cfg);
-  MPT_THROW(str("--optimizer ", cfg.optimizer, " is not built"), "use --optimizer adam or sgd");
+  MPT_THROW(str("--optimizer ", cfg.optimizer, " is not built"), "use --optimizer adam, sgd, muon or dist_muon");
 }
 
 std::vector<std::string> built_optimizers() {

@@ -22,7 +22,9 @@ ZeroOptimizer::ZeroOptimizer(const Tensor& values, const Tensor& grads, std::vec
                 values.defined() ? values.describe() : "undefined", " and ",
                 grads.defined() ? grads.describe() : "undefined"),
             "");
-  layout_ = ShardLayout(values.numel(), dp.size());
+  // Matrix-wise rules (dist_muon) own whole tensors: Megatron's layer-wise distributed optimizer.
+  layout_ = make_update_rule(cfg.optim)->matrix_wise() ? ShardLayout::whole_tensors(params_, values.numel(), dp.size())
+                                                        : ShardLayout(values.numel(), dp.size());
   const int64_t b = shard_begin(), n = shard_end() - shard_begin();
   adam_ = FlatOptimizer(values.flat_range(b, n), b, params_, cfg.optim);
   // Both stages reduce in place into the grad buffer's own slice (no extra memory).

@@ -13,6 +13,7 @@
 #               LD_LIBRARY_PATH to the machine's own cuDNN / NCCL / cuBLAS / NVRTC
 #   ctest_cuda  every test with a CUDA path (tensor ops, core, bf16 GPT reference, trainer, comm/grid/ZeRO)
 #   bench_train 124M / llama-124M / moe-124M / mla-moe-124M (DeepSeek-style, with its KV bytes per token) / 1.3B / llama-1B, bf16, B=8, T=1024, no recompute
+#   bench_muon  bench_train 124M / llama-124M with --optimizer muon: Muon's step time beside AdamW's rows above
 #   llmc        llm.c's train_gpt2cu on 124M, B=8 and 16, T=1024 (bench/peers/llmc_gpt.py; build-llmc carried)
 #   torch       the PyTorch peer (torch.compile + SDPA flash attention + bf16 autocast) on 124M
 #   bench_mfu   GPT-2 124M/350M/774M/1.5B, bf16, seq 1024, with the GEMM ceiling
@@ -190,11 +191,15 @@ want() { [ "$PARTS" = all ] || [ "$PARTS" = "$1" ]; }
 # MLA blocks (Dqk 192 != Dv 128: cuDNN or the fallback; a cuDNN refusal of d_qk != d_v is logged as "attention:
 # cuDNN ... unavailable ... Dv=", and bench_ops has "attention MLA" rows) and group-limited moe_router); the 2026
 # families against transformers (model_test_families2_cuda).
-CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_t5$|model_test_families2_cuda$|model_test_trainer$|model_test_inference_|parallel_test_(comm|grid|zero|context_parallel))'
+CUDA_TESTS='^(tensor_|core_|model_test_gpt_reference$|model_test_t5$|model_test_families2_cuda$|model_test_trainer$|model_test_inference_|parallel_test_(comm|grid|zero|context_parallel|muon))'
 # CUDA_RERUN (a ctest -R regex) reruns only those tests, e.g. what failed in the first call.
 want tests && step ctest_cuda 120 60 bash -c "set -o pipefail; MPITRON_TEST_DEVICE=cuda ctest --test-dir '$RUN' -R '${CUDA_RERUN:-$CUDA_TESTS}' --output-on-failure -j 12 --timeout 90 2>&1 | tee -a '$OUT/ctest.log'"
 want bench && step bench_train 110 45 "$RUN/bench/bench_train" --device cuda --config "${BENCH_TRAIN_CONFIGS:-124M,llama-124M,moe-124M,mla-moe-124M,1.3B,llama-1B}" \
   --batch 8 --seq 1024 --warmup 2 --steps 6 --recompute off --json "$OUT/bench_train.json"
+# Muon's step beside AdamW's (issue 44): the same 124M and llama-124M steps with --optimizer muon (Newton-Schulz on
+# every weight matrix, bf16 operands: Megatron's medium precision) — the overhead is ms/step against the rows above.
+want bench && step bench_muon 50 20 "$RUN/bench/bench_train" --device cuda --config 124M,llama-124M --optimizer muon \
+  --batch 8 --seq 1024 --warmup 2 --steps 6 --recompute off --json "$OUT/bench_train_muon.json"
 # llm.c (tools/prepare_llmc.sh built it into build-llmc, carried): 124M at T=1024 with B=8 (bench_train's
 # row) and B=16 (bench_mfu's), -r 0: no recompute, as our rows (its default -r 1 recomputes GELU).
 want bench && step llmc 70 25 python3 bench/peers/llmc_gpt.py --llmc build-llmc --batch 8,16 --seq 1024 --steps 12 \

@@ -18,6 +18,7 @@
 #include "model/checkpoint/megatron_save.h"
 #include "model/flags/megatron_compat.h"
 #include "model/training/moe_flags.h"
+#include "model/training/muon_flags.h"
 #include "model/training/pretrain_flags.h"
 #include "model/training/rerun.h"
 #include "parallel/phase_watch.h"
@@ -56,7 +57,8 @@ void add_train_flags(po::options_description& train, TrainArgs& a, std::vector<s
       ("weight-decay-incr-style", po::value(&a.weight_decay_incr_style)->default_value("constant"),
        "constant (--weight-decay) | linear | cosine: from --start- to --end-weight-decay over the run")
       ("optimizer", po::value(&a.optim.optimizer)->default_value("adam"),
-       "adam (AdamW: decoupled weight decay) | sgd (momentum --sgd-momentum, L2 weight decay)")
+       "adam (AdamW: decoupled weight decay) | sgd (momentum --sgd-momentum, L2 weight decay) | muon | dist_muon "
+       "(Newton-Schulz-orthogonalised momentum on weight matrices, AdamW on the rest; dist_muon shards its states)")
       ("sgd-momentum", po::value(&a.optim.sgd_momentum)->default_value(0.9f), "SGD's momentum (0: none)")
       ("adam-beta1", po::value(&a.optim.beta1)->default_value(0.9f), "AdamW beta1")
       ("adam-beta2", po::value(&a.optim.beta2)->default_value(0.999f), "AdamW beta2")
@@ -266,6 +268,7 @@ po::options_description describe_flags(TrainArgs& a, std::string& config_file, s
     all.add(masked);
   }
   if (!a.model.bert && !a.model.t5) add_moe_flags(all, a);
+  add_muon_flags(all, a);
   add_noop_flags(all);
   return all;
 }
@@ -805,11 +808,11 @@ void check_optimizer_flags(const po::variables_map& vm, const TrainArgs& a) {
     need(o == "sgd" || !flag_given(vm, "sgd-momentum"), "--sgd-momentum needs --optimizer sgd", "");
     return;
   }
-  const bool megatron = o == "muon" || o == "dist_muon" || o == "lion" || o == "soap" || o == "adaptive_muon";
+  const bool megatron = o == "lion" || o == "soap" || o == "adaptive_muon";
   need(false,
        megatron ? str("--optimizer ", o, " (Megatron-Core's) is not built in mpitron")
                 : str("--optimizer ", o, " is unknown"),
-       "use --optimizer adam or sgd");
+       "use --optimizer adam, sgd, muon or dist_muon");
 }
 
 // The learning-rate and weight-decay schedule flags (Megatron's arguments.py rules).
@@ -988,6 +991,7 @@ bool parse_train_args(int argc, char** argv, TrainArgs& a) {
   check_numeric_flags(vm, a);
   apply_step_check_flags(vm, a);
   apply_sharding_flags(vm, a);
+  check_muon_flags(vm, a);
   apply_model_shape_flags(vm, a);
   apply_batch_and_precision_flags(vm, a, rampup_tokens);
   check_tool_flags(a);

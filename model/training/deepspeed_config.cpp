@@ -152,7 +152,8 @@ DeepSpeedConfig read_deepspeed_config(const std::string& path) {
           for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
           if (lower == "adam" || lower == "adamw") c.optimizer = "adam";
           else if (lower == "sgd") c.optimizer = "sgd";
-          else unsupported.push_back(str(name, " ", json_excerpt(ov), " (built: Adam, AdamW, SGD)"));
+          else if (lower == "muon") c.optimizer = "muon";  // Megatron-Core's Muon; DeepSpeed's muon_lr / adam_lr refused
+          else unsupported.push_back(str(name, " ", json_excerpt(ov), " (built: Adam, AdamW, SGD, Muon)"));
         } else if (ok == "params") {
           if (!ov.is_object()) bad(path, name + " must be an object");
           for (const auto& [pk, pv] : ov.items()) {
@@ -286,7 +287,8 @@ void apply_deepspeed_config(const DeepSpeedConfig& ds, const boost::program_opti
   take(ds, vm, ds.beta2, "optimizer.params.betas[1]", "adam-beta2", a.optim.beta2);
   take(ds, vm, ds.eps, "optimizer.params.eps", "adam-eps", a.optim.eps);
   take(ds, vm, ds.weight_decay, "optimizer.params.weight_decay", "weight-decay", a.optim.weight_decay);
-  take(ds, vm, ds.momentum, "optimizer.params.momentum", "sgd-momentum", a.optim.sgd_momentum);
+  if (a.optim.optimizer == "muon") take(ds, vm, ds.momentum, "optimizer.params.momentum", "muon-momentum", a.optim.muon_momentum);
+  else take(ds, vm, ds.momentum, "optimizer.params.momentum", "sgd-momentum", a.optim.sgd_momentum);
   for (const std::string& n : ds.notes) a.startup_notes.push_back(n);
 }
 

@@ -13,9 +13,9 @@
 //   fp16.enabled, loss_scale (0: dynamic), initial_scale_power, loss_scale_window,
 //   hysteresis, min_loss_scale      → --fp16, --loss-scale, --initial-loss-scale 2^p, …
 //   bf16.enabled                    → --bf16
-//   optimizer.type Adam / AdamW / SGD → --optimizer adam / sgd, with optimizer.params lr → --lr,
-//                                     betas → --adam-beta1/2, eps → --adam-eps, weight_decay →
-//                                     --weight-decay, momentum → --sgd-momentum (other types and
+//   optimizer.type Adam / AdamW / SGD / Muon → --optimizer adam / sgd / muon, with optimizer.params
+//                                     lr → --lr, betas → --adam-beta1/2, eps → --adam-eps, weight_decay →
+//                                     --weight-decay, momentum → --sgd-momentum / --muon-momentum (other types and
 //                                     params refused; Adam with adam_w_mode false: L2 Adam, refused)
 //   steps_per_print, wall_clock_breakdown and other display-only keys: accepted with a note
 // A key mpitron cannot honour is an error listing every such key; a value that
@@ -45,7 +45,7 @@ struct DeepSpeedConfig {
   std::optional<int64_t> initial_scale_power;  // initial dynamic scale 2^p
   std::optional<int64_t> loss_scale_window, hysteresis;
   std::optional<double> min_loss_scale;
-  std::optional<std::string> optimizer;  // optimizer.type mapped: adam | sgd
+  std::optional<std::string> optimizer;  // optimizer.type mapped: adam | sgd | muon
   std::optional<double> lr, beta1, beta2, eps, weight_decay, momentum;  // optimizer.params
   std::vector<std::string> notes;  // display-only keys: one start-up line each
 };

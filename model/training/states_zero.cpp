@@ -23,7 +23,8 @@ class ZeroStates final : public ModelStates {
   }
   std::string describe() const override {
     return str("ZeRO-", zero_->config().stage, " (optimizer state", zero_->config().stage == 2 ? " and gradients" : "",
-               " sharded over ", zero_->layout().ranks, " ranks)");
+               " sharded over ", zero_->layout().ranks, " ranks",
+               zero_->layout().bounds.empty() ? "" : " by whole tensors: Muon's layer-wise distributed optimizer", ")");
   }
   void zero_grad() override { zero_->zero_grad(); }
   void begin_backward(bool last) override { zero_->begin_micro_batch(last); }
@@ -61,6 +62,9 @@ class ZeroStates final : public ModelStates {
   }
   bool sharded() const override { return true; }
   int memory_stage() const override { return zero_->config().stage; }
+  void account(RankShard& r) const override {  // whole-tensor shards (dist_muon) are uneven
+    if (!zero_->layout().bounds.empty()) r.optimizer_shard = zero_->shard_end() - zero_->shard_begin();
+  }
   Tensor grad_slice() const override { return zero_->grad_shard(); }
 
  private:

@@ -150,6 +150,7 @@ void Trainer::Impl::make_states() {
   StatesConfig sc;
   sc.stage = static_cast<int>(a.zero_stage);
   sc.optim = a.optim;
+  sc.optim.tp = par.tp;  // muon's duplicated mode gathers tensor-parallel weights over it
   sc.ddp.bucket_size = a.ddp_bucket_size;
   sc.ddp.overlap_grad_reduce = a.overlap_grad_reduce;
   sc.overlap_param_gather = a.overlap_param_gather;

@@ -94,7 +94,7 @@ void Trainer::Impl::load_at_start() {
   lo.load_optim = !a.no_load_optim;
   lo.load_rng = !a.no_load_rng;
   lo.finetune = a.finetune;
-  lo.optimizer = a.optim.optimizer;
+  lo.optimizer = make_update_rule(a.optim)->name();  // the state's kind: dist_muon's is muon's
   lo.tokenizer = a.tokenizer_identity;
   lo.allow_tokenizer_change = a.allow_tokenizer_change;
   lo.ckpt_format = a.ckpt_format;

@@ -63,7 +63,7 @@ TEST_CASE("SGD with momentum equals torch.optim.SGD step by step (float64 refere
 }
 
 TEST_CASE("--optimizer names a built rule; the others are refused naming the value") {
-  CHECK(built_optimizers() == std::vector<std::string>{"adam", "sgd"});
+  CHECK(built_optimizers() == std::vector<std::string>{"adam", "sgd", "muon", "dist_muon"});
   CHECK(optimizer_state_names("adam") == std::vector<std::string>{"exp_avg", "exp_avg_sq"});
   CHECK(optimizer_state_names("sgd") == std::vector<std::string>{"momentum_buffer"});
   OptimizerConfig oc;
