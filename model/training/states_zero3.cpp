@@ -328,6 +328,7 @@ class Zero3States final : public ModelStates {
       u.gather.reset();
     }
     u.values = Tensor();
+    point(k);  // the Var's view let go before the gradient is allocated
     if (!u.grads.defined()) u.grads = Tensor::zeros({u.size()}, DType::F32, values_shard_.device());
     ++u.outstanding;
     point(k);
