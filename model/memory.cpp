@@ -103,6 +103,9 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
     const int64_t table = 4 * r.zero3_outside;
     m.weights = e * (shard + r.zero3_persistent) + (blocks_w + blocks_g >= table ? blocks_w : 0);
     m.gradients = 4 * (shard + r.zero3_persistent) + (blocks_w + blocks_g >= table ? blocks_g : table);
+    // A table's later reductions in a step (the tied embedding's lookup after its head) receive
+    // this rank's piece beside the gradient, when the activations are mostly freed.
+    if (table > blocks_w + blocks_g) m.comm_staging = 4 * ((r.zero3_outside + dp - 1) / dp);
   }
   if (r.optimizer_offload) {  // master + moments, the gradients' and (16-bit) the values' host copies
     m.host_optimizer = 4 * shard + m.moments + 4 * shard + (e < 4 ? e * shard : 0);

@@ -22,7 +22,7 @@ struct MemoryEstimate {
   // ZeRO over the MPI backend: reduce-scatter results are staged (MPI_IN_PLACE
   // would leave them at the buffer's start), one shard in total; they live
   // while the gradients are reduced, when most activations are gone, so the
-  // peak counts the larger of the two.
+  // peak counts the larger of the two. ZeRO-3: the piece of a table's reduction.
   int64_t comm_staging = 0;
   // CUDA: the cuBLASLt workspace (32 MiB per stream, tensor/cuda/common.cu), held
   // from the first matmul for the process lifetime. 0 on the CPU.

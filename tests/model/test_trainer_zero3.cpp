@@ -176,24 +176,26 @@ TEST_CASE("ZeRO-3 shards the word embedding: a vocabulary-dominated model's peak
   const fs::path dir = shared_dir();
   const std::string data = make_dataset(dir);
   std::vector<std::string> f = flags(data);  // GPT-2's vocabulary at hidden 32: 97% of the parameters in wte
-  *(std::find(f.begin(), f.end(), "--train-iters") + 1) = "3";
+  *(std::find(f.begin(), f.end(), "--train-iters") + 1) = "5";  // one log line (the peak is read there)
   // The units: the tied word embedding is a table gathered at each use, not kept whole, unless
   // stage3_param_persistence_threshold covers it (DeepSpeed's semantics).
-  TrainArgs a;
-  parse_test_flags(f, a);
-  GPT model(a.model, Device::cpu());
-  int64_t wte = 0;
-  for (const ParamInfo& p : model.params().infos())
-    if (p.role == ParamRole::WordEmbedding) wte = p.numel();
-  REQUIRE(wte == 50304 * 32);
-  Zero3Config z;
-  Zero3Footprint fp = zero3_footprint(model.params(), z, model.hooked_outside_params());
-  CHECK(fp.largest_outside == wte);
-  CHECK(fp.persistent < wte / 10);  // the final norm (the position table is a table too)
-  z.persistence_threshold = wte;
-  fp = zero3_footprint(model.params(), z, model.hooked_outside_params());
-  CHECK(fp.largest_outside == 0);
-  CHECK(fp.persistent > wte);
+  {  // (scoped: its buffers would count in the runs' measured peaks)
+    TrainArgs a;
+    parse_test_flags(f, a);
+    GPT model(a.model, Device::cpu());
+    int64_t wte = 0;
+    for (const ParamInfo& p : model.params().infos())
+      if (p.role == ParamRole::WordEmbedding) wte = p.numel();
+    REQUIRE(wte == 50304 * 32);
+    Zero3Config z;
+    Zero3Footprint fp = zero3_footprint(model.params(), z, model.hooked_outside_params());
+    CHECK(fp.largest_outside == wte);
+    CHECK(fp.persistent < wte / 10);  // the final norm (the position table is a table too)
+    z.persistence_threshold = wte;
+    fp = zero3_footprint(model.params(), z, model.hooked_outside_params());
+    CHECK(fp.largest_outside == 0);
+    CHECK(fp.persistent > wte);
+  }
   // Measured: one process holds 16 bytes per parameter (f32 values, gradients, two moments);
   // ZeRO-3 at DP2 half of them plus one gathered table (values or gradient) and the
   // activations. With the embedding kept whole (values and gradients) it held 0.96 of it.
@@ -201,7 +203,7 @@ TEST_CASE("ZeRO-3 shards the word embedding: a vocabulary-dominated model's peak
   const Result z3 = run(plus(f, {"--zero-stage", "3"}), MPI_COMM_WORLD);
   CHECK_MESSAGE(z3.peak_bytes < 0.85 * one.peak_bytes, "ZeRO-3 DP2 peak ", z3.peak_bytes / 1e6,
                 " MB vs one process ", one.peak_bytes / 1e6, " MB");
-  check_close(z3, one, 1e-5, "ZeRO-3 DP2 (3 steps)");
+  check_close(z3, one, 1e-5, "ZeRO-3 DP2 (5 steps)");
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) fs::remove_all(dir);
 }
