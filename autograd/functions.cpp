@@ -338,6 +338,75 @@ Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_sta
   return out;
 }
 
+// ---- linear in two nodes, and a backward hook -------------------------------------
+namespace {
+// dx = dy·w (reads w's value).
+struct LinearInputGradNode final : Node {
+  Var x, w, y;
+  const char* name() const override { return "linear_input_grad"; }
+  void backward() override {
+    if (!y.grad().defined() || !x.requires_grad()) return;
+    GemmArgs g;
+    g.trans_b = true;
+    gemm_backward(y.grad(), x.value(), w.value(), x.grad_or_zeros(), Tensor(), Tensor(), g, /*accumulate_a=*/true,
+                  /*accumulate_b=*/true);
+  }
+};
+// dw += dyᵀ·x, db += Σ dy. gemm_backward takes w for its shape and dtype only when da is not
+// asked for: a view of dw's own storage in w's dtype stands in (w may be released by now).
+struct LinearWeightGradNode final : Node {
+  Var x, w, b, y;
+  Shape w_shape;
+  DType w_dtype = DType::F32;
+  const char* name() const override { return "linear_weight_grad"; }
+  void backward() override {
+    const bool gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
+    if (!y.grad().defined() || (!gw && !gb)) return;
+    const Tensor dw = gw ? w.grad_or_zeros() : Tensor();
+    Tensor stand_in;
+    if (dw.defined() && dtype_size(w_dtype) <= dtype_size(dw.dtype()) && dw.is_contiguous())
+      stand_in = Tensor::from_blob(dw.data_ptr(), w_shape, w_dtype, dw.device(), std::make_shared<Tensor>(dw));
+    else
+      stand_in = w.value();  // (only a bias to compute, or an unusual gradient dtype: w must be at hand)
+    GemmArgs g;
+    g.trans_b = true;
+    gemm_backward(y.grad(), x.value(), stand_in, Tensor(), dw, gb ? b.grad_or_zeros() : Tensor(), g,
+                  /*accumulate_a=*/true, /*accumulate_b=*/true);
+  }
+};
+struct HookNode final : Node {
+  std::function<void()> f;
+  const char* name() const override { return "backward_hook"; }
+  void backward() override { f(); }
+};
+}  // namespace
+
+Var linear_split(Tape& tape, const Var& x, const Var& w, const Var& b, std::function<void()> between) {
+  const Tensor& xv = x.value();
+  Tensor y = Tensor::empty({xv.dim(0), w.value().dim(0)}, xv.dtype(), xv.device());
+  GemmArgs g;
+  g.trans_b = true;
+  gemm(xv, w.value(), y, g, b.defined() ? b.value() : Tensor());
+  Var out(y, any_grad({&x, &w, &b}));
+  if (tape.recording() && out.requires_grad()) {  // recorded in reverse order of their backwards
+    auto wg = std::make_unique<LinearWeightGradNode>();
+    wg->x = x, wg->w = w, wg->b = b, wg->y = out, wg->w_shape = w.shape(), wg->w_dtype = w.value().dtype();
+    tape.record(std::move(wg));
+    if (between) on_backward(tape, std::move(between));
+    auto ig = std::make_unique<LinearInputGradNode>();
+    ig->x = x, ig->w = w, ig->y = out;
+    tape.record(std::move(ig));
+  }
+  return out;
+}
+
+void on_backward(Tape& tape, std::function<void()> f) {
+  if (!tape.recording()) return;
+  auto n = std::make_unique<HookNode>();
+  n->f = std::move(f);
+  tape.record(std::move(n));
+}
+
 // ---- attention ------------------------------------------------------------------------
 namespace {
 struct AttentionNode final : Node {

@@ -3,6 +3,7 @@
 // Shapes follow the tensor/ headers; activations are (N, C) with N = B·T.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "autograd/tape.h"
@@ -13,6 +14,13 @@ namespace mpitron::ag {
 
 // y (N, out) = x (N, in) · wᵀ (w: (out, in)) + b (out) — b may be undefined.
 Var linear(Tape& tape, const Var& x, const Var& w, const Var& b);
+// The same y as two nodes, so that `between` runs in backward after the input gradient (which
+// reads w) and before the weight gradient (which writes w's and b's, reading only w's shape):
+// ZeRO-3 frees a gathered w there before it allocates w's gradient. The same gradients as linear.
+Var linear_split(Tape& tape, const Var& x, const Var& w, const Var& b, std::function<void()> between);
+// Records a node whose backward calls f: placed after some nodes, f runs before their
+// backward; placed before them, after it (ZeRO-3's gathers and reductions around a use).
+void on_backward(Tape& tape, std::function<void()> f);
 // y (N, C) = layernorm(x) · weight + bias
 Var layernorm(Tape& tape, const Var& x, const Var& weight, const Var& bias, float eps = 1e-5f);
 // y (N, C) = x / √(mean_c(x²) + eps) · weight   (Llama's RMSNorm)

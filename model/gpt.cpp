@@ -1,5 +1,6 @@
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "autograd/functions.h"
@@ -135,7 +136,49 @@ GPT::GPT(const GPTConfig& cfg, Device device, const ModelParallel& mp) : cfg_(cf
       if (!outside_blocks_.empty() && outside_blocks_.back().second == k) outside_blocks_.back().second = k + 1;
       else outside_blocks_.emplace_back(k, k + 1);
     }
+  // The embedding tables and the output matrix, gathered by ZeRO-3 around each use (hooked_use);
+  // BERT's and T5's forwards take every parameter outside blocks at their start.
+  if (!cfg_.bert && !cfg_.t5)
+    for (size_t k = 0; k < in_block.size(); ++k) {
+      const ParamRole r = params_.infos()[k].role;
+      if (!in_block[k] &&
+          (r == ParamRole::WordEmbedding || r == ParamRole::PositionEmbedding || r == ParamRole::OutputWeight))
+        hooked_.push_back(k);
+    }
+  for (size_t k = 0; k < in_block.size(); ++k)
+    if (!in_block[k] && std::find(hooked_.begin(), hooked_.end(), k) == hooked_.end()) {
+      if (!unhooked_.empty() && unhooked_.back().second == k) unhooked_.back().second = k + 1;
+      else unhooked_.emplace_back(k, k + 1);
+    }
   if (cfg_.moe_router_enable_expert_bias) enable_expert_bias();  // part of the model: routing reads it
+}
+
+Var GPT::hooked_use(Tape& tape, const ForwardOptions& opt, std::initializer_list<ParamRole> roles, bool reads_values,
+                    const std::function<Var(std::function<void()>)>& use) const {
+  std::vector<std::pair<size_t, size_t>> r;  // the hooked parameters of `roles` here, as ranges
+  for (const size_t k : hooked_)
+    if (std::find(roles.begin(), roles.end(), params_.infos()[k].role) != roles.end()) {
+      if (!r.empty() && r.back().second == k) r.back().second = k + 1;
+      else r.emplace_back(k, k + 1);
+    }
+  auto each = [r](const std::function<void(size_t, size_t)>& f) {
+    return std::function<void()>([f, r] {
+      for (const auto& [first, end] : r) f(first, end);
+    });
+  };
+  if (opt.params_needed) each(opt.params_needed)();
+  if (r.empty() || !tape.recording() || !opt.grads_needed) return use({});
+  // Tape order is the reverse of the backward's: grads_added runs after the use's nodes,
+  // grads_needed (and params_needed_backward) before them.
+  ag::on_backward(tape, each(opt.grads_added));
+  if (!reads_values) {
+    const Var y = use({});
+    ag::on_backward(tape, each(opt.grads_needed));
+    return y;
+  }
+  const Var y = use(each(opt.grads_needed));  // after the input gradient, before the weight's
+  if (opt.params_needed_backward) ag::on_backward(tape, each(opt.params_needed_backward));
+  return y;
 }
 
 void GPT::need_params_outside_blocks(const ForwardOptions& opt) const {
@@ -231,7 +274,11 @@ Var GPT::embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt) {
     rows.positions.push_back(cp.global_position((row0 + i) % Tl, T));
   if (cp.active())  // this rank's rows at their single-process rows (the dropout masks' offsets)
     for (const RowRun& r : activation_row_runs(B, Tl, tp, cp)) rows.dropout_rows.push_back({r.local, r.len, r.global});
-  return embed_tokens(tape, cfg_, tp, params_, rows, opt.train ? cfg_.hidden_dropout : 0.0f, opt.dropout_seed);
+  return hooked_use(tape, opt, {ParamRole::WordEmbedding, ParamRole::PositionEmbedding}, false,
+                    [&](const std::function<void()>&) {
+                      return embed_tokens(tape, cfg_, tp, params_, rows, opt.train ? cfg_.hidden_dropout : 0.0f,
+                                          opt.dropout_seed);
+                    });
 }
 
 namespace {
@@ -296,12 +343,19 @@ const Var& GPT::output_weight() const { return mpitron::output_weight(cfg_, para
 Var GPT::head_loss(Tape& tape, const Var& x, const Tensor& tokens, const Tensor& targets, const ForwardOptions& opt) {
   const TensorParallel& tp = mp_.tp;
   const Var h = final_norm(tape, cfg_, tp, params_, x);
-  const Var logits = lm_logits(tape, cfg_, tp, h, output_weight());
+  const Var logits = output_layer(tape, h, opt);
   const Var lm = lm_loss(tape, cfg_, tp, logits, targets);
   last_mtp_losses_.clear();
   if (cfg_.mtp_num_layers == 0 || !opt.train) return lm;  // evaluation: the main head's loss (as Megatron)
   last_lm_loss_ = lm.value().item();
   return ag::add(tape, lm, mtp_loss(tape, h, tokens, targets, opt));
+}
+
+Var GPT::output_layer(Tape& tape, const Var& h, const ForwardOptions& opt) const {
+  const ParamRole w = cfg_.untie_embeddings ? ParamRole::OutputWeight : ParamRole::WordEmbedding;
+  return hooked_use(tape, opt, {w}, true, [&](std::function<void()> between) {
+    return lm_logits(tape, cfg_, mp_.tp, h, output_weight(), std::move(between));
+  });
 }
 
 Var GPT::chunk_forward(Tape& tape, int c, const Tensor& tokens, const Tensor& targets, const Var& input,
@@ -310,7 +364,8 @@ Var GPT::chunk_forward(Tape& tape, int c, const Tensor& tokens, const Tensor& ta
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
   MPT_CHECK(!cfg_.bert, "a BERT configuration runs in model/bert.h's Bert, not GPT::chunk_forward", "");
   MPT_CHECK(!cfg_.t5, "a T5 configuration runs in model/t5.h's T5, not GPT::chunk_forward", "");
-  need_params_outside_blocks(opt);
+  if (opt.params_needed)  // the hooked ones at each use
+    for (const auto& [first, end] : unhooked_) opt.params_needed(first, end);
   Var x;
   if (ch.first_stage) {
     x = embed(tape, tokens, opt);

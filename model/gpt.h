@@ -52,8 +52,16 @@ struct ForwardOptions {
   // start of a chunk's forward (GPT::need_params_outside_blocks).
   std::function<void(size_t first, size_t end)> params_needed;
   // Called before a block's backward (and its recompute) reads parameters [first, end):
-  // ZeRO-3 gathers them again there.
+  // ZeRO-3 gathers them again there. Also before a backward reads a hooked parameter outside
+  // blocks (GPT::hooked_outside_params: the output layer's input gradient reads its matrix).
   std::function<void(size_t first, size_t end)> params_needed_backward;
+  // The parameters outside blocks that a model hooks at each use (GPT::hooked_outside_params: the
+  // word and position embeddings, the output matrix) report around every backward that adds to
+  // their gradients: grads_needed before (the backward reads their values no more from there),
+  // grads_added after. The tied word embedding reports each of its uses (the lookup, the head,
+  // MTP's), each with its own pair. ZeRO-3 allocates, reduce-scatters and frees there; no other
+  // strategy sets them (their gradients are final when Tape::backward returns).
+  std::function<void(size_t first, size_t end)> grads_needed, grads_added;
   Tensor kv_lengths;  // BERT: (B) i32 on the device, keys j >= len[b] masked (BlockShape::kv_lengths)
   // The MoE layers' run settings, auxiliary-loss scale and statistics (model/layers/moe_shape.h);
   // null: no auxiliary losses, dropless, nothing recorded (evaluation).
@@ -154,8 +162,15 @@ class GPT {
   // With `stack` (T5's encoder or decoder): only its layers, with its inputs.
   Var layers(Tape& tape, const ChunkInfo& ch, Var x, int64_t batch, int64_t seq, const ForwardOptions& opt,
              const StackInputs* stack = nullptr);
-  // opt.params_needed for every parameter outside the blocks (a chunk's forward calls it first).
+  // opt.params_needed for every parameter outside the blocks (BERT's and T5's forwards call it
+  // first; GPT's chunk forward for those outside hooked_outside_params()).
   void need_params_outside_blocks(const ForwardOptions& opt) const;
+  // The parameters outside blocks (ParamSet indices, ascending) whose every use calls the
+  // ForwardOptions hooks just in time: params_needed before the forward reads them, and in
+  // backward params_needed_backward (when it reads them), grads_needed and grads_added: the word
+  // and position embeddings and the untied output matrix of a decoder (empty for BERT and T5,
+  // whose forwards take everything outside blocks at their start).
+  const std::vector<size_t>& hooked_outside_params() const { return hooked_; }
   // The MTP losses of the last training forward on this rank's last stage (mtp_k, k = 1 … D; empty:
   // none): what Megatron logs as "mtp_k loss".
   const std::vector<double>& last_mtp_losses() const { return last_mtp_losses_; }
@@ -165,6 +180,8 @@ class GPT {
   Var embed(Tape& tape, const Tensor& tokens, const ForwardOptions& opt);
   // The last stage: the final norm, the output layer and the loss, plus the MTP losses when training.
   Var head_loss(Tape& tape, const Var& x, const Tensor& tokens, const Tensor& targets, const ForwardOptions& opt);
+  // logits (N, V/t) of the final-normed h: lm_logits with the output matrix's hooks (hooked_use).
+  Var output_layer(Tape& tape, const Var& h, const ForwardOptions& opt) const;
   // (λ/D)·Σ_k mtp_k over the MTP depths (model/gpt_mtp.cpp); h: the main final norm's output.
   Var mtp_loss(Tape& tape, const Var& h, const Tensor& tokens, const Tensor& targets, const ForwardOptions& opt);
   // Block i of this rank (blocks_ order) on x; nc: the single-process N·C of the call (dropout offsets).
@@ -182,6 +199,13 @@ class GPT {
   std::vector<size_t> block_first_param_;    // ParamSet index of each block's first parameter
   std::vector<int64_t> block_layer_;         // the global layer of each block
   std::vector<std::pair<size_t, size_t>> outside_blocks_;  // ParamSet index ranges of no block
+  std::vector<size_t> hooked_;                             // hooked_outside_params()
+  std::vector<std::pair<size_t, size_t>> unhooked_;        // outside_blocks_ less hooked_
+  // A use of hooked parameters `roles` by the nodes `use` records (model/gpt.cpp): the forward's
+  // and, when the tape records, the backward's hooks around it. reads_values: its backward
+  // reads them (the output layer: `use` passes its argument to lm_logits as `between`).
+  Var hooked_use(Tape& tape, const ForwardOptions& opt, std::initializer_list<ParamRole> roles, bool reads_values,
+                 const std::function<Var(std::function<void()>)>& use) const;
   bool expert_bias_ = false;
   std::vector<double> last_mtp_losses_;
   double last_lm_loss_ = 0;

@@ -59,8 +59,12 @@ Var GPT::mtp_loss(Tape& tape, const Var& h0, const Tensor& tokens, const Tensor&
     const int64_t row0 = tp.first_row(N);
     for (int64_t i = 0; i < tp.local_rows(N); ++i) rows.positions.push_back((row0 + i) % T);
     // The embedding's dropout stream of depth k: a key of its own (the main embedding's is dropout_seed).
-    const Var e = embed_tokens(tape, cfg_, tp, params_, rows, opt.train ? cfg_.hidden_dropout : 0.0f,
-                               opt.dropout_seed ^ (0x4d545000ull + static_cast<uint64_t>(k)));
+    const Var e = hooked_use(tape, opt, {ParamRole::WordEmbedding, ParamRole::PositionEmbedding}, false,
+                             [&](const std::function<void()>&) {
+                               return embed_tokens(tape, cfg_, tp, params_, rows,
+                                                   opt.train ? cfg_.hidden_dropout : 0.0f,
+                                                   opt.dropout_seed ^ (0x4d545000ull + static_cast<uint64_t>(k)));
+                             });
     const Var cat = ag::concat_cols(tape, mtp_norm(tape, cfg_, tp, params_, pre + "enorm.weight", e),
                                     mtp_norm(tape, cfg_, tp, params_, pre + "hnorm.weight", h));
     const Var proj = ag::sequence_parallel_param(tape, params_.var(params_.index(pre + "eh_proj.weight")), tp);
@@ -68,7 +72,7 @@ Var GPT::mtp_loss(Tape& tape, const Var& h0, const Tensor& tokens, const Tensor&
     x = run_block(tape, block_index(L + k - 1), x, B, T, opt, nullptr, opt.recompute && opt.recompute_num_layers == 0,
                   nullptr, static_cast<uint64_t>(N * cfg_.hidden_size));
     h = mtp_norm(tape, cfg_, tp, params_, pre + "final_norm.weight", x);
-    const Var logits = lm_logits(tape, cfg_, tp, h, output_weight());
+    const Var logits = output_layer(tape, h, opt);
     const Var loss_k = lm_loss(tape, cfg_, tp, logits, tgt);
     last_mtp_losses_[static_cast<size_t>(k - 1)] = loss_k.value().item();
     sum = sum.defined() ? ag::add(tape, sum, loss_k) : loss_k;

@@ -96,8 +96,16 @@ MemoryEstimate estimate_memory(const GPTConfig& c, int64_t micro_batch, int dp, 
     for (const auto& a : r.compute_order) split_bw |= a.second == 'W';
     const int64_t computing = split_bw ? std::max<int64_t>(1, r.layers_per_chunk * r.num_chunks) : 1;
     const int64_t live = std::max<int64_t>(r.zero3_live, split_bw ? computing : 0);
-    m.weights = e * (shard + r.zero3_persistent + live * r.zero3_block);
-    m.gradients = 4 * (shard + r.zero3_persistent + (computing + 1) * r.zero3_block + (r.zero3_block + dp - 1) / dp);
+    const int64_t blocks_w = e * live * r.zero3_block,
+                  blocks_g = 4 * ((computing + 1) * r.zero3_block + (r.zero3_block + dp - 1) / dp);
+    // A table's gathered values (forward, the output layer's input gradient) or its f32
+    // gradient (reduced while the activations are mostly freed): the larger, 4 bytes.
+    const int64_t table = 4 * r.zero3_outside;
+    m.weights = e * (shard + r.zero3_persistent) + (blocks_w + blocks_g >= table ? blocks_w : 0);
+    m.gradients = 4 * (shard + r.zero3_persistent) + (blocks_w + blocks_g >= table ? blocks_g : table);
+    // A table's later reductions in a step (the tied embedding's lookup after its head) receive
+    // this rank's piece beside the gradient, when the activations are mostly freed.
+    if (table > blocks_w + blocks_g) m.comm_staging = 4 * ((r.zero3_outside + dp - 1) / dp);
   }
   if (r.optimizer_offload) {  // master + moments, the gradients' and (16-bit) the values' host copies
     m.host_optimizer = 4 * shard + m.moments + 4 * shard + (e < 4 ? e * shard : 0);

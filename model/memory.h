@@ -22,7 +22,7 @@ struct MemoryEstimate {
   // ZeRO over the MPI backend: reduce-scatter results are staged (MPI_IN_PLACE
   // would leave them at the buffer's start), one shard in total; they live
   // while the gradients are reduced, when most activations are gone, so the
-  // peak counts the larger of the two.
+  // peak counts the larger of the two. ZeRO-3: the piece of a table's reduction.
   int64_t comm_staging = 0;
   // CUDA: the cuBLASLt workspace (32 MiB per stream, tensor/cuda/common.cu), held
   // from the first matmul for the process lifetime. 0 on the CPU.
@@ -77,11 +77,13 @@ struct RankShard {
   int cp = 1;
   CpCommType cp_comm = CpCommType::P2P;
   // ZeRO-3 (model/training/states_zero3.cpp): besides its shards a rank holds the
-  // persistent units whole (values and gradients), `zero3_live` gathered blocks of at
-  // most zero3_block elements, and two blocks' gradients (one computing, one reducing,
-  // with this rank's piece of its sum); under a split backward (W actions in
-  // compute_order) every local block may hold its values and gradients until its W.
-  int64_t zero3_block = 0, zero3_persistent = 0;
+  // persistent units whole (values and gradients), and gathered either blocks or one table:
+  // `zero3_live` blocks of at most zero3_block elements and two blocks' gradients (one
+  // computing, one reducing, with this rank's piece of its sum; under a split backward (W
+  // actions in compute_order) every local block may hold its values and gradients until its
+  // W), or an embedding/output table of at most zero3_outside elements, its values or its
+  // f32 gradient (never both).
+  int64_t zero3_block = 0, zero3_outside = 0, zero3_persistent = 0;
   int zero3_live = 1;
   // --optimizer-cpu-offload on a device: the master weights and moments are host memory.
   bool optimizer_offload = false;

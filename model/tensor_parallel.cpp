@@ -113,7 +113,8 @@ Var tp_scatter(Tape& tape, const Var& x, const TensorParallel& tp) { return regi
 Var sequence_parallel_param(Tape& tape, const Var& p, const TensorParallel& tp) {
   if (!tp.active() || !tp.sequence_parallel || !tape.recording() || !p.requires_grad()) return p;
   Var partial(p.value(), true, p.name());
-  partial.set_grad(Tensor::zeros(p.shape(), p.grad_or_zeros().dtype(), p.value().device()));
+  // f32 as the ParamSet's gradients (ZeRO-3 allocates a gathered table's only in its backward)
+  partial.set_grad(Tensor::zeros(p.shape(), p.grad().defined() ? p.grad().dtype() : DType::F32, p.value().device()));
   auto n = std::make_unique<SequenceParallelParamNode>();  // recorded first: its backward runs last
   n->tp = tp, n->param = p, n->partial = partial;
   tape.record(std::move(n));

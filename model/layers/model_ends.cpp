@@ -71,14 +71,18 @@ const Var& output_weight(const TransformerConfig& c, const ParamSet& ps) {
   return ps.var(c.untie_embeddings ? ParamRole::OutputWeight : ParamRole::WordEmbedding);
 }
 
-Var output_logits(Tape& tape, const TensorParallel& tp, const Var& h, const Var& w, const Var& b) {
-  if (!tp.active()) return ag::linear(tape, h, w, b);
-  const Var full = tp.sequence_parallel ? ag::tp_gather(tape, h, tp) : ag::tp_copy(tape, h, tp);
-  return ag::linear(tape, full, w, b);  // (N, V/t): never gathered
+Var output_logits(Tape& tape, const TensorParallel& tp, const Var& h, const Var& w, const Var& b,
+                  std::function<void()> between) {
+  const Var full = !tp.active()           ? h
+                   : tp.sequence_parallel ? ag::tp_gather(tape, h, tp)
+                                          : ag::tp_copy(tape, h, tp);
+  // (N, V/t): never gathered
+  return between ? ag::linear_split(tape, full, w, b, std::move(between)) : ag::linear(tape, full, w, b);
 }
 
-Var lm_logits(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const Var& h, const Var& w) {
-  const Var logits = output_logits(tape, tp, h, w, Var());
+Var lm_logits(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const Var& h, const Var& w,
+              std::function<void()> between) {
+  const Var logits = output_logits(tape, tp, h, w, Var(), std::move(between));
   return c.final_logit_softcapping > 0 ? ag::softcap(tape, logits, c.final_logit_softcapping) : logits;
 }
 

@@ -17,6 +17,7 @@
 //                b = BERT's lm_head.bias
 //   loss       mean cross-entropy over targets >= 0, the vocab-parallel one under TP
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "autograd/tape.h"
@@ -50,11 +51,15 @@ Var final_norm(Tape& tape, const TransformerConfig& c, const TensorParallel& tp,
                ParamRole weight = ParamRole::FinalNormWeight, ParamRole bias = ParamRole::FinalNormBias);
 // The output layer's matrix (V, C): wte when tied, head.weight when untied.
 const Var& output_weight(const TransformerConfig& c, const ParamSet& ps);
-// h (Nl, C) → logits (N, V/t) = h·wᵀ + b (b may be undefined).
-Var output_logits(Tape& tape, const TensorParallel& tp, const Var& h, const Var& w, const Var& b);
+// h (Nl, C) → logits (N, V/t) = h·wᵀ + b (b may be undefined). With `between`, the product is
+// ag::linear_split's two nodes and `between` runs in backward after the input gradient, before
+// w's gradient (ZeRO-3 frees the gathered w there).
+Var output_logits(Tape& tape, const TensorParallel& tp, const Var& h, const Var& w, const Var& b,
+                  std::function<void()> between = {});
 // The decoder's logits (N, V/t) of the final norm's output h: the output layer, then the final
 // soft-cap logits ← cap·tanh(logits/cap) with --final-logit-softcapping (Gemma 2).
-Var lm_logits(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const Var& h, const Var& w);
+Var lm_logits(Tape& tape, const TransformerConfig& c, const TensorParallel& tp, const Var& h, const Var& w,
+              std::function<void()> between = {});
 // The same soft-cap on logits computed outside a tape (the inference tools' tiled head), in place.
 void cap_logits(const TransformerConfig& c, const Tensor& logits);
 // The mean cross-entropy of logits (N, V/t) against targets (N) (global ids, < 0 ignored).

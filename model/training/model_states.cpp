@@ -22,4 +22,8 @@ std::unique_ptr<ModelStates> make_model_states(const StatesConfig& cfg, GPT& mod
   return table[one_rank ? 0 : cfg.stage](cfg, model, grad_comm, norm_group);
 }
 
+void ModelStates::sum_grad_over(const Var& p, size_t, Communicator& group) {
+  group.all_reduce(p.grad().view({p.grad().numel()}), ReduceOp::Sum);
+}
+
 }  // namespace mpitron

@@ -4,9 +4,9 @@
 //   replicated   every rank holds everything; dp > 1 all-reduces gradients in buckets
 //   ZeRO-1       optimizer state sharded over dp (--use-distributed-optimizer)
 //   ZeRO-2       + gradients reduce-scattered to their owner every micro-batch
-//   ZeRO-3       + parameters sharded: a unit (a block) is all-gathered before its
-//                forward and again before its backward, freed after use
-//                (model/training/states_zero3.cpp)
+//   ZeRO-3       + parameters sharded: a unit (a block, an embedding table, the output
+//                matrix) is all-gathered before its forward and again before its
+//                backward, freed after use (model/training/states_zero3.cpp)
 // Every implementation takes its optimizer step (--optimizer: AdamW or SGD) from
 // parallel/flat_optimizer.h. The trainer calls only this interface (model/training/trainer.cpp
 // has no branch on the strategy or the optimizer); make_model_states() picks the implementation from a table keyed by the stage.
@@ -93,24 +93,36 @@ class ModelStates {
   // strategy's own terms written into the rank's shard description.
   virtual int memory_stage() const = 0;
   virtual void account(RankShard&) const {}
+
+  // ---- pipeline parallelism ----
+  // After the last backward of a step, before end_backward(): parameter i's gradient (p: its Var)
+  // summed over `group` (the word embedding's copies on the first and last stage). Default: the
+  // all-reduce of p's gradient; ZeRO-3 sums its dp-reduced shard of a sharded table.
+  virtual void sum_grad_over(const Var& p, size_t i, Communicator& group);
 };
 
 // ZeRO-3's units, in ParamSet order: each block (its parameters layers.<l>.*, contiguous
-// in the flat buffer) and each run of parameters outside blocks; `block` false for
-// those runs and for blocks of at most `persistence_threshold` elements (kept whole).
+// in the flat buffer), each parameter outside blocks that the model hooks at every use
+// (`hooked`: GPT::hooked_outside_params, the embedding tables and the output matrix), and each
+// run of the other parameters outside blocks. Sharded (gathered on demand): the blocks and
+// hooked parameters of more than `persistence_threshold` elements; the rest are persistent
+// (kept whole on every rank, as DeepSpeed's stage3_param_persistence_threshold).
 struct StateUnit {
   size_t first = 0, end = 0;    // parameters [first, end)
   int64_t begin = 0, stop = 0;  // flat elements [begin, stop)
-  bool block = false;
+  bool sharded = false;         // gathered on demand (else persistent)
+  bool outside = false;         // outside blocks (a hooked parameter, or a run of others)
   int64_t size() const { return stop - begin; }
 };
-std::vector<StateUnit> zero3_units(const ParamSet& ps, int64_t persistence_threshold);
+std::vector<StateUnit> zero3_units(const ParamSet& ps, int64_t persistence_threshold, const std::vector<size_t>& hooked);
 // What a rank of ZeRO-3 holds besides its shards (model/memory.h's RankShard).
 struct Zero3Footprint {
-  int64_t largest_block = 0, persistent = 0;  // elements
-  int live_blocks = 1;                        // gathered at once (2 with the prefetch)
+  int64_t largest_block = 0;    // elements of the largest sharded block
+  int64_t largest_outside = 0;  // ... of the largest sharded parameter outside blocks (gathered alone)
+  int64_t persistent = 0;       // elements kept whole
+  int live_blocks = 1;          // blocks gathered at once (2 with the prefetch)
 };
-Zero3Footprint zero3_footprint(const ParamSet& ps, const Zero3Config& cfg);
+Zero3Footprint zero3_footprint(const ParamSet& ps, const Zero3Config& cfg, const std::vector<size_t>& hooked);
 
 // The implementation for cfg.stage (0 with grad_comm of one rank: replicated).
 // grad_comm: where gradients are reduced (dp, or dp x cp); norm_group: tp x pp.

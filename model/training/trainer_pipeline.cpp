@@ -174,12 +174,9 @@ void Trainer::Impl::reduce_embedding_grads() {
   const parallel::Schedule& sched = schedules.begin()->second;
   if (sched.rank_of_stage(0) == sched.rank_of_stage(sched.stages() - 1)) return;  // V: both ends on one rank, one copy
   const ParamSet& ps = model->params();
-  // Each parameter's own gradient (ZeRO-3 keeps them outside the flat buffer).
+  // Each parameter's own gradient (ZeRO-3 keeps them outside the flat buffer, or sharded).
   for (size_t i = 0; i < ps.infos().size(); ++i)
-    if (ps.infos()[i].role == ParamRole::WordEmbedding) {
-      Tensor g = ps.var(i).grad().view({ps.infos()[i].numel()});
-      par.embedding->all_reduce(g, ReduceOp::Sum);
-    }
+    if (ps.infos()[i].role == ParamRole::WordEmbedding) states->sum_grad_over(ps.var(i), i, *par.embedding);
 }
 
 // Writes the measured per-stage costs (collective over the pipeline group).

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "model/training/model_states.h"
 #include "tests/model/mpi_test_util.h"
 #include "tests/model/trainer_test_util.h"
 
@@ -165,6 +166,44 @@ TEST_CASE("ZeRO-3 resumes bitwise, and its checkpoints cross layouts both ways")
     check_part(run(plus(flags(data), plus(z3, {"--load", ck3})), MPI_COMM_WORLD).losses, second,
                "PP2 x DP2 ZeRO-3 -> ZeRO-3 DP4");
   }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("ZeRO-3 shards the word embedding: a vocabulary-dominated model's peak falls with dp") {
+  if (world_size() != 2) return;
+  if (const char* e = std::getenv("MPITRON_TEST_LAYOUTS"); e && *e) return;  // not in the quick set
+  const fs::path dir = shared_dir();
+  const std::string data = make_dataset(dir);
+  std::vector<std::string> f = flags(data);  // GPT-2's vocabulary at hidden 32: 97% of the parameters in wte
+  *(std::find(f.begin(), f.end(), "--train-iters") + 1) = "5";  // one log line (the peak is read there)
+  // The units: the tied word embedding is a table gathered at each use, not kept whole, unless
+  // stage3_param_persistence_threshold covers it (DeepSpeed's semantics).
+  {  // (scoped: its buffers would count in the runs' measured peaks)
+    TrainArgs a;
+    parse_test_flags(f, a);
+    GPT model(a.model, Device::cpu());
+    int64_t wte = 0;
+    for (const ParamInfo& p : model.params().infos())
+      if (p.role == ParamRole::WordEmbedding) wte = p.numel();
+    REQUIRE(wte == 50304 * 32);
+    Zero3Config z;
+    Zero3Footprint fp = zero3_footprint(model.params(), z, model.hooked_outside_params());
+    CHECK(fp.largest_outside == wte);
+    CHECK(fp.persistent < wte / 10);  // the final norm (the position table is a table too)
+    z.persistence_threshold = wte;
+    fp = zero3_footprint(model.params(), z, model.hooked_outside_params());
+    CHECK(fp.largest_outside == 0);
+    CHECK(fp.persistent > wte);
+  }
+  // Measured: one process holds 16 bytes per parameter (f32 values, gradients, two moments);
+  // ZeRO-3 at DP2 half of them plus one gathered table (values or gradient) and the
+  // activations; kept whole (values and gradients) the embedding alone was 8 of those 16 bytes.
+  const Result one = single_process(f);
+  const Result z3 = run(plus(f, {"--zero-stage", "3"}), MPI_COMM_WORLD);
+  CHECK_MESSAGE(z3.peak_bytes < 0.85 * one.peak_bytes, "ZeRO-3 DP2 peak ", z3.peak_bytes / 1e6,
+                " MB vs one process ", one.peak_bytes / 1e6, " MB");
+  check_close(z3, one, 1e-5, "ZeRO-3 DP2 (5 steps)");
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) fs::remove_all(dir);
 }

@@ -46,6 +46,7 @@ struct Result {
   std::vector<double> losses, grad_norms;
   double valid_loss = 0;
   std::vector<double> aux_losses;  // MoE: the load-balancing loss per iteration
+  double peak_bytes = 0;           // this rank's measured tensor peak (single_process: rank 0's)
 };
 
 // The flags parsed into `a` (which may carry the world or dp size already), with GPT-2's
@@ -95,7 +96,7 @@ inline Result run(std::vector<std::string> f, MPI_Comm comm) {
   const double rounding = test_device() == "cuda" ? 16.0 * (1 << 20) : 0.0;
   CHECK_MESSAGE(std::abs(peak - est) <= 0.1 * est + rounding, "rank ", world_rank(), ": measured peak ", peak / 1e6,
                 " MB vs estimate ", est / 1e6, " MB");
-  return {s.losses, s.grad_norms, s.valid_loss, s.moe_aux_losses};
+  return {s.losses, s.grad_norms, s.valid_loss, s.moe_aux_losses, peak};
 }
 
 // The single-process reference of a layout test: rank 0 trains it (alone, on
@@ -115,6 +116,7 @@ inline Result single_process(const std::vector<std::string>& f) {
   bcast(r.grad_norms);
   bcast(r.aux_losses);
   MPI_Bcast(&r.valid_loss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Bcast(&r.peak_bytes, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   return r;
 }
 
