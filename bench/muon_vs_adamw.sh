@@ -4,7 +4,7 @@
 # evaluation and the step time, then for each optimizer at its best learning rate the tokens it took
 # to reach a fixed validation loss (TARGET), and Muon's step-time overhead (its Newton-Schulz
 # iterations) against AdamW's.
-#   bench/muon_vs_adamw.sh [BUILD]   (env: ITERS=240 TARGET=5.6 DEVICE=cpu LRS_ADAM="..." LRS_MUON="...")
+#   bench/muon_vs_adamw.sh [BUILD]   (env: ITERS=240 TARGET=5.6 DEVICE=cpu SEQ=128 GBS=16 LRS_ADAM="..." LRS_MUON="...")
 # Muon runs with --muon-scale-mode spectral --muon-extra-scale-factor 0.2 (Megatron's recipe for
 # reusing AdamW's learning rates: the update's RMS matches AdamW's) and Nesterov momentum.
 set -euo pipefail
@@ -29,13 +29,13 @@ PY
   "$BUILD/apps/preprocess_data" --input "$OUT/shakespeare.jsonl" --output-prefix "$OUT/shakespeare" \
     --append-eod --workers 2 --log-interval 100000 >/dev/null
 fi
-SEQ=128 GBS=16
+SEQ=${SEQ:-128} GBS=${GBS:-16}
 run() {  # optimizer lr → log
   local opt=$1 lr=$2 extra=()
   [ "$opt" = adam ] || extra=(--muon-use-nesterov --muon-scale-mode spectral --muon-extra-scale-factor 0.2)
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} "$BUILD/apps/pretrain_gpt" \
     --num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length $SEQ \
-    --micro-batch-size 16 --global-batch-size $GBS --train-iters "$ITERS" \
+    --micro-batch-size $GBS --global-batch-size $GBS --train-iters "$ITERS" \
     --optimizer "$opt" "${extra[@]}" --lr "$lr" --min-lr 0 --lr-warmup-iters 10 --lr-decay-style cosine \
     --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --hidden-dropout 0.0 --attention-dropout 0.0 \
     --data-path "$OUT/shakespeare_text_document" --split 95,5,0 --seed 1234 \
