@@ -48,8 +48,15 @@ std::string run_poisoned(std::vector<std::string> f) {
   if (world_rank() != 0) data = make_gpt_data(a, 50257);
   ParallelRuntime rt(MPI_COMM_WORLD, a);
   Trainer t(a, data, rt.context());
-  // Through the first parameter's own storage (ZeRO-3 releases the flat value buffer).
-  if (world_rank() == world_size() - 1) t.model().params().var(0).value().data<float>()[3] = NAN;
+  // Through a parameter's own storage: the first one this rank holds (ZeRO-3 releases the flat value
+  // buffer and gathers the blocks and the embedding tables at each use; it keeps the small units whole).
+  if (world_rank() == world_size() - 1) {
+    ParamSet& ps = t.model().params();
+    size_t i = 0;
+    while (i < ps.infos().size() && !ps.var(i).value().defined()) ++i;
+    REQUIRE(i < ps.infos().size());
+    ps.var(i).value().data<float>()[0] = NAN;
+  }
   try {
     t.run();
   } catch (const Error& e) {
