@@ -15,8 +15,8 @@
 // its shape; duplicated all-gathers the block over the tp group, orthogonalises the whole on every
 // rank, keeps the rank's part and scales by the whole's shape; distributed keeps the shards and sums
 // each iteration's Gram matrix over the group (NsShards): the whole's update, without gathering it.
-// Everything else (embeddings, the output layer, norms, biases: FlatParam::rows 0) takes AdamW
-// (tensor/adamw.h) with --adam-beta1/2, --adam-eps and the same learning rate, as Megatron chains it.
+// Everything else (embeddings, the output layer, norms, biases: FlatParam::rows 0) takes the adam rule
+// (parallel/update_rule.cpp) with --adam-beta1/2, --adam-eps and the same learning rate, as Megatron chains it.
 // States: exp_avg (a matrix's momentum buffer, AdamW's first moment) and exp_avg_sq (AdamW's second;
 // zeros beside a matrix — one buffer of the flat slice's size serves both kinds).
 #include <cmath>
@@ -26,7 +26,6 @@
 #include "parallel/flat_optimizer.h"
 #include "parallel/newton_schulz.h"
 #include "parallel/update_rule.h"
-#include "tensor/adamw.h"
 #include "tensor/elementwise.h"
 
 namespace mpitron {
@@ -43,7 +42,7 @@ double muon_scale(const std::string& mode, int64_t rows, int64_t cols) {
 class MuonRule final : public UpdateRule {
  public:
   explicit MuonRule(const OptimizerConfig& c)
-      : c_(c), coefficients_(ns_coefficients(c.muon_coefficients, c.muon_ns_steps)) {
+      : c_(c), coefficients_(ns_coefficients(c.muon_coefficients, c.muon_ns_steps)), scalar_(scalar_rule(c)) {
     muon_scale(c.muon_scale_mode, 1, 1);  // an unknown mode is refused before the first step
     MPT_CHECK(c.muon_matmul_prec == "medium" || c.muon_matmul_prec == "high" || c.muon_matmul_prec == "low",
               str("--muon-fp32-matmul-prec ", c.muon_matmul_prec, " is not low, medium or high"), "");
@@ -56,16 +55,8 @@ class MuonRule final : public UpdateRule {
 
   void apply(const Tensor& master, const Tensor& grad, const std::vector<Tensor>& s, const Tensor& copy,
              const UpdateArgs& u) const override {
-    if (!u.param) {  // the scalar optimizer
-      AdamWArgs a;
-      a.lr = u.lr;
-      a.beta1 = c_.beta1;
-      a.beta2 = c_.beta2;
-      a.eps = c_.eps;
-      a.weight_decay = u.weight_decay;
-      a.grad_scale = u.grad_scale;
-      a.step = u.step;
-      adamw_step(master, grad, s[0], s[1], copy, a);
+    if (!u.param) {  // the scalar optimizer: --optimizer adam's rule on the same two states
+      scalar_->apply(master, grad, s, copy, u);
       return;
     }
     const FlatParam& p = *u.param;
@@ -125,8 +116,15 @@ class MuonRule final : public UpdateRule {
     else o.copy_from(part.contiguous());
   }
 
+  // --muon-scalar-optimizer adam: the rules table's adam row (AdamW with --adam-beta1/2, --adam-eps).
+  static std::unique_ptr<UpdateRule> scalar_rule(OptimizerConfig c) {
+    c.optimizer = "adam";
+    return make_update_rule(c);
+  }
+
   OptimizerConfig c_;
   std::vector<NsCoefficients> coefficients_;
+  std::unique_ptr<UpdateRule> scalar_;
 };
 
 }  // namespace
