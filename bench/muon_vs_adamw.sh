@@ -17,18 +17,7 @@ LRS_ADAM=${LRS_ADAM:-"1e-3 2e-3 4e-3"}
 LRS_MUON=${LRS_MUON:-"2e-3 4e-3 8e-3"}
 OUT=${OUT:-out/muon_bench}
 mkdir -p "$OUT"
-if [ ! -f "$OUT/shakespeare_text_document.bin" ]; then
-  python3 - "$OUT/shakespeare.jsonl" <<'PY'
-import json, sys
-text = open("assets/text/tinyshakespeare.txt", encoding="utf-8").read()
-with open(sys.argv[1], "w", encoding="utf-8") as f:
-    for p in text.split("\n\n"):
-        if p.strip():
-            f.write(json.dumps({"text": p + "\n\n"}) + "\n")
-PY
-  "$BUILD/apps/preprocess_data" --input "$OUT/shakespeare.jsonl" --output-prefix "$OUT/shakespeare" \
-    --append-eod --workers 2 --log-interval 100000 >/dev/null
-fi
+./scripts/prepare-shakespeare.sh "$BUILD" "$OUT" >/dev/null
 SEQ=${SEQ:-128} GBS=${GBS:-16}
 run() {  # optimizer lr → log
   local opt=$1 lr=$2 extra=()

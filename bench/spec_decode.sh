@@ -13,18 +13,7 @@ REQUESTS=${REQUESTS:-1}
 OUT=out/spec_decode
 mkdir -p "$OUT"
 cmake --build "$BUILD" -j "$(nproc)" --target pretrain_gpt preprocess_data generate_text >/dev/null
-if [ ! -f "$OUT/shakespeare_text_document.bin" ]; then
-  python3 - "$OUT/shakespeare.jsonl" <<'PY'
-import json, sys
-text = open("assets/text/tinyshakespeare.txt", encoding="utf-8").read()
-with open(sys.argv[1], "w", encoding="utf-8") as f:
-    for p in text.split("\n\n"):
-        if p.strip():
-            f.write(json.dumps({"text": p + "\n\n"}) + "\n")
-PY
-  "$BUILD/apps/preprocess_data" --input "$OUT/shakespeare.jsonl" --output-prefix "$OUT/shakespeare" \
-    --append-eod --workers 2 --log-interval 100000 >/dev/null
-fi
+./scripts/prepare-shakespeare.sh "$BUILD" "$OUT" >/dev/null
 if [ ! -f "$OUT/checkpoints/latest_checkpointed_iteration.txt" ]; then
   echo "== training a DeepSeek-V3-style model with one MTP layer, $ITERS iterations"
   OMP_NUM_THREADS=$(nproc) "$BUILD/apps/pretrain_gpt" \

@@ -21,16 +21,8 @@ cmake --build "$BUILD" -j "$(nproc)" --target pretrain_gpt preprocess_data
 
 mkdir -p "$OUT"
 echo "== tokenizing assets/text/tinyshakespeare.txt (one document per paragraph)"
-python3 - "$OUT/shakespeare.jsonl" <<'PY'
-import json, sys
-text = open("assets/text/tinyshakespeare.txt", encoding="utf-8").read()
-with open(sys.argv[1], "w", encoding="utf-8") as f:
-    for p in text.split("\n\n"):
-        if p.strip():
-            f.write(json.dumps({"text": p + "\n\n"}) + "\n")
-PY
-"$BUILD/apps/preprocess_data" --input "$OUT/shakespeare.jsonl" --output-prefix "$OUT/shakespeare" \
-  --append-eod --workers 2 --log-interval 2000
+rm -f "$OUT/shakespeare_text_document.bin"  # the demo tokenizes afresh each time
+./scripts/prepare-shakespeare.sh "$BUILD" "$OUT" 2000
 
 echo "== training a 4-layer GPT (${ITERS} iterations) on $DEVICE"
 rm -rf "$OUT/checkpoints" "$OUT/tensorboard"
