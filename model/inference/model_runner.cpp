@@ -27,9 +27,14 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 
 // A raw MPI call of a step (the logits' gather and send) bounded as every collective is: a rank
 // that does not arrive within MPITRON_COMM_TIMEOUT_S ends the job (parallel/job_exit.h).
-JobDeadline step_deadline(const char* what) {
-  return JobDeadline(str(what, " of a serving step"), "a rank is frozen, hung or dead; MPITRON_COMM_TIMEOUT_S sets the timeout",
-                     comm_timeout_from_env());
+// A raw MPI call of the step, bounded; the message names the world ranks it waits on (one of
+// them is the frozen, hung or dead one: a raw call cannot tell which, the Communicator's can).
+JobDeadline step_deadline(const char* what, const std::vector<int>& peers, int self) {
+  std::string who;
+  for (int r : peers)
+    if (r != self) who += str(who.empty() ? "" : ", ", "world rank ", r);
+  return JobDeadline(str(what, " of a serving step (on world rank ", self, ", waiting for ", who, ")"),
+                     "a rank is frozen, hung or dead; MPITRON_COMM_TIMEOUT_S sets the timeout", comm_timeout_from_env());
 }
 
 Tensor ids_tensor(const std::vector<int64_t>& v, Device d) {
@@ -370,7 +375,7 @@ std::vector<float> ModelRunner::head_logits(const Tensor& h, int64_t nl) {
   const std::vector<float> mine = logits.slice(0, 0, nl).to_floats();
   std::vector<float> all(grid_->tp_rank() == 0 ? mine.size() * static_cast<size_t>(opts_.tp) : 0);
   if (opts_.tp > 1) {
-    const JobDeadline bound = step_deadline("gathering the logits over the tp group");
+    const JobDeadline bound = step_deadline("gathering the logits over the tp group", grid_->tp_group_ranks(), grid_->world_rank());
     MPI_Gather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all.data(), static_cast<int>(mine.size()),
                MPI_FLOAT, 0, grid_->tp_comm());
   } else {
@@ -389,13 +394,13 @@ std::vector<float> ModelRunner::deliver(std::vector<float> out, int64_t nl) {
   if (nl == 0) return {};
   if (last_stage()) {  // TP rank 0 of the last stage holds the logits
     if (grid_->tp_rank() != 0 || is_driver()) return out;
-    const JobDeadline bound = step_deadline("sending the logits to the driver");
+    const JobDeadline bound = step_deadline("sending the logits to the driver", {0}, grid_->world_rank());
     MPI_Send(out.data(), static_cast<int>(out.size()), MPI_FLOAT, 0, kLogitsTag, control_);
     return {};
   }
   if (!is_driver()) return {};
   std::vector<float> got(static_cast<size_t>(nl * config().vocab_size));
-  const JobDeadline bound = step_deadline("receiving the logits from the last stage");
+  const JobDeadline bound = step_deadline("receiving the logits from the last stage", {last_stage_world_rank()}, grid_->world_rank());
   MPI_Recv(got.data(), static_cast<int>(got.size()), MPI_FLOAT, last_stage_world_rank(), kLogitsTag, control_,
            MPI_STATUS_IGNORE);
   return got;
