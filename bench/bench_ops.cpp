@@ -236,6 +236,11 @@ class Bench {
         mem(dev, "sum_squares", sh, dt, bytes(s, dt), [&] { sum_squares(x, acc); });
         mem(dev, "softcap fwd (cap 30)", sh, dt, 2 * bytes(s, dt), [&] { softcap_forward(x, y, 30.0f); });
         mem(dev, "softcap bwd", sh, dt, 3 * bytes(s, dt), [&] { softcap_backward(x, y, dx, 30.0f); });
+        // fp8 (issue 45): the amax pass and the saturating quantise-dequantise of an operand.
+        mem(dev, "fp8 amax", sh, dt, bytes(s, dt), [&] { fp8_amax(x, acc); });
+        const Tensor scale = Tensor::from_vector({64.0f}, {1}).to(dev);
+        mem(dev, "fp8 e4m3 quantize-dequantize", sh, dt, 2 * bytes(s, dt),
+            [&] { fp8_quantize_dequantize(x, scale, Fp8Format::E4M3, y); });
       }
       {  // MoE token permutation (Mixtral-like top-2 of 8 experts): rows moved by expert and back
         const int64_t k = 2, E = 8;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "tensor/dtype.h"
+#include "tensor/fp8_format.h"
 
 namespace mpitron::io {
 
@@ -85,19 +86,9 @@ bool torch_dtype_from_global(const std::string& global, TorchDType& out) {
   return false;
 }
 
-// OCP FP8 E4M3 ("fn": finite, no infinities): bias 7; exponent 0 is subnormal
-// (m/8 · 2^-6); S.1111.111 is NaN; everything else normal, max 448.
-float f8_e4m3fn_to_f32(uint8_t bits) {
-  const float sign = (bits & 0x80) ? -1.0f : 1.0f;
-  const int e = (bits >> 3) & 0xf, m = bits & 0x7;
-  if (e == 0xf && m == 0x7) return std::numeric_limits<float>::quiet_NaN();
-  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -9);  // m/8 · 2^(1-7)
-  return sign * std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
-}
-
-// OCP FP8 E5M2: IEEE-754 binary16 with the low 8 mantissa bits dropped
-// (bias 15, exponent 31 = Inf/NaN), so it is exactly the top byte of an f16.
-float f8_e5m2_to_f32(uint8_t bits) { return f16_to_f32(f16_t{static_cast<uint16_t>(bits << 8)}); }
+// OCP FP8 (tensor/fp8_format.h: the quantiser's codec, checked against PyTorch's float8 types).
+float f8_e4m3fn_to_f32(uint8_t bits) { return fp8_decode(bits, Fp8Format::E4M3); }
+float f8_e5m2_to_f32(uint8_t bits) { return fp8_decode(bits, Fp8Format::E5M2); }
 
 void torch_dtype_to_f32(TorchDType t, const void* src, float* dst, size_t n) {
   const auto* b = static_cast<const uint8_t*>(src);

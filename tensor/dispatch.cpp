@@ -387,6 +387,33 @@ void softcap_backward(const Tensor& dout, const Tensor& out, const Tensor& dx, f
 }
 
 namespace {
+// A one-element f32 tensor on x's device (fp8's amax and scale).
+void need_f32_scalar(const char* op, const Tensor& t, const char* name, const Tensor& x) {
+  need(t.defined() && t.dtype() == DType::F32 && t.numel() == 1,
+       str(op, ": ", name, " must be an f32 tensor of one element", t.defined() ? str(", got ", dtype_name(t.dtype()), " of ", t.numel()) : std::string()));
+  need(t.device() == x.device(), str(op, ": ", name, " is on another device than x"));
+}
+}  // namespace
+
+void fp8_amax(const Tensor& x, const Tensor& amax, Stream s) {
+  const char* op = "fp8_amax";
+  need_float(op, x, "x");
+  need_f32_scalar(op, amax, "amax", x);
+  check_contiguous(op, {{&x, "x"}});
+  MPT_BACKEND(x, fp8_amax, x, amax, s);
+}
+
+void fp8_quantize_dequantize(const Tensor& x, const Tensor& scale, Fp8Format f, const Tensor& out, Stream s) {
+  const char* op = "fp8_quantize_dequantize";
+  need_float(op, x, "x");
+  need_like(op, x, "x", out, "out");
+  need_f32_scalar(op, scale, "scale", x);
+  check_same_device(op, {&x, &out});
+  check_contiguous(op, {{&x, "x"}, {&out, "out"}});
+  MPT_BACKEND(x, fp8_quantize_dequantize, x, scale, f, out, s);
+}
+
+namespace {
 // x (..., 2F) and a (..., F) tensor `o` with the same leading dims.
 void check_swiglu_pair(const char* op, const Tensor& x, const Tensor& o, const char* on) {
   need(o.defined(), str(op, ": ", on, " is undefined"));

@@ -7,6 +7,7 @@
 #include "tensor/dropout.h"
 #include "tensor/elementwise.h"
 #include "tensor/embedding.h"
+#include "tensor/fp8.h"
 #include "tensor/gelu.h"
 #include "tensor/gemm.h"
 #include "tensor/grouped_gemm.h"
