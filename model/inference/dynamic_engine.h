@@ -41,12 +41,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "model/inference/generate.h"
 #include "model/inference/kv_block_allocator.h"
 #include "model/inference/model_runner.h"
+#include "model/inference/prefix_cache.h"
 
 namespace mpitron {
 
@@ -59,6 +61,10 @@ struct EngineConfig {
   // when the model's own choice equals the draft, both are kept (two tokens from one step). The
   // output is exactly plain greedy decoding's; sampled requests decode plainly. k = 1 is built.
   int64_t num_speculative_tokens = 0;
+  // --inference-dynamic-batching-prefix-caching (and its -eviction-policy): a request whose prompt
+  // starts with full KV blocks another request computed shares them and computes only the rest
+  // (always its last prompt token, whose logits it needs). Not with speculative decoding.
+  PrefixCacheOptions prefix_caching;
 };
 
 struct GenRequest {
@@ -120,6 +126,16 @@ struct EngineStats {
   int64_t pauses = 0, resumes = 0, evictions = 0, recomputed_tokens = 0;
   int64_t kv_blocks = 0, kv_block_bytes = 0, peak_blocks = 0;
   int64_t drafted = 0, accepted = 0, draft_steps = 0;  // speculative decoding: drafts verified, kept
+  // Prefix caching (EngineConfig::prefix_caching), counted in KV blocks:
+  int64_t prefix_cache_queries = 0;         // full prompt blocks looked up (at admission, and again after an eviction)
+  int64_t prefix_cache_hits = 0;            // of them found cached: their keys and values reused, not computed
+  int64_t prefix_cache_tokens_saved = 0;    // prompt positions not computed: hits x block size
+  int64_t prefix_cache_blocks_saved = 0;    // now: block references beyond the first (blocks sharing spares)
+  int64_t prefix_cache_blocks_saved_peak = 0;  // the most blocks_saved at once since the engine started
+  int64_t prefix_cache_blocks_resident = 0; // now: blocks cached (held by a request or, with lru, kept unheld)
+  int64_t prefix_cache_evictions = 0;       // cached blocks taken back for other use (lru)
+  int64_t prefix_cache_deferred = 0;        // admissions put off a step to share a block that step computes
+  std::string prefix_cache_policy;          // "ref_zero" / "lru"; empty: prefix caching off
   std::string line() const;  // one log line
 };
 
@@ -147,6 +163,12 @@ class DynamicEngine {
   struct Seq;
   bool schedule(Seq& s, bool running, StepPlan& plan, int64_t& budget, bool& prefill_in_step,
                 std::vector<Seq*>& sample);
+  bool place(Seq& s, bool running, StepPlan& plan, int64_t& budget, bool& prefill_in_step, std::vector<Seq*>& sample);
+  // Prefix caching: a sequence without blocks shares the cached full blocks its tokens start with
+  // (false: put off, the next block is filled in this step); after a step, its newly full blocks are cached.
+  bool reuse_prefix(Seq& s, int64_t& asked, int64_t& hit);
+  void note_filling(Seq& s, int64_t from);
+  void register_full_blocks(Seq& s);
   void evict(Seq& s);
   void finish(Seq& s, const std::string& reason);
   void drop_cancelled();
@@ -162,6 +184,7 @@ class DynamicEngine {
   std::deque<std::unique_ptr<Seq>> waiting_;
   uint64_t admitted_ = 0;
   EngineStats stats_;
+  std::unordered_set<uint64_t> filling_;  // prefix keys of the blocks the step being planned completes
 
   mutable std::mutex in_mu_;  // guards incoming_ (submit() from other threads)
   std::condition_variable in_cv_;
