@@ -26,18 +26,6 @@ namespace po = boost::program_options;
 
 namespace {
 
-// Multi-latent attention (DeepSeek-V3's): the cache holds one latent row of 16 + 8 values per token.
-GPTConfig tiny_mla() {
-  GPTConfig c = tiny_llama();
-  c.num_query_groups = 0;
-  c.multi_latent_attention = true;
-  c.kv_lora_rank = 16;
-  c.qk_head_dim = 8;
-  c.qk_pos_emb_head_dim = 8;
-  c.v_head_dim = 8;
-  return c;
-}
-
 // n prompts: a common prefix of `shared` tokens, then a short suffix of its own (some none).
 std::vector<GenRequest> shared_prefix_requests(int n, int shared, bool greedy) {
   std::vector<GenRequest> out;

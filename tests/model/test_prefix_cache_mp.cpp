@@ -1,6 +1,7 @@
 // Prefix caching under tensor and pipeline parallelism: the driver's scheduler decides which
 // blocks are shared and ships the block tables in each step's plan, so every rank's cache makes
-// the same decisions. TP2 and PP2 (2 ranks), TP2xPP2 (4 ranks): requests sharing a long prompt
+// the same decisions. TP2 and PP2 (2 ranks), TP2xPP2 (4 ranks), for GPT-2, Llama and multi-latent
+// attention (its latent blocks shared alike): requests sharing a long prompt
 // prefix, at once and staggered, give bitwise the tokens and log-probabilities of the same layout
 // without prefix caching, and the one-process greedy tokens; the hit counters show the sharing.
 // mpitron-test: np=2,4
@@ -57,7 +58,7 @@ TEST_CASE("prefix caching under TP and PP: bitwise the same layout without it, t
   const auto dir = shared_dir("prefix_mp");
   const std::vector<Layout> layouts = world == 2 ? std::vector<Layout>{{2, 1}, {1, 2}} : std::vector<Layout>{{2, 2}};
   const int64_t bs = 4;
-  for (const GPTConfig& cfg : {tiny_gpt2(), tiny_llama()}) {
+  for (const GPTConfig& cfg : {tiny_gpt2(), tiny_llama(), tiny_mla()}) {
     write_checkpoint(dir / "ckpt", cfg, 31);
     std::vector<GenResult> one;
     if (world_rank() == 0) {
@@ -77,7 +78,7 @@ TEST_CASE("prefix caching under TP and PP: bitwise the same layout without it, t
         mp.serve();
         continue;
       }
-      const std::string what = str(cfg.family(), " tp ", l.tp, " pp ", l.pp);
+      const std::string what = str(cfg.family(), cfg.multi_latent_attention ? " (MLA)" : "", " tp ", l.tp, " pp ", l.pp);
       for (int steps : {-1, 2}) {
         DynamicEngine plain(mp, EngineConfig{16, 512, false});
         const std::vector<GenResult> want = drive(plain, requests(), steps);
