@@ -88,8 +88,7 @@ struct DynamicEngine::Seq {
   int64_t cached = 0;           // positions [0, cached) are in the KV cache
   int64_t limit = 0;            // tokens.size() may reach this: min(context + max_new_tokens, max positions)
   std::vector<int32_t> table;   // its KV blocks
-  std::vector<uint64_t> keys;   // prefix caching: the prefix keys of its full blocks (prefix_cache.h), as far as computed
-  int64_t registered = 0;       // prefix caching: its first `registered` blocks are shared or were offered to the cache
+  SharingState shared;          // what block sharing (prefix caching) knows of it
   bool paused = false;
   bool sampled = false;         // got a new token in the current step
   int64_t evicted_at = -1;      // tokens cached when it was evicted (they are recomputed)
@@ -103,7 +102,8 @@ struct DynamicEngine::Seq {
 DynamicEngine::DynamicEngine(ModelRunner& runner, const EngineConfig& cfg)
     : runner_(runner), cfg_(cfg),
       blocks_(runner.has_kv_cache() ? runner.kv_cache().num_blocks() : 1, cfg.prefix_caching.eviction),
-      block_size_(runner.has_kv_cache() ? runner.kv_cache().block_size() : 1) {
+      block_size_(runner.has_kv_cache() ? runner.kv_cache().block_size() : 1),
+      sharing_(make_block_sharing(cfg.prefix_caching, blocks_, block_size_)) {
   MPT_CHECK(runner.is_driver() && runner.has_kv_cache(), "DynamicEngine runs on the driver rank after init_kv_cache",
             "");
   MPT_CHECK(cfg.max_requests >= 1,
@@ -130,7 +130,7 @@ DynamicEngine::DynamicEngine(ModelRunner& runner, const EngineConfig& cfg)
             "refused: a cached key's rotation depends on the length of the step that computed it, so a shared block "
             "would differ from the one the request computes alone",
             "serve this model without prefix caching");
-  if (cfg.prefix_caching.enabled) stats_.prefix_cache_policy = row_of(cfg.prefix_caching.eviction).name;
+  stats_.prefix_cache_policy = sharing_->name();
   MPT_CHECK(cfg.num_speculative_tokens <= 1,
             str("--num-speculative-tokens ", cfg.num_speculative_tokens, " is not built (one drafted token per step is)"),
             "use --num-speculative-tokens 1");
@@ -189,6 +189,11 @@ EngineStats DynamicEngine::stats() const {
   s.prefix_cache_blocks_saved_peak = blocks_.peak_shared_references();
   s.prefix_cache_blocks_resident = blocks_.cached_blocks();
   s.prefix_cache_evictions = blocks_.evicted_blocks();
+  const SharingCounters n = sharing_->counters();
+  s.prefix_cache_queries = n.queries;
+  s.prefix_cache_hits = n.hits;
+  s.prefix_cache_tokens_saved = n.tokens_saved;
+  s.prefix_cache_deferred = n.deferred;
   return s;
 }
 
@@ -206,7 +211,7 @@ void DynamicEngine::evict(Seq& s) {
   ++stats_.evictions;
   s.evicted_at = s.cached;
   s.cached = 0;
-  s.registered = 0;
+  sharing_->dropped(s.shared);
   s.paused = false;
 }
 
@@ -221,63 +226,20 @@ void DynamicEngine::drop_cancelled() {
   waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), gone), waiting_.end());
 }
 
-// Adds s's next tokens to the plan when the budget and the blocks allow; with prefix caching a
-// sequence without blocks first shares the cached blocks its tokens start with (given back when
-// it does not get into this step).
+// Adds s's next tokens to the plan when the budget and the blocks allow. A sequence without blocks
+// first claims the blocks it shares (prefix caching) and gives them back if it does not get in.
 bool DynamicEngine::schedule(Seq& s, bool running, StepPlan& plan, int64_t& budget, bool& prefill_in_step,
                              std::vector<Seq*>& sample) {
   if (budget <= 0) return false;
-  const bool fresh = cfg_.prefix_caching.enabled && s.table.empty();
-  int64_t asked = 0, hit = 0;
-  if (fresh && !reuse_prefix(s, asked, hit)) return false;
+  const bool fresh = s.table.empty();
+  if (fresh && !sharing_->claim(s.shared, s.tokens, s.table, s.cached)) return false;
   const int64_t from = s.cached;
   if (place(s, running, plan, budget, prefill_in_step, sample)) {
-    stats_.prefix_cache_queries += asked;
-    stats_.prefix_cache_hits += hit;
-    stats_.prefix_cache_tokens_saved += hit * block_size_;
-    if (cfg_.prefix_caching.enabled) note_filling(s, from);
+    sharing_->placed(s.shared, s.tokens, from, s.cached, fresh);
     return true;
   }
-  if (fresh) {
-    blocks_.release(s.table);
-    s.cached = 0;
-    s.registered = 0;
-  }
+  if (fresh) sharing_->unclaim(s.shared, s.table, s.cached);
   return false;
-}
-
-// The longest cached prefix of s's tokens, in full blocks before its last token (whose logits it
-// needs, so it is always computed and its block is always s's own).
-bool DynamicEngine::reuse_prefix(Seq& s, int64_t& asked, int64_t& hit) {
-  const int64_t known = static_cast<int64_t>(s.tokens.size());
-  extend_block_keys(s.keys, s.tokens, known - 1, block_size_);
-  asked = (known - 1) / block_size_;
-  hit = blocks_.match(s.keys, asked);
-  if (hit < asked && filling_.count(s.keys[static_cast<size_t>(hit)])) {  // computed by another row of this step:
-    ++stats_.prefix_cache_deferred;                                       // share it next step instead
-    return false;
-  }
-  blocks_.share(s.keys, hit, s.table);
-  s.cached = hit * block_size_;
-  s.registered = hit;
-  return true;
-}
-
-// The keys of the blocks this step fills for s (from position `from` on), so that a sequence
-// admitted after it in the same step waits for them instead of computing them again.
-void DynamicEngine::note_filling(Seq& s, int64_t from) {
-  extend_block_keys(s.keys, s.tokens, s.cached, block_size_);
-  for (int64_t j = from / block_size_; j < s.cached / block_size_; ++j)
-    if (!blocks_.cached(s.keys[static_cast<size_t>(j)])) filling_.insert(s.keys[static_cast<size_t>(j)]);
-}
-
-// After a step: the blocks of s whose every position is now computed join the cache.
-void DynamicEngine::register_full_blocks(Seq& s) {
-  const int64_t full = std::min<int64_t>(s.cached / block_size_, static_cast<int64_t>(s.table.size()));
-  extend_block_keys(s.keys, s.tokens, full * block_size_, block_size_);
-  for (int64_t j = s.registered; j < full; ++j)
-    blocks_.register_block(s.table[static_cast<size_t>(j)], s.keys[static_cast<size_t>(j)]);
-  s.registered = std::max(s.registered, full);
 }
 
 // s's next rows (a prompt chunk, a recompute, a decode token, a decode token and its draft). Counts
@@ -359,7 +321,7 @@ bool DynamicEngine::step() {
 
   StepPlan plan;
   std::vector<Seq*> sample;
-  filling_.clear();
+  sharing_->begin_step();
   for (;;) {
     int64_t budget = cfg_.max_tokens;
     bool prefill_in_step = false, any_paused = false;
@@ -384,8 +346,7 @@ bool DynamicEngine::step() {
   if (plan.tokens.empty()) return !waiting_.empty();
 
   const std::vector<float> logits = runner_.step(plan);
-  if (cfg_.prefix_caching.enabled)
-    for (auto& s : running_) register_full_blocks(*s);
+  for (auto& s : running_) sharing_->computed(s->shared, s->tokens, s->table, s->cached);
   ++stats_.steps;
   stats_.rows += static_cast<int64_t>(plan.tokens.size());
   const int64_t V = runner_.config().vocab_size;

@@ -28,6 +28,9 @@
 // The pool holds at least one max_position_embeddings sequence, so one request
 // alone always completes.
 //
+// Prefix caching (EngineConfig::prefix_caching, block_sharing.h): a request without blocks first
+// shares the cached full blocks its tokens start with and computes only the rest.
+//
 // Batch invariance: a request's logits are computed by row-independent numerics
 // (model_runner.h: tiles and per-row attention) and its draws by
 // philox(seed, stream, step) where step counts ITS generated tokens; so its
@@ -41,10 +44,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "model/inference/block_sharing.h"
 #include "model/inference/generate.h"
 #include "model/inference/kv_block_allocator.h"
 #include "model/inference/model_runner.h"
@@ -164,11 +167,6 @@ class DynamicEngine {
   bool schedule(Seq& s, bool running, StepPlan& plan, int64_t& budget, bool& prefill_in_step,
                 std::vector<Seq*>& sample);
   bool place(Seq& s, bool running, StepPlan& plan, int64_t& budget, bool& prefill_in_step, std::vector<Seq*>& sample);
-  // Prefix caching: a sequence without blocks shares the cached full blocks its tokens start with
-  // (false: put off, the next block is filled in this step); after a step, its newly full blocks are cached.
-  bool reuse_prefix(Seq& s, int64_t& asked, int64_t& hit);
-  void note_filling(Seq& s, int64_t from);
-  void register_full_blocks(Seq& s);
   void evict(Seq& s);
   void finish(Seq& s, const std::string& reason);
   void drop_cancelled();
@@ -184,7 +182,7 @@ class DynamicEngine {
   std::deque<std::unique_ptr<Seq>> waiting_;
   uint64_t admitted_ = 0;
   EngineStats stats_;
-  std::unordered_set<uint64_t> filling_;  // prefix keys of the blocks the step being planned completes
+  std::unique_ptr<BlockSharing> sharing_;  // prefix caching, or none (block_sharing.h)
 
   mutable std::mutex in_mu_;  // guards incoming_ (submit() from other threads)
   std::condition_variable in_cv_;
