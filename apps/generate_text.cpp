@@ -386,7 +386,7 @@ int run(int argc, char** argv) {
   std::fprintf(stderr, "loaded %s on %s\n", runner.checkpoint_dir().c_str(), runner.describe().c_str());  // stdout may carry the samples
   MPT_CHECK(a.eos_token_id < runner.config().vocab_size,
             str("--eos-token-id ", a.eos_token_id, " is outside the vocabulary [0, ", runner.config().vocab_size, ")"), "");
-  DynamicEngine engine(runner, EngineConfig{max_requests, b.max_tokens, b.chunked_prefill, b.num_speculative_tokens});
+  DynamicEngine engine(runner, engine_config(b, max_requests));
   Sink out(a.genfile);
   Generator g(a, engine, runner.config(), tok.get(), out);
   drive(a, tok.get(), runner.config().vocab_size, [&](const std::vector<Prompt>& p) { g.run(p); });

@@ -117,7 +117,7 @@ int run(int argc, char** argv) {
     runner.serve();
     return 0;
   }
-  DynamicEngine engine(runner, EngineConfig{max_requests, b.max_tokens, b.chunked_prefill, b.num_speculative_tokens});
+  DynamicEngine engine(runner, engine_config(b, max_requests));
   TextGenerationApi::Options ao;
   ao.seed = a.seed;
   ao.model_name = std::filesystem::path(a.load).filename().string();

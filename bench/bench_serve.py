@@ -19,6 +19,16 @@ One run, one machine, one model and one list of prompts:
 The model is a GPT-2 of --layers/--hidden/--heads with the GPT-2 vocabulary, made by
 pretrain_gpt --mock-data (one step at lr 1e-9: the initial weights) unless --load is given.
 
+--shared-prefix N runs the prefix caching workload instead (issue #46): every request is a common
+"system prompt" of N token ids and a distinct suffix of --suffix-tokens ids, sent by C clients to the
+dynamic server without and with --inference-dynamic-batching-prefix-caching (eviction policy
+--prefix-policy) as streamed POST /v1/completions (greedy, token-id prompts, logprobs): tokens/s,
+time to first token (the first streamed chunk) p50/p99, request latency, the engine's prefix cache
+line, and whether both servers streamed the same tokens and log-probabilities.
+
+    python3 bench/bench_serve.py --build build-cpu --threads 1 --shared-prefix 512 --clients 16 \
+        --positions 1024 --new-tokens 16 --requests 2 --no-hf
+
     python3 bench/bench_serve.py --build build-cpu --threads 2 --json bench_serve.json
     (on a machine whose cores other jobs share, --threads 1: OpenMP threads spin at the many small
     barriers of a decode step, and with the cores oversubscribed the spinning took ~75% of the
@@ -37,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 
 
@@ -137,6 +148,108 @@ def drive(port, prompts, n_new, clients):
     return wall, lat, answers
 
 
+def stream_completion(port, prompt_ids, n):
+    """Streamed POST /v1/completions; returns (time to first chunk, latency, [(token, logprob)])."""
+    # [[ids]]: one token-id prompt (a flat list longer than 128 ids is refused as "at most 128 prompts")
+    body = json.dumps({"prompt": [prompt_ids], "max_tokens": n, "temperature": 0, "stream": True,
+                       "logprobs": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    ttft, toks = None, []
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ch = json.loads(line[6:])["choices"][0]
+            if ch.get("logprobs"):
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                toks.append((ch["logprobs"]["tokens"][0], ch["logprobs"]["token_logprobs"][0]))
+    return ttft, time.perf_counter() - t0, toks
+
+
+def shared_prefix_bench(args, ck, work):
+    """The prefix caching workload: a common system prompt, distinct short suffixes, C clients."""
+    n_pre, n_suf = args.shared_prefix, args.suffix_tokens
+    system = [(i * 7919 + 13) % 50000 for i in range(n_pre)]
+    server_bin = os.path.join(args.build, "apps", "text_generation_server")
+    rows, outs = [], {}
+    for c in args.clients:
+        prompts = [system + [(r * 131 + j * 17 + 101) % 50000 for j in range(n_suf)]
+                   for r in range(max(16, c * args.requests))]
+        for name, extra in (("dynamic", []), ("dynamic-prefix", ["--inference-dynamic-batching-prefix-caching",
+                                                                 "--inference-dynamic-batching-prefix-caching-eviction-policy",
+                                                                 args.prefix_policy])):
+            flags = ["--inference-dynamic-batching", "--inference-dynamic-batching-max-requests", str(c),
+                     "--inference-dynamic-batching-block-size", str(args.block_size)] + extra
+            if args.kv_gb:
+                flags += ["--inference-dynamic-batching-buffer-size-gb", str(args.kv_gb)]
+            srv = Server(server_bin, ck, flags, args.threads, work, f"{name}_{c}", args.source)
+            stream_completion(srv.port, [1, 2, 3], 2)  # warm up (shares nothing with the workload)
+            q = queue.Queue()
+            for i, p in enumerate(prompts):
+                q.put((i, p))
+            res, errors = [None] * len(prompts), []
+
+            def client():
+                while True:
+                    try:
+                        i, p = q.get_nowait()
+                    except queue.Empty:
+                        return
+                    try:
+                        res[i] = stream_completion(srv.port, p, args.new_tokens)
+                    except urllib.error.HTTPError as e:
+                        errors.append(f"request {i}: {e}: {e.read().decode()[:300]}")
+                    except Exception as e:  # noqa: BLE001 - reported below
+                        errors.append(f"request {i}: {e}")
+
+            t0 = time.perf_counter()
+            ts = [threading.Thread(target=client) for _ in range(c)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            wall = time.perf_counter() - t0
+            text = srv.stop()
+            if errors:
+                sys.exit("bench_serve: " + "; ".join(errors[:5]))
+            ntok = sum(len(r[2]) for r in res)
+            ttft, lat = [r[0] for r in res], [r[1] for r in res]
+            outs[(name, c)] = [r[2] for r in res]
+            row = {"impl": f"server-{name}", "clients": c, "requests": len(prompts), "tokens": ntok,
+                   "seconds": wall, "tokens_per_s": ntok / wall, "ttft_p50_s": pct(ttft, 50),
+                   "ttft_p99_s": pct(ttft, 99), "p50_s": pct(lat, 50), "p99_s": pct(lat, 99)}
+            m = re.findall(r"prefix cache \((\w+)\): (\d+) of (\d+) prompt blocks hit", text)
+            if m:
+                row.update(prefix_hits=int(m[-1][1]), prefix_queries=int(m[-1][2]))
+            m = re.findall(r"\((\d+) prompt, (\d+) decode\)", text)
+            if m:
+                row.update(prompt_rows=int(m[-1][0]), decode_rows=int(m[-1][1]))
+            rows.append(row)
+            log(f"  {name} {c} clients: {row['tokens_per_s']:.1f} tokens/s, TTFT p50 {row['ttft_p50_s']:.2f} s "
+                f"p99 {row['ttft_p99_s']:.2f} s")
+    print(f"{'impl':22s} {'clients':>7s} {'requests':>8s} {'tokens/s':>9s} {'TTFT p50':>9s} {'TTFT p99':>9s}"
+          f" {'p50 s':>7s} {'p99 s':>7s} {'prompt rows':>11s} {'hits/queries':>13s}")
+    for r in rows:
+        hq = f"{r['prefix_hits']}/{r['prefix_queries']}" if "prefix_hits" in r else ""
+        print(f"{r['impl']:22s} {r['clients']:7d} {r['requests']:8d} {r['tokens_per_s']:9.1f} {r['ttft_p50_s']:9.2f} "
+              f"{r['ttft_p99_s']:9.2f} {r['p50_s']:7.2f} {r['p99_s']:7.2f} {r.get('prompt_rows', ''):>11} {hq:>13s}")
+    notes = []
+    by = {(r["impl"], r["clients"]): r for r in rows}
+    for c in args.clients:
+        a, b = by[("server-dynamic", c)], by[("server-dynamic-prefix", c)]
+        same = sum(x == y for x, y in zip(outs[("dynamic", c)], outs[("dynamic-prefix", c)]))
+        notes.append(f"{c} clients: prefix caching / without {b['tokens_per_s'] / a['tokens_per_s']:.2f}x tokens/s, "
+                     f"TTFT p50 {a['ttft_p50_s'] / b['ttft_p50_s']:.2f}x lower; streamed tokens and log-probabilities "
+                     f"equal for {same} of {len(outs[('dynamic', c)])} requests")
+    for n in notes:
+        print(n)
+    return rows, notes
+
+
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q / 100.0 * (len(xs) - 1))))]
@@ -203,11 +316,23 @@ def main():
     ap.add_argument("--hf-device", default="cpu", help="transformers' device (default cpu)")
     ap.add_argument("--make-device", default="cpu", help="pretrain_gpt --device for the generated model (default cpu)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--shared-prefix", type=int, default=0,
+                    help="the prefix caching workload: a common prompt of this many tokens (0: the usual workload)")
+    ap.add_argument("--suffix-tokens", type=int, default=12, help="--shared-prefix: each request's own tokens (12)")
+    ap.add_argument("--prefix-policy", default="lru", help="--shared-prefix: the eviction policy (default lru)")
     args = ap.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     work = tempfile.mkdtemp(prefix="bench_serve_")
     try:
         ck = args.load or make_model(args, work)
+        if args.shared_prefix > 0:
+            rows, notes = shared_prefix_bench(args, ck, work)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"rows": rows, "notes": notes, "shared_prefix": args.shared_prefix,
+                               "suffix_tokens": args.suffix_tokens, "new_tokens": args.new_tokens,
+                               "threads": args.threads}, f, indent=1)
+            return
         corpus = os.path.join(args.source, "assets", "text", "tinyshakespeare.txt")
         prompts = {c: prompts_from(corpus, max(16, c * args.requests)) for c in args.clients}
         n_new = args.new_tokens

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "model/flags/flag_given.h"
 #include "model/flags/model_flags.h"
+#include "model/flags/prefix_eviction.h"
 #include "model/flags/megatron_compat.h"
 
 namespace po = boost::program_options;
@@ -96,6 +97,12 @@ void add_inference_flags(po::options_description& desc, InferenceFlags& f, bool 
   add(dyn, "num-speculative-tokens", po::value(&b.num_speculative_tokens),
       "speculative decoding with the model's MTP layers: tokens drafted per step for greedy requests (1; the "
       "output is plain greedy decoding's), acceptance rate in the engine's line");
+  add(dyn, "inference-dynamic-batching-prefix-caching", po::bool_switch(&b.prefix_caching),
+      "requests whose prompts start alike share the KV blocks of the common prefix and compute only the rest "
+      "(hit rate in the engine's line)");
+  add(dyn, "inference-dynamic-batching-prefix-caching-eviction-policy", po::value(&b.prefix_caching_eviction_policy),
+      "ref_zero (default: a cached block leaves with its last request) | lru (unreferenced cached blocks stay, the "
+      "least recently used evicted when blocks are needed)");
   desc.add(dyn);
 
   if (!has(desc, "distributed-backend")) add_noop_flags(desc);
@@ -136,6 +143,14 @@ void check_inference_flags(const po::variables_map& vm, InferenceFlags& f) {
             "leave it out for the tool's default (the server: 64 with --inference-dynamic-batching, else 128; "
             "generate_text: --micro-batch-size)");
   MPT_CHECK(b.max_tokens >= 1, str("--inference-dynamic-batching-max-tokens must be >= 1, got ", b.max_tokens), "");
+  parse_prefix_eviction(b.prefix_caching_eviction_policy);  // throws naming the flag and the choices
+  MPT_CHECK(b.prefix_caching || !flag_given(vm, "inference-dynamic-batching-prefix-caching-eviction-policy"),
+            "--inference-dynamic-batching-prefix-caching-eviction-policy without --inference-dynamic-batching-prefix-caching",
+            "add --inference-dynamic-batching-prefix-caching (the policy says what it keeps)");
+  MPT_CHECK(!b.prefix_caching || b.enabled,
+            "--inference-dynamic-batching-prefix-caching without --inference-dynamic-batching: prefix caching shares KV "
+            "blocks between the requests of the dynamic engine",
+            "add --inference-dynamic-batching");
   for (const Ignored& i : kIgnored) {
     // Only where add_inference_flags declared it (a tool's own flag of that name means something).
     if (std::find(f.no_op.begin(), f.no_op.end(), i.name) == f.no_op.end() || !vm.count(i.name)) continue;

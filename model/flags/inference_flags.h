@@ -43,6 +43,10 @@ struct DynamicBatchingFlags {
   int64_t max_tokens = 512;     // --inference-dynamic-batching-max-tokens: tokens per step
   bool chunked_prefill = false; // --enable-chunked-prefill: prompts split over steps
   int64_t num_speculative_tokens = 0;  // --num-speculative-tokens: MTP drafts per step (greedy requests)
+  bool prefix_caching = false;  // --inference-dynamic-batching-prefix-caching: requests share the KV blocks of a
+                                //   common prompt prefix (model/inference/prefix_cache.h); needs --inference-dynamic-batching
+  std::string prefix_caching_eviction_policy = "ref_zero";  // --inference-dynamic-batching-prefix-caching-eviction-policy:
+                                //   ref_zero (a block leaves the cache with its last request) | lru (kept until needed)
 };
 
 struct InferenceFlags {

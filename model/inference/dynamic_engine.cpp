@@ -63,7 +63,18 @@ std::string EngineStats::line() const {
                  ? str("; speculative: ", accepted, " of ", drafted, " MTP drafts accepted (",
                        drafted > 0 ? 100.0 * static_cast<double>(accepted) / static_cast<double>(drafted) : 0.0,
                        "%), ", draft_steps, " draft steps")
-                 : std::string());
+                 : std::string(),
+             prefix_cache_policy.empty()
+                 ? std::string()
+                 : str("; prefix cache (", prefix_cache_policy, "): ", prefix_cache_hits, " of ", prefix_cache_queries,
+                       " prompt blocks hit (",
+                       prefix_cache_queries > 0
+                           ? 100.0 * static_cast<double>(prefix_cache_hits) / static_cast<double>(prefix_cache_queries)
+                           : 0.0,
+                       "%), ", prefix_cache_tokens_saved, " prompt tokens not computed, blocks saved by sharing ",
+                       prefix_cache_blocks_saved, " now (peak ", prefix_cache_blocks_saved_peak, "), ",
+                       prefix_cache_blocks_resident, " cached, ",
+                       prefix_cache_evictions, " evicted, ", prefix_cache_deferred, " admissions deferred"));
 }
 
 // ---------------------------------------------------------------------------
@@ -77,6 +88,7 @@ struct DynamicEngine::Seq {
   int64_t cached = 0;           // positions [0, cached) are in the KV cache
   int64_t limit = 0;            // tokens.size() may reach this: min(context + max_new_tokens, max positions)
   std::vector<int32_t> table;   // its KV blocks
+  SharingState shared;          // what block sharing (prefix caching) knows of it
   bool paused = false;
   bool sampled = false;         // got a new token in the current step
   int64_t evicted_at = -1;      // tokens cached when it was evicted (they are recomputed)
@@ -88,8 +100,10 @@ struct DynamicEngine::Seq {
 };
 
 DynamicEngine::DynamicEngine(ModelRunner& runner, const EngineConfig& cfg)
-    : runner_(runner), cfg_(cfg), blocks_(runner.has_kv_cache() ? runner.kv_cache().num_blocks() : 1),
-      block_size_(runner.has_kv_cache() ? runner.kv_cache().block_size() : 1) {
+    : runner_(runner), cfg_(cfg),
+      blocks_(runner.has_kv_cache() ? runner.kv_cache().num_blocks() : 1, cfg.prefix_caching.eviction),
+      block_size_(runner.has_kv_cache() ? runner.kv_cache().block_size() : 1),
+      sharing_(make_block_sharing(cfg.prefix_caching, blocks_, block_size_)) {
   MPT_CHECK(runner.is_driver() && runner.has_kv_cache(), "DynamicEngine runs on the driver rank after init_kv_cache",
             "");
   MPT_CHECK(cfg.max_requests >= 1,
@@ -106,6 +120,17 @@ DynamicEngine::DynamicEngine(ModelRunner& runner, const EngineConfig& cfg)
             str("--num-speculative-tokens ", cfg.num_speculative_tokens, " with a model of ",
                 runner.config().mtp_num_layers, " MTP layers: the drafts come from the MTP layers"),
             "give at most the model's --mtp-num-layers (a model trained without MTP has none)");
+  MPT_CHECK(!(cfg.prefix_caching.enabled && cfg.num_speculative_tokens > 0),
+            "--inference-dynamic-batching-prefix-caching with --num-speculative-tokens is not built: the MTP layer's "
+            "cache at a block's last position holds the next block's first token, so its blocks are not a function "
+            "of their prefix",
+            "drop one of the two");
+  MPT_CHECK(!(cfg.prefix_caching.enabled && runner.config().rope_scaling.type == RopeScalingType::Dynamic),
+            "--inference-dynamic-batching-prefix-caching with dynamic NTK rope scaling (rope_type \"dynamic\") is "
+            "refused: a cached key's rotation depends on the length of the step that computed it, so a shared block "
+            "would differ from the one the request computes alone",
+            "serve this model without prefix caching");
+  stats_.prefix_cache_policy = sharing_->name();
   MPT_CHECK(cfg.num_speculative_tokens <= 1,
             str("--num-speculative-tokens ", cfg.num_speculative_tokens, " is not built (one drafted token per step is)"),
             "use --num-speculative-tokens 1");
@@ -160,6 +185,15 @@ void DynamicEngine::wait_for_work(double timeout_s) {
 EngineStats DynamicEngine::stats() const {
   EngineStats s = stats_;
   s.peak_blocks = blocks_.peak_used();
+  s.prefix_cache_blocks_saved = blocks_.shared_references();
+  s.prefix_cache_blocks_saved_peak = blocks_.peak_shared_references();
+  s.prefix_cache_blocks_resident = blocks_.cached_blocks();
+  s.prefix_cache_evictions = blocks_.evicted_blocks();
+  const SharingCounters n = sharing_->counters();
+  s.prefix_cache_queries = n.queries;
+  s.prefix_cache_hits = n.hits;
+  s.prefix_cache_tokens_saved = n.tokens_saved;
+  s.prefix_cache_deferred = n.deferred;
   return s;
 }
 
@@ -177,6 +211,7 @@ void DynamicEngine::evict(Seq& s) {
   ++stats_.evictions;
   s.evicted_at = s.cached;
   s.cached = 0;
+  sharing_->dropped(s.shared);
   s.paused = false;
 }
 
@@ -191,12 +226,27 @@ void DynamicEngine::drop_cancelled() {
   waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), gone), waiting_.end());
 }
 
-// Adds s's next tokens to the plan when the budget and the blocks allow. Counts
-// a pause when a running request cannot get the block it needs.
+// Adds s's next tokens to the plan when the budget and the blocks allow. A sequence without blocks
+// first claims the blocks it shares (prefix caching) and gives them back if it does not get in.
 bool DynamicEngine::schedule(Seq& s, bool running, StepPlan& plan, int64_t& budget, bool& prefill_in_step,
                              std::vector<Seq*>& sample) {
-  const int64_t known = static_cast<int64_t>(s.tokens.size()), need = known - s.cached;
   if (budget <= 0) return false;
+  const bool fresh = s.table.empty();
+  if (fresh && !sharing_->claim(s.shared, s.tokens, s.table, s.cached)) return false;
+  const int64_t from = s.cached;
+  if (place(s, running, plan, budget, prefill_in_step, sample)) {
+    sharing_->placed(s.shared, s.tokens, from, s.cached, fresh);
+    return true;
+  }
+  if (fresh) sharing_->unclaim(s.shared, s.table, s.cached);
+  return false;
+}
+
+// s's next rows (a prompt chunk, a recompute, a decode token, a decode token and its draft). Counts
+// a pause when a running request cannot get the block it needs.
+bool DynamicEngine::place(Seq& s, bool running, StepPlan& plan, int64_t& budget, bool& prefill_in_step,
+                          std::vector<Seq*>& sample) {
+  const int64_t known = static_cast<int64_t>(s.tokens.size()), need = known - s.cached;
   // A greedy decode with a draft verifies it beside the next token (when the draft still fits the limit).
   const bool drafting = need == 1 && s.spec && s.draft >= 0 && known + 1 < s.limit && budget >= 2;
   int64_t k = drafting ? 2 : 1;
@@ -271,6 +321,7 @@ bool DynamicEngine::step() {
 
   StepPlan plan;
   std::vector<Seq*> sample;
+  sharing_->begin_step();
   for (;;) {
     int64_t budget = cfg_.max_tokens;
     bool prefill_in_step = false, any_paused = false;
@@ -295,6 +346,7 @@ bool DynamicEngine::step() {
   if (plan.tokens.empty()) return !waiting_.empty();
 
   const std::vector<float> logits = runner_.step(plan);
+  for (auto& s : running_) sharing_->computed(s->shared, s->tokens, s->table, s->cached);
   ++stats_.steps;
   stats_.rows += static_cast<int64_t>(plan.tokens.size());
   const int64_t V = runner_.config().vocab_size;

@@ -28,6 +28,9 @@
 // The pool holds at least one max_position_embeddings sequence, so one request
 // alone always completes.
 //
+// Prefix caching (EngineConfig::prefix_caching, block_sharing.h): a request without blocks first
+// shares the cached full blocks its tokens start with and computes only the rest.
+//
 // Batch invariance: a request's logits are computed by row-independent numerics
 // (model_runner.h: tiles and per-row attention) and its draws by
 // philox(seed, stream, step) where step counts ITS generated tokens; so its
@@ -44,9 +47,11 @@
 #include <utility>
 #include <vector>
 
+#include "model/inference/block_sharing.h"
 #include "model/inference/generate.h"
 #include "model/inference/kv_block_allocator.h"
 #include "model/inference/model_runner.h"
+#include "model/inference/prefix_cache.h"
 
 namespace mpitron {
 
@@ -59,6 +64,10 @@ struct EngineConfig {
   // when the model's own choice equals the draft, both are kept (two tokens from one step). The
   // output is exactly plain greedy decoding's; sampled requests decode plainly. k = 1 is built.
   int64_t num_speculative_tokens = 0;
+  // --inference-dynamic-batching-prefix-caching (and its -eviction-policy): a request whose prompt
+  // starts with full KV blocks another request computed shares them and computes only the rest
+  // (always its last prompt token, whose logits it needs). Not with speculative decoding.
+  PrefixCacheOptions prefix_caching;
 };
 
 struct GenRequest {
@@ -120,6 +129,16 @@ struct EngineStats {
   int64_t pauses = 0, resumes = 0, evictions = 0, recomputed_tokens = 0;
   int64_t kv_blocks = 0, kv_block_bytes = 0, peak_blocks = 0;
   int64_t drafted = 0, accepted = 0, draft_steps = 0;  // speculative decoding: drafts verified, kept
+  // Prefix caching (EngineConfig::prefix_caching), counted in KV blocks:
+  int64_t prefix_cache_queries = 0;         // full prompt blocks looked up (at admission, and again after an eviction)
+  int64_t prefix_cache_hits = 0;            // of them found cached: their keys and values reused, not computed
+  int64_t prefix_cache_tokens_saved = 0;    // prompt positions not computed: hits x block size
+  int64_t prefix_cache_blocks_saved = 0;    // now: block references beyond the first (blocks sharing spares)
+  int64_t prefix_cache_blocks_saved_peak = 0;  // the most blocks_saved at once since the engine started
+  int64_t prefix_cache_blocks_resident = 0; // now: blocks cached (held by a request or, with lru, kept unheld)
+  int64_t prefix_cache_evictions = 0;       // cached blocks taken back for other use (lru)
+  int64_t prefix_cache_deferred = 0;        // admissions put off a step to share a block that step computes
+  std::string prefix_cache_policy;          // "ref_zero" / "lru"; empty: prefix caching off
   std::string line() const;  // one log line
 };
 
@@ -147,6 +166,7 @@ class DynamicEngine {
   struct Seq;
   bool schedule(Seq& s, bool running, StepPlan& plan, int64_t& budget, bool& prefill_in_step,
                 std::vector<Seq*>& sample);
+  bool place(Seq& s, bool running, StepPlan& plan, int64_t& budget, bool& prefill_in_step, std::vector<Seq*>& sample);
   void evict(Seq& s);
   void finish(Seq& s, const std::string& reason);
   void drop_cancelled();
@@ -162,6 +182,7 @@ class DynamicEngine {
   std::deque<std::unique_ptr<Seq>> waiting_;
   uint64_t admitted_ = 0;
   EngineStats stats_;
+  std::unique_ptr<BlockSharing> sharing_;  // prefix caching, or none (block_sharing.h)
 
   mutable std::mutex in_mu_;  // guards incoming_ (submit() from other threads)
   std::condition_variable in_cv_;

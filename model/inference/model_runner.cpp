@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <thread>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -67,6 +68,18 @@ void StepPlan::validate(int64_t vocab, int64_t max_positions, int64_t num_blocks
   }
   for (const auto& t : rows.tables)
     for (int32_t b : t) MPT_CHECK(b >= 0 && b < num_blocks, str("step plan: block ", b, " outside the pool"), "");
+  // Prefix caching shares blocks between tables, never one that a row writes: a written block is its sequence's own.
+  std::unordered_map<int32_t, int32_t> writer;  // block -> the sequence whose row writes it
+  for (size_t i = 0; i < n; ++i)
+    writer.emplace(rows.tables[static_cast<size_t>(rows.seq[i])][static_cast<size_t>(rows.pos[i] / block_size)],
+                   rows.seq[i]);
+  for (size_t q = 0; q < rows.tables.size(); ++q)
+    for (int32_t b : rows.tables[q]) {
+      const auto w = writer.find(b);
+      MPT_CHECK(w == writer.end() || w->second == static_cast<int32_t>(q),
+                str("step plan: block ", b, " is written by a row of sequence ", w->second, " and read by sequence ", q),
+                "a shared (prefix-cached) block must never be written");
+    }
   for (int32_t r : logits_rows)
     MPT_CHECK(r >= 0 && static_cast<size_t>(r) < n, str("step plan: logits of row ", r, " of ", n), "");
   MPT_CHECK(kind == 0 || (kind == 1 && hidden_rows.size() == n), str("step plan: kind ", kind, " with ",

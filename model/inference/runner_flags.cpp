@@ -37,4 +37,15 @@ int64_t kv_cache_blocks(const DynamicBatchingFlags& b, const ModelRunner& runner
   return std::max(one_seq, std::min(std::max<int64_t>(max_requests, 1) * one_seq, cap));
 }
 
+EngineConfig engine_config(const DynamicBatchingFlags& b, int64_t max_requests) {
+  EngineConfig e;
+  e.max_requests = max_requests;
+  e.max_tokens = b.max_tokens;
+  e.chunked_prefill = b.chunked_prefill;
+  e.num_speculative_tokens = b.num_speculative_tokens;
+  e.prefix_caching.enabled = b.prefix_caching;
+  e.prefix_caching.eviction = parse_prefix_eviction(b.prefix_caching_eviction_policy);
+  return e;
+}
+
 }  // namespace mpitron

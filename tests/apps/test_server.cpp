@@ -3,6 +3,7 @@
 //    server-sent events), every bad request a 400 naming the field, the server serving after each;
 //  * dynamic batching: 32 concurrent clients get exactly the answers they get one at a time
 //    (greedy and seeded samples), with a KV pool too small for all of them (pauses in the log);
+//  * prefix caching: clients sharing a long prompt prefix get the answers of the server without it;
 //  * a client sending its header one byte a second does not delay the others; keep-alive; 413;
 //    a streaming client that vanishes is cancelled; SIGTERM exits 0.
 // The model is the PyTorch reference GPT-2 (tests/apps/ref/).
@@ -345,4 +346,56 @@ TEST_CASE("dynamic batching: 32 concurrent clients get their one-at-a-time answe
   REQUIRE(p != std::string::npos);
   CHECK_MESSAGE(std::stoll(stats.substr(p + 7)) > 0, "no request was paused: ", stats);
   CHECK(stats.find("peak 24 of 24") != std::string::npos);
+}
+
+// Prefix caching (--inference-dynamic-batching-prefix-caching, lru): 12 concurrent clients whose
+// prompts share ~120 tokens (7 blocks of 16) get the answers (tokens and log-probabilities) of the
+// server without it, and so do the same requests sent again one by one (served from the blocks lru
+// kept); the engine's exit line counts the shared blocks.
+TEST_CASE("prefix caching: clients sharing a long prompt prefix get the answers of the server without it") {
+  TempDir tmp("srv_prefix");
+  const std::string ck = make_checkpoint(tmp);
+  std::string system;
+  for (int i = 0; i < 12; ++i) system += "The quick brown fox jumps over the lazy dog. ";
+  std::vector<std::string> bodies;
+  for (int i = 0; i < 12; ++i)
+    bodies.push_back(json({{"prompt", system + "Question " + std::to_string(i) + ":"}, {"max_tokens", 8},
+                           {"temperature", 0}, {"logprobs", 1}})
+                         .dump());
+  // The answers at once, then one by one, and the engine's exit line.
+  const auto serve = [&](const std::vector<std::string>& extra, const std::string& name, std::string& stats) {
+    std::vector<std::string> args = {"--load", ck, "--inference-dynamic-batching", "--inference-dynamic-batching-block-size",
+                                     "16"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Server srv(args, tmp / (name + ".log"));
+    std::vector<std::string> out(2 * bodies.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < bodies.size(); ++i)
+      clients.emplace_back([&, i] {
+        const Reply r = http(srv.port, "POST", "/v1/completions", bodies[i]);
+        out[i] = r.status == 200 ? stable(r.body) : "HTTP " + std::to_string(r.status) + ": " + r.body;
+      });
+    for (auto& t : clients) t.join();
+    for (size_t i = 0; i < bodies.size(); ++i) {
+      const Reply r = http(srv.port, "POST", "/v1/completions", bodies[i]);
+      out[bodies.size() + i] = r.status == 200 ? stable(r.body) : "HTTP " + std::to_string(r.status) + ": " + r.body;
+    }
+    CHECK(srv.stop() == 0);
+    const std::string log = slurp(srv.log);
+    const size_t at = log.rfind("engine: ");
+    stats = at == std::string::npos ? log : log.substr(at, log.find('\n', at) - at);
+    return out;
+  };
+  std::string plain_stats, stats;
+  const std::vector<std::string> want = serve({}, "plain", plain_stats);
+  const std::vector<std::string> got = serve({"--inference-dynamic-batching-prefix-caching",
+                                              "--inference-dynamic-batching-prefix-caching-eviction-policy", "lru"},
+                                             "prefix", stats);
+  for (size_t i = 0; i < want.size(); ++i) CHECK_MESSAGE(got[i] == want[i], "request ", i % bodies.size());
+  MESSAGE(stats);
+  CHECK(plain_stats.find("prefix cache") == std::string::npos);
+  const size_t p = stats.find("prefix cache (lru): ");
+  REQUIRE_MESSAGE(p != std::string::npos, stats);
+  // 23 of the 24 requests share the first one's 7 blocks at least.
+  CHECK_MESSAGE(std::stoll(stats.substr(p + 20)) >= 23 * 7, stats);
 }

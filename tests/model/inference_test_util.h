@@ -1,4 +1,4 @@
-// tests/model/inference_test_util.h — small GPT-2, Llama, Qwen2 and Gemma checkpoints for the inference
+// tests/model/inference_test_util.h — small GPT-2, Llama, Qwen2, Gemma and MLA checkpoints for the inference
 // runner and engine tests (written by rank 0, read by every rank).
 #pragma once
 #include <mpi.h>
@@ -70,6 +70,19 @@ inline GPTConfig tiny_qwen2() {
 inline GPTConfig tiny_mistral() {
   GPTConfig c = tiny_llama();
   c.window_size = 5;
+  return c;
+}
+
+// Multi-latent attention (DeepSeek-V3's): the cache holds one latent row of 16 + 8 values per token,
+// the same on every tensor-parallel rank.
+inline GPTConfig tiny_mla() {
+  GPTConfig c = tiny_llama();
+  c.num_query_groups = 0;
+  c.multi_latent_attention = true;
+  c.kv_lora_rank = 16;
+  c.qk_head_dim = 8;
+  c.qk_pos_emb_head_dim = 8;
+  c.v_head_dim = 8;
   return c;
 }
 
