@@ -1,5 +1,6 @@
 #include "data/chat_template.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -54,6 +55,26 @@ ChatTemplate ChatTemplate::load(const std::string& path) {
     if (cfg.contains(k) && token_text(cfg[k], t)) special[k] = t;
   }
   return ChatTemplate(source, "'" + path + "'" + which, special);
+}
+
+std::shared_ptr<const ChatTemplate> ChatTemplate::find(const std::string& flag, const std::string& tokenizer_model,
+                                                       std::string& why_none) {
+  if (!flag.empty()) return std::make_shared<const ChatTemplate>(load(flag));
+  if (tokenizer_model.empty()) {
+    why_none = "no --chat-template, and no --tokenizer-model whose tokenizer_config.json could have one";
+    return nullptr;
+  }
+  const std::filesystem::path cfg = std::filesystem::path(tokenizer_model).parent_path() / "tokenizer_config.json";
+  if (!std::filesystem::is_regular_file(cfg)) {
+    why_none = str("no --chat-template, and no ", cfg.string());
+    return nullptr;
+  }
+  const nlohmann::json j = read_json_file(cfg.string(), "tokenizer config");
+  if (!j.is_object() || !j.contains("chat_template")) {
+    why_none = str(cfg.string(), " has no chat_template");
+    return nullptr;
+  }
+  return std::make_shared<const ChatTemplate>(load(cfg.string()));
 }
 
 ChatTemplate::ChatTemplate(const std::string& source, const std::string& name, const nlohmann::ordered_json& special)

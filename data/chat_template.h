@@ -7,6 +7,7 @@
 // eos_token, unk_token, pad_token, as strings), and any extra keyword arguments
 // (e.g. Qwen3's enable_thinking). The renderer is data/jinja.h.
 #pragma once
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -21,6 +22,11 @@ class ChatTemplate {
   // itself. Throws an Error naming the file when it has no template or the template uses a
   // construct outside the supported subset.
   static ChatTemplate load(const std::string& path);
+  // The server's choice: `flag` (--chat-template) when given, else the tokenizer_config.json beside
+  // `tokenizer_model` (--tokenizer-model) when that has a chat_template; else null, with `why_none`
+  // saying what was looked for. A template that does not parse is an Error (at start-up).
+  static std::shared_ptr<const ChatTemplate> find(const std::string& flag, const std::string& tokenizer_model,
+                                                  std::string& why_none);
   // The template `source` named `name` (in errors), with its special tokens.
   ChatTemplate(const std::string& source, const std::string& name, const nlohmann::ordered_json& special_tokens);
 

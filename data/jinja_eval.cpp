@@ -14,7 +14,7 @@ namespace mpitron::jinja {
 namespace {
 
 constexpr int kMaxCallDepth = 100;          // macro calls inside each other
-constexpr int64_t kMaxSteps = 20'000'000;   // statements and loop iterations in one render
+constexpr int64_t kMaxSteps = 2'000'000;    // statements and loop iterations in one render
 
 using Frame = std::unordered_map<std::string, Value>;
 

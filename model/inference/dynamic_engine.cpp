@@ -160,6 +160,9 @@ void DynamicEngine::wait_for_work(double timeout_s) {
 EngineStats DynamicEngine::stats() const {
   EngineStats s = stats_;
   s.peak_blocks = blocks_.peak_used();
+  s.running = static_cast<int64_t>(running_.size());
+  s.waiting = std::max<int64_t>(0, pending_.load() - s.running);  // queued, submitted but not admitted
+  s.kv_blocks_used = blocks_.used();
   return s;
 }
 
