@@ -347,7 +347,7 @@ io::HttpResponse TextGenerationApi::chat_completions(const io::HttpRequest& req)
       if (cs.done()) continue;
       ChoiceUpdate u = cs.poll(waited ? 0.0 : 0.05);
       waited = true;
-      if (!u.text.empty() || (logprobs && !u.tokens.empty())) {
+      if (!u.tokens.empty() || !u.text.empty()) {  // a chunk per token (its text may be held back: "")
         const json lp = logprobs ? json{{"content", lp_entries(u.tokens)}} : json(nullptr);
         if (!chunk(one(i, {{"content", u.text}}, lp, nullptr), nullptr)) return false;
       }

@@ -44,43 +44,48 @@ ChoiceUpdate ChoiceStream::poll(double timeout_s) {
     u.done = true;
     return u;
   }
-  std::vector<TokenEvent> events;
-  const bool more = state_->next_events(events, timeout_s);
-  bool stopped = false;
-  for (const TokenEvent& e : events) {
+  if (pending_.empty() && !engine_done_) {
+    std::vector<TokenEvent> events;
+    engine_done_ = !state_->next_events(events, timeout_s);
     const Clock::time_point now = Clock::now();
-    if (metrics_) {
-      if (count_ == 0) metrics_->on_first_token(std::chrono::duration<double>(now - arrived_).count());
-      else metrics_->on_token_gap(std::chrono::duration<double>(now - last_).count());
+    for (TokenEvent& e : events) {
+      if (metrics_) {
+        if (count_ == 0) metrics_->on_first_token(std::chrono::duration<double>(now - arrived_).count());
+        else metrics_->on_token_gap(std::chrono::duration<double>(now - last_).count() / static_cast<double>(events.size()));
+      }
+      ++count_;
+      pending_.push_back(std::move(e));
     }
-    last_ = now;
-    ++count_;
-    if (e.token == eod_) continue;  // the engine ends a request at its end of document; not text
+    if (!events.empty()) last_ = now;
+  }
+  if (!pending_.empty()) {
+    const TokenEvent e = std::move(pending_.front());
+    pending_.pop_front();
+    if (e.token == eod_) return u;  // the engine ends a request at its end of document; not text
     gen_.push_back(e.token);
     u.tokens.push_back(e);
     const std::string text = tok_.decode(gen_);
     size_t hit = std::string::npos;
     for (const std::string& s : stops_) hit = std::min(hit, text.find(s, sent_));
     if (hit != std::string::npos) {
-      u.text += text.substr(sent_, hit - sent_);
+      u.text = text.substr(sent_, hit - sent_);
       sent_ = hit;
-      stopped = true;
-      break;
+      state_->cancel();  // the engine frees its blocks at its next step
+      done_ = u.done = true;
+      u.finish_reason = "stop";
+      return u;
     }
     size_t safe = complete_utf8_prefix(text);
     safe -= stop_prefix_suffix(text.substr(0, safe), stops_);
     if (safe > sent_) {
-      u.text += text.substr(sent_, safe - sent_);
+      u.text = text.substr(sent_, safe - sent_);
       sent_ = safe;
     }
+    return u;
   }
-  if (stopped) {
-    state_->cancel();  // the engine frees its blocks at its next step
-    done_ = u.done = true;
-    u.finish_reason = "stop";
-  } else if (!more) {
+  if (engine_done_) {  // every token taken: what was held back goes out now
     const std::string text = tok_.decode(gen_);
-    if (text.size() > sent_) u.text += text.substr(sent_);
+    if (text.size() > sent_) u.text = text.substr(sent_);
     sent_ = text.size();
     done_ = u.done = true;
     const std::string reason = state_->result().finish_reason;

@@ -5,6 +5,7 @@
 // "stop"). It also feeds the latency metrics (time to first token, time between tokens).
 #pragma once
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -45,7 +46,8 @@ class ChoiceStream {
  public:
   ChoiceStream(std::shared_ptr<RequestState> state, const data::TextTokenizer& tok, std::vector<std::string> stops,
                int32_t eod, ServerMetrics* metrics, Clock::time_point arrived);
-  // Waits up to timeout_s for tokens, then returns what they add.
+  // Takes the next token (waiting up to timeout_s for one when none is queued) and returns what
+  // it adds: one token per update, so a stream sends a chunk per token.
   ChoiceUpdate poll(double timeout_s);
   bool done() const { return done_; }
   int64_t generated() const { return count_; }  // tokens the engine produced for it (a final eod included)
@@ -58,6 +60,8 @@ class ChoiceStream {
   int32_t eod_;
   ServerMetrics* metrics_;
   Clock::time_point arrived_, last_;
+  std::deque<TokenEvent> pending_;  // received from the engine, not yet taken
+  bool engine_done_ = false;
   std::vector<int32_t> gen_;
   size_t sent_ = 0;  // bytes of decode(gen_) handed out
   int64_t count_ = 0;

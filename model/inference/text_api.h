@@ -13,8 +13,11 @@
 //   seed         int >= 0 (the server's --seed); prompt i draws philox(seed, i, step)
 //   stream       bool: server-sent events, one chunk per token, then "data: [DONE]"
 //   logprobs     null or 0..20: tokens, token_logprobs, top_logprobs (that many), text_offset
-//   model, user  accepted (any string); n must be 1; echo false, best_of 1, presence/frequency
-//                penalties 0, stop/suffix/logit_bias null: other values are refused by name
+//   n            1..16 choices per prompt (choice index p*n + k, Philox stream p*n + k)
+//   stop         a string or up to 4: the text is cut before the first, finish_reason "stop"
+//   model        the served model's name (GET /v1/models), else 404 model_not_found; user accepted;
+//                echo false, best_of 1, presence/frequency penalties 0, suffix/logit_bias null:
+//                other values are refused by name
 //   → {"id", "object": "text_completion", "created", "model", "choices": [{"index", "text",
 //      "logprobs", "finish_reason": "stop" | "length"}], "usage": {prompt/completion/total_tokens}}
 //   Errors: 400 {"error": {"message", "type": "invalid_request_error", "param": <field>, "code": null}}.

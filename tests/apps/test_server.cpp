@@ -79,11 +79,11 @@ TEST_CASE("text_generation_server: PUT /api and POST /v1/completions, 400s namin
 
   // OpenAI's completions: the same greedy tokens as /api, usage, logprobs.
   r = http(port, "POST", "/v1/completions", R"({"prompt": "Hello, my dog", "max_tokens": 5, "temperature": 0,
-                                                 "logprobs": 2, "model": "anything"})");
+                                                 "logprobs": 2, "model": "ckpt"})");
   REQUIRE_MESSAGE(r.status == 200, r.body);
   auto c = json::parse(r.body);
   CHECK(c["object"] == "text_completion");
-  CHECK(c["model"] == "anything");
+  CHECK(c["model"] == "ckpt");
   REQUIRE(c["choices"].size() == 1);
   CHECK("Hello, my dog" + c["choices"][0]["text"].get<std::string>() == j["text"][0].get<std::string>());
   CHECK(c["choices"][0]["finish_reason"] == "length");
@@ -179,9 +179,10 @@ TEST_CASE("text_generation_server: PUT /api and POST /v1/completions, 400s namin
       {R"({"prompt": "a", "stream": "yes"})", "stream"},
       {R"({"prompt": "a", "logprobs": 50})", "logprobs"},
       {R"({"prompt": "a", "logprobs": true})", "logprobs"},
-      {R"({"prompt": "a", "n": 2})", "n"},
+      {R"({"prompt": "a", "n": 17})", "n"},
       {R"({"prompt": "a", "echo": true})", "echo"},
-      {R"({"prompt": "a", "stop": "\n"})", "stop"},
+      {R"({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]})", "stop"},
+      {R"({"prompt": "a", "stop": ""})", "stop"},
       {R"({"prompt": "a", "model": 7})", "model"},
       {R"({"prompt": "a", "max_tokenz": 3})", "max_tokenz"}};
   for (const auto& [body, param] : bad_v1) {
