@@ -175,6 +175,7 @@ int run(int argc, char** argv) {
   sa.sa_handler = on_signal;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  metrics.publish(engine.stats());  // the engine is up: /health answers 200 from the first request
   const int port = http.start(a.host, a.port);
   log_info("model ", runner.checkpoint_dir(), " on ", runner.describe(), "; ",
            b.enabled ? str("dynamic batching: up to ", max_requests, " requests, ", b.max_tokens, " tokens per step",
