@@ -207,13 +207,13 @@ int run(int argc, char** argv) {
         since_stop.reset();
         http.stop();  // no new connections; the ones in progress are answered
       }
-      metrics.publish(engine.stats());
       if (engine.has_work()) {
         engine.step();
       } else {
         engine.wait_for_work(0.05);
         runner.heartbeat();
       }
+      metrics.publish(engine.stats());  // /metrics' gauges: the engine after its last step
       if (since_log.seconds() > 10) {
         log_stats();
         since_log.reset();

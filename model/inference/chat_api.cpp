@@ -173,6 +173,68 @@ json token_bytes(const std::string& s) {
   return b;
 }
 
+// What a chat request needs from the server.
+struct ChatContext {
+  const data::TextTokenizer& tok;
+  int64_t max_positions;
+  const std::string& model_name;
+  uint64_t seed;
+  const data::ChatTemplate* chat_template;  // null: none
+  const std::string& no_chat_template;
+};
+
+// The request checked, its messages rendered and tokenised into `prompt`. Throws BadRequest.
+ChatRequest parse_chat(const std::string& body, const ChatContext& ctx, std::vector<int32_t>& prompt) {
+  try {
+    parse_json_text(body, "the body");  // bounded nesting, duplicate keys (core/json.h)
+  } catch (const Error& e) {
+    throw BadRequest{e.message(), ""};
+  }
+  const ojson j = ojson::parse(body);
+  if (!j.is_object()) throw BadRequest{"the body must be a JSON object", ""};
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (std::find_if(std::begin(kChatFields), std::end(kChatFields), [&](const char* f) { return it.key() == f; }) ==
+        std::end(kChatFields))
+      throw BadRequest{str("unknown field '", it.key(), "'"), it.key()};
+  ChatRequest c;
+  c.model = ctx.model_name;
+  if (given(j, "model")) {
+    if (!j["model"].is_string()) throw BadRequest{"model must be a string", "model"};
+    c.model = j["model"].get<std::string>();
+    if (c.model != ctx.model_name)
+      throw BadRequest{str("The model `", c.model, "` does not exist (this server serves `", ctx.model_name, "`)"),
+                       "model", 404, "model_not_found"};
+  }
+  if (given(j, "user") && !j["user"].is_string()) throw BadRequest{"user must be a string", "user"};
+  check_neutral(j);
+  c.base.eod = ctx.tok.eod();
+  c.base.sampling.seed = ctx.seed;
+  parse_sampling(j, c);
+  parse_messages(j, c);
+  if (!ctx.chat_template)
+    throw BadRequest{str("this model has no chat template (", ctx.no_chat_template,
+                         "); start the server with --chat-template FILE, or use /v1/completions"),
+                     "messages", 400, "no_chat_template"};
+  std::string text;
+  try {
+    text = ctx.chat_template->apply(c.messages, true, c.template_kwargs);
+  } catch (const Error& e) {  // the template's raise_exception, or a message it cannot render
+    throw BadRequest{e.message(), "messages"};
+  }
+  prompt = ctx.tok.make_encoder(false)->encode(text);
+  const int64_t P = ctx.max_positions, T = std::max<int64_t>(static_cast<int64_t>(prompt.size()), 1);
+  if (T >= P)
+    throw BadRequest{str("This model's maximum context length is ", P, " tokens, however your messages resulted in ",
+                         T, " tokens"), "messages", 400, "context_length_exceeded"};
+  if (c.max_tokens > P - T)
+    throw BadRequest{str("This model's maximum context length is ", P, " tokens, however you requested ",
+                         T + c.max_tokens, " tokens (", T, " in the messages; ", c.max_tokens, " for the completion)"),
+                     given(j, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens", 400,
+                     "context_length_exceeded"};
+  c.base.max_new_tokens = c.max_tokens >= 0 ? c.max_tokens : P - T;
+  return c;
+}
+
 struct Guard {  // cancels the submitted requests unless disarmed (an early return leaves no work)
   std::vector<std::shared_ptr<RequestState>> states;
   bool armed = true;
@@ -182,109 +244,40 @@ struct Guard {  // cancels the submitted requests unless disarmed (an early retu
   }
 };
 
-}  // namespace
+// One chat request's choices on their way to the client, whole or streamed.
+struct ChatRun {
+  std::string id, model;
+  int64_t created = 0, prompt_tokens = 0, top_n = 0;
+  bool logprobs = false, include_usage = false;
+  const data::TextTokenizer* tok = nullptr;
+  ServerMetrics* metrics = nullptr;
+  std::shared_ptr<Guard> guard = std::make_shared<Guard>();
+  std::shared_ptr<std::vector<ChoiceStream>> streams = std::make_shared<std::vector<ChoiceStream>>();
 
-io::HttpResponse TextGenerationApi::chat_completions(const io::HttpRequest& req) {
-  const auto arrived = openai::Clock::now();
-  const int64_t P = cfg_.max_position_embeddings;
-  ChatRequest c;
-  std::vector<int32_t> prompt;
-  try {
-    try {
-      parse_json_text(req.body, "the body");  // bounded nesting, duplicate keys (core/json.h)
-    } catch (const Error& e) {
-      throw BadRequest{e.message(), ""};
-    }
-    const ojson j = ojson::parse(req.body);
-    if (!j.is_object()) throw BadRequest{"the body must be a JSON object", ""};
-    for (auto it = j.begin(); it != j.end(); ++it)
-      if (std::find_if(std::begin(kChatFields), std::end(kChatFields), [&](const char* f) { return it.key() == f; }) ==
-          std::end(kChatFields))
-        throw BadRequest{str("unknown field '", it.key(), "'"), it.key()};
-    if (given(j, "model")) {
-      if (!j["model"].is_string()) throw BadRequest{"model must be a string", "model"};
-      c.model = j["model"].get<std::string>();
-      if (c.model != opts_.model_name)
-        throw BadRequest{str("The model `", c.model, "` does not exist (this server serves `", opts_.model_name, "`)"),
-                         "model", 404, "model_not_found"};
-    } else {
-      c.model = opts_.model_name;
-    }
-    if (given(j, "user") && !j["user"].is_string()) throw BadRequest{"user must be a string", "user"};
-    check_neutral(j);
-    c.base.eod = tok_.eod();
-    c.base.sampling.seed = opts_.seed;
-    parse_sampling(j, c);
-    parse_messages(j, c);
-    if (!opts_.chat_template)
-      throw BadRequest{str("this model has no chat template (", opts_.no_chat_template,
-                           "); start the server with --chat-template FILE, or use /v1/completions"),
-                       "messages", 400, "no_chat_template"};
-    std::string text;
-    try {
-      text = opts_.chat_template->apply(c.messages, true, c.template_kwargs);
-    } catch (const Error& e) {  // the template's raise_exception, or a message it cannot render
-      throw BadRequest{e.message(), "messages"};
-    }
-    prompt = tok_.make_encoder(false)->encode(text);
-    const int64_t T = std::max<int64_t>(static_cast<int64_t>(prompt.size()), 1);
-    if (T >= P)
-      throw BadRequest{str("This model's maximum context length is ", P, " tokens, however your messages resulted in ",
-                           T, " tokens"), "messages", 400, "context_length_exceeded"};
-    if (c.max_tokens > P - T)
-      throw BadRequest{str("This model's maximum context length is ", P, " tokens, however you requested ",
-                           T + c.max_tokens, " tokens (", T, " in the messages; ", c.max_tokens, " for the completion)"),
-                       "max_tokens", 400, "context_length_exceeded"};
-    c.base.max_new_tokens = c.max_tokens >= 0 ? c.max_tokens : P - T;
-  } catch (const BadRequest& e) {
-    return openai::error_response(e);
-  } catch (const json::exception& e) {
-    return openai::error_response(400, str("the body is not JSON: ", e.what()));
-  }
-
-  auto guard = std::make_shared<Guard>();
-  auto streams = std::make_shared<std::vector<ChoiceStream>>();
-  try {
-    for (int64_t i = 0; i < c.n; ++i) {
-      GenRequest r = c.base;
-      r.prompt = prompt;
-      r.stream = static_cast<uint64_t>(i);
-      guard->states.push_back(submit_(std::move(r)));
-      streams->emplace_back(guard->states.back(), tok_, c.stop, tok_.eod(), opts_.metrics, arrived);
-    }
-  } catch (const Error& e) {
-    return openai::error_response(400, e.message(), "messages");
-  }
-  const std::string id = str("chatcmpl-", next_id_++);
-  const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
-                              std::chrono::system_clock::now().time_since_epoch()).count();
-  const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
-  const data::TextTokenizer& tok = tok_;
-  const bool logprobs = c.logprobs;
-  const int64_t top_n = c.top_logprobs;
-  const auto lp_entries = [&tok, top_n](const std::vector<TokenEvent>& events) {
+  json logprob_content(const std::vector<TokenEvent>& events) const {
     json content = json::array();
     for (const TokenEvent& e : events) {
-      const std::string s = tok.decode(&e.token, 1);
+      const std::string s = tok->decode(&e.token, 1);
       json top = json::array();
       for (size_t k = 0; k < e.top.size() && static_cast<int64_t>(k) < top_n; ++k) {
-        const std::string ts = tok.decode(&e.top[k].first, 1);
+        const std::string ts = tok->decode(&e.top[k].first, 1);
         top.push_back({{"token", ts}, {"logprob", e.top[k].second}, {"bytes", token_bytes(ts)}});
       }
       content.push_back({{"token", s}, {"logprob", e.logprob}, {"bytes", token_bytes(s)}, {"top_logprobs", top}});
     }
     return content;
-  };
-  ServerMetrics* metrics = opts_.metrics;
-  const auto usage = [prompt_tokens, streams, metrics] {
+  }
+
+  // Counted once, when the answer is complete.
+  json usage() const {
     int64_t completion = 0;
     for (const ChoiceStream& s : *streams) completion += s.generated();
     if (metrics) metrics->on_tokens(prompt_tokens, completion);
     return json{{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion},
                 {"total_tokens", prompt_tokens + completion}};
-  };
+  }
 
-  if (!c.stream) {
+  io::HttpResponse whole() const {
     json choices = json::array();
     for (size_t i = 0; i < streams->size(); ++i) {
       std::string text, finish;
@@ -297,75 +290,108 @@ io::HttpResponse TextGenerationApi::chat_completions(const io::HttpRequest& req)
       }
       choices.push_back({{"index", i},
                          {"message", {{"role", "assistant"}, {"content", text}}},
-                         {"logprobs", logprobs ? json{{"content", lp_entries(tokens)}} : json(nullptr)},
+                         {"logprobs", logprobs ? json{{"content", logprob_content(tokens)}} : json(nullptr)},
                          {"finish_reason", finish}});
     }
     guard->armed = false;
     io::HttpResponse r;
-    r.body = dump({{"id", id},
-                   {"object", "chat.completion"},
-                   {"created", created},
-                   {"model", c.model},
-                   {"choices", choices},
-                   {"usage", usage()}});
+    r.body = dump({{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
+                   {"choices", choices}, {"usage", usage()}});
     return r;
   }
 
-  // Server-sent events: the role first, then content as it comes, a finish_reason per choice,
-  // the usage when asked, then [DONE].
-  struct StreamState {
-    bool started = false, finished = false;
-  };
-  auto st = std::make_shared<StreamState>();
-  const std::string model = c.model;
-  const bool include_usage = c.include_usage;
-  io::HttpResponse r;
-  r.content_type = "text/event-stream";
-  r.headers.emplace_back("Cache-Control", "no-cache");
-  r.stream = [guard, streams, st, id, created, model, include_usage, logprobs, lp_entries,
-              usage](const std::function<bool(const std::string&)>& write) {
-    if (st->finished) return false;
-    const auto chunk = [&](json choices, const json& use) {
-      json j = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
-                {"choices", std::move(choices)}};
-      if (include_usage) j["usage"] = use;
-      return write("data: " + dump(j) + "\n\n");
-    };
-    const auto one = [](size_t i, json delta, json lp, json finish) {
-      return json::array({{{"index", i}, {"delta", std::move(delta)}, {"logprobs", std::move(lp)},
-                           {"finish_reason", std::move(finish)}}});
-    };
-    if (!st->started) {
-      st->started = true;
-      for (size_t i = 0; i < streams->size(); ++i)
-        if (!chunk(one(i, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr), nullptr)) return false;
-      return true;
-    }
-    bool waited = false;
-    for (size_t i = 0; i < streams->size(); ++i) {
-      ChoiceStream& cs = (*streams)[i];
-      if (cs.done()) continue;
-      ChoiceUpdate u = cs.poll(waited ? 0.0 : 0.05);
-      waited = true;
-      if (!u.tokens.empty() || !u.text.empty()) {  // a chunk per token (its text may be held back: "")
-        const json lp = logprobs ? json{{"content", lp_entries(u.tokens)}} : json(nullptr);
-        if (!chunk(one(i, {{"content", u.text}}, lp, nullptr), nullptr)) return false;
+  // Server-sent events: the role first, then a chunk per token, a finish_reason per choice, the
+  // usage when asked, then [DONE].
+  io::HttpResponse stream() const {
+    auto started = std::make_shared<bool>(false), finished = std::make_shared<bool>(false);
+    io::HttpResponse r;
+    r.content_type = "text/event-stream";
+    r.headers.emplace_back("Cache-Control", "no-cache");
+    const ChatRun run = *this;
+    r.stream = [run, started, finished](const std::function<bool(const std::string&)>& write) {
+      if (*finished) return false;
+      const auto chunk = [&](json choices, const json& use) {
+        json j = {{"id", run.id}, {"object", "chat.completion.chunk"}, {"created", run.created}, {"model", run.model},
+                  {"choices", std::move(choices)}};
+        if (run.include_usage) j["usage"] = use;
+        return write("data: " + dump(j) + "\n\n");
+      };
+      const auto one = [](size_t i, json delta, json lp, json finish) {
+        return json::array({{{"index", i}, {"delta", std::move(delta)}, {"logprobs", std::move(lp)},
+                             {"finish_reason", std::move(finish)}}});
+      };
+      if (!*started) {
+        *started = true;
+        for (size_t i = 0; i < run.streams->size(); ++i)
+          if (!chunk(one(i, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr), nullptr)) return false;
+        return true;
       }
-      if (u.done && !chunk(one(i, json::object(), nullptr, u.finish_reason), nullptr)) return false;
+      bool waited = false;
+      for (size_t i = 0; i < run.streams->size(); ++i) {
+        ChoiceStream& cs = (*run.streams)[i];
+        if (cs.done()) continue;
+        ChoiceUpdate u = cs.poll(waited ? 0.0 : 0.05);
+        waited = true;
+        if (!u.tokens.empty() || !u.text.empty()) {  // a chunk per token (its text may be held back: "")
+          const json lp = run.logprobs ? json{{"content", run.logprob_content(u.tokens)}} : json(nullptr);
+          if (!chunk(one(i, {{"content", u.text}}, lp, nullptr), nullptr)) return false;
+        }
+        if (u.done && !chunk(one(i, json::object(), nullptr, u.finish_reason), nullptr)) return false;
+      }
+      if (std::all_of(run.streams->begin(), run.streams->end(), [](const ChoiceStream& s) { return s.done(); })) {
+        run.guard->armed = false;
+        *finished = true;
+        if (run.include_usage && !chunk(json::array(), run.usage())) return false;
+        write("data: [DONE]\n\n");
+        return false;
+      }
+      return true;
+    };
+    auto guard = this->guard;
+    r.abort = [guard] {
+      for (auto& s : guard->states) s->cancel();
+    };
+    return r;
+  }
+};
+
+}  // namespace
+
+io::HttpResponse TextGenerationApi::chat_completions(const io::HttpRequest& req) {
+  const auto arrived = openai::Clock::now();
+  std::vector<int32_t> prompt;
+  ChatRequest c;
+  try {
+    c = parse_chat(req.body, {tok_, cfg_.max_position_embeddings, opts_.model_name, opts_.seed,
+                              opts_.chat_template.get(), opts_.no_chat_template}, prompt);
+  } catch (const BadRequest& e) {
+    return openai::error_response(e);
+  } catch (const json::exception& e) {
+    return openai::error_response(400, str("the body is not JSON: ", e.what()));
+  }
+  ChatRun run;
+  try {
+    for (int64_t i = 0; i < c.n; ++i) {
+      GenRequest r = c.base;
+      r.prompt = prompt;
+      r.stream = static_cast<uint64_t>(i);  // choice i draws philox(seed, i, step)
+      run.guard->states.push_back(submit_(std::move(r)));
+      run.streams->emplace_back(run.guard->states.back(), tok_, c.stop, tok_.eod(), opts_.metrics, arrived);
     }
-    if (std::all_of(streams->begin(), streams->end(), [](const ChoiceStream& s) { return s.done(); })) {
-      guard->armed = false;
-      st->finished = true;
-      if (include_usage && !chunk(json::array(), usage())) return false;
-      write("data: [DONE]\n\n");
-      return false;
-    }
-    return true;
-  };
-  r.abort = [guard] {
-    for (auto& s : guard->states) s->cancel();
-  };
-  return r;
+  } catch (const Error& e) {
+    return openai::error_response(400, e.message(), "messages");
+  }
+  run.id = str("chatcmpl-", next_id_++);
+  run.model = c.model;
+  run.created = std::chrono::duration_cast<std::chrono::seconds>(
+                    std::chrono::system_clock::now().time_since_epoch()).count();
+  run.prompt_tokens = static_cast<int64_t>(prompt.size());
+  run.top_n = c.top_logprobs;
+  run.logprobs = c.logprobs;
+  run.include_usage = c.include_usage;
+  run.tok = &tok_;
+  run.metrics = opts_.metrics;
+  return c.stream ? run.stream() : run.whole();
 }
 
 io::HttpResponse TextGenerationApi::health(const io::HttpRequest&) {

@@ -14,7 +14,9 @@
 // tests/apps/ref/gpt2_tiny_tokenizer_config.json.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "apps_test_util.h"
@@ -316,7 +318,13 @@ TEST_CASE("text_generation_server: OpenAI chat completions, completions, health,
     for (int i = 0; i < 2; ++i) post(port, "/v1/chat/completions", {{"messages", kMessages}, {"max_tokens", 3}});
     chat_ok += 2;
     http(port, "GET", "/no/such/path", "");
-    r = http(port, "GET", "/metrics", "");
+    // The gauges are the engine's snapshot after its latest step: the last request may have been
+    // answered a moment before the snapshot that no longer holds it.
+    for (int i = 0; i < 100; ++i) {
+      r = http(port, "GET", "/metrics", "");
+      if (r.body.find("\nmpitron_requests_running 0\n") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     REQUIRE(r.status == 200);
     CHECK(r.headers.find("text/plain") != std::string::npos);
     const std::string m = r.body;
