@@ -80,6 +80,10 @@ std::shared_ptr<const ChatTemplate> ChatTemplate::find(const std::string& flag, 
 ChatTemplate::ChatTemplate(const std::string& source, const std::string& name, const nlohmann::ordered_json& special)
     : tmpl_(source, name), special_(special) {}
 
+std::string ChatTemplate::special_token(const std::string& key) const {
+  return special_.contains(key) && special_[key].is_string() ? special_[key].get<std::string>() : "";
+}
+
 std::string ChatTemplate::apply(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                                 const nlohmann::ordered_json& kwargs) const {
   jinja::Value ctx = jinja::Value::make_dict();

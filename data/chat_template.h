@@ -34,6 +34,8 @@ class ChatTemplate {
   std::string apply(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                     const nlohmann::ordered_json& kwargs = nlohmann::ordered_json::object()) const;
   const std::string& name() const { return tmpl_.name(); }
+  // A special token the config names ("eos_token" → "<|im_end|>"), "" when it names none.
+  std::string special_token(const std::string& key) const;
 
  private:
   jinja::Template tmpl_;

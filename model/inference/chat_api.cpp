@@ -1,7 +1,9 @@
 // POST /v1/chat/completions — OpenAI's chat completions API on the dynamic engine.
 //   messages        [{role, content (string, list of parts, or null), ...}] (required, non-empty):
 //                   rendered by the model's chat template with add_generation_prompt=True (as
-//                   transformers' apply_chat_template), then tokenised without extra special tokens
+//                   transformers' apply_chat_template), then tokenised without extra special tokens;
+//                   the answer ends at the template's eos_token when that is one token (<|im_end|>,
+//                   <|eot_id|>), else at the tokenizer's end of document
 //   model           the served model's name (GET /v1/models); another name is a 404
 //   max_completion_tokens / max_tokens   int >= 0; default: the rest of the context
 //   temperature [0, 100] (1; 0 greedy), top_p (0, 1], top_k (an extension, as vLLM), seed int >= 0
@@ -181,6 +183,7 @@ struct ChatContext {
   uint64_t seed;
   const data::ChatTemplate* chat_template;  // null: none
   const std::string& no_chat_template;
+  int32_t eod;  // the end of a turn
 };
 
 // The request checked, its messages rendered and tokenised into `prompt`. Throws BadRequest.
@@ -207,7 +210,7 @@ ChatRequest parse_chat(const std::string& body, const ChatContext& ctx, std::vec
   }
   if (given(j, "user") && !j["user"].is_string()) throw BadRequest{"user must be a string", "user"};
   check_neutral(j);
-  c.base.eod = ctx.tok.eod();
+  c.base.eod = ctx.eod;
   c.base.sampling.seed = ctx.seed;
   parse_sampling(j, c);
   parse_messages(j, c);
@@ -363,7 +366,7 @@ io::HttpResponse TextGenerationApi::chat_completions(const io::HttpRequest& req)
   ChatRequest c;
   try {
     c = parse_chat(req.body, {tok_, cfg_.max_position_embeddings, opts_.model_name, opts_.seed,
-                              opts_.chat_template.get(), opts_.no_chat_template}, prompt);
+                              opts_.chat_template.get(), opts_.no_chat_template, chat_eod_}, prompt);
   } catch (const BadRequest& e) {
     return openai::error_response(e);
   } catch (const json::exception& e) {
@@ -376,7 +379,7 @@ io::HttpResponse TextGenerationApi::chat_completions(const io::HttpRequest& req)
       r.prompt = prompt;
       r.stream = static_cast<uint64_t>(i);  // choice i draws philox(seed, i, step)
       run.guard->states.push_back(submit_(std::move(r)));
-      run.streams->emplace_back(run.guard->states.back(), tok_, c.stop, tok_.eod(), opts_.metrics, arrived);
+      run.streams->emplace_back(run.guard->states.back(), tok_, c.stop, c.base.eod, opts_.metrics, arrived);
     }
   } catch (const Error& e) {
     return openai::error_response(400, e.message(), "messages");

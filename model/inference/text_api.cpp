@@ -95,7 +95,15 @@ size_t complete_utf8_prefix(const std::string& s) {
 }
 
 TextGenerationApi::TextGenerationApi(const data::TextTokenizer& tok, const GPTConfig& cfg, Options o, Submit submit)
-    : tok_(tok), cfg_(cfg), opts_(std::move(o)), submit_(std::move(submit)) {}
+    : tok_(tok), cfg_(cfg), opts_(std::move(o)), submit_(std::move(submit)), chat_eod_(tok.eod()) {
+  // A chat model ends its turn with the eos_token of its tokenizer_config.json (<|im_end|>,
+  // <|eot_id|>, <end_of_turn>), which is often not the tokenizer's end of document.
+  const std::string eos = opts_.chat_template ? opts_.chat_template->special_token("eos_token") : "";
+  if (!eos.empty()) {
+    const std::vector<int32_t> ids = tok_.make_encoder(false)->encode(eos);
+    if (ids.size() == 1) chat_eod_ = ids[0];
+  }
+}
 
 // ---------------------------------------------------------------------------
 // PUT /api (Megatron)

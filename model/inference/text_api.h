@@ -68,6 +68,7 @@ class TextGenerationApi {
   GPTConfig cfg_;
   Options opts_;
   Submit submit_;
+  int32_t chat_eod_;  // where a chat answer ends: the template's eos_token when it is one token, else the eod
   std::atomic<uint64_t> next_id_{0};
 };
 

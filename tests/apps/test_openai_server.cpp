@@ -7,6 +7,7 @@
 //    (reproducible, choice 0 = the n=1 answer); stop (cut before it, finish_reason "stop", in the
 //    stream too, and in /v1/completions); logprobs/top_logprobs; every bad field a 400 error object
 //    naming it; an unknown model 404; unknown routes 404 and other methods 405 as error objects.
+//  * a chat answer ends at the template's eos_token (when it is one token);
 //  * a template's raise_exception is a 400 with its message; a server without a template answers 400
 //    naming the missing template; an unsupported construct stops the server at start-up naming it.
 //  * GET /health, GET /v1/models (OpenAI's list), GET /metrics (Prometheus text, counting the above).
@@ -361,6 +362,35 @@ TEST_CASE("text_generation_server: chat templates that raise, a model without on
     const json ok = post(srv.port, "/v1/chat/completions",
                          {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"max_tokens", 2}});
     CHECK(ok["usage"]["completion_tokens"] == 2);
+    CHECK(srv.stop() == 0);
+  }
+  {  // A chat answer ends at the template's eos_token when that is one token: make the third greedy
+     // token of the fixture's answer the eos_token of a copy of its config.
+    std::vector<std::string> tokens;
+    {
+      Server srv({"--load", ckpt, "--chat-template", kChatConfig}, tmp / "eos_a.log");
+      const json c = post(srv.port, "/v1/chat/completions",
+                          {{"messages", kMessages}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", true}});
+      for (const json& e : c["choices"][0]["logprobs"]["content"]) tokens.push_back(e["token"]);
+      CHECK(srv.stop() == 0);
+    }
+    REQUIRE(tokens.size() == 6);
+    const data::Tokenizer gpt2(apps_test::kSource + "/assets/gpt2/gpt2-vocab.json",
+                               apps_test::kSource + "/assets/gpt2/gpt2-merges.txt");
+    REQUIRE(gpt2.encode(tokens[2]).size() == 1);
+    REQUIRE(tokens[0] != tokens[2]);
+    REQUIRE(tokens[1] != tokens[2]);
+    json cfg = json::parse(slurp(kChatConfig));
+    cfg["eos_token"] = tokens[2];
+    {
+      std::ofstream f(tmp / "eos_config.json");
+      f << cfg.dump();
+    }
+    Server srv({"--load", ckpt, "--chat-template", tmp / "eos_config.json"}, tmp / "eos_b.log");
+    const json c = post(srv.port, "/v1/chat/completions", {{"messages", kMessages}, {"max_tokens", 6}, {"temperature", 0}});
+    CHECK(c["choices"][0]["message"]["content"] == tokens[0] + tokens[1]);
+    CHECK(c["choices"][0]["finish_reason"] == "stop");
+    CHECK(c["usage"]["completion_tokens"] == 3);  // the eos token is generated, not shown
     CHECK(srv.stop() == 0);
   }
   {  // GPT-2 publishes no template: chat completions say so, the rest serves on.
