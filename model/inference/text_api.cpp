@@ -237,139 +237,151 @@ struct Completion {
 
 }  // namespace
 
+namespace {
+
+// The request checked and its prompts tokenised. Throws BadRequest (or openai::BadRequest for a 404).
+Completion parse_completion(const std::string& body, const data::TextTokenizer& tok, const GPTConfig& cfg,
+                            const TextGenerationApi::Options& opts) {
+  const int64_t P = cfg.max_position_embeddings, V = cfg.vocab_size;
+  Completion c;
+  const json j = parse_object(body);
+  static const char* const kFields[] = {"model",  "prompt",   "max_tokens", "temperature", "top_p", "top_k",
+                                        "seed",   "stream",   "logprobs",   "n",           "user",  "echo",
+                                        "best_of", "presence_penalty", "frequency_penalty", "stop", "suffix",
+                                        "logit_bias"};
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (std::find(std::begin(kFields), std::end(kFields), it.key()) == std::end(kFields))
+      throw BadRequest{str("unknown field '", it.key(), "'; the fields are model, prompt, max_tokens, temperature, "
+                           "top_p, top_k, seed, stream, logprobs, n, stop, user"), it.key()};
+  // OpenAI fields this server does not build: only their neutral value is accepted.
+  const auto neutral = [&](const char* k, bool ok, const char* only) {
+    if (j.contains(k) && !j[k].is_null() && !ok)
+      throw BadRequest{str("'", k, "' is not supported by this server (only ", only, ")"), k};
+  };
+  neutral("best_of", j.value("best_of", json(1)) == json(1), "1");
+  neutral("echo", j.value("echo", json(false)) == json(false), "false");
+  neutral("presence_penalty", j.value("presence_penalty", json(0)).is_number() &&
+                                  j.value("presence_penalty", json(0)).get<double>() == 0.0, "0");
+  neutral("frequency_penalty", j.value("frequency_penalty", json(0)).is_number() &&
+                                   j.value("frequency_penalty", json(0)).get<double>() == 0.0, "0");
+  neutral("suffix", false, "null");
+  neutral("logit_bias", j.contains("logit_bias") && j["logit_bias"].is_object() && j["logit_bias"].empty(), "{}");
+  if (j.contains("model") && !j["model"].is_string()) throw BadRequest{"model must be a string", "model"};
+  if (j.contains("user") && !j["user"].is_string()) throw BadRequest{"user must be a string", "user"};
+  c.model = j.contains("model") ? j["model"].get<std::string>() : opts.model_name;
+  if (c.model != opts.model_name)
+    throw openai::BadRequest{str("The model `", c.model, "` does not exist (this server serves `", opts.model_name, "`)"),
+                             "model", 404, "model_not_found"};
+  if (j.contains("n") && !j["n"].is_null()) {
+    if (!j["n"].is_number_integer() || j["n"].get<int64_t>() < 1 || j["n"].get<int64_t>() > 16)
+      throw BadRequest{"n must be an integer in [1, 16]", "n"};
+    c.n = j["n"].get<int64_t>();
+  }
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const json& v = j["stop"];
+    const json list = v.is_array() ? v : json::array({v});
+    if (list.size() > 4) throw BadRequest{"stop takes at most 4 sequences", "stop"};
+    for (const json& s : list) {
+      if (!s.is_string() || s.get<std::string>().empty()) throw BadRequest{"stop must be a non-empty string or a list of them", "stop"};
+      c.stop.push_back(s.get<std::string>());
+    }
+  }
+
+  if (!j.contains("prompt")) throw BadRequest{"prompt is required", "prompt"};
+  const json& jp = j["prompt"];
+  auto enc = tok.make_encoder();
+  const auto encode = [&](const json& s) {
+    const std::string t = s.get<std::string>();
+    if (data::find_invalid_utf8(t) >= 0) throw BadRequest{"prompt is not valid UTF-8", "prompt"};
+    return enc->encode(t);
+  };
+  const auto ids_of = [&](const json& a) {
+    std::vector<int32_t> ids;
+    for (const auto& t : a) {
+      if (!uint_at_most(t, static_cast<uint64_t>(V - 1)))
+        throw BadRequest{str("prompt token ", t.dump(), " is not a token id in [0, ", V, ")"), "prompt"};
+      ids.push_back(t.get<int32_t>());
+    }
+    return ids;
+  };
+  const char* shape = "prompt must be a string, a list of strings, a list of token ids or a list of such lists";
+  if (jp.is_string()) {
+    c.prompts.push_back(encode(jp));
+  } else if (jp.is_array() && !jp.empty()) {
+    if (jp.size() > 128) throw BadRequest{"at most 128 prompts per request", "prompt"};
+    if (jp[0].is_number()) {
+      c.prompts.push_back(ids_of(jp));
+    } else {
+      for (const auto& p : jp) {
+        if (p.is_string()) c.prompts.push_back(encode(p));
+        else if (p.is_array() && !p.empty()) c.prompts.push_back(ids_of(p));
+        else throw BadRequest{shape, "prompt"};
+      }
+    }
+  } else {
+    throw BadRequest{shape, "prompt"};
+  }
+
+  GenRequest& b = c.base;
+  b.eod = tok.eod();
+  b.max_new_tokens = 16;
+  b.sampling.seed = opts.seed;
+  if (j.contains("max_tokens") && !j["max_tokens"].is_null()) {
+    if (!uint_at_most(j["max_tokens"], static_cast<uint64_t>(P)))
+      throw BadRequest{str("max_tokens must be an integer in [0, ", P, "] (the model's max_position_embeddings)"),
+                       "max_tokens"};
+    b.max_new_tokens = j["max_tokens"].get<int64_t>();
+  }
+  if (j.contains("temperature") && !j["temperature"].is_null()) {
+    const auto& v = j["temperature"];
+    if (!v.is_number() || !(v.get<double>() >= 0.0 && v.get<double>() <= 100.0))
+      throw BadRequest{"temperature must be a number in [0, 100] (0: greedy)", "temperature"};
+    b.sampling.temperature = v.get<float>();
+  }
+  if (j.contains("top_p") && !j["top_p"].is_null()) {
+    const auto& v = j["top_p"];
+    if (!v.is_number() || !(v.get<double>() > 0.0 && v.get<double>() <= 1.0))
+      throw BadRequest{"top_p must be a number in (0, 1] (1: off)", "top_p"};
+    b.sampling.top_p = v.get<double>() >= 1.0 ? 0.0f : v.get<float>();
+  }
+  if (j.contains("top_k") && !j["top_k"].is_null()) {
+    const auto& v = j["top_k"];
+    const bool off = v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() == -1;
+    if (!off && !uint_at_most(v, static_cast<uint64_t>(V)))
+      throw BadRequest{str("top_k must be an integer: -1 or 0 (off), or 1..", V), "top_k"};
+    b.sampling.top_k = off ? 0 : v.get<int64_t>();
+  }
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    const auto& v = j["seed"];
+    if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0))
+      throw BadRequest{"seed must be a non-negative integer", "seed"};
+    b.sampling.seed = v.get<uint64_t>();
+  }
+  if (j.contains("stream") && !j["stream"].is_null()) {
+    if (!j["stream"].is_boolean()) throw BadRequest{"stream must be a boolean", "stream"};
+    c.stream = j["stream"].get<bool>();
+  }
+  if (j.contains("logprobs") && !j["logprobs"].is_null()) {
+    if (!uint_at_most(j["logprobs"], 20)) throw BadRequest{"logprobs must be null or an integer in [0, 20]", "logprobs"};
+    c.logprobs = j["logprobs"].get<int64_t>();
+    b.top_logprobs = c.logprobs;
+  }
+  for (const auto& p : c.prompts) {
+    const int64_t T = std::max<int64_t>(static_cast<int64_t>(p.size()), 1);
+    if (T + b.max_new_tokens > P)
+      throw BadRequest{str("This model's maximum context length is ", P, " tokens, however you requested ",
+                           T + b.max_new_tokens, " tokens (", T, " in your prompt; ", b.max_new_tokens,
+                           " for the completion)"), "max_tokens"};
+  }
+  return c;
+}
+
+}  // namespace
+
 io::HttpResponse TextGenerationApi::completions(const io::HttpRequest& req) {
-  const int64_t P = cfg_.max_position_embeddings, V = cfg_.vocab_size;
   Completion c;
   try {
-    const json j = parse_object(req.body);
-    static const char* const kFields[] = {"model",  "prompt",   "max_tokens", "temperature", "top_p", "top_k",
-                                          "seed",   "stream",   "logprobs",   "n",           "user",  "echo",
-                                          "best_of", "presence_penalty", "frequency_penalty", "stop", "suffix",
-                                          "logit_bias"};
-    for (auto it = j.begin(); it != j.end(); ++it)
-      if (std::find(std::begin(kFields), std::end(kFields), it.key()) == std::end(kFields))
-        throw BadRequest{str("unknown field '", it.key(), "'; the fields are model, prompt, max_tokens, temperature, "
-                             "top_p, top_k, seed, stream, logprobs, n, stop, user"), it.key()};
-    // OpenAI fields this server does not build: only their neutral value is accepted.
-    const auto neutral = [&](const char* k, bool ok, const char* only) {
-      if (j.contains(k) && !j[k].is_null() && !ok)
-        throw BadRequest{str("'", k, "' is not supported by this server (only ", only, ")"), k};
-    };
-    neutral("best_of", j.value("best_of", json(1)) == json(1), "1");
-    neutral("echo", j.value("echo", json(false)) == json(false), "false");
-    neutral("presence_penalty", j.value("presence_penalty", json(0)).is_number() &&
-                                    j.value("presence_penalty", json(0)).get<double>() == 0.0, "0");
-    neutral("frequency_penalty", j.value("frequency_penalty", json(0)).is_number() &&
-                                     j.value("frequency_penalty", json(0)).get<double>() == 0.0, "0");
-    neutral("suffix", false, "null");
-    neutral("logit_bias", j.contains("logit_bias") && j["logit_bias"].is_object() && j["logit_bias"].empty(), "{}");
-    if (j.contains("model") && !j["model"].is_string()) throw BadRequest{"model must be a string", "model"};
-    if (j.contains("user") && !j["user"].is_string()) throw BadRequest{"user must be a string", "user"};
-    c.model = j.contains("model") ? j["model"].get<std::string>() : opts_.model_name;
-    if (c.model != opts_.model_name)
-      throw openai::BadRequest{str("The model `", c.model, "` does not exist (this server serves `", opts_.model_name, "`)"),
-                               "model", 404, "model_not_found"};
-    if (j.contains("n") && !j["n"].is_null()) {
-      if (!j["n"].is_number_integer() || j["n"].get<int64_t>() < 1 || j["n"].get<int64_t>() > 16)
-        throw BadRequest{"n must be an integer in [1, 16]", "n"};
-      c.n = j["n"].get<int64_t>();
-    }
-    if (j.contains("stop") && !j["stop"].is_null()) {
-      const json& v = j["stop"];
-      const json list = v.is_array() ? v : json::array({v});
-      if (list.size() > 4) throw BadRequest{"stop takes at most 4 sequences", "stop"};
-      for (const json& s : list) {
-        if (!s.is_string() || s.get<std::string>().empty()) throw BadRequest{"stop must be a non-empty string or a list of them", "stop"};
-        c.stop.push_back(s.get<std::string>());
-      }
-    }
-
-    if (!j.contains("prompt")) throw BadRequest{"prompt is required", "prompt"};
-    const json& jp = j["prompt"];
-    auto enc = tok_.make_encoder();
-    const auto encode = [&](const json& s) {
-      const std::string t = s.get<std::string>();
-      if (data::find_invalid_utf8(t) >= 0) throw BadRequest{"prompt is not valid UTF-8", "prompt"};
-      return enc->encode(t);
-    };
-    const auto ids_of = [&](const json& a) {
-      std::vector<int32_t> ids;
-      for (const auto& t : a) {
-        if (!uint_at_most(t, static_cast<uint64_t>(V - 1)))
-          throw BadRequest{str("prompt token ", t.dump(), " is not a token id in [0, ", V, ")"), "prompt"};
-        ids.push_back(t.get<int32_t>());
-      }
-      return ids;
-    };
-    const char* shape = "prompt must be a string, a list of strings, a list of token ids or a list of such lists";
-    if (jp.is_string()) {
-      c.prompts.push_back(encode(jp));
-    } else if (jp.is_array() && !jp.empty()) {
-      if (jp.size() > 128) throw BadRequest{"at most 128 prompts per request", "prompt"};
-      if (jp[0].is_number()) {
-        c.prompts.push_back(ids_of(jp));
-      } else {
-        for (const auto& p : jp) {
-          if (p.is_string()) c.prompts.push_back(encode(p));
-          else if (p.is_array() && !p.empty()) c.prompts.push_back(ids_of(p));
-          else throw BadRequest{shape, "prompt"};
-        }
-      }
-    } else {
-      throw BadRequest{shape, "prompt"};
-    }
-
-    GenRequest& b = c.base;
-    b.eod = tok_.eod();
-    b.max_new_tokens = 16;
-    b.sampling.seed = opts_.seed;
-    if (j.contains("max_tokens") && !j["max_tokens"].is_null()) {
-      if (!uint_at_most(j["max_tokens"], static_cast<uint64_t>(P)))
-        throw BadRequest{str("max_tokens must be an integer in [0, ", P, "] (the model's max_position_embeddings)"),
-                         "max_tokens"};
-      b.max_new_tokens = j["max_tokens"].get<int64_t>();
-    }
-    if (j.contains("temperature") && !j["temperature"].is_null()) {
-      const auto& v = j["temperature"];
-      if (!v.is_number() || !(v.get<double>() >= 0.0 && v.get<double>() <= 100.0))
-        throw BadRequest{"temperature must be a number in [0, 100] (0: greedy)", "temperature"};
-      b.sampling.temperature = v.get<float>();
-    }
-    if (j.contains("top_p") && !j["top_p"].is_null()) {
-      const auto& v = j["top_p"];
-      if (!v.is_number() || !(v.get<double>() > 0.0 && v.get<double>() <= 1.0))
-        throw BadRequest{"top_p must be a number in (0, 1] (1: off)", "top_p"};
-      b.sampling.top_p = v.get<double>() >= 1.0 ? 0.0f : v.get<float>();
-    }
-    if (j.contains("top_k") && !j["top_k"].is_null()) {
-      const auto& v = j["top_k"];
-      const bool off = v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() == -1;
-      if (!off && !uint_at_most(v, static_cast<uint64_t>(V)))
-        throw BadRequest{str("top_k must be an integer: -1 or 0 (off), or 1..", V), "top_k"};
-      b.sampling.top_k = off ? 0 : v.get<int64_t>();
-    }
-    if (j.contains("seed") && !j["seed"].is_null()) {
-      const auto& v = j["seed"];
-      if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0))
-        throw BadRequest{"seed must be a non-negative integer", "seed"};
-      b.sampling.seed = v.get<uint64_t>();
-    }
-    if (j.contains("stream") && !j["stream"].is_null()) {
-      if (!j["stream"].is_boolean()) throw BadRequest{"stream must be a boolean", "stream"};
-      c.stream = j["stream"].get<bool>();
-    }
-    if (j.contains("logprobs") && !j["logprobs"].is_null()) {
-      if (!uint_at_most(j["logprobs"], 20)) throw BadRequest{"logprobs must be null or an integer in [0, 20]", "logprobs"};
-      c.logprobs = j["logprobs"].get<int64_t>();
-      b.top_logprobs = c.logprobs;
-    }
-    for (const auto& p : c.prompts) {
-      const int64_t T = std::max<int64_t>(static_cast<int64_t>(p.size()), 1);
-      if (T + b.max_new_tokens > P)
-        throw BadRequest{str("This model's maximum context length is ", P, " tokens, however you requested ",
-                             T + b.max_new_tokens, " tokens (", T, " in your prompt; ", b.max_new_tokens,
-                             " for the completion)"), "max_tokens"};
-    }
+    c = parse_completion(req.body, tok_, cfg_, opts_);
   } catch (const BadRequest& e) {
     return openai_error(400, e.message, e.param);
   } catch (const openai::BadRequest& e) {
