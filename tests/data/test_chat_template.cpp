@@ -1,7 +1,8 @@
 // tests/data/test_chat_template.cpp — the chat-template renderer (data/jinja.h, data/chat_template.h)
 // against transformers' apply_chat_template: every published template in tests/data/chat_templates/
 // (SOURCES.md) over seven conversations, with and without the generation prompt, byte for byte, and
-// the same errors where transformers raises (tests/reference/chat_template_ref.py wrote the answers).
+// the same errors where transformers raises (tests/reference/chat_template_ref.py wrote the answers), and
+// the prompt's ids as apply_chat_template(tokenize=True) gives them with a Llama-3-style tokenizer.json.
 // Then hostile templates and inputs: each a clear error naming the template and line, never a crash.
 #include <doctest/doctest.h>
 
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "data/chat_template.h"
 #include "data/jinja.h"
+#include "data/text_tokenizer.h"
 #include "tests/data/data_test_util.h"
 
 using namespace mpitron;
@@ -73,6 +75,22 @@ TEST_CASE("chat templates render exactly as transformers' apply_chat_template") 
     if (f.path().extension() == ".jinja") CHECK_MESSAGE(per_template[f.path().filename().string()] >= 14, f.path());
   CHECK(compared >= 180);
   CHECK(errors >= 8);
+}
+
+TEST_CASE("chat prompts tokenise as apply_chat_template(tokenize=True) does (a Llama-3-style tokenizer.json)") {
+  const ojson ref = ojson::parse(read_all(source_path("tests/data/ref/chat_templates.json")));
+  const auto tok = data::make_tokenizer({"HuggingFaceTokenizer", source_path(ref["tokenizer"].get<std::string>()), "", ""});
+  const auto enc = tok->make_encoder(false);  // the template carries the BOS
+  REQUIRE(ref["tokenized"].size() >= 6);
+  for (const auto& c : ref["tokenized"]) {
+    const std::string name = c["template"];
+    CAPTURE(name);
+    CAPTURE(c["conversation"].get<std::string>());
+    data::ChatTemplate t(read_all(source_path("tests/data/chat_templates/" + name)), name, ref["tokenizer_special"]);
+    const std::string text = t.apply(c["messages"], true);
+    CHECK(text == c["text"].get<std::string>());
+    CHECK(enc->encode(text) == c["ids"].get<std::vector<int32_t>>());
+  }
 }
 
 TEST_CASE("chat templates: tokenizer_config.json forms and a missing template") {

@@ -10,14 +10,16 @@ Run from the repository root with the reference venv's python (transformers 4.x,
 
 The tokenizer is GPT-2's (assets/gpt2) with bos/eos/unk/pad set to <s>, </s>, <unk>, <pad>: the
 template only sees those strings. Output: {"transformers", "jinja2", "special", "cases": [{"template",
-"conversation", "messages", "add_generation_prompt", "kwargs", "output" | "error"}]}, deterministic.
+"conversation", "messages", "add_generation_prompt", "kwargs", "output" | "error"}], "tokenizer",
+"tokenizer_special", "tokenized": [{"template", "conversation", "messages", "text", "ids"}]} (the last: the
+prompt as ids, apply_chat_template(tokenize=True) with a Llama-3-style tokenizer.json), deterministic.
 """
 import argparse
 import importlib.metadata as md
 import json
 import os
 
-from transformers import GPT2TokenizerFast
+from transformers import GPT2TokenizerFast, PreTrainedTokenizerFast
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEMPLATES = os.path.join(ROOT, "tests", "data", "chat_templates")
@@ -69,8 +71,23 @@ def main():
                     except Exception as e:  # raise_exception in the template, or a type error
                         case["error"] = f"{type(e).__name__}: {e}"
                     cases.append(case)
+    # The prompt as ids: apply_chat_template(tokenize=True) with a Llama-3-style tokenizer.json (its
+    # <|begin_of_text|>, <|end_of_text|>, <|eot_id|> are added tokens), which adds no special tokens.
+    llama_dir = os.path.join(ROOT, "tests", "data", "ref", "llama3_style")
+    llama_special = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+    ltok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(llama_dir, "tokenizer.json"), **llama_special)
+    tokenized = []
+    for name in ("llama3.1.jinja", "qwen2.5.jinja"):
+        with open(os.path.join(TEMPLATES, name), encoding="utf-8") as f:
+            template = f.read()
+        for conv in ("user", "multi_turn", "unicode"):
+            messages = CONVERSATIONS[conv]
+            text = ltok.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+            ids = ltok.apply_chat_template(messages, chat_template=template, tokenize=True, add_generation_prompt=True)
+            tokenized.append({"template": name, "conversation": conv, "messages": messages, "text": text, "ids": ids})
     out = {"transformers": md.version("transformers"), "jinja2": md.version("jinja2"), "special": SPECIAL,
-           "cases": cases}
+           "cases": cases, "tokenizer": "tests/data/ref/llama3_style/tokenizer.json", "tokenizer_special": llama_special,
+           "tokenized": tokenized}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
         f.write("\n")
