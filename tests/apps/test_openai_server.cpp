@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps_test_util.h"
+#include "core/error.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "http_client.h"
@@ -319,11 +320,15 @@ TEST_CASE("text_generation_server: OpenAI chat completions, completions, health,
     for (int i = 0; i < 2; ++i) post(port, "/v1/chat/completions", {{"messages", kMessages}, {"max_tokens", 3}});
     chat_ok += 2;
     http(port, "GET", "/no/such/path", "");
-    // The gauges are the engine's snapshot after its latest step: the last request may have been
-    // answered a moment before the snapshot that no longer holds it.
+    // The gauges are the engine's snapshot after its latest step, and a response is counted once it
+    // has gone out (on its connection's thread): the last answers may arrive a moment before both.
+    const std::string chat_series =
+        str("\nmpitron_http_requests_total{method=\"POST\",path=\"/v1/chat/completions\",status=\"200\"} ", chat_ok, "\n");
     for (int i = 0; i < 100; ++i) {
       r = http(port, "GET", "/metrics", "");
-      if (r.body.find("\nmpitron_requests_running 0\n") != std::string::npos) break;
+      if (r.body.find("\nmpitron_requests_running 0\n") != std::string::npos && r.body.find(chat_series) != std::string::npos &&
+          r.body.find("path=\"other\",status=\"404\"} 1\n") != std::string::npos)
+        break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     REQUIRE(r.status == 200);

@@ -177,12 +177,17 @@ def run_checks(port):
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health") as h:
         check("GET /health: 200", h.status == 200)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as m:
-        body = m.read().decode()
+    # A response is counted once it has gone out, on its connection's thread: wait for the last ones.
+    for _ in range(100):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as m:
+            body = m.read().decode()
         n_chat = re.search(r'mpitron_http_requests_total\{method="POST",path="/v1/chat/completions",status="200"\} (\d+)', body)
-        check("GET /metrics: the 7 chat completions above counted", n_chat is not None and int(n_chat.group(1)) == 7,
-              n_chat.group(0) if n_chat else body[:400])
-        check("GET /metrics: TTFT histogram", "mpitron_time_to_first_token_seconds_count" in body)
+        if n_chat and int(n_chat.group(1)) >= 7:
+            break
+        time.sleep(0.05)
+    check("GET /metrics: the 7 chat completions above counted", n_chat is not None and int(n_chat.group(1)) == 7,
+          n_chat.group(0) if n_chat else body[:400])
+    check("GET /metrics: TTFT histogram", "mpitron_time_to_first_token_seconds_count" in body)
 
 
 def main():
