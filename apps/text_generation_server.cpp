@@ -1,5 +1,5 @@
-// text_generation_server — Megatron-LM's REST text generation API, and OpenAI's completions
-// API, on a checkpoint, for many users at once.
+// text_generation_server — Megatron-LM's REST text generation API, and OpenAI's completions and
+// chat completions APIs (with /health and Prometheus /metrics), on a checkpoint, for many users.
 //   text_generation_server --load ckpt [--host 127.0.0.1] [--port 5000] --inference-dynamic-batching
 //   mpirun -np 4 text_generation_server --load ckpt --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 ...
 //   curl -X PUT http://127.0.0.1:5000/api -H 'Content-Type: application/json'
@@ -40,6 +40,8 @@
 #include "model/inference/runner_flags.h"
 #include "model/training/pretrain_flags.h"
 #include "model/inference/inference_load.h"
+#include "model/inference/openai_stream.h"
+#include "model/inference/server_metrics.h"
 #include "model/inference/text_api.h"
 
 using namespace mpitron;
@@ -52,6 +54,7 @@ void on_signal(int) { g_stop = 1; }
 
 struct Args {
   std::string load, host = "127.0.0.1", vocab_file, merge_file, tokenizer_type = "GPT2BPETokenizer", tokenizer_model;
+  std::string chat_template;  // --chat-template: a tokenizer_config.json or a Jinja file
   int port = 5000;
   int64_t max_requests = 0;
   uint64_t seed = 1234;
@@ -61,7 +64,8 @@ struct Args {
 
 bool parse(int argc, char** argv, Args& a) {
   double body_mib = 16;
-  po::options_description d("text_generation_server: Megatron's PUT /api and OpenAI's POST /v1/completions over HTTP");
+  po::options_description d("text_generation_server: Megatron's PUT /api and OpenAI's /v1/completions and "
+                            "/v1/chat/completions over HTTP");
   d.add_options()("help,h", "print this help")
       ("load", po::value(&a.load)->required(), "checkpoint directory")
       ("host", po::value(&a.host), "address to bind (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
@@ -77,6 +81,9 @@ bool parse(int argc, char** argv, Args& a) {
       ("merge-file", po::value(&a.merge_file), "GPT-2 merges (default: bundled assets/gpt2)")
       ("tokenizer-type", po::value(&a.tokenizer_type)->default_value("GPT2BPETokenizer"), data::kTokenizerTypes)
       ("tokenizer-model", po::value(&a.tokenizer_model), "tokenizer.json (HuggingFaceTokenizer) or tokenizer.model")
+      ("chat-template", po::value(&a.chat_template),
+       "the chat template of /v1/chat/completions: a tokenizer_config.json (its chat_template) or a Jinja file "
+       "(default: the tokenizer_config.json beside --tokenizer-model, if it has one)")
       ("micro-batch-size", po::value<int64_t>(),
        "accepted from Megatron's server script; no effect (the engine's batch is set by the dynamic batching "
        "flags)");
@@ -105,6 +112,8 @@ int run(int argc, char** argv) {
   ro.serving = true;  // a frozen or dead rank ends the job (heartbeats while idle), as in training
   ModelRunner runner(MPI_COMM_WORLD, a.load, ro);
   for (const std::string& n : a.inf.notes) log_info(n);
+  std::string no_chat_template;  // parsed on every rank: an unsupported template stops the job at start-up
+  const auto chat_template = data::ChatTemplate::find(a.chat_template, a.tokenizer_model, no_chat_template);
   const auto tok_ptr = data::make_tokenizer({a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file});
   const data::TextTokenizer& tok = *tok_ptr;
   MPT_CHECK(runner.config().vocab_size == tok.vocab_size(), "the checkpoint's vocabulary differs from the tokenizer's",
@@ -122,6 +131,11 @@ int run(int argc, char** argv) {
   ao.seed = a.seed;
   ao.model_name = std::filesystem::path(a.load).filename().string();
   if (ao.model_name.empty()) ao.model_name = std::filesystem::path(a.load).parent_path().filename().string();
+  ServerMetrics metrics;
+  ao.chat_template = chat_template;
+  ao.no_chat_template = no_chat_template;
+  ao.metrics = &metrics;
+  if (chat_template) log_info("chat template: ", chat_template->name());
   TextGenerationApi api(tok, runner.config(), ao, [&engine](GenRequest r) { return engine.submit(std::move(r)); });
 
   // Static mode: one request at a time (held until its answer, or its stream, is done).
@@ -146,16 +160,22 @@ int run(int argc, char** argv) {
   io::HttpServer http(a.http);
   http.route("PUT", "/api", guarded(&TextGenerationApi::megatron));
   http.route("POST", "/v1/completions", guarded(&TextGenerationApi::completions));
+  http.route("POST", "/v1/chat/completions", guarded(&TextGenerationApi::chat_completions));
   http.route("GET", "/v1/models", [&](const io::HttpRequest& req) { return api.models(req); });
+  http.route("GET", "/health", [&](const io::HttpRequest& req) { return api.health(req); });
+  http.route("GET", "/metrics", [&](const io::HttpRequest& req) { return api.metrics(req); });
+  http.set_error_format([](int status, const std::string& message) { return openai::error_response(status, message); });
   std::atomic<int64_t> served{0};
   http.on_response([&](const std::string& line) {
     log_info(line);
     ++served;
   });
+  http.on_served([&](const io::HttpServed& s) { metrics.on_response(s.method, s.path, s.routed, s.status); });
   struct sigaction sa{};
   sa.sa_handler = on_signal;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  metrics.publish(engine.stats());  // the engine is up: /health answers 200 from the first request
   const int port = http.start(a.host, a.port);
   log_info("model ", runner.checkpoint_dir(), " on ", runner.describe(), "; ",
            b.enabled ? str("dynamic batching: up to ", max_requests, " requests, ", b.max_tokens, " tokens per step",
@@ -193,6 +213,7 @@ int run(int argc, char** argv) {
         engine.wait_for_work(0.05);
         runner.heartbeat();
       }
+      metrics.publish(engine.stats());  // /metrics' gauges: the engine after its last step
       if (since_log.seconds() > 10) {
         log_stats();
         since_log.reset();

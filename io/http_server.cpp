@@ -67,6 +67,20 @@ struct HttpServer::Impl {
   };
   std::vector<Route> routes;
   std::function<void(const std::string&)> log;
+  std::function<void(const HttpServed&)> served;
+  HttpErrorFormat error_format = [](int status, const std::string& message) {
+    HttpResponse r;
+    r.status = status;
+    r.content_type = "text/plain";
+    r.body = message + "\n";
+    return r;
+  };
+
+  bool routed(const std::string& path) const {
+    for (const Route& rt : routes)
+      if (rt.path == path) return true;
+    return false;
+  }
 
   HttpResponse dispatch(const std::string& method, const httplib::Request& req) {
     HttpRequest r;
@@ -81,25 +95,14 @@ struct HttpServer::Impl {
         try {
           return rt.handler(r);
         } catch (const std::exception& e) {
-          HttpResponse err;
-          err.status = 500;
-          err.content_type = "text/plain";
-          err.body = std::string(e.what()) + "\n";
-          return err;
+          return error_format(500, e.what());
         }
       }
       allow += (allow.empty() ? "" : ", ") + rt.method;
     }
-    HttpResponse res;
-    res.content_type = "text/plain";
-    if (allow.empty()) {
-      res.status = 404;
-      res.body = str("not found: ", req.path, "\n");
-    } else {
-      res.status = 405;
-      res.body = str("use ", allow, " ", req.path, "\n");
-      res.headers.emplace_back("Allow", allow);
-    }
+    if (allow.empty()) return error_format(404, str("not found: ", req.path));
+    HttpResponse res = error_format(405, str("use ", allow, " ", req.path));
+    res.headers.emplace_back("Allow", allow);
     return res;
   }
 
@@ -149,6 +152,8 @@ void HttpServer::route(const std::string& method, const std::string& path, HttpH
 }
 
 void HttpServer::on_response(std::function<void(const std::string& line)> log) { impl_->log = std::move(log); }
+void HttpServer::on_served(std::function<void(const HttpServed&)> served) { impl_->served = std::move(served); }
+void HttpServer::set_error_format(HttpErrorFormat format) { impl_->error_format = std::move(format); }
 
 int HttpServer::start(const std::string& host, int port) {
   httplib::Server& s = impl_->svr;
@@ -183,12 +188,13 @@ int HttpServer::start(const std::string& host, int port) {
   }
   // The library's own refusals (malformed request, 413, unknown method) get a reason too;
   // ours keep their body.
-  s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+  s.set_error_handler(httplib::Server::HandlerWithResponse([impl](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     const char* why = res.status == 413   ? "request body too large"
                       : res.status == 400 ? "malformed HTTP request"
                                           : "request refused";
-    res.set_content(str(why, " (", res.status, ")\n"), "text/plain");
+    const HttpResponse r = impl->error_format(res.status, str(why, " (", res.status, ")"));
+    res.set_content(r.body, r.content_type);
     return httplib::Server::HandlerResponse::Handled;
   }));
   s.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
@@ -196,8 +202,9 @@ int HttpServer::start(const std::string& host, int port) {
     return httplib::Server::HandlerResponse::Unhandled;
   });
   s.set_logger([impl](const httplib::Request& req, const httplib::Response& res) {
-    if (!impl->log) return;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_request_start).count();
+    if (impl->served) impl->served({req.method, req.path, impl->routed(req.path), res.status, dt});
+    if (!impl->log) return;
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.3f s", dt);
     impl->log(str(req.method, " ", req.path, " ", res.status, " ", buf));

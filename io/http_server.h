@@ -57,6 +57,16 @@ struct HttpResponse {
 };
 
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+// Formats the server's own refusals (404 unknown path, 405 other method, 500 a handler threw,
+// 413 and 400 from the library): status and reason in, the answer out. Default: text/plain.
+using HttpErrorFormat = std::function<HttpResponse(int status, const std::string& message)>;
+// What on_served reports for each response.
+struct HttpServed {
+  std::string method, path;
+  bool routed = false;  // the path is one of the routes (else a 404 for whatever path was asked)
+  int status = 0;
+  double seconds = 0;
+};
 
 class HttpServer {
  public:
@@ -69,6 +79,9 @@ class HttpServer {
   void route(const std::string& method, const std::string& path, HttpHandler handler);
   // Called after each response: "PUT /api 200 0.013 s".
   void on_response(std::function<void(const std::string& line)> log);
+  // Called after each response with its parts (e.g. for metrics); from connection threads.
+  void on_served(std::function<void(const HttpServed&)> served);
+  void set_error_format(HttpErrorFormat format);
   // Binds host:port (0: a free port) and serves on background threads. Returns the port.
   int start(const std::string& host, int port);
   // Stops accepting; connections in progress finish on their threads. stopped() turns

@@ -194,6 +194,9 @@ EngineStats DynamicEngine::stats() const {
   s.prefix_cache_hits = n.hits;
   s.prefix_cache_tokens_saved = n.tokens_saved;
   s.prefix_cache_deferred = n.deferred;
+  s.running = static_cast<int64_t>(running_.size());
+  s.waiting = std::max<int64_t>(0, pending_.load() - s.running);  // queued, submitted but not admitted
+  s.kv_blocks_used = blocks_.used();
   return s;
 }
 

@@ -129,6 +129,7 @@ struct EngineStats {
   int64_t pauses = 0, resumes = 0, evictions = 0, recomputed_tokens = 0;
   int64_t kv_blocks = 0, kv_block_bytes = 0, peak_blocks = 0;
   int64_t drafted = 0, accepted = 0, draft_steps = 0;  // speculative decoding: drafts verified, kept
+  int64_t running = 0, waiting = 0, kv_blocks_used = 0;  // now: requests admitted / queued, blocks held
   // Prefix caching (EngineConfig::prefix_caching), counted in KV blocks:
   int64_t prefix_cache_queries = 0;         // full prompt blocks looked up (at admission, and again after an eviction)
   int64_t prefix_cache_hits = 0;            // of them found cached: their keys and values reused, not computed

@@ -117,15 +117,22 @@ TEST_CASE("text_generation_server under TP2 x PP2 (rank 0 serves HTTP) answers a
   const std::string ckpt = make_checkpoint(tmp);
   const std::string api = R"({"prompts": ["Hello, my dog", ""], "tokens_to_generate": 6, "top_k": 1, "logprobs": true})";
   const std::string v1 = R"({"prompt": "Once upon", "max_tokens": 6, "temperature": 0.7, "seed": 3})";
-  std::string want_api, want_v1;
+  // The chat template is parsed on every rank; rank 0 renders and serves.
+  const std::string chat = R"({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "n": 2, "seed": 9,
+                               "stop": "zzz"})";
+  const std::string chat_template = apps_test::kSource + "/tests/apps/ref/gpt2_tiny_tokenizer_config.json";
+  std::string want_api, want_v1, want_chat;
   {
-    apps_test::Server one({"--load", ckpt, "--inference-dynamic-batching"}, tmp / "one.log");
+    apps_test::Server one({"--load", ckpt, "--inference-dynamic-batching", "--chat-template", chat_template},
+                          tmp / "one.log");
     want_api = http_test::http(one.port, "PUT", "/api", api).body;
     want_v1 = json::parse(http_test::http(one.port, "POST", "/v1/completions", v1).body)["choices"].dump();
+    want_chat = json::parse(http_test::http(one.port, "POST", "/v1/chat/completions", chat).body)["choices"].dump();
+    REQUIRE_MESSAGE(json::parse(want_chat).size() == 2, want_chat);
     CHECK(one.stop() == 0);
   }
   apps_test::Server mp({"--load", ckpt, "--inference-dynamic-batching", "--tensor-model-parallel-size", "2",
-                        "--pipeline-model-parallel-size", "2", "--max-requests", "2"},
+                        "--pipeline-model-parallel-size", "2", "--max-requests", "3", "--chat-template", chat_template},
                        tmp / "mp.log", 4);
   CHECK(slurp(tmp / "mp.log").find("tp 2 x pp 2 (world 4)") != std::string::npos);
   const http_test::Reply r = http_test::http(mp.port, "PUT", "/api", api);
@@ -137,5 +144,6 @@ TEST_CASE("text_generation_server under TP2 x PP2 (rank 0 serves HTTP) answers a
     for (size_t k = 0; k < 6; ++k)
       CHECK(std::abs(got["logprobs"][i][k].get<double>() - want["logprobs"][i][k].get<double>()) < 1e-4);
   CHECK(json::parse(http_test::http(mp.port, "POST", "/v1/completions", v1).body)["choices"].dump() == want_v1);
-  CHECK_MESSAGE(mp.wait_exit() == 0, slurp(tmp / "mp.log"));  // rank 0 stops the workers after 2 requests
+  CHECK(json::parse(http_test::http(mp.port, "POST", "/v1/chat/completions", chat).body)["choices"].dump() == want_chat);
+  CHECK_MESSAGE(mp.wait_exit() == 0, slurp(tmp / "mp.log"));  // rank 0 stops the workers after 3 requests
 }

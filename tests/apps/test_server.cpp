@@ -80,11 +80,11 @@ TEST_CASE("text_generation_server: PUT /api and POST /v1/completions, 400s namin
 
   // OpenAI's completions: the same greedy tokens as /api, usage, logprobs.
   r = http(port, "POST", "/v1/completions", R"({"prompt": "Hello, my dog", "max_tokens": 5, "temperature": 0,
-                                                 "logprobs": 2, "model": "anything"})");
+                                                 "logprobs": 2, "model": "ckpt"})");
   REQUIRE_MESSAGE(r.status == 200, r.body);
   auto c = json::parse(r.body);
   CHECK(c["object"] == "text_completion");
-  CHECK(c["model"] == "anything");
+  CHECK(c["model"] == "ckpt");
   REQUIRE(c["choices"].size() == 1);
   CHECK("Hello, my dog" + c["choices"][0]["text"].get<std::string>() == j["text"][0].get<std::string>());
   CHECK(c["choices"][0]["finish_reason"] == "length");
@@ -180,9 +180,10 @@ TEST_CASE("text_generation_server: PUT /api and POST /v1/completions, 400s namin
       {R"({"prompt": "a", "stream": "yes"})", "stream"},
       {R"({"prompt": "a", "logprobs": 50})", "logprobs"},
       {R"({"prompt": "a", "logprobs": true})", "logprobs"},
-      {R"({"prompt": "a", "n": 2})", "n"},
+      {R"({"prompt": "a", "n": 17})", "n"},
       {R"({"prompt": "a", "echo": true})", "echo"},
-      {R"({"prompt": "a", "stop": "\n"})", "stop"},
+      {R"({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]})", "stop"},
+      {R"({"prompt": "a", "stop": ""})", "stop"},
       {R"({"prompt": "a", "model": 7})", "model"},
       {R"({"prompt": "a", "max_tokenz": 3})", "max_tokenz"}};
   for (const auto& [body, param] : bad_v1) {
@@ -363,6 +364,7 @@ TEST_CASE("prefix caching: clients sharing a long prompt prefix get the answers 
                            {"temperature", 0}, {"logprobs", 1}})
                          .dump());
   // The answers at once, then one by one, and the engine's exit line.
+  std::string metrics;  // /metrics of the last server
   const auto serve = [&](const std::vector<std::string>& extra, const std::string& name, std::string& stats) {
     std::vector<std::string> args = {"--load", ck, "--inference-dynamic-batching", "--inference-dynamic-batching-block-size",
                                      "16"};
@@ -380,6 +382,7 @@ TEST_CASE("prefix caching: clients sharing a long prompt prefix get the answers 
       const Reply r = http(srv.port, "POST", "/v1/completions", bodies[i]);
       out[bodies.size() + i] = r.status == 200 ? stable(r.body) : "HTTP " + std::to_string(r.status) + ": " + r.body;
     }
+    metrics = http(srv.port, "GET", "/metrics", "").body;
     CHECK(srv.stop() == 0);
     const std::string log = slurp(srv.log);
     const size_t at = log.rfind("engine: ");
@@ -398,4 +401,8 @@ TEST_CASE("prefix caching: clients sharing a long prompt prefix get the answers 
   REQUIRE_MESSAGE(p != std::string::npos, stats);
   // 23 of the 24 requests share the first one's 7 blocks at least.
   CHECK_MESSAGE(std::stoll(stats.substr(p + 20)) >= 23 * 7, stats);
+  // /metrics counts the same hits.
+  const size_t m = metrics.find("\nmpitron_prefix_cache_hits_total ");
+  REQUIRE_MESSAGE(m != std::string::npos, metrics);
+  CHECK_MESSAGE(std::stoll(metrics.substr(m + 33)) == std::stoll(stats.substr(p + 20)), metrics, "\n", stats);
 }
