@@ -73,8 +73,12 @@ class T5 {
   Tensor encode(const Tensor& enc, const Tensor& enc_lengths);
   // Greedy decoding of one sample (enc (1, Te) with its length): start from `start` and append the
   // argmax of the last position (over the unpadded vocabulary) until `eos` or max_new tokens. The
-  // encoder runs once; the decoder reruns over the tokens so far each step (no KV cache yet).
+  // encoder runs once, the decoder on the new token only over its caches (model/t5_decode.h).
   std::vector<int64_t> greedy(const Tensor& enc, int64_t enc_length, int64_t start, int64_t eos, int64_t max_new);
+  // The same decoding by full recomputation: the decoder reruns over every token so far each step
+  // (the reference the cached decoder is tested and benchmarked against).
+  std::vector<int64_t> greedy_recompute(const Tensor& enc, int64_t enc_length, int64_t start, int64_t eos,
+                                        int64_t max_new);
   // The decoder seed of a micro-batch's dropout_seed.
   static uint64_t decoder_seed(uint64_t seed) { return seed ^ 0x9E3779B97F4A7C15ull; }
 
