@@ -16,7 +16,7 @@
 // --sample-input-ids-file FILE: prompts as token ids (one prompt a line, ids separated by spaces); the
 // tokenizer is then optional ("text" is null without one).
 // T5 (a pretrain_t5 --save or convert_checkpoint hf-to-mpitron directory): each prompt is the ENCODER's
-// input and the output the decoder's greedy tokens (T5::greedy), from --decoder-start-token-id to
+// input and the output the decoder's greedy tokens (T5::greedy on the cached decoder), from --decoder-start-token-id to
 // --eos-token-id; one process, greedy only, no --num-samples (docs/generate-eval.md).
 #include "apps/app_main.h"
 #include <mpi.h>
@@ -44,6 +44,7 @@
 #include "model/inference/runner_flags.h"
 #include "model/training/pretrain_flags.h"
 #include "model/inference/inference_load.h"
+#include "model/inference/t5_engine.h"  // t5_tokens, load_t5_for_inference
 #include "model/t5.h"
 
 using namespace mpitron;
@@ -320,25 +321,16 @@ int run_t5(const Args& a) {
   for (const std::string& n : a.inf.notes) std::fprintf(stderr, "%s\n", n.c_str());
   const GPTConfig ck = read_checkpoint_config(a.load);
   const auto tok = checked_tokenizer(a, ck);
-  const bool megatron_ids = tok && a.vocab_extra_ids > 0;  // Megatron's T5: [BOS] starts, [EOS] ends
-  const int64_t start = a.decoder_start_token_id >= 0 ? a.decoder_start_token_id : megatron_ids ? tok->bos() : 0;
-  const int64_t eos = a.eos_token_id >= 0 ? a.eos_token_id : megatron_ids ? tok->eod() : 1;
-  MPT_CHECK(start < ck.vocab_size, str("--decoder-start-token-id ", start, " is outside the vocabulary [0, ", ck.vocab_size, ")"),
-            "");
-  MPT_CHECK(eos < ck.vocab_size, str("--eos-token-id ", eos, " is outside the vocabulary [0, ", ck.vocab_size, ")"), "");
+  const T5Tokens tt = t5_tokens(tok.get(), a.vocab_extra_ids, a.decoder_start_token_id, a.eos_token_id, ck.vocab_size);
+  const int64_t start = tt.start, eos = tt.eos;
   MPT_CHECK(a.inf.device != "cuda" || cuda_available(), str("--device cuda: ", cuda_unavailable_reason()),
             "run on a machine with a GPU, or use --device cpu");
   const Device dev = a.inf.device == "cuda" || (a.inf.device == "auto" && cuda_available()) ? Device::cuda(0) : Device::cpu();
-  std::unique_ptr<T5> model;
-  {
-    InferenceModel m = load_model_for_inference(a.load, dev, a.inf.dtype());
-    model = std::make_unique<T5>(m.model->config(), dev);
-    model->params().values().copy_from(m.model->params().values());
-    std::fprintf(stderr, "loaded %s: T5, %lld encoder + %lld decoder layers, start token %lld, eos %lld, on %s\n",
-                 m.dir.c_str(), static_cast<long long>(ck.encoder_num_layers),
-                 static_cast<long long>(ck.decoder_num_layers()), static_cast<long long>(start),
-                 static_cast<long long>(eos), dev.is_cuda() ? "cuda" : "cpu");
-  }
+  std::string dir;
+  const std::unique_ptr<T5> model = load_t5_for_inference(a.load, dev, a.inf.dtype(), &dir);
+  std::fprintf(stderr, "loaded %s: T5, %lld encoder + %lld decoder layers, start token %lld, eos %lld, on %s\n",
+               dir.c_str(), static_cast<long long>(ck.encoder_num_layers), static_cast<long long>(ck.decoder_num_layers()),
+               static_cast<long long>(start), static_cast<long long>(eos), dev.is_cuda() ? "cuda" : "cpu");
   const GPTConfig& cfg = model->config();
   Sink out(a.genfile);
   int64_t seen = 0;
