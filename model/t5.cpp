@@ -190,8 +190,10 @@ Var T5::forward(Tape& tape, const T5Batch& batch, const ForwardOptions& opt) {
   return lm_loss(tape, c, core_.parallel().tp, logits, batch.labels);
 }
 
-ForwardOptions T5::inference(const char* what) const {
-  MPT_CHECK(core_.parallel().tp.size == 1, str("T5::", what, " needs the whole model on one rank"),
+ForwardOptions T5::inference(const char* what, bool tensor_parallel_ok) const {
+  const TensorParallel& tp = core_.parallel().tp;
+  MPT_CHECK(tp.size == 1 || (tensor_parallel_ok && !tp.sequence_parallel),
+            str("T5::", what, tensor_parallel_ok ? " runs without sequence parallelism" : " needs the whole model on one rank"),
             "load the checkpoint into a single process (it loads under any layout)");
   ForwardOptions o;
   o.train = false;
@@ -199,7 +201,7 @@ ForwardOptions T5::inference(const char* what) const {
 }
 
 Tensor T5::encode(const Tensor& enc, const Tensor& enc_lengths) {
-  const ForwardOptions o = inference("encode");
+  const ForwardOptions o = inference("encode", /*tensor_parallel_ok=*/true);
   Tape tape;
   tape.set_recording(false);
   return encoder(tape, enc, enc_lengths, o).value();
@@ -222,7 +224,7 @@ int64_t argmax(const std::vector<float>& row, int64_t vocab) {
 }  // namespace
 
 std::vector<int64_t> T5::greedy(const Tensor& enc, int64_t enc_length, int64_t start, int64_t eos, int64_t max_new) {
-  (void)inference("greedy");
+  (void)inference("greedy", /*tensor_parallel_ok=*/true);
   std::vector<int64_t> out{start};
   if (max_new <= 0) return out;
   T5DecodeState state(*this, enc, enc_length, max_new);

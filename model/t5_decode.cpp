@@ -50,8 +50,8 @@ T5DecodeState::T5DecodeState(T5& model, const Tensor& enc, int64_t enc_length, i
     : model_(model), max_len_(max_len) {
   const GPTConfig& c = model.config();
   const TensorParallel& tp = model.core().parallel().tp;
-  MPT_CHECK(tp.size == 1, "T5's cached decoder needs the whole model on one rank",
-            "load the checkpoint into a single process (it loads under any layout)");
+  MPT_CHECK(!tp.sequence_parallel, "T5's cached decoder runs without sequence parallelism (a step's rows are not split)",
+            "decode with tensor parallelism alone, or on one rank");
   MPT_CHECK(enc.ndim() == 2 && enc.dim(0) == 1 && enc_length >= 1 && enc_length <= enc.dim(1) && max_len >= 1,
             str("T5's cached decoder: one sample (1, Te) with 1 <= length <= Te and max_len >= 1, got ",
                 shape_str(enc.shape()), " length ", enc_length, ", max_len ", max_len),
@@ -60,7 +60,7 @@ T5DecodeState::T5DecodeState(T5& model, const Tensor& enc, int64_t enc_length, i
   enc_seq_ = enc.dim(1);
   if (enc_length < enc_seq_) lengths_ = Tensor::from_ints({enc_length}, {1}, DType::I32).to(dev);
   mem_ = model.encode(enc, lengths_);
-  const int64_t G = c.query_groups(), HD = c.head_dim();
+  const int64_t G = c.query_groups() / tp.size, HD = c.head_dim();  // this rank's key / value groups
   for (int64_t l = c.encoder_num_layers; l < c.num_layers; ++l) {
     BlockShape s = block_shape(c, 1, 1, tp, false, l);
     s.cross.memory = mem_;
@@ -116,11 +116,9 @@ std::vector<float> T5DecodeState::step(const std::vector<int64_t>& tokens) {
   }
   len_ += n;
   const Var h = final_norm(tape, c, tp, core.params(), Var(x.slice(0, n - 1, n)));
-  return output_logits(tape, tp, h, output_weight(c, core.params()), Var())
-      .value()
-      .to(Device::cpu())
-      .to(DType::F32)
-      .to_floats();
+  const Tensor part = output_logits(tape, tp, h, output_weight(c, core.params()), Var()).value();  // (1, V/t)
+  // (t, V/t): rank r's slice is vocabulary rows [r·V/t, (r+1)·V/t), so the rows in order are the whole row.
+  return tp_all_gather_rows(tp, part).to(Device::cpu()).to(DType::F32).to_floats();
 }
 
 }  // namespace mpitron

@@ -16,8 +16,9 @@
 // with it (bench/t5_decode_bench.cpp measures both against T5::greedy_recompute). The blocks are the
 // training blocks (model/block.h) with their own attention core, so the numbers are those of T5's
 // forward up to summation order; T5::greedy and the server (model/inference/t5_engine.h) run on it.
-// Tensor ops only: the same code on the CPU and the CUDA device. One rank (T5's inference, as
-// T5::encode: the whole model on one process).
+// Tensor ops only: the same code on the CPU and the CUDA device. One rank, or every rank of a
+// tensor-parallel group without sequence parallelism, each with its heads' caches (G/t groups) and
+// its vocabulary slice of the logits, all-gathered: every rank returns the whole row.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -45,8 +46,8 @@ class T5DecodeState {
   Tensor mem_;                   // (Te, C) the encoder's output
   Tensor lengths_;               // (1) i32 on the device: the encoder's real tokens; undefined: all Te
   int64_t enc_seq_ = 0;          // Te
-  std::vector<Tensor> xkv_;      // [decoder layer] (Te, 2·G·HD) cross-attention keys | values
-  std::vector<Tensor> k_, v_;    // [decoder layer] (1, max_len, G, HD) self-attention cache
+  std::vector<Tensor> xkv_;      // [decoder layer] (Te, 2·G/t·HD) cross-attention keys | values (this rank's)
+  std::vector<Tensor> k_, v_;    // [decoder layer] (1, max_len, G/t, HD) self-attention cache (this rank's groups)
 };
 
 }  // namespace mpitron
