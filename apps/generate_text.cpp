@@ -46,6 +46,7 @@
 #include "model/inference/inference_load.h"
 #include "model/inference/t5_engine.h"  // t5_tokens, load_t5_for_inference
 #include "model/t5.h"
+#include "parallel/communicator.h"
 
 using namespace mpitron;
 namespace po = boost::program_options;
@@ -71,14 +72,19 @@ struct Args {
   bool uses_tokenizer() const { return sample_input_ids_file.empty() || tokenizer_given; }
 };
 
-// What T5 takes of the flags: one process, greedy, an encoder input per prompt.
+// What T5 takes of the flags: one process (or --tensor-model-parallel-size ranks reading a prompt file),
+// greedy, an encoder input per prompt.
 void check_t5_flags(const po::variables_map& vm, const Args& a) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPT_CHECK(world == 1 && a.inf.tp == 1 && a.inf.pp == 1,
-            str("generate_text with the T5 checkpoint ", a.load, " runs on one process; it was started on ", world,
-                " ranks (--tensor-model-parallel-size ", a.inf.tp, ", --pipeline-model-parallel-size ", a.inf.pp, ")"),
-            "run it without mpirun and without the parallel sizes");
+  MPT_CHECK(world == a.inf.tp && a.inf.pp == 1,
+            str("generate_text with the T5 checkpoint ", a.load, " runs on one process, or on --tensor-model-parallel-size "
+                "ranks; it was started on ", world, " ranks (--tensor-model-parallel-size ", a.inf.tp,
+                ", --pipeline-model-parallel-size ", a.inf.pp, ")"),
+            "run it without mpirun, or under mpirun -np N with --tensor-model-parallel-size N (no pipeline parallelism)");
+  MPT_CHECK(world == 1 || !a.interactive,
+            str("--interactive with the T5 checkpoint ", a.load, " under mpirun: every rank decodes every prompt"),
+            "give the prompts in a file (--sample-input-file or --sample-input-ids-file), or run one process");
   MPT_CHECK(!vm.count("num-samples"),
             str("--num-samples with the T5 checkpoint ", a.load, ": an encoder-decoder needs an input to decode from"),
             "pass prompts with --sample-input-file, --sample-input-ids-file or --interactive");
@@ -326,13 +332,28 @@ int run_t5(const Args& a) {
   MPT_CHECK(a.inf.device != "cuda" || cuda_available(), str("--device cuda: ", cuda_unavailable_reason()),
             "run on a machine with a GPU, or use --device cpu");
   const Device dev = a.inf.device == "cuda" || (a.inf.device == "auto" && cuda_available()) ? Device::cuda(0) : Device::cpu();
+  // Under mpirun the world is the tensor-parallel group: every rank decodes every prompt (the logits are
+  // gathered, so each picks the same tokens) and rank 0 writes them.
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::unique_ptr<Communicator> tp_comm;
+  TensorParallel tp;
+  if (world > 1) {
+    CommOptions co;
+    co.name = "tp";
+    co.force_mpi_for_device = a.inf.force_mpi_for_device;
+    tp_comm = make_communicator(MPI_COMM_WORLD, dev, co);
+    tp = TensorParallel{tp_comm.get(), world, rank, false};
+  }
   std::string dir;
-  const std::unique_ptr<T5> model = load_t5_for_inference(a.load, dev, a.inf.dtype(), &dir);
-  std::fprintf(stderr, "loaded %s: T5, %lld encoder + %lld decoder layers, start token %lld, eos %lld, on %s\n",
-               dir.c_str(), static_cast<long long>(ck.encoder_num_layers), static_cast<long long>(ck.decoder_num_layers()),
-               static_cast<long long>(start), static_cast<long long>(eos), dev.is_cuda() ? "cuda" : "cpu");
+  const std::unique_ptr<T5> model = load_t5_for_inference(a.load, dev, a.inf.dtype(), &dir, tp, MPI_COMM_WORLD);
+  if (rank == 0)
+    std::fprintf(stderr, "loaded %s: T5, %lld encoder + %lld decoder layers, start token %lld, eos %lld, on %s, tp %d\n",
+                 dir.c_str(), static_cast<long long>(ck.encoder_num_layers), static_cast<long long>(ck.decoder_num_layers()),
+                 static_cast<long long>(start), static_cast<long long>(eos), dev.is_cuda() ? "cuda" : "cpu", world);
   const GPTConfig& cfg = model->config();
-  Sink out(a.genfile);
+  std::unique_ptr<Sink> sink = rank == 0 ? std::make_unique<Sink>(a.genfile) : nullptr;
   int64_t seen = 0;
   drive(a, tok.get(), ck.vocab_size, [&](const std::vector<Prompt>& prompts) {
     for (const Prompt& p : prompts) {
@@ -352,11 +373,11 @@ int run_t5(const Args& a) {
       const Tensor enc = Tensor::from_ints(std::vector<int64_t>(p.ids.begin(), p.ids.end()), {1, T}, DType::I32).to(dev);
       const std::vector<int64_t> got = model->greedy(enc, T, start, eos, a.out_seq_length);
       const std::vector<int32_t> gen(got.begin() + 1, got.end());  // without the start token
-      out.write(p.text, tok.get(), gen, !gen.empty() && gen.back() == eos);
+      if (sink) sink->write(p.text, tok.get(), gen, !gen.empty() && gen.back() == eos);
     }
-    out.flush();
+    if (sink) sink->flush();
   });
-  out.close();
+  if (sink) sink->close();
   return 0;
 }
 

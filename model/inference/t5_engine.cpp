@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/inference/generate.h"
+#include "model/checkpoint/checkpointing.h"
 #include "model/inference/inference_load.h"
 
 namespace mpitron {
@@ -23,7 +24,28 @@ T5Tokens t5_tokens(const data::TextTokenizer* tok, int64_t vocab_extra_ids, int6
 }
 
 std::unique_ptr<T5> load_t5_for_inference(const std::string& load_dir, Device device, DType dtype,
-                                          std::string* loaded_dir) {
+                                          std::string* loaded_dir, const TensorParallel& tp, MPI_Comm world) {
+  if (tp.active()) {  // this rank's slices, read collectively (as the model runner loads a decoder)
+    MPT_CHECK(!tp.sequence_parallel, "a T5 for inference is split without sequence parallelism", "");
+    GPTConfig cfg = read_checkpoint_config(load_dir);
+    MPT_CHECK(cfg.t5, str("checkpoint ", load_dir, " holds a ", cfg.kind(), ", not a T5"), "");
+    cfg.compute_dtype = dtype;
+    cfg.hidden_dropout = cfg.attention_dropout = 0.0f;
+    ModelParallel mp;
+    mp.tp = tp;
+    auto model = std::make_unique<T5>(cfg, device, mp);
+    OptimState opt;
+    LossScaler scaler;
+    TrainState st;
+    LoadOptions lo;
+    lo.load_optim = false;
+    lo.load_rng = false;
+    SaveInfo info;
+    MPT_CHECK(load_checkpoint(load_dir, model->core(), opt, 0, 0, scaler, st, lo, &info, world),
+              str("no checkpoint in ", load_dir), "pass the directory given to pretrain_t5 --save");
+    if (loaded_dir) *loaded_dir = info.dir;
+    return model;
+  }
   InferenceModel m = load_model_for_inference(load_dir, device, dtype);
   MPT_CHECK(m.model->config().t5, str("checkpoint ", load_dir, " holds a ", m.model->config().kind(), ", not a T5"), "");
   auto model = std::make_unique<T5>(m.model->config(), device);

@@ -11,6 +11,8 @@
 // GenResult::context is the prompt (the encoder's input), `generated` the decoder's tokens
 // without the start token. The process holds the whole model (one rank, as T5::greedy).
 #pragma once
+#include <mpi.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -34,10 +36,13 @@ struct T5Tokens {
 // the vocabulary); tok may be null (token ids without a tokenizer).
 T5Tokens t5_tokens(const data::TextTokenizer* tok, int64_t vocab_extra_ids, int64_t start, int64_t eos, int64_t vocab);
 
-// A T5 checkpoint (pretrain_t5 --save, convert_checkpoint hf-to-mpitron) loaded whole on `device` in
-// `dtype` (the compute dtype); loaded_dir: the iter_N directory read (may be null).
+// A T5 checkpoint (pretrain_t5 --save, convert_checkpoint hf-to-mpitron) loaded on `device` in `dtype`
+// (the compute dtype): whole, or with tp.size > 1 this rank's tensor-parallel slices (no sequence
+// parallelism; collective over world, whose ranks are the tp group); loaded_dir: the iter_N directory
+// read (may be null).
 std::unique_ptr<T5> load_t5_for_inference(const std::string& load_dir, Device device, DType dtype,
-                                          std::string* loaded_dir = nullptr);
+                                          std::string* loaded_dir = nullptr, const TensorParallel& tp = {},
+                                          MPI_Comm world = MPI_COMM_NULL);
 
 class T5Engine {
  public:
