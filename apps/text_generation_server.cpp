@@ -18,9 +18,9 @@
 // when ready (--port 0 picks a free port), logs each request and, every 10 s while busy
 // and at exit, the engine's counters (steps, tokens, KV blocks, pauses, evictions), and
 // exits 0 on SIGTERM/SIGINT or after --max-requests HTTP requests.
-// A T5 checkpoint (pretrain_t5, or a Hugging Face T5 through convert_checkpoint) is served on one
-// process, one request at a time: the prompt is the encoder's input, the answer the decoder's tokens
-// (model/inference/t5_engine.h); --inference-dynamic-batching is refused for it by name. What is
+// A T5 checkpoint (pretrain_t5, or a Hugging Face T5 through convert_checkpoint) is served one
+// request at a time, on one process or under TP: the prompt is the encoder's input, the answer the
+// decoder's tokens (model/inference/t5_engine.h); --inference-dynamic-batching is refused for it by name. What is
 // served is a ServedModel (model/inference/served_model.h): this file never asks which kind.
 #include "apps/app_main.h"
 #include <mpi.h>

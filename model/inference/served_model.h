@@ -4,10 +4,11 @@
 //   decoder LMs (GPT-2, Llama, …): the ModelRunner over the rank layout (TP × PP) and the dynamic
 //     engine over its paged KV cache (model/inference/dynamic_engine.h), batching requests with
 //     --inference-dynamic-batching, one request at a time without;
-//   T5: one process holding the whole encoder-decoder and T5Engine (model/inference/t5_engine.h), one
-//     request at a time; the prompt is the encoder's input, the answer the decoder's tokens.
+//   T5: T5Engine (model/inference/t5_engine.h) on one process, or on rank 0 of a tensor-parallel world
+//     whose other ranks repeat its model calls; one request at a time; the prompt is the encoder's
+//     input, the answer the decoder's tokens.
 // open_served_model reads the checkpoint's kind and builds the one it holds; what a kind cannot do
-// (T5: --inference-dynamic-batching, more than one rank) is refused there by flag name.
+// (T5: --inference-dynamic-batching, pipeline parallelism) is refused there by flag name.
 #pragma once
 #include <mpi.h>
 

@@ -54,7 +54,8 @@ std::unique_ptr<T5> load_t5_for_inference(const std::string& load_dir, Device de
   return model;
 }
 
-T5Engine::T5Engine(T5& model, T5Tokens tokens) : model_(model), tokens_(tokens) {}
+T5Engine::T5Engine(T5& model, T5Tokens tokens, Announce announce)
+    : model_(model), tokens_(tokens), announce_(std::move(announce)) {}
 
 std::shared_ptr<RequestState> T5Engine::submit(GenRequest r) {
   const GPTConfig& c = model_.config();
@@ -126,6 +127,11 @@ bool T5Engine::step() {
     const std::vector<int32_t>& p = cur_->req.prompt;
     const int64_t T = static_cast<int64_t>(p.size());
     const Tensor enc = Tensor::from_ints(std::vector<int64_t>(p.begin(), p.end()), {1, T}, DType::I32);
+    if (announce_) {
+      std::vector<int64_t> call{1, cur_->req.max_new_tokens};
+      call.insert(call.end(), p.begin(), p.end());
+      announce_(call);
+    }
     cur_->dec = std::make_unique<T5DecodeState>(model_, enc, T, cur_->req.max_new_tokens);
     stats_.prefill_tokens += T;
     stats_.max_running = 1;
@@ -137,6 +143,7 @@ bool T5Engine::step() {
   }
   const int64_t V = model_.config().vocab_size;
   const int64_t last = a.out.generated.empty() ? tokens_.start : a.out.generated.back();
+  if (announce_) announce_({2, last});
   std::vector<float> row = a.dec->step({last});
   row.resize(static_cast<size_t>(V));  // the padded vocabulary's rows are never sampled
   ++stats_.steps, ++stats_.rows, ++stats_.decode_tokens;

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,7 +47,13 @@ std::unique_ptr<T5> load_t5_for_inference(const std::string& load_dir, Device de
 
 class T5Engine {
  public:
-  T5Engine(T5& model, T5Tokens tokens);
+  // The engine's model calls as messages, for ranks that repeat them (tensor parallelism: every rank
+  // of the group makes each collective call; model/inference/t5_served.cpp broadcasts them):
+  //   {1, max_len, prompt ids…}  a request starts: T5DecodeState(model, prompt, |prompt|, max_len)
+  //   {2, token}                 the current request's next decoder input: state.step({token})
+  using Announce = std::function<void(const std::vector<int64_t>& call)>;
+  // announce (may be empty): called before each model call.
+  T5Engine(T5& model, T5Tokens tokens, Announce announce = {});
   // Any thread. Throws Error naming the problem (an empty prompt, an id outside the vocabulary, a
   // length over a learned-position table); never blocks on the model.
   std::shared_ptr<RequestState> submit(GenRequest r);
@@ -68,6 +75,7 @@ class T5Engine {
 
   T5& model_;
   T5Tokens tokens_;
+  Announce announce_;
   std::unique_ptr<Active> cur_;  // the request being decoded (engine thread only)
   EngineStats stats_;            // engine thread
   mutable std::mutex mu_;        // guards queue_ and done_stats_

@@ -6,7 +6,10 @@
 //    [EOS] ("stop") or at max_tokens ("length"); a stream carries the same tokens; a sampled request
 //    (temperature, seed) gives the same answer twice and ids inside the vocabulary;
 //  * an empty prompt is a 400 and the server keeps serving;
-//  * --inference-dynamic-batching and more than one rank are refused naming the flag / the layout.
+//  * under mpirun -np 2 --tensor-model-parallel-size 2 the same answers, and both ranks exit after
+//    --max-requests;
+//  * --inference-dynamic-batching and mpirun without --tensor-model-parallel-size are refused naming the
+//    flag / the layout.
 // evaluate --task SEQ2SEQ (model/inference/t5_eval.h):
 //  * its avg loss, token count, ppl and token accuracy equal the teacher-forced cross-entropy of
 //    T5::logits on [BOS] + target → target + [EOS] over the unpadded vocabulary, computed here; the
@@ -143,7 +146,25 @@ TEST_CASE("text_generation_server serves a T5: completions and /api give generat
   CHECK(srv.stop() == 0);
   CHECK(slurp(dir / "server.log").find("T5 engine: ") != std::string::npos);
 
-  // Refusals: dynamic batching (named), more than one rank.
+  // Tensor parallelism (mpirun -np 2 --tensor-model-parallel-size 2): rank 0 serves and rank 1 repeats its
+  // model calls; the same answer, then both exit after --max-requests.
+  {
+    Server tp({"--load", dir / "ck", "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", kBertVocab,
+               "--vocab-extra-ids", "100", "--tensor-model-parallel-size", "2", "--max-requests", "2"},
+              dir / "tp2.log", 2);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      std::vector<int32_t> toks = want[i]["tokens"].get<std::vector<int32_t>>();
+      if (!toks.empty() && toks.back() == eos) toks.pop_back();
+      const Reply t = http(tp.port, "POST", "/v1/completions",
+                           json{{"prompt", prompts[i]}, {"max_tokens", 6}, {"temperature", 0}}.dump());
+      REQUIRE_MESSAGE(t.status == 200, t.body);
+      CHECK(json::parse(t.body)["choices"][0]["text"] == tk->decode(toks));
+    }
+    CHECK_MESSAGE(tp.wait_exit() == 0, slurp(dir / "tp2.log"));
+    CHECK(slurp(dir / "tp2.log").find("on tp 2 ranks") != std::string::npos);
+  }
+
+  // Refusals: dynamic batching (named), more than one rank without tensor parallelism.
   const std::string base = "--load " + (dir / "ck") + tok + " --port 0";
   CHECK(run_app("text_generation_server", base + " --inference-dynamic-batching", dir / "dyn.log") != 0);
   CHECK_MESSAGE(slurp(dir / "dyn.log").find("--inference-dynamic-batching with the T5 checkpoint") != std::string::npos,
