@@ -28,6 +28,12 @@
 // Losses and argmaxes use the first vocab_size logits (padded vocabulary rows excluded).
 // Runs on one process or under mpirun with --tensor-model-parallel-size x --pipeline-model-parallel-size
 // ranks; a checkpoint saved under any parallel layout loads under any. Progress every --log-interval.
+//  SEQ2SEQ (T5 checkpoints only; one process): JSON lines {"input": str, "target": str}; the encoder
+//    reads the input, the decoder [start] + target and is scored on target + [end] by teacher forcing,
+//    as pretrain_t5's validation (model/inference/t5_eval.h): avg loss = Σ loss / Σ (|target| + 1),
+//    ppl = exp(avg loss), token accuracy, exact match (every position's argmax right). Start and end
+//    tokens as generate_text's (Megatron's [BOS]/[EOS] with --vocab-extra-ids, else 0 and 1). The
+//    WikiText and LAMBADA tasks score a decoder LM's next-token predictions: refused for a T5 by name.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "apps/app_main.h"
 #include <mpi.h>
@@ -41,6 +47,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json.h"
@@ -54,6 +61,7 @@
 #include "model/training/pretrain_flags.h"
 #include "model/inference/inference_load.h"
 #include "model/inference/model_runner.h"
+#include "model/inference/t5_eval.h"
 #include "tensor/ops.h"
 
 using namespace mpitron;
@@ -63,7 +71,7 @@ namespace {
 
 struct Args {
   std::string task, valid_data, load, vocab_file, merge_file, results_json, tokenizer_type = "GPT2BPETokenizer", tokenizer_model;
-  int64_t seq_length = 0, overlapping_eval = 32, micro_batch_size = 1, log_interval = 100;
+  int64_t seq_length = 0, overlapping_eval = 32, micro_batch_size = 1, log_interval = 100, vocab_extra_ids = 0;
   bool strict_lambada = false;
   InferenceFlags inf;  // the pretraining GPT_ARGS a Megatron evaluation script passes too
 };
@@ -71,8 +79,9 @@ struct Args {
 bool parse(int argc, char** argv, Args& a) {
   po::options_description d("evaluate: WikiText perplexity and LAMBADA accuracy of a checkpoint");
   d.add_options()("help,h", "print this help")
-      ("task", po::value(&a.task)->required(), "WIKITEXT2, WIKITEXT103 or LAMBADA")
-      ("valid-data", po::value(&a.valid_data)->required(), "the evaluation file (raw WikiText .txt, or LAMBADA .jsonl)")
+      ("task", po::value(&a.task)->required(), "WIKITEXT2, WIKITEXT103 or LAMBADA (decoder LMs); SEQ2SEQ (T5)")
+      ("valid-data", po::value(&a.valid_data)->required(),
+       "the evaluation file (raw WikiText .txt, LAMBADA .jsonl, or SEQ2SEQ .jsonl of {\"input\", \"target\"})")
       ("load", po::value(&a.load)->required(), "checkpoint directory (pretrain_gpt --save, or convert_checkpoint output)")
       ("seq-length", po::value(&a.seq_length), "tokens per window (default: the checkpoint's seq_length)")
       ("overlapping-eval", po::value(&a.overlapping_eval), "WikiText: window stride in tokens (default 32, as Megatron; = seq-length: no overlap)")
@@ -82,6 +91,8 @@ bool parse(int argc, char** argv, Args& a) {
       ("merge-file", po::value(&a.merge_file), "GPT-2 merges (default: bundled assets/gpt2)")
       ("tokenizer-type", po::value(&a.tokenizer_type)->default_value("GPT2BPETokenizer"), data::kTokenizerTypes)
       ("tokenizer-model", po::value(&a.tokenizer_model), "tokenizer.json (HuggingFaceTokenizer) or tokenizer.model")
+      ("vocab-extra-ids", po::value(&a.vocab_extra_ids),
+       "<extra_id_j> sentinels appended to a WordPiece vocab (pretrain_t5's; SEQ2SEQ then scores from [BOS] to [EOS])")
       ("results-json", po::value(&a.results_json), "also write the results as JSON to this file")
       ("log-interval", po::value(&a.log_interval),
        "a progress line every N windows (WikiText) or examples (LAMBADA): done of total, running loss, tokens/s "
@@ -90,7 +101,26 @@ bool parse(int argc, char** argv, Args& a) {
   po::variables_map vm;
   if (!parse_app_flags(argc, argv, d, vm, "evaluate", /*megatron=*/true)) return false;
   check_inference_flags(vm, a.inf);
-  if (checkpoint_exists(a.load)) check_against_checkpoint(vm, a.inf, read_checkpoint_config(a.load), a.load);
+  const bool t5 = checkpoint_exists(a.load) && read_checkpoint_config(a.load).t5;
+  if (checkpoint_exists(a.load)) check_against_checkpoint(vm, a.inf, read_checkpoint_config(a.load), a.load, /*allow_t5=*/t5);
+  MPT_CHECK(!t5 || a.task == "SEQ2SEQ",
+            str("--task ", a.task, " with the T5 checkpoint ", a.load,
+                ": WikiText and LAMBADA score a decoder language model's next-token predictions over running text; "
+                "a T5 reads an input and writes an answer"),
+            "evaluate a T5 with --task SEQ2SEQ (JSON lines {\"input\", \"target\"}: the targets' teacher-forced loss, "
+            "perplexity and accuracy, as pretrain_t5's validation)");
+  MPT_CHECK(t5 || a.task != "SEQ2SEQ" || !checkpoint_exists(a.load),
+            str("--task SEQ2SEQ needs an encoder-decoder (T5) checkpoint; ", a.load, " holds a decoder language model"),
+            "use --task WIKITEXT103 or LAMBADA");
+  if (t5) {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPT_CHECK(world == 1 && a.inf.tp == 1 && a.inf.pp == 1,
+              str("evaluate with the T5 checkpoint ", a.load, " runs on one process; it was started on ", world,
+                  " ranks (--tensor-model-parallel-size ", a.inf.tp, ", --pipeline-model-parallel-size ", a.inf.pp, ")"),
+              "run it without mpirun and without the parallel sizes");
+  }
+  MPT_CHECK(a.vocab_extra_ids >= 0, str("--vocab-extra-ids must be >= 0, got ", a.vocab_extra_ids), "");
   const DynamicBatchingFlags none;
   const DynamicBatchingFlags& b = a.inf.batching;
   if (b.enabled || b.chunked_prefill || b.buffer_size_gb != none.buffer_size_gb || b.block_size != none.block_size ||
@@ -99,8 +129,8 @@ bool parse(int argc, char** argv, Args& a) {
                           "(no KV cache, no engine)");
   for (const std::string& n : a.inf.notes) log_info(n);
   MPT_CHECK(a.log_interval >= 1, str("--log-interval must be >= 1, got ", a.log_interval), "");
-  MPT_CHECK(a.task == "WIKITEXT2" || a.task == "WIKITEXT103" || a.task == "LAMBADA",
-            str("--task ", a.task, " is not supported"), "use WIKITEXT2, WIKITEXT103 or LAMBADA");
+  MPT_CHECK(a.task == "WIKITEXT2" || a.task == "WIKITEXT103" || a.task == "LAMBADA" || a.task == "SEQ2SEQ",
+            str("--task ", a.task, " is not supported"), "use WIKITEXT2, WIKITEXT103, LAMBADA or (T5) SEQ2SEQ");
   // Flags that mean something for one task only; given for another task they would do nothing, silently.
   // (--overlapping-eval and --micro-batch-size stay accepted for LAMBADA: Megatron's scripts pass them.)
   static const std::pair<const char*, const char*> kTaskOnly[] = {{"strict-lambada", "LAMBADA"}};
@@ -405,11 +435,68 @@ nlohmann::json eval_lambada(ModelRunner& runner, const data::TextTokenizer& tok,
           {"total", n},     {"examples", examples},       {"seconds", timer.seconds()}};
 }
 
+// SEQ2SEQ on a T5 (one process): the targets' teacher-forced loss (see the top of the file).
+nlohmann::json eval_seq2seq(const data::TextTokenizer& tok, const Args& a) {
+  const std::unique_ptr<T5> model =
+      load_t5_for_inference(a.load, a.inf.device == "cuda" || (a.inf.device == "auto" && cuda_available()) ? Device::cuda(0)
+                                                                                                           : Device::cpu(),
+                            a.inf.dtype());
+  const GPTConfig& c = model->config();
+  MPT_CHECK(c.vocab_size == tok.vocab_size(),
+            str("the checkpoint's vocab_size ", c.vocab_size, " differs from the tokenizer's ", tok.vocab_size()),
+            "pass the tokenizer flags the model was trained with (--tokenizer-type, --vocab-file, --vocab-extra-ids)");
+  const T5Tokens tt = t5_tokens(&tok, a.vocab_extra_ids, -1, -1, c.vocab_size);
+  log_info("loaded T5 ", a.load, " (", c.encoder_num_layers, " encoder + ", c.decoder_num_layers(),
+           " decoder layers, hidden ", c.hidden_size, "), start token ", tt.start, ", end token ", tt.eos);
+  LineReader f(a.valid_data, "--valid-data");
+  auto enc = tok.make_encoder(), plain = tok.make_encoder(false);  // the target: no BOS (the decoder has its start)
+  std::vector<std::string> lines;
+  for (std::string line; f.next(line);) lines.push_back(line);
+  int64_t total = 0;
+  for (const std::string& l : lines) total += !l.empty();
+  Progress progress("examples", total, a.log_interval);
+  Timer timer;
+  double loss = 0;
+  int64_t tokens = 0, correct = 0, exact = 0, n = 0, lineno = 0;
+  for (const std::string& line : lines) {
+    ++lineno;
+    if (line.empty()) continue;
+    std::string input, target;
+    try {
+      const nlohmann::json j = parse_json_text(line, "the line");
+      input = j.at("input").get<std::string>();
+      target = j.at("target").get<std::string>();
+    } catch (const std::exception& e) {
+      MPT_THROW(str(a.valid_data, ":", lineno, ": not a JSON object with \"input\" and \"target\" strings: ", e.what()),
+                "every SEQ2SEQ line is {\"input\": \"...\", \"target\": \"...\"}");
+    }
+    const std::vector<int32_t> x = enc->encode(input), y = plain->encode(target);
+    MPT_CHECK(!x.empty(), str(a.valid_data, ":", lineno, ": the input has no tokens (a T5's encoder needs one)"), "");
+    const Seq2SeqScore s = score_seq2seq(*model, x, y, tt);
+    loss += s.loss, tokens += s.tokens, correct += s.correct, exact += s.exact, ++n;
+    progress.add(1, s.loss, s.tokens, static_cast<int64_t>(x.size()) + s.tokens);
+  }
+  MPT_CHECK(n > 0, str(a.valid_data, " holds no examples"), "");
+  const double avg = loss / static_cast<double>(tokens), acc = static_cast<double>(correct) / static_cast<double>(tokens);
+  const double em = static_cast<double>(exact) / static_cast<double>(n);
+  log_info("validation results on SEQ2SEQ | avg loss: ", avg, " | ppl: ", std::exp(avg), " | token accuracy: ",
+           acc * 100.0, " % | exact match: ", exact, " of ", n, " | target tokens: ", tokens);
+  return {{"task", a.task}, {"avg_loss", avg}, {"ppl", std::exp(avg)}, {"tokens", tokens}, {"token_accuracy", acc},
+          {"exact_match", em}, {"exact", exact}, {"total", n}, {"checkpoint", a.load}, {"seconds", timer.seconds()}};
+}
+
 int run(int argc, char** argv) {
   Args a;
   if (!parse(argc, argv, a)) return 0;
-  const auto tok_ptr = data::make_tokenizer({a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file});
+  data::TokenizerSpec spec{a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file};
+  spec.vocab_extra_ids = a.vocab_extra_ids;
+  const auto tok_ptr = data::make_tokenizer(spec);
   const data::TextTokenizer& tok = *tok_ptr;
+  if (a.task == "SEQ2SEQ") {  // a T5 (parse refused it for any other checkpoint)
+    const nlohmann::json r = eval_seq2seq(tok, a);
+    if (!a.results_json.empty()) write_file_checked(a.results_json, r.dump() + "\n", "--results-json");
+    return 0;
+  }
   ModelRunner runner(MPI_COMM_WORLD, a.load, runner_options(a.inf));
   const GPTConfig& c = runner.config();
   MPT_CHECK(c.vocab_size == tok.vocab_size(),

@@ -16,7 +16,7 @@
 // --sample-input-ids-file FILE: prompts as token ids (one prompt a line, ids separated by spaces); the
 // tokenizer is then optional ("text" is null without one).
 // T5 (a pretrain_t5 --save or convert_checkpoint hf-to-mpitron directory): each prompt is the ENCODER's
-// input and the output the decoder's greedy tokens (T5::greedy), from --decoder-start-token-id to
+// input and the output the decoder's greedy tokens (T5::greedy on the cached decoder), from --decoder-start-token-id to
 // --eos-token-id; one process, greedy only, no --num-samples (docs/generate-eval.md).
 #include "apps/app_main.h"
 #include <mpi.h>
@@ -44,7 +44,9 @@
 #include "model/inference/runner_flags.h"
 #include "model/training/pretrain_flags.h"
 #include "model/inference/inference_load.h"
+#include "model/inference/t5_engine.h"  // t5_tokens, load_t5_for_inference
 #include "model/t5.h"
+#include "parallel/communicator.h"
 
 using namespace mpitron;
 namespace po = boost::program_options;
@@ -70,14 +72,19 @@ struct Args {
   bool uses_tokenizer() const { return sample_input_ids_file.empty() || tokenizer_given; }
 };
 
-// What T5 takes of the flags: one process, greedy, an encoder input per prompt.
+// What T5 takes of the flags: one process (or --tensor-model-parallel-size ranks reading a prompt file),
+// greedy, an encoder input per prompt.
 void check_t5_flags(const po::variables_map& vm, const Args& a) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPT_CHECK(world == 1 && a.inf.tp == 1 && a.inf.pp == 1,
-            str("generate_text with the T5 checkpoint ", a.load, " runs on one process; it was started on ", world,
-                " ranks (--tensor-model-parallel-size ", a.inf.tp, ", --pipeline-model-parallel-size ", a.inf.pp, ")"),
-            "run it without mpirun and without the parallel sizes");
+  MPT_CHECK(world == a.inf.tp && a.inf.pp == 1,
+            str("generate_text with the T5 checkpoint ", a.load, " runs on one process, or on --tensor-model-parallel-size "
+                "ranks; it was started on ", world, " ranks (--tensor-model-parallel-size ", a.inf.tp,
+                ", --pipeline-model-parallel-size ", a.inf.pp, ")"),
+            "run it without mpirun, or under mpirun -np N with --tensor-model-parallel-size N (no pipeline parallelism)");
+  MPT_CHECK(world == 1 || !a.interactive,
+            str("--interactive with the T5 checkpoint ", a.load, " under mpirun: every rank decodes every prompt"),
+            "give the prompts in a file (--sample-input-file or --sample-input-ids-file), or run one process");
   MPT_CHECK(!vm.count("num-samples"),
             str("--num-samples with the T5 checkpoint ", a.load, ": an encoder-decoder needs an input to decode from"),
             "pass prompts with --sample-input-file, --sample-input-ids-file or --interactive");
@@ -320,27 +327,33 @@ int run_t5(const Args& a) {
   for (const std::string& n : a.inf.notes) std::fprintf(stderr, "%s\n", n.c_str());
   const GPTConfig ck = read_checkpoint_config(a.load);
   const auto tok = checked_tokenizer(a, ck);
-  const bool megatron_ids = tok && a.vocab_extra_ids > 0;  // Megatron's T5: [BOS] starts, [EOS] ends
-  const int64_t start = a.decoder_start_token_id >= 0 ? a.decoder_start_token_id : megatron_ids ? tok->bos() : 0;
-  const int64_t eos = a.eos_token_id >= 0 ? a.eos_token_id : megatron_ids ? tok->eod() : 1;
-  MPT_CHECK(start < ck.vocab_size, str("--decoder-start-token-id ", start, " is outside the vocabulary [0, ", ck.vocab_size, ")"),
-            "");
-  MPT_CHECK(eos < ck.vocab_size, str("--eos-token-id ", eos, " is outside the vocabulary [0, ", ck.vocab_size, ")"), "");
+  const T5Tokens tt = t5_tokens(tok.get(), a.vocab_extra_ids, a.decoder_start_token_id, a.eos_token_id, ck.vocab_size);
+  const int64_t start = tt.start, eos = tt.eos;
   MPT_CHECK(a.inf.device != "cuda" || cuda_available(), str("--device cuda: ", cuda_unavailable_reason()),
             "run on a machine with a GPU, or use --device cpu");
   const Device dev = a.inf.device == "cuda" || (a.inf.device == "auto" && cuda_available()) ? Device::cuda(0) : Device::cpu();
-  std::unique_ptr<T5> model;
-  {
-    InferenceModel m = load_model_for_inference(a.load, dev, a.inf.dtype());
-    model = std::make_unique<T5>(m.model->config(), dev);
-    model->params().values().copy_from(m.model->params().values());
-    std::fprintf(stderr, "loaded %s: T5, %lld encoder + %lld decoder layers, start token %lld, eos %lld, on %s\n",
-                 m.dir.c_str(), static_cast<long long>(ck.encoder_num_layers),
-                 static_cast<long long>(ck.decoder_num_layers()), static_cast<long long>(start),
-                 static_cast<long long>(eos), dev.is_cuda() ? "cuda" : "cpu");
+  // Under mpirun the world is the tensor-parallel group: every rank decodes every prompt (the logits are
+  // gathered, so each picks the same tokens) and rank 0 writes them.
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::unique_ptr<Communicator> tp_comm;
+  TensorParallel tp;
+  if (world > 1) {
+    CommOptions co;
+    co.name = "tp";
+    co.force_mpi_for_device = a.inf.force_mpi_for_device;
+    tp_comm = make_communicator(MPI_COMM_WORLD, dev, co);
+    tp = TensorParallel{tp_comm.get(), world, rank, false};
   }
+  std::string dir;
+  const std::unique_ptr<T5> model = load_t5_for_inference(a.load, dev, a.inf.dtype(), &dir, tp, MPI_COMM_WORLD);
+  if (rank == 0)
+    std::fprintf(stderr, "loaded %s: T5, %lld encoder + %lld decoder layers, start token %lld, eos %lld, on %s, tp %d\n",
+                 dir.c_str(), static_cast<long long>(ck.encoder_num_layers), static_cast<long long>(ck.decoder_num_layers()),
+                 static_cast<long long>(start), static_cast<long long>(eos), dev.is_cuda() ? "cuda" : "cpu", world);
   const GPTConfig& cfg = model->config();
-  Sink out(a.genfile);
+  std::unique_ptr<Sink> sink = rank == 0 ? std::make_unique<Sink>(a.genfile) : nullptr;
   int64_t seen = 0;
   drive(a, tok.get(), ck.vocab_size, [&](const std::vector<Prompt>& prompts) {
     for (const Prompt& p : prompts) {
@@ -360,11 +373,11 @@ int run_t5(const Args& a) {
       const Tensor enc = Tensor::from_ints(std::vector<int64_t>(p.ids.begin(), p.ids.end()), {1, T}, DType::I32).to(dev);
       const std::vector<int64_t> got = model->greedy(enc, T, start, eos, a.out_seq_length);
       const std::vector<int32_t> gen(got.begin() + 1, got.end());  // without the start token
-      out.write(p.text, tok.get(), gen, !gen.empty() && gen.back() == eos);
+      if (sink) sink->write(p.text, tok.get(), gen, !gen.empty() && gen.back() == eos);
     }
-    out.flush();
+    if (sink) sink->flush();
   });
-  out.close();
+  if (sink) sink->close();
   return 0;
 }
 

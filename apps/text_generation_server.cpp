@@ -18,6 +18,10 @@
 // when ready (--port 0 picks a free port), logs each request and, every 10 s while busy
 // and at exit, the engine's counters (steps, tokens, KV blocks, pauses, evictions), and
 // exits 0 on SIGTERM/SIGINT or after --max-requests HTTP requests.
+// A T5 checkpoint (pretrain_t5, or a Hugging Face T5 through convert_checkpoint) is served one
+// request at a time, on one process or under TP: the prompt is the encoder's input, the answer the
+// decoder's tokens (model/inference/t5_engine.h); --inference-dynamic-batching is refused for it by name. What is
+// served is a ServedModel (model/inference/served_model.h): this file never asks which kind.
 #include "apps/app_main.h"
 #include <mpi.h>
 #include <signal.h>
@@ -35,9 +39,8 @@
 #include "core/timer.h"
 #include "data/text_tokenizer.h"
 #include "io/http_server.h"
-#include "model/inference/dynamic_engine.h"
 #include "model/flags/inference_flags.h"
-#include "model/inference/runner_flags.h"
+#include "model/inference/served_model.h"
 #include "model/training/pretrain_flags.h"
 #include "model/inference/inference_load.h"
 #include "model/inference/openai_stream.h"
@@ -56,7 +59,7 @@ struct Args {
   std::string load, host = "127.0.0.1", vocab_file, merge_file, tokenizer_type = "GPT2BPETokenizer", tokenizer_model;
   std::string chat_template;  // --chat-template: a tokenizer_config.json or a Jinja file
   int port = 5000;
-  int64_t max_requests = 0;
+  int64_t max_requests = 0, vocab_extra_ids = 0;
   uint64_t seed = 1234;
   io::HttpLimits http;
   InferenceFlags inf;  // the pretraining GPT_ARGS a Megatron server script passes too
@@ -84,6 +87,8 @@ bool parse(int argc, char** argv, Args& a) {
       ("chat-template", po::value(&a.chat_template),
        "the chat template of /v1/chat/completions: a tokenizer_config.json (its chat_template) or a Jinja file "
        "(default: the tokenizer_config.json beside --tokenizer-model, if it has one)")
+      ("vocab-extra-ids", po::value(&a.vocab_extra_ids),
+       "<extra_id_j> sentinels appended to a WordPiece vocab (pretrain_t5's; a T5 then decodes from [BOS] to [EOS])")
       ("micro-batch-size", po::value<int64_t>(),
        "accepted from Megatron's server script; no effect (the engine's batch is set by the dynamic batching "
        "flags)");
@@ -93,7 +98,8 @@ bool parse(int argc, char** argv, Args& a) {
   check_inference_flags(vm, a.inf);
   if (vm.count("micro-batch-size"))
     a.inf.notes.push_back("--micro-batch-size: the engine batches up to --inference-dynamic-batching-max-requests");
-  if (checkpoint_exists(a.load)) check_against_checkpoint(vm, a.inf, read_checkpoint_config(a.load), a.load);
+  if (checkpoint_exists(a.load)) check_against_checkpoint(vm, a.inf, read_checkpoint_config(a.load), a.load, /*allow_t5=*/true);
+  MPT_CHECK(a.vocab_extra_ids >= 0, str("--vocab-extra-ids must be >= 0, got ", a.vocab_extra_ids), "");
   MPT_CHECK(a.port >= 0 && a.port <= 65535, str("--port ", a.port, " is not a TCP port"), "");
   MPT_CHECK(a.max_requests >= 0, str("--max-requests must be >= 0 (0: serve until SIGTERM), got ", a.max_requests), "");
   MPT_CHECK(a.http.threads >= 1 && a.http.threads <= 10000, str("--http-threads must be in [1, 10000], got ", a.http.threads), "");
@@ -108,25 +114,26 @@ bool parse(int argc, char** argv, Args& a) {
 int run(int argc, char** argv) {
   Args a;
   if (!parse(argc, argv, a)) return 0;
-  RunnerOptions ro = runner_options(a.inf);
-  ro.serving = true;  // a frozen or dead rank ends the job (heartbeats while idle), as in training
-  ModelRunner runner(MPI_COMM_WORLD, a.load, ro);
-  for (const std::string& n : a.inf.notes) log_info(n);
   std::string no_chat_template;  // parsed on every rank: an unsupported template stops the job at start-up
   const auto chat_template = data::ChatTemplate::find(a.chat_template, a.tokenizer_model, no_chat_template);
-  const auto tok_ptr = data::make_tokenizer({a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file});
+  data::TokenizerSpec spec{a.tokenizer_type, a.tokenizer_model, a.vocab_file, a.merge_file};
+  spec.vocab_extra_ids = a.vocab_extra_ids;
+  const auto tok_ptr = data::make_tokenizer(spec);
   const data::TextTokenizer& tok = *tok_ptr;
-  MPT_CHECK(runner.config().vocab_size == tok.vocab_size(), "the checkpoint's vocabulary differs from the tokenizer's",
-            "pass the tokenizer flags the model was trained with (--tokenizer-type, --tokenizer-model or --vocab-file/--merge-file)");
   const DynamicBatchingFlags& b = a.inf.batching;
+  ServingSetup setup{a.inf, &tok, a.vocab_extra_ids, 0};
   // Static mode serves one request of up to 128 prompts at a time.
-  const int64_t max_requests = b.max_requests > 0 ? b.max_requests : b.enabled ? 64 : 128;
-  runner.init_kv_cache(kv_cache_blocks(b, runner, max_requests), b.block_size);
-  if (!runner.is_driver()) {
-    runner.serve();
+  setup.max_requests = b.max_requests > 0 ? b.max_requests : b.enabled ? 64 : 128;
+  const std::unique_ptr<ServedModel> model = open_served_model(MPI_COMM_WORLD, a.load, setup);
+  ServedModel& engine = *model;
+  for (const std::string& n : a.inf.notes) log_info(n);
+  MPT_CHECK(engine.config().vocab_size == tok.vocab_size(), "the checkpoint's vocabulary differs from the tokenizer's",
+            "pass the tokenizer flags the model was trained with (--tokenizer-type, --tokenizer-model or "
+            "--vocab-file/--merge-file, --vocab-extra-ids)");
+  if (!engine.is_driver()) {
+    engine.serve();
     return 0;
   }
-  DynamicEngine engine(runner, engine_config(b, max_requests));
   TextGenerationApi::Options ao;
   ao.seed = a.seed;
   ao.model_name = std::filesystem::path(a.load).filename().string();
@@ -136,7 +143,7 @@ int run(int argc, char** argv) {
   ao.no_chat_template = no_chat_template;
   ao.metrics = &metrics;
   if (chat_template) log_info("chat template: ", chat_template->name());
-  TextGenerationApi api(tok, runner.config(), ao, [&engine](GenRequest r) { return engine.submit(std::move(r)); });
+  TextGenerationApi api(tok, engine.config(), ao, [&engine](GenRequest r) { return engine.submit(std::move(r)); });
 
   // Static mode: one request at a time (held until its answer, or its stream, is done).
   std::mutex one_at_a_time;
@@ -177,12 +184,7 @@ int run(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   metrics.publish(engine.stats());  // the engine is up: /health answers 200 from the first request
   const int port = http.start(a.host, a.port);
-  log_info("model ", runner.checkpoint_dir(), " on ", runner.describe(), "; ",
-           b.enabled ? str("dynamic batching: up to ", max_requests, " requests, ", b.max_tokens, " tokens per step",
-                           b.chunked_prefill ? ", chunked prefill" : "")
-                     : std::string("one request at a time (--inference-dynamic-batching batches them)"),
-           "; KV cache ", runner.kv_cache().num_blocks(), " blocks of ", b.block_size, " positions (",
-           runner.kv_cache().bytes() >> 20, " MiB per rank)");
+  log_info("model ", engine.checkpoint_dir(), " on ", engine.describe());
   std::printf("listening on http://%s:%d\n", a.host == "localhost" ? "127.0.0.1" : a.host.c_str(), port);
   std::fflush(stdout);
 
@@ -190,9 +192,9 @@ int run(int argc, char** argv) {
   Timer since_log;
   int64_t logged_steps = 0;
   const auto log_stats = [&] {
-    const EngineStats s = engine.stats();
-    if (s.steps != logged_steps) log_info(s.line());
-    logged_steps = s.steps;
+    const int64_t steps = engine.steps();
+    if (steps != logged_steps) log_info(engine.stats_line());
+    logged_steps = steps;
   };
   bool stopping = false;
   Timer since_stop;
@@ -211,7 +213,7 @@ int run(int argc, char** argv) {
         engine.step();
       } else {
         engine.wait_for_work(0.05);
-        runner.heartbeat();
+        engine.heartbeat();
       }
       metrics.publish(engine.stats());  // /metrics' gauges: the engine after its last step
       if (since_log.seconds() > 10) {
@@ -223,7 +225,7 @@ int run(int argc, char** argv) {
         logged_steps = -1;
         log_stats();
         log_warn("connections still open ", since_stop.seconds(), " s after the stop; exiting without them");
-        runner.stop_workers();
+        engine.stop_workers();
         std::fflush(stdout);
         std::fflush(stderr);
         MPI_Finalize();
@@ -240,7 +242,7 @@ int run(int argc, char** argv) {
   http.join();
   logged_steps = -1;
   log_stats();
-  runner.stop_workers();
+  engine.stop_workers();
   log_info("served ", served.load(), " requests; exiting");
   return 0;
 }

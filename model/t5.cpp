@@ -6,6 +6,7 @@
 #include "autograd/functions.h"
 #include "data/t5_dataset.h"
 #include "model/layers/model_ends.h"
+#include "model/t5_decode.h"
 #include "tensor/ops.h"
 
 namespace mpitron {
@@ -189,8 +190,10 @@ Var T5::forward(Tape& tape, const T5Batch& batch, const ForwardOptions& opt) {
   return lm_loss(tape, c, core_.parallel().tp, logits, batch.labels);
 }
 
-ForwardOptions T5::inference(const char* what) const {
-  MPT_CHECK(core_.parallel().tp.size == 1, str("T5::", what, " needs the whole model on one rank"),
+ForwardOptions T5::inference(const char* what, bool tensor_parallel_ok) const {
+  const TensorParallel& tp = core_.parallel().tp;
+  MPT_CHECK(tp.size == 1 || (tensor_parallel_ok && !tp.sequence_parallel),
+            str("T5::", what, tensor_parallel_ok ? " runs without sequence parallelism" : " needs the whole model on one rank"),
             "load the checkpoint into a single process (it loads under any layout)");
   ForwardOptions o;
   o.train = false;
@@ -198,7 +201,7 @@ ForwardOptions T5::inference(const char* what) const {
 }
 
 Tensor T5::encode(const Tensor& enc, const Tensor& enc_lengths) {
-  const ForwardOptions o = inference("encode");
+  const ForwardOptions o = inference("encode", /*tensor_parallel_ok=*/true);
   Tape tape;
   tape.set_recording(false);
   return encoder(tape, enc, enc_lengths, o).value();
@@ -213,8 +216,29 @@ Tensor T5::logits(const T5Batch& batch) {
   return decoder_logits(tape, mem, batch.enc.dim(1), lengths, batch.dec, o).value().to(Device::cpu()).to(DType::F32);
 }
 
+namespace {
+// The argmax over the unpadded vocabulary of a row of logits (first of equals, as torch.argmax).
+int64_t argmax(const std::vector<float>& row, int64_t vocab) {
+  return std::max_element(row.begin(), row.begin() + vocab) - row.begin();
+}
+}  // namespace
+
 std::vector<int64_t> T5::greedy(const Tensor& enc, int64_t enc_length, int64_t start, int64_t eos, int64_t max_new) {
-  const ForwardOptions o = inference("greedy");
+  (void)inference("greedy", /*tensor_parallel_ok=*/true);
+  std::vector<int64_t> out{start};
+  if (max_new <= 0) return out;
+  T5DecodeState state(*this, enc, enc_length, max_new);
+  for (int64_t step = 0; step < max_new; ++step) {
+    const int64_t next = argmax(state.step({out.back()}), config().vocab_size);
+    out.push_back(next);
+    if (next == eos) break;
+  }
+  return out;
+}
+
+std::vector<int64_t> T5::greedy_recompute(const Tensor& enc, int64_t enc_length, int64_t start, int64_t eos,
+                                          int64_t max_new) {
+  const ForwardOptions o = inference("greedy_recompute");
   MPT_CHECK(enc.ndim() == 2 && enc.dim(0) == 1 && enc_length >= 1 && enc_length <= enc.dim(1),
             str("T5::greedy: one sample (1, Te) with 1 <= length <= Te, got ", shape_str(enc.shape()), " length ",
                 enc_length),
@@ -230,7 +254,7 @@ std::vector<int64_t> T5::greedy(const Tensor& enc, int64_t enc_length, int64_t s
     const Tensor dec = Tensor::from_ints(out, {1, T}, DType::I32);
     const std::vector<float> row =
         decoder_logits(tape, mem, enc.dim(1), lengths, dec, o).value().slice(0, T - 1, T).to(Device::cpu()).to(DType::F32).to_floats();
-    const int64_t next = std::max_element(row.begin(), row.begin() + c.vocab_size) - row.begin();
+    const int64_t next = argmax(row, c.vocab_size);
     out.push_back(next);
     if (next == eos) break;
   }

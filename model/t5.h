@@ -69,12 +69,18 @@ class T5 {
   Var forward(Tape& tape, const T5Batch& batch, const ForwardOptions& opt);
   // Logits (B·Td, V) f32 of every decoder position (padded vocabulary; no dropout, no loss). One rank.
   Tensor logits(const T5Batch& batch);
-  // The encoder's output mem (B·Te, C) in the compute dtype, no dropout. One rank.
+  // The encoder's output mem (B·Te, C) in the compute dtype, no dropout. One rank, or every rank of a
+  // tensor-parallel group without sequence parallelism (each then holds all of it).
   Tensor encode(const Tensor& enc, const Tensor& enc_lengths);
   // Greedy decoding of one sample (enc (1, Te) with its length): start from `start` and append the
   // argmax of the last position (over the unpadded vocabulary) until `eos` or max_new tokens. The
-  // encoder runs once; the decoder reruns over the tokens so far each step (no KV cache yet).
+  // encoder runs once, the decoder on the new token only over its caches (model/t5_decode.h). One rank,
+  // or every rank of a tensor-parallel group without sequence parallelism (the same tokens on each).
   std::vector<int64_t> greedy(const Tensor& enc, int64_t enc_length, int64_t start, int64_t eos, int64_t max_new);
+  // The same decoding by full recomputation: the decoder reruns over every token so far each step
+  // (the reference the cached decoder is tested and benchmarked against).
+  std::vector<int64_t> greedy_recompute(const Tensor& enc, int64_t enc_length, int64_t start, int64_t eos,
+                                        int64_t max_new);
   // The decoder seed of a micro-batch's dropout_seed.
   static uint64_t decoder_seed(uint64_t seed) { return seed ^ 0x9E3779B97F4A7C15ull; }
 
@@ -87,8 +93,9 @@ class T5 {
                      const ForwardOptions& opt);
   Var encoder(Tape& tape, const Tensor& enc, const Tensor& enc_lengths, const ForwardOptions& opt);
 
-  // The options of a forward without dropout or a tape, after checking the model is whole on this rank.
-  ForwardOptions inference(const char* what) const;
+  // The options of a forward without dropout or a tape, after checking the model is whole on this rank
+  // (or, tensor_parallel_ok, split by tensor parallelism without sequence parallelism).
+  ForwardOptions inference(const char* what, bool tensor_parallel_ok = false) const;
 
   GPT core_;
   std::map<std::pair<int64_t, bool>, Tensor> bucket_ids_;  // (T, encoder) → the (T·T) relative buckets (device)

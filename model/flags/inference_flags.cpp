@@ -190,8 +190,9 @@ void check_against_checkpoint(const po::variables_map& vm, const InferenceFlags&
                               const std::string& load_dir, bool allow_t5) {
   MPT_CHECK(!checkpoint.bert && (allow_t5 || !checkpoint.t5),
             str("checkpoint ", load_dir, " holds a ", checkpoint.kind(), " (", checkpoint.tool(),
-                "): generate_text, evaluate and the server run decoder language models (GPT-2, Llama), and generate_text a T5"),
-            checkpoint.t5 ? "decode it with generate_text (greedy); a T5 is exported with convert_checkpoint (transformers' T5ForConditionalGeneration generates)"
+                "): generate_text, evaluate and the server run decoder language models (GPT-2, Llama); generate_text and "
+                "text_generation_server also a T5"),
+            checkpoint.t5 ? "decode it with generate_text or serve it with text_generation_server; a T5 is exported with convert_checkpoint (transformers' T5ForConditionalGeneration generates)"
                           : "use a pretrain_gpt checkpoint; a BERT is fine-tuned with finetune or exported with convert_checkpoint");
   (void)vm;
   GPTConfig m;

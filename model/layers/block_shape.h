@@ -25,6 +25,9 @@ struct CrossInput {
   Tensor lengths;      // (B) i32 on the device: encoder keys j >= lengths[b] masked; undefined: none
   int64_t seq = 0;     // Te, the encoder's tokens per sample
   uint64_t attention_offset = 0;  // the cross-attention dropout's Philox stream
+  // (M, 2·Gl·HD) this layer's keys and values of memory, computed once (cross_attention_kv, T5's
+  // cached decoder: model/t5_decode.h); undefined: the sublayer projects memory itself (training).
+  Tensor kv;
   bool active() const { return memory.defined(); }
 };
 

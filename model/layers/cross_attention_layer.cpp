@@ -49,6 +49,15 @@ CrossAttentionParams cross_params(const BlockParams& p) {
 
 }  // namespace
 
+Tensor cross_attention_kv(const BlockShape& s, const BlockParams& bp) {
+  const CrossAttentionParams p = cross_params(bp);
+  const Tensor& mem = s.cross.memory;
+  const int64_t M = s.batch * s.cross.seq, KVl = p.kv_w.value().dim(0);  // this rank's 2·Gl·HD rows
+  Tensor kv = Tensor::empty({M, KVl}, mem.dtype(), mem.device());
+  linear_forward(gather_rows(s, mem), p.kv_w, p.kv_b, kv);
+  return kv;
+}
+
 void CrossAttention::rows(std::vector<ParamSpec>& v) const {
   const int64_t C = hidden_, HD = spec_.head_dim, q = spec_.heads * HD, kv = spec_.groups * HD, l = layer_;
   const std::string p = str("layers.", l, ".xattn.");
@@ -74,8 +83,11 @@ Tensor CrossAttention::forward(const BlockShape& s, const BlockParams& bp, const
   a.in = in;
   a.q = Tensor::empty({N, Cl}, in.dtype(), in.device());
   linear_forward(gather_rows(s, in), p.q_w, p.q_b, a.q);
-  a.kv = Tensor::empty({M, KVl}, in.dtype(), in.device());
-  linear_forward(gather_rows(s, s.cross.memory), p.kv_w, p.kv_b, a.kv);
+  a.kv = s.cross.kv.defined() ? s.cross.kv : cross_attention_kv(s, bp);
+  MPT_CHECK(a.kv.shape() == Shape({M, KVl}),
+            str("cross-attention of layer ", layer_, ": keys and values ", shape_str(a.kv.shape()), ", expected (", M,
+                ", ", KVl, ")"),
+            "");
   a.att = Tensor::empty({N, Cl}, in.dtype(), in.device());
   a.lse = Tensor::empty({s.batch, sp.local_heads(s.tp), s.seq}, DType::F32, in.device());
   const CrossViews v = views(s, sp, a.q, a.kv);

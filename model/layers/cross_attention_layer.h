@@ -15,6 +15,8 @@
 // Backward: returns d(in) (Nl, C) and ADDS d(mem) (Ml, C) into cross.memory_grad: every decoder
 // layer reads the same encoder output, so its gradient is the sum over them (model/t5.cpp moves it
 // into the encoder's tape). The weight part (dWq, dWkv, dWproj and biases, +=) runs now or is deferred.
+// Decoding (model/t5_decode.h) computes kv once per request with cross_attention_kv and passes it as
+// cross.kv: every later step's forward reads it instead of projecting mem again (no backward then).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -28,6 +30,10 @@ namespace mpitron {
 struct CrossAttentionActs final : SublayerActs {
   Tensor in, q, kv, att, lse;  // in (Nl, C), q (N, Cl), kv (M, 2·Gl·HD), att (N, Cl), lse (B, NHl, Td)
 };
+
+// kv (M, 2·Gl·HD) = gather(mem) · Wkvᵀ (+ bkv) of layer p's cross-attention: what forward computes
+// when cross.kv is undefined.
+Tensor cross_attention_kv(const BlockShape& s, const BlockParams& p);
 
 class CrossAttention final : public Sublayer {
  public:

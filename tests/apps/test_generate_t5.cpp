@@ -1,10 +1,12 @@
 // generate_text with T5 checkpoints (each prompt is the encoder's input, the output T5::greedy's decoder tokens):
 //  * a random Hugging Face T5 imported with convert_checkpoint, prompts given as ids (--sample-input-ids-file):
-//    exactly transformers' greedy tokens (tests/apps/ref/hf_t5_relu/ref.json "greedy", from 0 to eos 1);
+//    exactly transformers' greedy tokens (tests/apps/ref/hf_t5_relu/ref.json "greedy", from 0 to eos 1), and
+//    the same under mpirun -np 2 --tensor-model-parallel-size 2;
 //  * a pretrain_t5 checkpoint with a WordPiece tokenizer and --vocab-extra-ids 100: text prompts (with a
 //    sentinel in them) decode from [BOS] to [EOS], JSON lines, ids in the vocabulary, the same output twice
 //    (and from --interactive's stdin without --greedy: T5 decodes greedily);
-//  * what T5 cannot take is refused by name (--num-samples, sampling, another --vocab-extra-ids, mpirun),
+//  * what T5 cannot take is refused by name (--num-samples, sampling, another --vocab-extra-ids, mpirun without
+//    --tensor-model-parallel-size),
 //    and pretrain_t5 --load with another --vocab-extra-ids is refused by the tokenizer identity;
 //  * --sample-input-ids-file with a GPT: the ids of a text prompt give that prompt's tokens, with or
 //    without a tokenizer ("text" null without), and --eos-token-id stops a sample.
@@ -78,6 +80,15 @@ TEST_CASE("generate_text on an imported HF T5: --sample-input-ids-file prompts g
     CHECK(out[i]["finished"] == (want.back() == 1));
     CHECK(out[i]["text"].is_null());  // no tokenizer for this vocabulary of 96
   }
+  // Tensor parallelism: two ranks (--tensor-model-parallel-size 2, each half the heads and the vocabulary)
+  // write the same tokens.
+  const std::string tp2 = "OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 apps/generate_text --load " +
+                          (dir / "ck") + " --sample-input-ids-file " + (dir / "ids.txt") +
+                          " --greedy --out-seq-length 8 --tensor-model-parallel-size 2 --genfile " + (dir / "tp2.jsonl") +
+                          " > " + (dir / "tp2.log") + " 2>&1";
+  REQUIRE_MESSAGE(std::system(tp2.c_str()) == 0, slurp(dir / "tp2.log"));
+  CHECK(slurp(dir / "tp2.log").find("tp 2") != std::string::npos);
+  CHECK(slurp(dir / "tp2.jsonl") == slurp(dir / "out.jsonl"));
   // A bad id names the file and line.
   std::ofstream(dir / "bad.txt") << "3 4\n5 96\n";
   CHECK(run_app("generate_text", "--load " + (dir / "ck") + " --sample-input-ids-file " + (dir / "bad.txt"),

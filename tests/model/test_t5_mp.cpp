@@ -15,6 +15,10 @@
 //    and under TP + SP, with dropout;
 //  * DP = world: each rank the batch's B/world samples in one process, gradients summed and divided
 //    by world equal the full batch's (no dropout: DP ranks draw their own masks);
+//  * the cached decoder (model/t5_decode.h) under TP = world (each rank its heads' caches and its
+//    vocabulary slice, gathered): every step's logits within 1e-5 of one process's, greedy tokens equal
+//    one process's full recompute (a padded encoder input, 12 tokens, no end token); with sequence
+//    parallelism it is refused by name;
 //  * pipeline parallelism is refused by name.
 #include <doctest/doctest.h>
 #include <mpi.h>
@@ -26,6 +30,7 @@
 
 #include "autograd/tape.h"
 #include "model/t5.h"
+#include "model/t5_decode.h"
 #include "tests/model/mpi_test_util.h"
 
 using namespace mpitron;
@@ -261,4 +266,42 @@ TEST_CASE("T5: pipeline parallelism is refused by name") {
   ModelParallel mp;
   mp.pp_size = 2, mp.pp_rank = world_rank() % 2;
   CHECK_THROWS_WITH_AS(T5(config(true), Device::cpu(), mp), doctest::Contains("--pipeline-model-parallel-size"), Error);
+}
+
+TEST_CASE("T5: the cached decoder under tensor parallelism equals one process (logits per step, greedy tokens)") {
+  const int world = world_size(), rank = world_rank();
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  const std::vector<int64_t> ids{5, 17, 33, 2, 90, 41, 8, 63, 12, 70, 3, 1};
+  const Tensor enc = Tensor::from_ints(ids, {1, 12}, DType::I32);
+  for (const bool v11 : {true, false}) {
+    CAPTURE(v11);
+    const GPTConfig c = config(v11);
+    auto one = model(c);
+    const std::vector<int64_t> want = one->greedy_recompute(enc, 9, 0, -1, 12);  // keys 9 … 11: padding
+    REQUIRE(want.size() == 13);
+    ModelParallel mp;
+    mp.tp = TensorParallel{comm.get(), world, rank, false};
+    auto m = model(c, mp);
+    CHECK(m->greedy(enc, 9, 0, -1, 12) == want);
+    T5DecodeState a(*one, enc, 9, 12), b(*m, enc, 9, 12);
+    double worst = 0;
+    for (size_t t = 0; t + 1 < want.size(); ++t) {
+      const std::vector<float> x = a.step({want[t]}), y = b.step({want[t]});
+      REQUIRE(x.size() == y.size());
+      for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(double(x[i]) - double(y[i])));
+    }
+    CHECK_MESSAGE(worst <= 1e-5, "max |logit TP", world, " − one process| ", worst);
+    const double w = max_over_ranks(worst);
+    if (rank == 0) MESSAGE(variant(v11), " cached decoder TP", world, ": max |Δlogit| ", w);
+    ModelParallel sp = mp;
+    sp.tp.sequence_parallel = true;
+    auto s = model(c, sp);
+    bool refused = false;
+    try {
+      T5DecodeState bad(*s, enc, 9, 12);
+    } catch (const Error& e) {
+      refused = std::string(e.what()).find("without sequence parallelism") != std::string::npos;
+    }
+    CHECK(refused);
+  }
 }
