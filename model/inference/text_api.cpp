@@ -308,10 +308,10 @@ Completion parse_completion(const std::string& body, const data::TextTokenizer& 
   if (jp.is_string()) {
     c.prompts.push_back(encode(jp));
   } else if (jp.is_array() && !jp.empty()) {
-    if (jp.size() > 128) throw BadRequest{"at most 128 prompts per request", "prompt"};
-    if (jp[0].is_number()) {
+    if (jp[0].is_number()) {  // one prompt of token ids (its length is the model's to bound, not the list's)
       c.prompts.push_back(ids_of(jp));
     } else {
+      if (jp.size() > 128) throw BadRequest{"at most 128 prompts per request", "prompt"};
       for (const auto& p : jp) {
         if (p.is_string()) c.prompts.push_back(encode(p));
         else if (p.is_array() && !p.empty()) c.prompts.push_back(ids_of(p));

@@ -143,6 +143,9 @@ TEST_CASE("text_generation_server: OpenAI chat completions, completions, health,
                         {{"messages", kMessages}, {"max_completion_tokens", 2}, {"max_tokens", 9}, {"temperature", 0}});
     ++chat_ok;
     CHECK(m["usage"]["completion_tokens"] == 2);
+    // One prompt of token ids longer than the 128-prompt limit on a list of prompts is one prompt.
+    const json ids = post(port, "/v1/completions", {{"prompt", std::vector<int>(200, 464)}, {"max_tokens", 2}, {"temperature", 0}});
+    CHECK_MESSAGE(ids["usage"]["prompt_tokens"] == 200, ids.dump());
   }
 
   SUBCASE("stream: role first, content deltas, one finish_reason, usage, [DONE]") {
