@@ -20,8 +20,7 @@ class DecoderServed final : public ServedModel {
     max_requests_ = setup.max_requests;
     runner_->init_kv_cache(kv_cache_blocks(b, *runner_, max_requests_), b.block_size);
     if (runner_->is_driver())
-      engine_ = std::make_unique<DynamicEngine>(
-          *runner_, EngineConfig{max_requests_, b.max_tokens, b.chunked_prefill, b.num_speculative_tokens});
+      engine_ = std::make_unique<DynamicEngine>(*runner_, engine_config(b, max_requests_));
   }
   const GPTConfig& config() const override { return runner_->config(); }
   bool is_driver() const override { return runner_->is_driver(); }
