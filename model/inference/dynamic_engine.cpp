@@ -376,20 +376,7 @@ bool DynamicEngine::step() {
     const uint64_t step_index = s.out.generated.size();
     TokenEvent e;
     e.token = sample_token(row, V, s.req.sampling, s.req.stream, step_index, &e.logprob);
-    if (s.req.top_logprobs > 0) {
-      double mx = row[0];
-      for (int64_t j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
-      double sum = 0;
-      for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
-      const double lse = mx + std::log(sum);
-      std::vector<int32_t> idx(static_cast<size_t>(V));
-      std::iota(idx.begin(), idx.end(), 0);
-      const int64_t n = s.req.top_logprobs;
-      std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
-                        [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-      for (int64_t j = 0; j < n; ++j)
-        e.top.emplace_back(idx[static_cast<size_t>(j)], static_cast<float>(row[idx[static_cast<size_t>(j)]] - lse));
-    }
+    if (s.req.top_logprobs > 0) e.top = top_logprobs(row, V, s.req.top_logprobs);
     s.sampled = true;
     s.tokens.push_back(e.token);
     s.out.generated.push_back(e.token);

@@ -80,7 +80,6 @@ struct GenRequest {
   int64_t top_logprobs = 0;     // also report the log-probabilities of the n most likely tokens per step
 };
 
-using TopLogprobs = std::vector<std::pair<int32_t, float>>;  // (token, log-probability), most likely first
 
 struct TokenEvent {
   int32_t token = 0;

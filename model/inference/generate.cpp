@@ -137,6 +137,24 @@ std::vector<float> DecodeSession::step(const std::vector<int64_t>& seqs, const s
 // ---------------------------------------------------------------------------
 // Sampling
 
+TopLogprobs top_logprobs(const float* row, int64_t V, int64_t n) {
+  double mx = row[0];
+  for (int64_t j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+  double sum = 0;
+  for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+  const double lse = mx + std::log(sum);
+  std::vector<int32_t> idx(static_cast<size_t>(V));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
+                    [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+  TopLogprobs top;
+  for (int64_t j = 0; j < n; ++j) {
+    const int32_t t = idx[static_cast<size_t>(j)];
+    top.emplace_back(t, static_cast<float>(row[t] - lse));
+  }
+  return top;
+}
+
 int32_t sample_token(const float* logits, int64_t n, const SamplingParams& p, uint64_t stream, uint64_t step,
                      float* logprob) {
   MPT_CHECK(n >= 1, "sample_token: empty logits", "");

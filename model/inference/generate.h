@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "model/gpt.h"
@@ -77,6 +78,11 @@ class DecodeSession {
 // logprob (optional): log-softmax of the raw logits at the chosen token.
 int32_t sample_token(const float* logits, int64_t n, const SamplingParams& p, uint64_t stream, uint64_t step,
                      float* logprob = nullptr);
+
+// The n most likely tokens of a row of logits (V entries) with their log-softmax, most likely first
+// (ties: the lower id); what a request's top_logprobs reports at each step.
+using TopLogprobs = std::vector<std::pair<int32_t, float>>;  // (token, log-probability)
+TopLogprobs top_logprobs(const float* logits, int64_t V, int64_t n);
 
 // Generates for every prompt with the KV cache (see top of file).
 GenerateOutput generate(GPT& model, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& o);

@@ -34,14 +34,8 @@ std::unique_ptr<T5> load_t5_for_inference(const std::string& load_dir, Device de
     ModelParallel mp;
     mp.tp = tp;
     auto model = std::make_unique<T5>(cfg, device, mp);
-    OptimState opt;
-    LossScaler scaler;
-    TrainState st;
-    LoadOptions lo;
-    lo.load_optim = false;
-    lo.load_rng = false;
     SaveInfo info;
-    MPT_CHECK(load_checkpoint(load_dir, model->core(), opt, 0, 0, scaler, st, lo, &info, world),
+    MPT_CHECK(load_weights(load_dir, model->core(), {}, nullptr, &info, world),
               str("no checkpoint in ", load_dir), "pass the directory given to pretrain_t5 --save");
     if (loaded_dir) *loaded_dir = info.dir;
     return model;
@@ -91,26 +85,6 @@ std::shared_ptr<RequestState> T5Engine::submit(GenRequest r) {
   return state;
 }
 
-namespace {
-// The n most likely tokens of a row of logits with their log-softmax, most likely first (ties: lower id).
-TopLogprobs top_logprobs(const std::vector<float>& row, int64_t V, int64_t n) {
-  double mx = row[0];
-  for (int64_t j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(row[static_cast<size_t>(j)]));
-  double sum = 0;
-  for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[static_cast<size_t>(j)]) - mx);
-  const double lse = mx + std::log(sum);
-  std::vector<int32_t> idx(static_cast<size_t>(V));
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
-                    [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-  TopLogprobs top;
-  for (int64_t j = 0; j < n; ++j) {
-    const int32_t t = idx[static_cast<size_t>(j)];
-    top.emplace_back(t, static_cast<float>(row[static_cast<size_t>(t)] - lse));
-  }
-  return top;
-}
-}  // namespace
 
 bool T5Engine::step() {
   if (!cur_) {
@@ -149,7 +123,7 @@ bool T5Engine::step() {
   ++stats_.steps, ++stats_.rows, ++stats_.decode_tokens;
   TokenEvent e;
   e.token = sample_token(row.data(), V, a.req.sampling, a.req.stream, a.out.generated.size(), &e.logprob);
-  if (a.req.top_logprobs > 0) e.top = top_logprobs(row, V, a.req.top_logprobs);
+  if (a.req.top_logprobs > 0) e.top = top_logprobs(row.data(), V, a.req.top_logprobs);
   a.out.generated.push_back(e.token);
   a.out.logprobs.push_back(e.logprob);
   if (a.req.top_logprobs > 0) a.out.top.push_back(e.top);
