@@ -219,13 +219,9 @@ int run(int argc, char** argv) {
                   "iter_XXXXXXX/ with mp_rank_* or metadata.json)"),
               "");
     GPT model(megatron_config(input), Device::cpu());
-    OptimState opt;
-    LossScaler scaler;
-    TrainState st;
     LoadOptions lo;
-    lo.load_optim = false;
     lo.finetune = true;
-    load_checkpoint(input, model, opt, 0, 0, scaler, st, lo);
+    load_weights(input, model, lo);
     const std::string dir = save_model_checkpoint(output, model, input);
     log_info("wrote ", dir, " (the weights of ", input, ")");
   } else if (direction == "mpitron-to-megatron") {
@@ -239,12 +235,8 @@ int run(int argc, char** argv) {
     MPT_CHECK(detect_megatron_checkpoint(input).format == MegatronFormat::None,
               str("--input ", input, " is already a Megatron checkpoint"), "give an mpitron checkpoint directory");
     GPT model(read_checkpoint_config(input), Device::cpu());
-    OptimState opt;
-    LossScaler scaler;
     TrainState st;
-    LoadOptions lo;
-    lo.load_optim = false;
-    MPT_CHECK(load_checkpoint(input, model, opt, 0, 0, scaler, st, lo), str("--input ", input, " holds no checkpoint"),
+    MPT_CHECK(load_weights(input, model, {}, &st), str("--input ", input, " holds no checkpoint"),
               "give a directory written by pretrain_gpt --save or convert_checkpoint");
     MegatronSaveOptions so;
     so.tp = target_tp;

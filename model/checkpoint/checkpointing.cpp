@@ -161,6 +161,15 @@ SaveInfo save_checkpoint(const std::string& save_dir, const GPT& model, const Op
   return info;
 }
 
+bool load_weights(const std::string& load_dir, GPT& model, LoadOptions o, TrainState* st, SaveInfo* info, MPI_Comm comm) {
+  o.load_optim = false;
+  o.load_rng = false;
+  OptimState opt;
+  LossScaler scaler;
+  TrainState own;
+  return load_checkpoint(load_dir, model, opt, 0, 0, scaler, st ? *st : own, o, info, comm);
+}
+
 bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, int64_t begin, int64_t end,
                      LossScaler& scaler, TrainState& st, const LoadOptions& o, SaveInfo* info, MPI_Comm comm) {
   // A Megatron-LM directory (torch or torch_dist) is read by its own loader.

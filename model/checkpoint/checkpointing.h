@@ -110,4 +110,10 @@ bool load_checkpoint(const std::string& load_dir, GPT& model, OptimState& opt, i
                      LossScaler& scaler, TrainState& st, const LoadOptions& o, SaveInfo* info = nullptr,
                      MPI_Comm comm = MPI_COMM_NULL);
 
+// The weights of load_dir's newest checkpoint and nothing of the optimizer or the RNG (o's
+// load_optim and load_rng are turned off): inference, conversion, export. st (optional) gets the
+// run's counters. Returns false when load_dir holds no checkpoint. Collective over comm.
+bool load_weights(const std::string& load_dir, GPT& model, LoadOptions o = {}, TrainState* st = nullptr,
+                  SaveInfo* info = nullptr, MPI_Comm comm = MPI_COMM_NULL);
+
 }  // namespace mpitron

@@ -287,12 +287,8 @@ void save_megatron_beside(const std::string& save_dir, const MegatronSaveOptions
   if (rank == 0) {
     try {
       GPT model(read_checkpoint_config(save_dir), Device::cpu());
-      OptimState opt;
-      LossScaler scaler;
       TrainState st;
-      LoadOptions lo;
-      lo.load_optim = false;
-      MPT_CHECK(load_checkpoint(save_dir, model, opt, 0, 0, scaler, st, lo), str(save_dir, " holds no checkpoint"), "");
+      MPT_CHECK(load_weights(save_dir, model, {}, &st), str(save_dir, " holds no checkpoint"), "");
       MegatronSaveOptions mo = o;
       mo.write_tracker = false;
       mo.overwrite = true;  // a save of an iteration replaces its files, as mpitron's own

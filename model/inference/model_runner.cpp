@@ -169,14 +169,9 @@ ModelRunner::ModelRunner(MPI_Comm world, const std::string& load_dir, const Runn
   mp.pp_rank = grid_->pp_rank();
   model_ = std::make_unique<GPT>(cfg, dev, mp);
 
-  OptimState opt;
-  LossScaler scaler;
-  TrainState st;
-  LoadOptions lo;
-  lo.load_optim = false;
-  lo.load_rng = false;
   SaveInfo info;
-  MPT_CHECK(load_checkpoint(load_dir, *model_, opt, 0, 0, scaler, st, lo, &info, world), str("no checkpoint in ", load_dir),
+  TrainState st;
+  MPT_CHECK(load_weights(load_dir, *model_, {}, &st, &info, world), str("no checkpoint in ", load_dir),
             "pass the directory given to pretrain_gpt --save (it holds latest_checkpointed_iteration.txt)");
   dir_ = info.dir;
   iteration_ = st.iteration;

@@ -47,13 +47,9 @@ struct Model {
 Model load(const std::string& dir, const std::string& fmt) {
   Model m;
   m.gpt = std::make_unique<GPT>(read_checkpoint_config(dir), Device::cpu());
-  OptimState opt;
-  LossScaler scaler;
-  TrainState st;
   LoadOptions lo;
-  lo.load_optim = false;
   lo.ckpt_format = fmt;
-  REQUIRE(load_checkpoint(dir, *m.gpt, opt, 0, 0, scaler, st, lo));
+  REQUIRE(load_weights(dir, *m.gpt, lo));
   m.values = m.gpt->params().values().to_floats();
   return m;
 }
