@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "data/jinja.h"
+#include "data/utf8.h"
 
 namespace mpitron::jinja {
 
@@ -318,23 +319,7 @@ std::u32string utf8_decode(const std::string& s) {
 std::string utf8_encode(const std::u32string& s) {
   std::string out;
   out.reserve(s.size());
-  for (char32_t c : s) {
-    if (c < 0x80) {
-      out += static_cast<char>(c);
-    } else if (c < 0x800) {
-      out += static_cast<char>(0xC0 | (c >> 6));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else if (c < 0x10000) {
-      out += static_cast<char>(0xE0 | (c >> 12));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (c >> 18));
-      out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    }
-  }
+  for (char32_t c : s) data::put_cp(c, out);
   return out;
 }
 
