@@ -12,6 +12,7 @@
 //    megatron-core 0.16.1) within 1e-5 relative, and d(mtp loss)/d(param) within 1e-4;
 //  * transformers' greedy tokens (12 per prompt) exactly, here by re-running the whole sequence;
 //  * HF -> mpitron -> HF bitwise, and transformers gives the reference from the export (with the venv).
+// mpitron-test: label=long
 #include <doctest/doctest.h>
 
 #include <cmath>

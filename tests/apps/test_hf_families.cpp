@@ -12,6 +12,7 @@
 // 2-layer model of width 48/80): logits 2e-5 absolute, loss 1e-5 relative, gradient norms 1e-4
 // relative and sampled entries 1e-4·|g| + 1e-4·rms. Gemma's RMSNorm runs in float32 inside
 // transformers even on a float64 model (its forward casts to float), ~1e-7 relative: far inside.
+// mpitron-test: label=long
 #include <doctest/doctest.h>
 
 #include <cmath>

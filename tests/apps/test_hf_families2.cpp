@@ -17,6 +17,7 @@
 //    transformers loads the export and gives the same logits and greedy tokens.
 // transformers gives the padding row of the embedding no gradient (nn.Embedding's padding_idx) where
 // the config has a pad_token_id: ref.json says so, and those rows are compared without it.
+// mpitron-test: label=long
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -10,6 +10,7 @@
 // norm of 12 at step 7), where the layouts' reduction-order noise (~1e-7) grows past 1e-5 within 3 steps.
 // mpitron-test: np=2,4
 // mpitron-test: timeout=900
+// mpitron-test: long_np=4
 #include <doctest/doctest.h>
 #include <mpi.h>
 

@@ -10,6 +10,7 @@
 // naming the flags.
 // mpitron-test: np=2,4
 // mpitron-test: timeout=900
+// mpitron-test: long_np=4
 #include <doctest/doctest.h>
 #include <mpi.h>
 

@@ -11,6 +11,7 @@
 // reshard across EP sizes (the experts are per-expert rows in the checkpoint).
 // mpitron-test: np=2,4
 // mpitron-test: timeout=900
+// mpitron-test: long_np=4
 #include <doctest/doctest.h>
 #include <mpi.h>
 

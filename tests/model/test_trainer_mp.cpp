@@ -5,6 +5,7 @@
 // ranks must stay bitwise identical. Checkpoints cross layouts (np=4).
 // mpitron-test: np=2,4,8
 // mpitron-test: timeout=900
+// mpitron-test: long_np=4,8
 #include <sstream>
 #include <algorithm>
 #include <doctest/doctest.h>
