@@ -2,9 +2,9 @@
 # Tokenizes the bundled tiny Shakespeare (assets/text/tinyshakespeare.txt, one document per
 # paragraph, GPT-2 BPE with an end-of-document token) into OUT/shakespeare_text_document.{bin,idx}
 # for the demo and the benches. Skips the work when the .bin is already there.
-#   scripts/prepare-shakespeare.sh BUILD OUT [preprocess_data's --log-interval]
+#   scripts/prepare-shakespeare.sh BUILD OUT [preprocess_data's --log-interval [--workers]]
 set -euo pipefail
-BUILD=$1 OUT=$2 LOG_INTERVAL=${3:-100000}
+BUILD=$1 OUT=$2 LOG_INTERVAL=${3:-100000} WORKERS=${4:-2}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 [ -f "$OUT/shakespeare_text_document.bin" ] && exit 0
 mkdir -p "$OUT"
@@ -17,4 +17,4 @@ with open(sys.argv[2], "w", encoding="utf-8") as f:
             f.write(json.dumps({"text": p + "\n\n"}) + "\n")
 PY
 "$BUILD/apps/preprocess_data" --input "$OUT/shakespeare.jsonl" --output-prefix "$OUT/shakespeare" \
-  --append-eod --workers 2 --log-interval "$LOG_INTERVAL"
+  --append-eod --workers "$WORKERS" --log-interval "$LOG_INTERVAL"

@@ -11,16 +11,7 @@ WORK=$(mktemp -d /tmp/mpitron_scripts.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
-python3 - "$SRC/assets/text/tinyshakespeare.txt" "$WORK/shakespeare.jsonl" <<'PY'
-import json, sys
-text = open(sys.argv[1], encoding="utf-8").read()
-with open(sys.argv[2], "w", encoding="utf-8") as f:
-    for p in text.split("\n\n"):
-        if p.strip():
-            f.write(json.dumps({"text": p + "\n\n"}) + "\n")
-PY
-"$BUILD/apps/preprocess_data" --input "$WORK/shakespeare.jsonl" --output-prefix "$WORK/shakespeare" \
-  --append-eod --workers 1 --log-interval 100000 >/dev/null
+"$SRC/scripts/prepare-shakespeare.sh" "$BUILD" "$WORK" 100000 1 >/dev/null
 
 export MPITRON_BUILD=$BUILD
 export VOCAB_FILE=$SRC/assets/gpt2/gpt2-vocab.json MERGE_FILE=$SRC/assets/gpt2/gpt2-merges.txt
