@@ -33,21 +33,15 @@
 #include "model/inference/hf_convert.h"
 #include "model/t5.h"
 #include "tensor/ops.h"
+#include "tests/model/t5_ref.h"
 
 using namespace mpitron;
 using nlohmann::json;
 
 namespace {
 
-const std::string kRef = std::string(MPITRON_SOURCE_DIR) + "/tests/apps/ref/hf_t5_";
-
-json ref_json(const std::string& variant) {
-  std::ifstream f(kRef + variant + "/ref.json");
-  REQUIRE_MESSAGE(f.good(), std::string(kRef + variant + "/ref.json"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return json::parse(ss.str());
-}
+using t5_test::kRef;
+using t5_test::ref_json;
 
 Tensor ints2(const json& rows) {
   std::vector<int64_t> v;

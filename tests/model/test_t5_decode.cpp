@@ -23,6 +23,7 @@
 #include "model/t5.h"
 #include "model/t5_decode.h"
 #include "tests/error_of.h"
+#include "tests/model/t5_ref.h"
 
 using namespace mpitron;
 using nlohmann::json;
@@ -30,15 +31,8 @@ using mpitron::testing_util::error_of;
 
 namespace {
 
-const std::string kRef = std::string(MPITRON_SOURCE_DIR) + "/tests/apps/ref/hf_t5_";
-
-json ref_json(const std::string& variant) {
-  std::ifstream f(kRef + variant + "/ref.json");
-  REQUIRE_MESSAGE(f.good(), std::string(kRef + variant + "/ref.json"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return json::parse(ss.str());
-}
+using t5_test::kRef;
+using t5_test::ref_json;
 
 std::unique_ptr<T5> load(const std::string& variant) {
   const HfCheckpoint ck = read_hf_checkpoint(kRef + variant);
